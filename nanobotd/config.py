@@ -1,0 +1,254 @@
+"""Load, validate and resolve nanobotd's TOML config into typed settings.
+
+Every mistake (unknown key, wrong type, bad value, no workspace) raises ConfigError naming the key,
+so `nanobotd` can exit 2 with a message a user can act on. The only place that reads os.environ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import tomllib
+import zoneinfo
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from nanobotd import paths
+from nanobotd.settings import WORKSPACE_TABLES, DaemonSettings, WorkspaceSettings
+
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
+SEARCH_BACKENDS = ("builtin", "qmd", "both")
+WORKSPACE_KEYS = {"path", "sessions_dir", "name"}
+
+
+class ConfigError(ValueError):
+    """The config is unusable; the message names the offending key."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole effective configuration of one daemon."""
+
+    daemon: DaemonSettings
+    workspaces: tuple[WorkspaceSettings, ...]
+    state_dir: Path
+    socket_path: Path
+    source: Path | None = None
+    under_systemd: bool = False
+    environ: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+    def workspace(self, name_or_path: str) -> WorkspaceSettings | None:
+        """Find a workspace by name or by path."""
+        for workspace in self.workspaces:
+            if name_or_path in (workspace.name, str(workspace.path)):
+                return workspace
+        return None
+
+    def to_json(self) -> dict:
+        """The effective config as plain data (no secrets) for check-config and status."""
+        def plain(obj: Any) -> Any:
+            if dataclasses.is_dataclass(obj):
+                return {f.name: plain(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.name != "api_key"}
+            if isinstance(obj, Path):
+                return str(obj)
+            if isinstance(obj, (list, tuple)):
+                return [plain(item) for item in obj]
+            return obj
+
+        return {
+            "source": str(self.source) if self.source else None,
+            "state_dir": str(self.state_dir),
+            "socket": str(self.socket_path),
+            "daemon": plain(self.daemon),
+            "workspaces": [plain(workspace) for workspace in self.workspaces],
+        }
+
+
+def load_config(
+    config_path: Path | None = None,
+    *,
+    workspace_args: list[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Read the config file (or none) and build the effective Config; raise ConfigError on any mistake."""
+    environ = dict(os.environ if environ is None else environ)
+    data: dict = {}
+    source = config_path
+    if source is None and not workspace_args:
+        source = paths.default_config_path(environ)
+    if source is not None:
+        data = _read_toml(Path(source).expanduser())
+    return build_config(data, source=source, workspace_args=workspace_args or [], environ=environ)
+
+
+def build_config(data: dict, *, source: Path | None, workspace_args: list[str], environ: Mapping[str, str]) -> Config:
+    """Validate parsed TOML *data* and resolve paths against *environ*."""
+    known = {"daemon", "workspaces", *WORKSPACE_TABLES}
+    for key in data:
+        if key not in known:
+            raise ConfigError(f"{key}: unknown key (known: {', '.join(sorted(known))})")
+    daemon = _make(DaemonSettings, _table(data, "daemon"), "daemon")
+    _check_daemon(daemon)
+    global_tables = {name: _table(data, name) for name in WORKSPACE_TABLES}
+    raw_workspaces = data.get("workspaces", [])
+    if not isinstance(raw_workspaces, list):
+        raise ConfigError("workspaces: expected an array of tables ([[workspaces]])")
+    raw_workspaces = list(raw_workspaces) + [{"path": path} for path in workspace_args]
+    if not raw_workspaces:
+        raise ConfigError("workspaces: no workspace configured (add a [[workspaces]] table or pass --workspace DIR)")
+    workspaces = []
+    for index, raw in enumerate(raw_workspaces):
+        workspaces.append(_make_workspace(raw, index, global_tables, environ))
+    names = [workspace.name for workspace in workspaces]
+    for name in names:
+        if names.count(name) > 1:
+            raise ConfigError(f"workspaces.name: two workspaces are named {name!r}")
+    state_dir = Path(daemon.state_dir).expanduser() if daemon.state_dir else paths.default_state_dir(environ)
+    socket_path = Path(daemon.socket).expanduser() if daemon.socket else paths.default_socket_path(environ)
+    return Config(
+        daemon=daemon,
+        workspaces=tuple(workspaces),
+        state_dir=state_dir,
+        socket_path=socket_path,
+        source=Path(source) if source else None,
+        under_systemd=bool(environ.get("INVOCATION_ID") or environ.get("NOTIFY_SOCKET")),
+        environ=environ,
+    )
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config: file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config: cannot read {path}: {exc}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config: {path} is not valid TOML: {exc}") from None
+
+
+def _table(data: dict, name: str) -> dict:
+    value = data.get(name, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"{name}: expected a table ([{name}])")
+    return value
+
+
+def _make(cls: type, values: dict, prefix: str, base: Any = None) -> Any:
+    """Build dataclass *cls* from *values* over *base* (or the defaults), checking names and types."""
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "api_key"}
+    current = base if base is not None else cls()
+    updates = {}
+    for key, value in values.items():
+        if key not in fields:
+            raise ConfigError(f"{prefix}.{key}: unknown key (known: {', '.join(sorted(fields))})")
+        updates[key] = _coerce(value, type(getattr(current, key)), f"{prefix}.{key}")
+    return dataclasses.replace(current, **updates)
+
+
+def _coerce(value: Any, expected: type, key: str) -> Any:
+    if expected is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {type(value).__name__}")
+        return value
+    if expected in (int, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {type(value).__name__}")
+        if expected is int and not float(value).is_integer():
+            raise ConfigError(f"{key}: expected a whole number, got {value}")
+        if value < 0:
+            raise ConfigError(f"{key}: must not be negative, got {value}")
+        return expected(value)
+    if expected is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {type(value).__name__}")
+        return value
+    return value
+
+
+def _make_workspace(raw: Any, index: int, global_tables: dict, environ: Mapping[str, str]) -> WorkspaceSettings:
+    prefix = f"workspaces[{index}]"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{prefix}: expected a table")
+    for key in raw:
+        if key not in WORKSPACE_KEYS and key not in WORKSPACE_TABLES:
+            raise ConfigError(f"{prefix}.{key}: unknown key")
+    path_value = raw.get("path")
+    if not isinstance(path_value, str) or not path_value.strip():
+        raise ConfigError(f"{prefix}.path: missing (every workspace needs a path)")
+    path = Path(path_value).expanduser().absolute()
+    sessions_value = raw.get("sessions_dir", "")
+    if not isinstance(sessions_value, str):
+        raise ConfigError(f"{prefix}.sessions_dir: expected a string")
+    name = raw.get("name") or _default_name(path)
+    if not isinstance(name, str):
+        raise ConfigError(f"{prefix}.name: expected a string")
+    tables = {}
+    for table_name, cls in WORKSPACE_TABLES.items():
+        settings = _make(cls, global_tables[table_name], table_name)
+        override = raw.get(table_name, {})
+        if not isinstance(override, dict):
+            raise ConfigError(f"{prefix}.{table_name}: expected a table")
+        tables[table_name] = _make(cls, override, f"{prefix}.{table_name}", base=settings)
+    _check_workspace_tables(tables, prefix if raw.keys() & WORKSPACE_TABLES.keys() else "")
+    api_key = environ.get(tables["llm"].api_key_env) or None
+    return WorkspaceSettings(
+        path=path,
+        name=name,
+        sessions_dir=Path(sessions_value).expanduser().absolute() if sessions_value else None,
+        api_key=api_key,
+        **tables,
+    )
+
+
+def _default_name(path: Path) -> str:
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:6]
+    return f"{path.name or 'root'}-{digest}"
+
+
+def _check_daemon(daemon: DaemonSettings) -> None:
+    if daemon.log_level.upper() not in LOG_LEVELS:
+        raise ConfigError(f"daemon.log_level: expected one of {', '.join(LOG_LEVELS)}, got {daemon.log_level!r}")
+    if daemon.reconcile_seconds < 1:
+        raise ConfigError("daemon.reconcile_seconds: must be at least 1")
+    if daemon.timezone:
+        try:
+            zoneinfo.ZoneInfo(daemon.timezone)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            raise ConfigError(f"daemon.timezone: unknown time zone {daemon.timezone!r}") from None
+
+
+def _check_workspace_tables(tables: dict, prefix: str) -> None:
+    where = f"{prefix}." if prefix else ""
+    consolidation = tables["consolidation"]
+    if not 0 < consolidation.ratio < 1:
+        raise ConfigError(f"{where}consolidation.ratio: must be between 0 and 1, got {consolidation.ratio}")
+    llm = tables["llm"]
+    if llm.context_window <= llm.max_tokens + 1024:
+        raise ConfigError(f"{where}llm.context_window: must exceed llm.max_tokens + 1024")
+    if llm.concurrency < 1:
+        raise ConfigError(f"{where}llm.concurrency: must be at least 1")
+    if tables["search"].backend not in SEARCH_BACKENDS:
+        raise ConfigError(f"{where}search.backend: expected one of {', '.join(SEARCH_BACKENDS)}")
+    for table_name in ("dream", "lifecycle"):
+        check_cron(tables[table_name].schedule, f"{where}{table_name}.schedule")
+
+
+def check_cron(expression: str, key: str) -> None:
+    """Reject a malformed cron line, and numeric day-of-week (APScheduler 3 counts 0 as Monday)."""
+    parts = expression.split()
+    if len(parts) != 5:
+        raise ConfigError(f"{key}: expected 5 cron fields (minute hour day month day-of-week), got {expression!r}")
+    day_of_week = parts[4]
+    if any(ch.isdigit() for ch in day_of_week):
+        raise ConfigError(f"{key}: use day names (mon..sun) in day-of-week, not numbers: {day_of_week!r}")
+    from apscheduler.triggers.cron import CronTrigger
+
+    try:
+        CronTrigger.from_crontab(expression)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: invalid cron expression {expression!r}: {exc}") from None

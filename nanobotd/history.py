@@ -1,0 +1,231 @@
+"""memory/history.jsonl: read entries, append with safe cursor allocation, rewrite atomically.
+
+nanobot appends from its own process with only an in-process lock, so before every append we take an
+exclusive flock and re-read the largest cursor in the file: next = max(.cursor, largest) + 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from nanobotd import fsio
+
+HISTORY_NAME = "history.jsonl"
+CURSOR_NAME = ".cursor"
+DREAM_CURSOR_NAME = ".dream_cursor"
+LOCK_NAME = ".history.lock"
+ENTRY_HARD_CAP = 64_000
+TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M"
+TAIL_BLOCK = 64 * 1024
+LOCK_TIMEOUT = 30.0
+THINK_BLOCK = re.compile(r"<(think|thinking|reasoning)>.*?</\1>\s*", re.DOTALL | re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One archived entry; *line* is its 1-based line number in the file when read."""
+
+    cursor: int
+    timestamp: str
+    content: str
+    session_key: str | None = None
+    line: int = 0
+
+    def to_record(self) -> dict:
+        """The JSON object as nanobot writes it."""
+        record = {"cursor": self.cursor, "timestamp": self.timestamp, "content": self.content}
+        if self.session_key:
+            record["session_key"] = self.session_key
+        return record
+
+
+@dataclass(frozen=True)
+class HistoryScan:
+    """Everything read from history.jsonl, with what could not be read."""
+
+    entries: list[HistoryEntry]
+    bad_lines: list[int]
+
+
+def history_path(memory_dir: Path) -> Path:
+    """Where history.jsonl lives."""
+    return memory_dir / HISTORY_NAME
+
+
+def clean_content(content: str) -> str:
+    """Strip reasoning blocks and enforce the hard cap on one entry."""
+    content = THINK_BLOCK.sub("", content).strip()
+    return content[:ENTRY_HARD_CAP]
+
+
+def parse_entry(line: bytes | str, number: int = 0) -> HistoryEntry | None:
+    """One history record, or None when the line is not a valid entry."""
+    try:
+        record = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    cursor = record.get("cursor")
+    content = record.get("content")
+    if not isinstance(cursor, int) or isinstance(cursor, bool) or cursor < 1 or not isinstance(content, str):
+        return None
+    key = record.get("session_key")
+    timestamp = record.get("timestamp")
+    return HistoryEntry(cursor, timestamp if isinstance(timestamp, str) else "", content,
+                        key if isinstance(key, str) else None, number)
+
+
+def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes) of every non-blank line; nothing when the file is missing."""
+    try:
+        handle = open(path, "rb")
+    except FileNotFoundError:
+        return
+    with handle:
+        for number, line in enumerate(handle, start=1):
+            if line.strip():
+                yield number, line
+
+
+def read_history(memory_dir: Path) -> HistoryScan:
+    """Every valid entry in file order, and the numbers of the lines that did not parse."""
+    entries, bad = [], []
+    for number, line in iter_lines(history_path(memory_dir)):
+        entry = parse_entry(line, number)
+        if entry is None:
+            bad.append(number)
+        else:
+            entries.append(entry)
+    return HistoryScan(entries, bad)
+
+
+def largest_cursor_in_file(path: Path) -> int:
+    """The largest cursor among the last parseable lines (cursors only grow, so look at the tail)."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return 0
+    block = TAIL_BLOCK
+    with open(path, "rb") as handle:
+        while True:
+            start = max(0, size - block)
+            handle.seek(start)
+            lines = handle.read(size - start).splitlines()
+            if start > 0:
+                lines = lines[1:]
+            cursors = [entry.cursor for entry in (parse_entry(line) for line in lines if line.strip()) if entry]
+            if cursors or start == 0:
+                return max(cursors, default=0)
+            block *= 4
+
+
+def read_cursor_file(path: Path) -> int:
+    """A plain decimal cursor file; missing or unreadable is 0."""
+    try:
+        return max(0, int(path.read_text(encoding="utf-8").strip() or 0))
+    except (OSError, ValueError):
+        return 0
+
+
+def read_dream_cursor(memory_dir: Path) -> int:
+    """The last cursor consumed by dream."""
+    return read_cursor_file(memory_dir / DREAM_CURSOR_NAME)
+
+
+def now_stamp(now: datetime) -> str:
+    """nanobot's history timestamp format (local time)."""
+    return now.strftime(TIMESTAMP_FORMAT)
+
+
+def append_entries(
+    memory_dir: Path,
+    contents: Iterable[tuple[str, str | None]],
+    now: datetime,
+    *,
+    before_write: Callable[[list[int]], None] | None = None,
+) -> list[HistoryEntry]:
+    """Append (content, session_key) entries with fresh cursors; return what was written.
+
+    *before_write* receives the cursors once they are allocated and before any byte is written, so a
+    caller can journal them first (crash recovery then knows exactly which cursors to look for).
+    """
+    items = [(clean_content(content), key) for content, key in contents]
+    items = [(content, key) for content, key in items if content]
+    if not items:
+        return []
+    memory_dir.mkdir(parents=True, exist_ok=True)
+    path = history_path(memory_dir)
+    with fsio.file_lock(memory_dir / LOCK_NAME, timeout=LOCK_TIMEOUT):
+        start = max(read_cursor_file(memory_dir / CURSOR_NAME), largest_cursor_in_file(path)) + 1
+        stamp = now_stamp(now)
+        entries = [HistoryEntry(start + offset, stamp, content, key) for offset, (content, key) in enumerate(items)]
+        if before_write is not None:
+            before_write([entry.cursor for entry in entries])
+        fsio.ensure_trailing_newline(path)
+        payload = "".join(json.dumps(entry.to_record(), ensure_ascii=False) + "\n" for entry in entries)
+        fsio.append_record(path, payload)
+        fsio.atomic_write(memory_dir / CURSOR_NAME, str(entries[-1].cursor))
+    return entries
+
+
+def rewrite_history(memory_dir: Path, keep: Callable[[HistoryEntry], bool]) -> list[HistoryEntry]:
+    """Atomically rewrite history.jsonl keeping entries for which *keep* is true; return the removed ones.
+
+    Unparsable lines are kept as they are: nanobotd never deletes what it cannot read.
+    """
+    path = history_path(memory_dir)
+    removed: list[HistoryEntry] = []
+    with fsio.file_lock(memory_dir / LOCK_NAME, timeout=LOCK_TIMEOUT):
+        kept_lines: list[bytes] = []
+        for number, line in iter_lines(path):
+            entry = parse_entry(line, number)
+            if entry is not None and not keep(entry):
+                removed.append(entry)
+            else:
+                kept_lines.append(line if line.endswith(b"\n") else line + b"\n")
+        if removed:
+            cursor_floor = read_cursor_file(memory_dir / CURSOR_NAME)
+            largest = max([cursor_floor] + [entry.cursor for entry in removed])
+            fsio.atomic_write(path, b"".join(kept_lines))
+            # Cursors are never reused, even after the entries holding them are gone.
+            if largest > cursor_floor:
+                fsio.atomic_write(memory_dir / CURSOR_NAME, str(largest))
+    return removed
+
+
+def insert_entries(memory_dir: Path, entries: list[HistoryEntry]) -> int:
+    """Put entries back (restore) in cursor order, skipping cursors already present; return how many."""
+    path = history_path(memory_dir)
+    with fsio.file_lock(memory_dir / LOCK_NAME, timeout=LOCK_TIMEOUT):
+        lines: list[tuple[int, bytes]] = []
+        present = set()
+        for number, line in iter_lines(path):
+            entry = parse_entry(line, number)
+            # An unreadable line keeps its place: it sorts with the entry before it.
+            cursor = entry.cursor if entry else (lines[-1][0] if lines else 0)
+            present.add(cursor)
+            lines.append((cursor, line if line.endswith(b"\n") else line + b"\n"))
+        added = [entry for entry in entries if entry.cursor not in present]
+        if not added:
+            return 0
+        for entry in added:
+            lines.append((entry.cursor, (json.dumps(entry.to_record(), ensure_ascii=False) + "\n").encode()))
+        lines.sort(key=lambda item: item[0])
+        fsio.atomic_write(path, b"".join(line for _, line in lines))
+    return len(added)
+
+
+def file_fingerprint(path: Path) -> tuple[int, int, int] | None:
+    """(inode, size, mtime_ns) of a file, or None when missing."""
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns

@@ -1,0 +1,198 @@
+"""Read nanobot session JSONL files (read-only): names, records, message digests.
+
+nanobot rewrites the whole file on every save and may insert checkpoint messages mid-file, so
+messages are identified by a digest of (role, content, timestamp), never by position. Reading is
+streamed line by line with a cap, so a 100 MB line or a binary file costs bounded memory.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+MAX_LINE_BYTES = 8 * 1024 * 1024
+READ_CHUNK = 1024 * 1024
+SESSION_SUFFIX = ".jsonl"
+
+
+@dataclass
+class SessionHeader:
+    """The metadata record: the agent's own archive mark and the key."""
+
+    key: str | None = None
+    last_archived: int = 0
+    created_at: str = ""
+    updated_at: str = ""
+
+
+@dataclass(frozen=True)
+class RawLine:
+    """One line of a session file, undecoded, with a digest of its bytes (the parse cache key)."""
+
+    number: int
+    data: bytes | None
+    line_digest: str
+    oversized: int = 0
+
+
+@dataclass(frozen=True)
+class Message:
+    """One conversation record of a session, in the order of the file."""
+
+    index: int
+    digest: str
+    role: str
+    text: str
+    timestamp: str
+    command: bool = False
+    hidden: bool = False
+    record: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def counts(self) -> bool:
+        """Conversation proper: not a slash command and not nanobot's own checkpoint summary."""
+        return not self.command and not self.hidden
+
+
+def key_from_filename(path: Path) -> str | None:
+    """Decode the session key from a URL-safe base64 stem; None for a legacy name."""
+    stem = path.name[: -len(SESSION_SUFFIX)] if path.name.endswith(SESSION_SUFFIX) else path.stem
+    try:
+        decoded = base64.urlsafe_b64decode(stem + "=" * (-len(stem) % 4)).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return None
+    if filename_for_key(decoded) != stem + SESSION_SUFFIX:
+        return None
+    return decoded
+
+
+def filename_for_key(key: str) -> str:
+    """The file name nanobot uses for *key*."""
+    return base64.urlsafe_b64encode(key.encode("utf-8")).decode("ascii").rstrip("=") + SESSION_SUFFIX
+
+
+def is_session_file(path: Path) -> bool:
+    """A real session file: *.jsonl, not a hidden temp file or checkpoint sidecar."""
+    name = path.name
+    return name.endswith(SESSION_SUFFIX) and not name.startswith(".") and not name.endswith(".tmp")
+
+
+def iter_raw_lines(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[RawLine]:
+    """Yield the file's non-blank lines; a line over *max_line_bytes* is yielded with data=None."""
+    number = 0
+    pending = bytearray()
+    skipping = 0
+    with open(path, "rb") as handle:
+        while True:
+            chunk = handle.read(READ_CHUNK)
+            if not chunk:
+                break
+            start = 0
+            while True:
+                newline = chunk.find(b"\n", start)
+                piece = chunk[start:] if newline < 0 else chunk[start:newline]
+                if skipping:
+                    skipping += len(piece)
+                else:
+                    pending += piece
+                    if len(pending) > max_line_bytes:
+                        skipping = len(pending)
+                        pending.clear()
+                if newline < 0:
+                    break
+                number += 1
+                line = _finish_line(number, pending, skipping)
+                if line is not None:
+                    yield line
+                pending.clear()
+                skipping = 0
+                start = newline + 1
+    if pending or skipping:
+        line = _finish_line(number + 1, pending, skipping)
+        if line is not None:
+            yield line
+
+
+def _finish_line(number: int, pending: bytearray, skipping: int) -> RawLine | None:
+    if skipping:
+        return RawLine(number, None, f"oversized:{number}:{skipping}", oversized=skipping)
+    data = bytes(pending).strip()
+    if not data:
+        return None
+    return RawLine(number, data, hashlib.blake2b(data, digest_size=16).hexdigest())
+
+
+def decode_record(line: RawLine) -> dict | None:
+    """The JSON object on *line*, or None when it is not one (corrupt, binary, oversized)."""
+    if line.data is None:
+        return None
+    try:
+        record = json.loads(line.data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def is_metadata_line(line: RawLine) -> bool:
+    """Cheap test for the records that are not messages (without a full JSON parse)."""
+    return line.data is not None and b'"_type"' in line.data[:64]
+
+
+def read_header(record: dict, header: SessionHeader) -> None:
+    """Fold a metadata record into *header* (the last one wins)."""
+    key = record.get("key")
+    if isinstance(key, str):
+        header.key = key
+    for name in ("created_at", "updated_at"):
+        if isinstance(record.get(name), str):
+            setattr(header, name, record[name])
+    mark = record.get("last_archived", record.get("last_consolidated", 0))
+    header.last_archived = mark if isinstance(mark, int) and not isinstance(mark, bool) and mark > 0 else 0
+
+
+def message_fields(record: dict) -> tuple[str, str, str] | None:
+    """(role, flattened text, timestamp) of a message record, or None when it is not a message."""
+    role = record.get("role")
+    if not isinstance(role, str) or "_type" in record:
+        return None
+    timestamp = record.get("timestamp")
+    return role, flatten_content(record.get("content")), timestamp if isinstance(timestamp, str) else ""
+
+
+def flatten_content(content: object) -> str:
+    """Message content as text: strings as they are, text blocks joined, images named."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for block in content:
+            if isinstance(block, dict):
+                if block.get("type") == "text" and isinstance(block.get("text"), str):
+                    parts.append(block["text"])
+                elif "image" in str(block.get("type", "")):
+                    parts.append("[image]")
+            elif isinstance(block, str):
+                parts.append(block)
+        return "\n".join(parts)
+    return json.dumps(content, ensure_ascii=False)
+
+
+def message_digest(role: str, text: str, timestamp: str) -> str:
+    """Identity of a message across rewrites: a digest of role, content and timestamp."""
+    payload = json.dumps([role, text, timestamp], ensure_ascii=False).encode("utf-8", errors="replace")
+    return hashlib.blake2b(payload, digest_size=16).hexdigest()
+
+
+def message_text_for_tokens(record: dict, text: str) -> str:
+    """What a message costs in a prompt: its text plus tool-call arguments."""
+    calls = record.get("tool_calls")
+    if isinstance(calls, list) and calls:
+        return text + "\n" + json.dumps(calls, ensure_ascii=False)
+    return text

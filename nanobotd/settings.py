@@ -1,0 +1,120 @@
+"""Typed settings, one frozen dataclass per config table; defaults are the documented ones.
+
+Field names are the TOML keys (DESIGN.md §7), so config loading is generic and a wrong key is named
+exactly. Jobs and adapters receive these objects, never raw dicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nanobotd.llm import LLMSettings
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    """Process-wide settings: paths, logging, watcher timing."""
+
+    socket: str = ""
+    state_dir: str = ""
+    log_level: str = "INFO"
+    reconcile_seconds: float = 60
+    debounce_seconds: float = 1.0
+    timezone: str = ""
+    job_stop_seconds: float = 20
+
+
+@dataclass(frozen=True)
+class ConsolidationSettings:
+    """Token-budget archiving and the pre-compaction flush (DESIGN.md §4)."""
+
+    ratio: float = 0.5
+    idle_minutes: float = 30
+    reserve_floor: int = 20000
+    soft_threshold: int = 4000
+    max_rounds: int = 5
+    chunk_ratio_max: float = 0.4
+    chunk_ratio_min: float = 0.15
+    summary_max_chars: int = 8000
+    raw_max_chars: int = 16000
+    flush: bool = True
+
+
+@dataclass(frozen=True)
+class DreamSettings:
+    """The nightly dream: schedule and the bounds of its edit loop."""
+
+    enabled: bool = True
+    schedule: str = "15 4 * * *"
+    max_iterations: int = 15
+    batch_entries: int = 20
+    token_budget: int = 200000
+
+
+@dataclass(frozen=True)
+class LifecycleSettings:
+    """Ageing of daily notes, archive TTL, history compaction, backup retention."""
+
+    schedule: str = "45 4 * * *"
+    active_days: int = 7
+    ttl_days: int = 90
+    max_history_entries: int = 1000
+    restore_window_days: int = 30
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """Which search backend answers and how QMD is driven."""
+
+    backend: str = "builtin"
+    qmd_command: str = "qmd"
+    qmd_timeout_seconds: float = 10.0
+    qmd_vectors: bool = False
+    debounce_seconds: float = 2.0
+
+
+@dataclass(frozen=True)
+class ContextSettings:
+    """Caps of the budgeted memory context handed to agents."""
+
+    max_chars: int = 20000
+    total_max_chars: int = 24000
+    budget_tokens: int = 8000
+
+
+# Tables that may be overridden per workspace, with their dataclass.
+WORKSPACE_TABLES = {
+    "llm": LLMSettings,
+    "consolidation": ConsolidationSettings,
+    "dream": DreamSettings,
+    "lifecycle": LifecycleSettings,
+    "search": SearchSettings,
+    "context": ContextSettings,
+}
+
+
+@dataclass(frozen=True)
+class WorkspaceSettings:
+    """One managed workspace with its effective (global + override) settings."""
+
+    path: Path
+    name: str
+    sessions_dir: Path | None = None
+    llm: LLMSettings = field(default_factory=LLMSettings)
+    consolidation: ConsolidationSettings = field(default_factory=ConsolidationSettings)
+    dream: DreamSettings = field(default_factory=DreamSettings)
+    lifecycle: LifecycleSettings = field(default_factory=LifecycleSettings)
+    search: SearchSettings = field(default_factory=SearchSettings)
+    context: ContextSettings = field(default_factory=ContextSettings)
+    api_key: str | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def budget(self) -> int:
+        """Tokens of unarchived tail that trigger consolidation (as nanobot)."""
+        return max(1, self.llm.context_window - self.llm.max_tokens - 1024)
+
+    @property
+    def flush_threshold(self) -> int:
+        """Tokens of unarchived tail that trigger the pre-compaction memory flush."""
+        return max(1, self.llm.context_window - self.consolidation.reserve_floor - self.consolidation.soft_threshold)

@@ -1,0 +1,58 @@
+"""Offline token counting with tiktoken, using the encoding files litellm ships.
+
+tiktoken would download its encodings; litellm carries cl100k_base, o200k_base and p50k_base, so we
+point TIKTOKEN_CACHE_DIR at them before the first get_encoding. litellm itself is never imported here.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from pathlib import Path
+
+DEFAULT_ENCODING = "o200k_base"
+CL100K_MODEL_HINTS = ("gpt-4-", "gpt-4", "gpt-3.5", "text-embedding", "claude")
+# Counting text far larger than any context window only tells us "huge"; cap the work it costs.
+MAX_COUNTED_CHARS = 4_000_000
+
+
+def encoding_name_for(model: str) -> str:
+    """o200k_base for current models; cl100k_base for the older ones that use it."""
+    lowered = model.lower().split("/")[-1]
+    if lowered.startswith(("gpt-4o", "gpt-4.1", "gpt-5", "o1", "o3", "o4")):
+        return DEFAULT_ENCODING
+    if lowered.startswith(CL100K_MODEL_HINTS):
+        return "cl100k_base"
+    return DEFAULT_ENCODING
+
+
+def tokenizer_dir() -> Path | None:
+    """The folder of encoding files inside the installed litellm package, found without importing it."""
+    spec = importlib.util.find_spec("litellm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(list(spec.submodule_search_locations)[0]) / "litellm_core_utils" / "tokenizers"
+    return folder if folder.is_dir() else None
+
+
+@functools.lru_cache(maxsize=4)
+def get_encoding(name: str = DEFAULT_ENCODING):
+    """A cached tiktoken encoding, loaded from litellm's bundled files (no network)."""
+    folder = tokenizer_dir()
+    if folder is not None and "TIKTOKEN_CACHE_DIR" not in os.environ:
+        os.environ["TIKTOKEN_CACHE_DIR"] = str(folder)
+    import tiktoken
+
+    return tiktoken.get_encoding(name)
+
+
+def count_tokens(text: str, encoding_name: str = DEFAULT_ENCODING) -> int:
+    """Exact token count of *text*; text beyond MAX_COUNTED_CHARS is estimated at 4 chars a token."""
+    if not text:
+        return 0
+    encoding = get_encoding(encoding_name)
+    if len(text) <= MAX_COUNTED_CHARS:
+        return len(encoding.encode(text, disallowed_special=()))
+    head = len(encoding.encode(text[:MAX_COUNTED_CHARS], disallowed_special=()))
+    return head + (len(text) - MAX_COUNTED_CHARS) // 4
