@@ -1,0 +1,330 @@
+"""The state database (SQLite, WAL): session progress, spool, run ledger, outcomes, job state.
+
+The database is a cache of what the files say plus nanobotd's own journal. A corrupt or missing file
+is moved aside and rebuilt (sessions are re-read from their files, archive spans from history.jsonl),
+never fatal. The schema is versioned; MIGRATIONS only ever move forward.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from loguru import logger
+
+DB_NAME = "state.db"
+RUNS_DIR = "runs"
+OPEN_RUN_STATES = ("queued", "started")
+
+MIGRATIONS: list[str] = [
+    # 1: sessions, cached message list, nanobotd's archive marks, spool, runs, outcomes, job state
+    """
+    CREATE TABLE sessions (
+        id INTEGER PRIMARY KEY,
+        workspace TEXT NOT NULL,
+        key TEXT NOT NULL,
+        path TEXT NOT NULL,
+        inode INTEGER, size INTEGER, mtime_ns INTEGER,
+        agent_archived INTEGER NOT NULL DEFAULT 0,
+        messages INTEGER NOT NULL DEFAULT 0,
+        corrupt_lines INTEGER NOT NULL DEFAULT 0,
+        total_tokens INTEGER NOT NULL DEFAULT 0,
+        unarchived_messages INTEGER NOT NULL DEFAULT 0,
+        unarchived_tokens INTEGER NOT NULL DEFAULT 0,
+        last_write REAL NOT NULL DEFAULT 0,
+        flushed_cycle INTEGER NOT NULL DEFAULT -1,
+        cycle INTEGER NOT NULL DEFAULT 0,
+        state TEXT NOT NULL DEFAULT 'active',
+        updated_at REAL NOT NULL DEFAULT 0,
+        UNIQUE (workspace, key)
+    );
+    CREATE TABLE messages (
+        session_id INTEGER NOT NULL,
+        seq INTEGER NOT NULL,
+        line_digest TEXT NOT NULL,
+        digest TEXT NOT NULL,
+        role TEXT NOT NULL,
+        timestamp TEXT NOT NULL,
+        tokens INTEGER NOT NULL,
+        flags INTEGER NOT NULL,
+        PRIMARY KEY (session_id, seq)
+    );
+    CREATE TABLE archived (
+        session_id INTEGER NOT NULL,
+        digest TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        PRIMARY KEY (session_id, digest)
+    );
+    CREATE INDEX archived_by_run ON archived (run_id);
+    CREATE TABLE spool (
+        session_id INTEGER NOT NULL,
+        digest TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        role TEXT NOT NULL,
+        timestamp TEXT NOT NULL,
+        tokens INTEGER NOT NULL,
+        record TEXT NOT NULL,
+        seen_at REAL NOT NULL,
+        PRIMARY KEY (session_id, digest)
+    );
+    CREATE TABLE runs (
+        run_id TEXT PRIMARY KEY,
+        kind TEXT NOT NULL,
+        workspace TEXT NOT NULL,
+        session_key TEXT,
+        state TEXT NOT NULL,
+        outcome TEXT,
+        started_at REAL NOT NULL,
+        finished_at REAL,
+        manifest TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE INDEX runs_by_kind ON runs (kind, started_at);
+    CREATE TABLE outcomes (
+        id INTEGER PRIMARY KEY,
+        run_id TEXT,
+        kind TEXT NOT NULL,
+        workspace TEXT NOT NULL,
+        outcome TEXT NOT NULL,
+        reason TEXT NOT NULL DEFAULT '',
+        tokens INTEGER NOT NULL DEFAULT 0,
+        latency_ms REAL,
+        at REAL NOT NULL
+    );
+    CREATE INDEX outcomes_by_time ON outcomes (at);
+    CREATE TABLE job_state (
+        job TEXT NOT NULL,
+        workspace TEXT NOT NULL,
+        last_success REAL,
+        last_run_id TEXT,
+        PRIMARY KEY (job, workspace)
+    );
+    """,
+]
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One row of the run ledger."""
+
+    run_id: str
+    kind: str
+    workspace: str
+    session_key: str | None
+    state: str
+    outcome: str | None
+    started_at: float
+    finished_at: float | None
+    manifest: dict
+
+    def to_json(self, *, with_manifest: bool = True) -> dict:
+        """Plain data for the control API."""
+        data = {
+            "run_id": self.run_id, "kind": self.kind, "workspace": self.workspace,
+            "session_key": self.session_key, "state": self.state, "outcome": self.outcome,
+            "started_at": _iso(self.started_at), "finished_at": _iso(self.finished_at),
+        }
+        if with_manifest:
+            data["manifest"] = self.manifest
+        return data
+
+
+def _iso(stamp: float | None) -> str | None:
+    if stamp is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(stamp))
+
+
+def new_run_id(kind: str, now: float) -> str:
+    """Sortable, readable and unique: r-YYYYmmdd-HHMMSS-<kind>-<6 hex>."""
+    return f"r-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}-{kind[:5]}-{secrets.token_hex(3)}"
+
+
+class StateStore:
+    """All of nanobotd's own state; one connection guarded by a lock, usable from any thread."""
+
+    def __init__(self, state_dir: Path, *, clock=time.time):
+        self.state_dir = Path(state_dir)
+        self.path = self.state_dir / DB_NAME
+        self.clock = clock
+        self.rebuilt = False
+        self._lock = threading.RLock()
+        self._db: sqlite3.Connection | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def open(self) -> "StateStore":
+        """Open (creating or migrating) the database; a corrupt one is moved aside and recreated."""
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        (self.state_dir / RUNS_DIR).mkdir(exist_ok=True, mode=0o700)
+        try:
+            self._db = self._connect()
+        except sqlite3.DatabaseError as exc:
+            logger.error("state database {} is unusable ({}); moving it aside and rebuilding", self.path, exc)
+            self._move_aside()
+            self._db = self._connect()
+            self.rebuilt = True
+        return self
+
+    def close(self) -> None:
+        """Close the connection (checkpointing the WAL)."""
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+    def _connect(self) -> sqlite3.Connection:
+        fresh = not self.path.exists()
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("PRAGMA foreign_keys=OFF")
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version > len(MIGRATIONS):
+                raise sqlite3.DatabaseError(f"schema version {version} is newer than this nanobotd")
+            for number in range(version, len(MIGRATIONS)):
+                db.executescript("BEGIN;" + MIGRATIONS[number] + f"; PRAGMA user_version={number + 1}; COMMIT;")
+            db.execute("SELECT count(*) FROM runs").fetchone()
+            check = db.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise sqlite3.DatabaseError(f"integrity check failed: {check}")
+        except sqlite3.DatabaseError:
+            db.close()
+            raise
+        if fresh:
+            self.rebuilt = True
+            os.chmod(self.path, 0o600)
+        return db
+
+    def _move_aside(self) -> None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for suffix in ("", "-wal", "-shm"):
+            source = Path(str(self.path) + suffix)
+            if source.exists():
+                os.replace(source, Path(f"{self.path}.corrupt-{stamp}{suffix}"))
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction (BEGIN IMMEDIATE ... COMMIT, rolled back on error)."""
+        with self._lock:
+            db = self._require()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    def query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+        """Run a read query; rows are tuples."""
+        with self._lock:
+            return self._require().execute(sql, args).fetchall()
+
+    def _require(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise RuntimeError("state store is not open")
+        return self._db
+
+    # -- run ledger ------------------------------------------------------------------------------
+    def run_dir(self, run_id: str) -> Path:
+        """The folder holding a run's backups (created on demand)."""
+        folder = self.state_dir / RUNS_DIR / run_id
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return folder
+
+    def create_run(self, kind: str, workspace: str, *, session_key: str | None = None,
+                   manifest: dict | None = None, state: str = "started", run_id: str | None = None) -> str:
+        """Journal a run before it touches anything; returns its run_id."""
+        run_id = run_id or new_run_id(kind, self.clock())
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO runs (run_id, kind, workspace, session_key, state, started_at, manifest)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (run_id, kind, workspace, session_key, state, self.clock(), json.dumps(manifest or {})),
+            )
+        return run_id
+
+    def start_run(self, run_id: str) -> None:
+        """A queued run begins."""
+        with self.transaction() as db:
+            db.execute("UPDATE runs SET state='started', started_at=? WHERE run_id=?", (self.clock(), run_id))
+
+    def journal(self, run_id: str, manifest: dict) -> None:
+        """Replace a running run's manifest (write-ahead: called before each step that changes files)."""
+        with self.transaction() as db:
+            db.execute("UPDATE runs SET manifest=? WHERE run_id=?", (json.dumps(manifest), run_id))
+
+    def finish_run(self, run_id: str, *, state: str, outcome: str, manifest: dict | None = None) -> None:
+        """Close a run: state finished | failed | rolled_back, with its outcome."""
+        with self.transaction() as db:
+            if manifest is None:
+                db.execute("UPDATE runs SET state=?, outcome=?, finished_at=? WHERE run_id=?",
+                           (state, outcome, self.clock(), run_id))
+            else:
+                db.execute("UPDATE runs SET state=?, outcome=?, finished_at=?, manifest=? WHERE run_id=?",
+                           (state, outcome, self.clock(), json.dumps(manifest), run_id))
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        """One run by id."""
+        rows = self.query("SELECT * FROM runs WHERE run_id=?", (run_id,))
+        return _run_from_row(rows[0]) if rows else None
+
+    def list_runs(self, *, kind: str | None = None, workspace: str | None = None, limit: int = 50,
+                  states: tuple[str, ...] | None = None) -> list[RunRecord]:
+        """Newest first."""
+        sql, args = "SELECT * FROM runs WHERE 1=1", []
+        if kind:
+            sql += " AND kind=?"
+            args.append(kind)
+        if workspace:
+            sql += " AND workspace=?"
+            args.append(workspace)
+        if states:
+            sql += f" AND state IN ({','.join('?' * len(states))})"
+            args.extend(states)
+        sql += " ORDER BY started_at DESC, rowid DESC LIMIT ?"
+        args.append(limit)
+        return [_run_from_row(row) for row in self.query(sql, tuple(args))]
+
+    # -- outcomes and job state --------------------------------------------------------------------
+    def record_outcome(self, kind: str, workspace: str, outcome: str, *, run_id: str | None = None,
+                       reason: str = "", tokens: int = 0, latency_ms: float | None = None) -> None:
+        """One row per memory update attempt, normal passes included, so rates have a denominator."""
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO outcomes (run_id, kind, workspace, outcome, reason, tokens, latency_ms, at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (run_id, kind, workspace, outcome, reason, tokens, latency_ms, self.clock()),
+            )
+
+    def job_last_success(self, job: str, workspace: str) -> float | None:
+        """When *job* last completed for *workspace*."""
+        rows = self.query("SELECT last_success FROM job_state WHERE job=? AND workspace=?", (job, workspace))
+        return rows[0][0] if rows else None
+
+    def set_job_success(self, job: str, workspace: str, run_id: str | None, when: float | None = None) -> None:
+        """Persist a job's success so a run missed while the daemon was down is caught up once."""
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO job_state (job, workspace, last_success, last_run_id) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (job, workspace) DO UPDATE SET last_success=excluded.last_success,"
+                " last_run_id=excluded.last_run_id",
+                (job, workspace, when if when is not None else self.clock(), run_id),
+            )
+
+
+def _run_from_row(row: tuple) -> RunRecord:
+    run_id, kind, workspace, session_key, state, outcome, started_at, finished_at, manifest = row
+    try:
+        parsed = json.loads(manifest)
+    except ValueError:
+        parsed = {"unreadable_manifest": manifest}
+    return RunRecord(run_id, kind, workspace, session_key, state, outcome, started_at, finished_at, parsed)
