@@ -1,0 +1,92 @@
+"""Messages on their way to memory: the pending-message type, prompt transcripts and [RAW] entries.
+
+The [RAW] format is nanobot's (NANOBOT-COMPAT.md): `[RAW] <n> messages` then one line per message
+`[<timestamp first 16 chars>] <ROLE>: <content>`. nanobot truncates at 16,000 chars; we split into
+several entries instead, so nothing is ever cut away.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+RAW_MAX_CHARS = 16_000
+TOOL_ARGS_PREVIEW = 2_000
+
+
+@dataclass(frozen=True)
+class PendingMessage:
+    """A conversation message not yet archived, as the spool keeps it."""
+
+    digest: str
+    role: str
+    timestamp: str
+    text: str
+    tokens: int
+    record: dict
+
+    @classmethod
+    def from_record(cls, digest: str, record: dict, text: str, tokens: int) -> "PendingMessage":
+        """Build from a parsed session record."""
+        timestamp = record.get("timestamp")
+        return cls(digest, str(record.get("role", "?")), timestamp if isinstance(timestamp, str) else "", text,
+                   tokens, record)
+
+
+def render_message(message: PendingMessage, max_chars: int | None = None) -> str:
+    """One message as a transcript line: `[YYYY-MM-DDTHH:MM] ROLE: text` (+ tool calls)."""
+    stamp = message.timestamp[:16] if message.timestamp else "?"
+    text = message.text
+    calls = message.record.get("tool_calls")
+    if isinstance(calls, list) and calls:
+        names = []
+        for call in calls:
+            function = call.get("function", {}) if isinstance(call, dict) else {}
+            arguments = str(function.get("arguments", ""))[:TOOL_ARGS_PREVIEW]
+            names.append(f"{function.get('name', '?')}({arguments})")
+        text = (text + "\n" if text else "") + "[tool calls] " + "; ".join(names)
+    if message.role == "tool" and message.record.get("name"):
+        text = f"[{message.record['name']}] {text}"
+    if max_chars is not None and len(text) > max_chars:
+        text = text[:max_chars] + f" ... ({len(text) - max_chars} more chars)"
+    return f"[{stamp}] {message.role.upper()}: {text}"
+
+
+def transcript(messages: list[PendingMessage], max_chars_per_message: int | None = None) -> str:
+    """The messages as a prompt transcript, one rendered message per paragraph."""
+    return "\n".join(render_message(message, max_chars_per_message) for message in messages)
+
+
+def raw_entries(messages: list[PendingMessage], max_chars: int = RAW_MAX_CHARS) -> list[str]:
+    """[RAW] history entries holding every message in full, each entry at most *max_chars*.
+
+    A message longer than one entry is itself split across consecutive entries, marked `(part i/n)`.
+    """
+    lines: list[str] = []
+    for message in messages:
+        line = render_message(message)
+        budget = max_chars - 200
+        if len(line) <= budget:
+            lines.append(line)
+            continue
+        pieces = [line[start:start + budget] for start in range(0, len(line), budget)]
+        lines.extend(f"(part {number}/{len(pieces)}) {piece}" for number, piece in enumerate(pieces, start=1))
+    entries: list[list[str]] = [[]]
+    size = 0
+    for line in lines:
+        if entries[-1] and size + len(line) + 1 > max_chars - 200:
+            entries.append([])
+            size = 0
+        entries[-1].append(line)
+        size += len(line) + 1
+    total = len(entries)
+    result = []
+    for number, chunk in enumerate(entries, start=1):
+        header = f"[RAW] {len(chunk)} messages" + (f" (part {number} of {total})" if total > 1 else "")
+        result.append(header + "\n" + "\n".join(chunk))
+    return result
+
+
+def record_json(record: dict) -> str:
+    """A spool record as compact JSON text."""
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":"))
