@@ -158,6 +158,11 @@ class Failure:
     def retryable(self) -> bool:
         return self.kind != REJECTED
 
+    @property
+    def label(self) -> str:
+        """"timeout", "http 503", ... for log lines."""
+        return f"{self.kind} {self.status_code}" if self.status_code else self.kind
+
 
 class LLMClient:
     """Sends chat completions through litellm; bounded concurrency, per-attempt timeout, our retries."""
@@ -216,7 +221,7 @@ class LLMClient:
             delay = retry_delay(attempt, failure.retry_after)
             logger.warning(
                 "LLM call failed ({} {}: {}); attempt {} of {}, retrying in {:.1f}s",
-                failure.kind,
+                failure.label,
                 type(failure.error).__name__,
                 self._describe(failure.error),
                 attempt,
