@@ -1,0 +1,136 @@
+"""The job queue: every job is a run; one job per session at a time; bounded LLM concurrency.
+
+Submitting a job that is already queued for the same target returns the queued run (coalescing), so a
+burst of triggers costs one run. Runs are created in the ledger as "queued" before anything happens,
+so `nanobotctl run RUN_ID` can follow a job from the 202 answer on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from loguru import logger
+
+from nanobotd.store import StateStore
+
+JobBody = Callable[[str], Awaitable[object]]
+
+
+@dataclass
+class _Job:
+    run_id: str
+    kind: str
+    target: tuple[str, str]
+    body: JobBody
+    uses_llm: bool
+    task: asyncio.Task | None = None
+
+
+class JobQueue:
+    """Runs jobs on the daemon's loop with per-target exclusion and an LLM semaphore."""
+
+    def __init__(self, store: StateStore, *, llm_concurrency: int = 2):
+        self.store = store
+        self.llm_slots = asyncio.Semaphore(llm_concurrency)
+        self.llm_concurrency = llm_concurrency
+        self._target_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._queued: dict[tuple[str, str, str], _Job] = {}
+        self._running: dict[str, _Job] = {}
+        self._accepting = True
+        self.llm_in_flight = 0
+        self.llm_in_flight_max = 0
+
+    @property
+    def accepting(self) -> bool:
+        """False once the daemon is stopping."""
+        return self._accepting
+
+    def submit(self, kind: str, workspace: str, target: str, body: JobBody, *, session_key: str | None = None,
+               uses_llm: bool = True, manifest: dict | None = None) -> str:
+        """Queue a job; returns its run_id (an already queued job for the same kind and target is reused)."""
+        if not self._accepting:
+            raise RuntimeError("the daemon is stopping and takes no new jobs")
+        coalesce_key = (kind, workspace, target)
+        queued = self._queued.get(coalesce_key)
+        if queued is not None:
+            return queued.run_id
+        run_id = self.store.create_run(kind, workspace, session_key=session_key, manifest=manifest or {},
+                                       state="queued")
+        job = _Job(run_id, kind, (workspace, target), body, uses_llm)
+        self._queued[coalesce_key] = job
+        job.task = asyncio.get_running_loop().create_task(self._run(job, coalesce_key), name=f"job-{run_id}")
+        return run_id
+
+    def busy(self, workspace: str, target: str) -> bool:
+        """A job for this target is queued or running."""
+        return any(job.target == (workspace, target) for job in [*self._queued.values(), *self._running.values()])
+
+    def running_kinds(self) -> list[str]:
+        """Kinds of the jobs running now (for status)."""
+        return [job.kind for job in self._running.values()]
+
+    async def _run(self, job: _Job, coalesce_key: tuple[str, str, str]) -> None:
+        lock = self._target_locks.setdefault(job.target, asyncio.Lock())
+        try:
+            async with lock:
+                self._queued.pop(coalesce_key, None)
+                if job.uses_llm:
+                    async with self.llm_slots:
+                        await self._execute(job)
+                else:
+                    await self._execute(job)
+        except asyncio.CancelledError:
+            self._queued.pop(coalesce_key, None)
+            run = self.store.get_run(job.run_id)
+            if run is not None and run.state == "queued":
+                self.store.finish_run(job.run_id, state="cancelled", outcome="cancelled")
+            raise
+
+    async def _execute(self, job: _Job) -> None:
+        self._running[job.run_id] = job
+        self.store.start_run(job.run_id)
+        if job.uses_llm:
+            self.llm_in_flight += 1
+            self.llm_in_flight_max = max(self.llm_in_flight_max, self.llm_in_flight)
+        try:
+            await job.body(job.run_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a job's bug must not take the daemon down
+            logger.opt(exception=exc).error("{} job {} failed: {}", job.kind, job.run_id, exc)
+            run = self.store.get_run(job.run_id)
+            if run is not None and run.state in ("queued", "started"):
+                manifest = dict(run.manifest, error=f"{type(exc).__name__}: {exc}")
+                self.store.finish_run(job.run_id, state="failed", outcome="error", manifest=manifest)
+        finally:
+            if job.uses_llm:
+                self.llm_in_flight -= 1
+            self._running.pop(job.run_id, None)
+
+    async def drain(self, timeout: float) -> None:
+        """Stop accepting; cancel queued jobs; give running ones *timeout* seconds to reach their end."""
+        self._accepting = False
+        for job in list(self._queued.values()):
+            if job.task is not None and job.run_id not in self._running:
+                job.task.cancel()
+        tasks = [job.task for job in self._running.values() if job.task is not None]
+        if tasks:
+            done, pending = await asyncio.wait(tasks, timeout=timeout)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=2)
+        queued_tasks = [job.task for job in self._queued.values() if job.task is not None]
+        if queued_tasks:
+            await asyncio.wait(queued_tasks, timeout=2)
+
+    async def wait_idle(self) -> None:
+        """Wait until nothing is queued or running (tests and one-shot mode)."""
+        while self._queued or self._running:
+            tasks = [job.task for job in [*self._queued.values(), *self._running.values()] if job.task]
+            if tasks:
+                await asyncio.wait(tasks)
+            else:
+                await asyncio.sleep(0.01)

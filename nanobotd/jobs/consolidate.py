@@ -1,0 +1,253 @@
+"""Consolidation: archive the oldest unarchived messages of a session into history.jsonl.
+
+Write-ahead: each chunk's planned cursors (with a hash of their content) are journalled under the
+history lock before the append, and the chunk's messages are backed up in the run folder; so after a
+crash `recover_consolidation` can tell, for every chunk, whether it reached history (finish it) or not
+(roll it back), and every message ends archived exactly once or still in the spool.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from loguru import logger
+
+from nanobotd import fsio, history
+from nanobotd.jobs.consolidate_prompt import NOTHING, archive_messages, parse_summary
+from nanobotd.jobs.context import JobContext
+from nanobotd.llm import LLMError, UsageMeter
+from nanobotd.store import RunRecord
+from nanobotd.transcript import PendingMessage, raw_entries, transcript
+
+SAFETY_MARGIN = 1.2
+PROMPT_OVERHEAD_TOKENS = 600
+
+
+@dataclass
+class Chunk:
+    """Consecutive spooled messages archived together."""
+
+    items: list[tuple[int, PendingMessage]]
+    oversized: bool = False
+
+    @property
+    def messages(self) -> list[PendingMessage]:
+        return [message for _, message in self.items]
+
+    @property
+    def tokens(self) -> int:
+        return sum(message.tokens for _, message in self.items)
+
+
+def chunk_ratio(ctx: JobContext, messages: list[PendingMessage]) -> float:
+    """0.4 of the window for ordinary messages, falling toward 0.15 as the average message grows."""
+    settings = ctx.workspace.consolidation
+    if not messages:
+        return settings.chunk_ratio_max
+    average = sum(message.tokens for message in messages) / len(messages) * SAFETY_MARGIN
+    pressure = min(1.0, average / (ctx.workspace.llm.context_window * 0.05))
+    return settings.chunk_ratio_max - (settings.chunk_ratio_max - settings.chunk_ratio_min) * pressure
+
+
+def select_messages(ctx: JobContext, pending: list[tuple[int, PendingMessage, bool]], reason: str):
+    """What this run archives: vanished messages always; then the oldest until the tail fits the target."""
+    if reason != "budget":
+        return [(seq, message) for seq, message, _ in pending]
+    target = ctx.workspace.budget * ctx.workspace.consolidation.ratio
+    remaining = sum(message.tokens for _, message, present in pending if present)
+    selected = []
+    for position, (seq, message, present) in enumerate(pending):
+        if not present:
+            selected.append((seq, message))
+            continue
+        if remaining <= target:
+            following = pending[position][1]
+            if following.role == "user" or not selected:
+                break
+        selected.append((seq, message))
+        remaining -= message.tokens
+    return selected
+
+
+def plan_chunks(ctx: JobContext, items: list[tuple[int, PendingMessage]]) -> list[Chunk]:
+    """Split into chunks that fit one request and end just before a user message."""
+    window = ctx.workspace.llm.context_window
+    limit = max(1000, int(window * chunk_ratio(ctx, [m for _, m in items]) / SAFETY_MARGIN) - PROMPT_OVERHEAD_TOKENS)
+    chunks: list[Chunk] = []
+    current: list[tuple[int, PendingMessage]] = []
+    size = 0
+    for seq, message in items:
+        if message.tokens > window // 2:
+            if current:
+                chunks.append(Chunk(current))
+                current, size = [], 0
+            chunks.append(Chunk([(seq, message)], oversized=True))
+            continue
+        if current and size + message.tokens > limit:
+            cut = _last_user_boundary(current)
+            if cut == 0:
+                cut = len(current)
+            chunks.append(Chunk(current[:cut]))
+            current = current[cut:]
+            size = sum(m.tokens for _, m in current)
+        current.append((seq, message))
+        size += message.tokens
+    if current:
+        chunks.append(Chunk(current))
+    return chunks
+
+
+def _last_user_boundary(items: list[tuple[int, PendingMessage]]) -> int:
+    """Index of the last user message (a chunk may end just before it); 0 when there is none."""
+    for index in range(len(items) - 1, 0, -1):
+        if items[index][1].role == "user":
+            return index
+    return 0
+
+
+async def summarize_chunk(ctx: JobContext, chunk: Chunk, session_key: str, usage: UsageMeter) -> tuple[str, list[str]]:
+    """(outcome, entry contents): summarized | nothing | raw_fallback."""
+    settings = ctx.workspace.consolidation
+    if chunk.oversized or ctx.llm.offline:
+        return "raw_fallback", raw_entries(chunk.messages, settings.raw_max_chars)
+    try:
+        reply = await ctx.llm.complete(archive_messages(transcript(chunk.messages), session_key),
+                                       max_tokens=min(ctx.workspace.llm.max_tokens, 4096))
+        usage.add(reply)
+    except LLMError as exc:
+        usage.add_error(exc)
+        logger.warning("consolidation of {}: LLM failed ({}); archiving raw", session_key, exc)
+        return "raw_fallback", raw_entries(chunk.messages, settings.raw_max_chars)
+    summary = None
+    if reply.finish_reason not in ("length",) and not reply.tool_calls:
+        summary = parse_summary(reply.content, settings.summary_max_chars)
+    if summary is None:
+        logger.warning("consolidation of {}: unusable answer (finish={}, tool_calls={}); archiving raw",
+                       session_key, reply.finish_reason, len(reply.tool_calls))
+        return "raw_fallback", raw_entries(chunk.messages, settings.raw_max_chars)
+    if summary == NOTHING:
+        return "nothing", []
+    return "summarized", [summary]
+
+
+def _backup_chunk(ctx: JobContext, run_id: str, number: int, chunk: Chunk) -> Path:
+    path = ctx.store.run_dir(run_id) / f"chunk-{number:03d}.jsonl"
+    lines = [json.dumps({"digest": m.digest, "tokens": m.tokens, "record": m.record}, ensure_ascii=False)
+             for m in chunk.messages]
+    fsio.atomic_write(path, "\n".join(lines) + "\n")
+    return path
+
+
+def content_hash(content: str) -> str:
+    """Identifies an entry we wrote, should its cursor be found after a crash."""
+    return hashlib.sha1(history.clean_content(content).encode("utf-8")).hexdigest()[:16]
+
+
+async def consolidate_session(ctx: JobContext, session_key: str, run_id: str, *, reason: str) -> dict:
+    """Archive a session's unarchived messages (all of them, or down to the target for "budget")."""
+    pending = ctx.tracker.pending(session_key)
+    items = select_messages(ctx, pending, reason)
+    manifest: dict = {"session": session_key, "reason": reason, "chunks": [], "cursors": []}
+    usage = UsageMeter()
+    if not items:
+        ctx.store.finish_run(run_id, state="finished", outcome="nothing", manifest=manifest)
+        return manifest
+    rounds = ctx.workspace.consolidation.max_rounds
+    chunks = plan_chunks(ctx, items)
+    outcomes = []
+    for number, chunk in enumerate(chunks[:rounds] if reason == "budget" else chunks):
+        outcome, contents = await summarize_chunk(ctx, chunk, session_key, usage)
+        record = {
+            "seq": [chunk.items[0][0], chunk.items[-1][0]], "count": len(chunk.items),
+            "first_digest": chunk.items[0][1].digest, "last_digest": chunk.items[-1][1].digest,
+            "tokens": chunk.tokens, "outcome": outcome, "oversized": chunk.oversized,
+            "backup": str(_backup_chunk(ctx, run_id, number, chunk)), "done": False,
+        }
+        manifest["chunks"].append(record)
+        manifest["tokens"] = usage.to_json()
+        ctx.store.journal(run_id, manifest)
+        hashes = [content_hash(content) for content in contents]
+
+        def journal_cursors(cursors: list[int]) -> None:
+            record["cursors"] = cursors
+            record["hashes"] = hashes
+            ctx.store.journal(run_id, manifest)
+
+        written = history.append_entries(ctx.memory_dir, [(c, session_key) for c in contents], ctx.now(),
+                                         before_write=journal_cursors)
+        ctx.tracker.mark_archived(session_key, [m.digest for m in chunk.messages], run_id)
+        record["cursors"] = [entry.cursor for entry in written]
+        record["done"] = True
+        manifest["cursors"].extend(record["cursors"])
+        ctx.store.journal(run_id, manifest)
+        outcomes.append(outcome)
+        row = {"summarized": "written", "nothing": "no_change"}.get(outcome, outcome)
+        ctx.store.record_outcome("consolidate", ctx.workspace.name, row, run_id=run_id,
+                                 tokens=usage.prompt_tokens + usage.completion_tokens,
+                                 latency_ms=usage.latencies_ms[-1] if usage.latencies_ms else None)
+    ctx.tracker.set_cycle(session_key, next_cycle=True)
+    overall = ("raw_fallback" if "raw_fallback" in outcomes else "summarized" if "summarized" in outcomes
+               else "nothing")
+    manifest["tokens"] = usage.to_json()
+    ctx.store.finish_run(run_id, state="finished", outcome=overall, manifest=manifest)
+    return manifest
+
+
+def read_chunk_backup(path: Path) -> list[tuple[str, dict, int]]:
+    """(digest, record, tokens) of a chunk's messages, from its backup file."""
+    result = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            item = json.loads(line)
+            result.append((item["digest"], item["record"], int(item.get("tokens", 0))))
+    return result
+
+
+def recover_consolidation(ctx: JobContext, run: RunRecord) -> str:
+    """Finish or roll back a consolidation run interrupted by a crash; returns the resulting outcome."""
+    manifest = dict(run.manifest)
+    present = {entry.cursor: entry for entry in history.read_history(ctx.memory_dir).entries}
+    finished = rolled_back = 0
+    for chunk in manifest.get("chunks", []):
+        if chunk.get("done"):
+            continue
+        cursors, hashes = chunk.get("cursors"), chunk.get("hashes", [])
+        if cursors is None:
+            continue
+        found = [cursor for cursor, digest in zip(cursors, hashes)
+                 if cursor in present and content_hash(present[cursor].content) == digest]
+        digests = [digest for digest, _, _ in read_chunk_backup(Path(chunk["backup"]))]
+        if len(found) == len(cursors):
+            ctx.tracker.mark_archived(run.session_key, digests, run.run_id)
+            chunk["done"] = True
+            finished += 1
+        else:
+            if found:
+                history.rewrite_history(ctx.memory_dir, lambda entry, gone=set(found): entry.cursor not in gone)
+            chunk["rolled_back"] = True
+            rolled_back += 1
+    outcome = "recovered" if finished else "rolled_back"
+    manifest["recovery"] = {"finished_chunks": finished, "rolled_back_chunks": rolled_back}
+    ctx.store.finish_run(run.run_id, state="finished" if finished else "rolled_back", outcome=outcome,
+                         manifest=manifest)
+    return outcome
+
+
+def restore_consolidation(ctx: JobContext, run: RunRecord, *, dry_run: bool) -> dict:
+    """Undo an archive run: remove the entries it wrote and put its messages back in the spool."""
+    cursors = set(run.manifest.get("cursors", []))
+    chunks = [chunk for chunk in run.manifest.get("chunks", []) if chunk.get("done")]
+    plan = [f"remove history entries with cursors {sorted(cursors)}" if cursors else "no history entries to remove"]
+    count = sum(chunk.get("count", 0) for chunk in chunks)
+    plan.append(f"rewind the archive pointer of session {run.session_key}: {count} messages become unarchived")
+    if dry_run:
+        return {"plan": plan}
+    removed = history.rewrite_history(ctx.memory_dir, lambda entry: entry.cursor not in cursors) if cursors else []
+    records = []
+    for chunk in chunks:
+        records.extend(read_chunk_backup(Path(chunk["backup"])))
+    ctx.tracker.unarchive(run.session_key, run.run_id, records)
+    return {"plan": plan, "removed_entries": [entry.to_record() for entry in removed], "messages": len(records)}

@@ -1,0 +1,28 @@
+"""What a session job needs from the daemon, injected as one object (tests build it directly)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Callable
+
+from nanobotd.llm import LLMClient
+from nanobotd.settings import WorkspaceSettings
+from nanobotd.store import StateStore
+from nanobotd.tracker import SessionTracker
+
+
+@dataclass
+class JobContext:
+    """One workspace's settings, state, tracker, LLM client and clock."""
+
+    workspace: WorkspaceSettings
+    store: StateStore
+    tracker: SessionTracker
+    llm: LLMClient
+    now: Callable[[], datetime]
+
+    @property
+    def memory_dir(self):
+        """The workspace's memory folder."""
+        return self.workspace.path / "memory"

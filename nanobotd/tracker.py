@@ -1,0 +1,418 @@
+"""Session tracker: incremental parsing of session files, token accounting and the spool.
+
+A changed file is re-read line by line; a line whose bytes were seen before (same digest) reuses its
+parse and token count, so only new messages are decoded and counted. Every conversation message the
+agent has not archived and nanobotd has not archived is copied into the spool, so a rewrite that
+drops it (`/new`, fork, truncation) cannot lose it: vanished spool rows are handed to the rescue.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loguru import logger
+
+from nanobotd import sessionfile
+from nanobotd.store import StateStore
+from nanobotd.tokens import count_tokens
+from nanobotd.transcript import PendingMessage, record_json
+
+FLAG_COMMAND = 1
+FLAG_HIDDEN = 2
+SKIPPED_PREFIXES = ("dream:",)
+
+
+@dataclass(frozen=True)
+class MessageInfo:
+    """What the tracker remembers of one message line (never its content)."""
+
+    line_digest: str
+    digest: str
+    role: str
+    timestamp: str
+    tokens: int
+    flags: int
+
+    @property
+    def counts(self) -> bool:
+        """Conversation proper (not a slash command, not nanobot's checkpoint summary)."""
+        return not self.flags
+
+
+@dataclass
+class SessionState:
+    """Everything known about one session file."""
+
+    session_id: int
+    key: str
+    path: Path
+    fingerprint: tuple[int, int, int] | None = None
+    agent_archived: int = 0
+    message_count: int = 0
+    corrupt_lines: int = 0
+    total_tokens: int = 0
+    unarchived_messages: int = 0
+    unarchived_tokens: int = 0
+    last_write: float = 0.0
+    flushed_cycle: int = -1
+    cycle: int = 0
+    state: str = "active"
+    messages: list[MessageInfo] | None = None
+    present: set[str] = field(default_factory=set)
+
+    @property
+    def skipped(self) -> bool:
+        """nanobot's own dream turns are not conversation to archive."""
+        return self.key.startswith(SKIPPED_PREFIXES)
+
+    def to_json(self) -> dict:
+        """Plain data for the control API."""
+        return {
+            "key": self.key, "path": str(self.path), "messages": self.message_count,
+            "agent_archived": self.agent_archived, "corrupt_lines": self.corrupt_lines,
+            "total_tokens": self.total_tokens, "unarchived_messages": self.unarchived_messages,
+            "unarchived_tokens": self.unarchived_tokens, "state": self.state,
+            "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.last_write)) if self.last_write else None,
+            "compaction_cycle": self.cycle, "flushed_cycle": self.flushed_cycle,
+        }
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    """What one scan of one file changed."""
+
+    key: str
+    changed: bool
+    new_messages: int = 0
+    vanished: int = 0
+    corrupt_lines: int = 0
+    seconds: float = 0.0
+
+
+class SessionTracker:
+    """Tracks every session file of one workspace; thread-safe (scans run on an executor)."""
+
+    def __init__(self, workspace_name: str, store: StateStore, *, encoding: str = "o200k_base", clock=time.time):
+        self.workspace_name = workspace_name
+        self.store = store
+        self.encoding = encoding
+        self.clock = clock
+        self.sessions: dict[str, SessionState] = {}
+        self._lock = threading.RLock()
+        self._keys_by_path: dict[Path, str] = {}
+        self._load_sessions()
+
+    # -- loading -----------------------------------------------------------------------------------
+    def _load_sessions(self) -> None:
+        rows = self.store.query(
+            "SELECT id, key, path, inode, size, mtime_ns, agent_archived, messages, corrupt_lines, total_tokens,"
+            " unarchived_messages, unarchived_tokens, last_write, flushed_cycle, cycle, state"
+            " FROM sessions WHERE workspace=?", (self.workspace_name,))
+        for row in rows:
+            (session_id, key, path, inode, size, mtime_ns, agent_archived, messages, corrupt, total, un_msgs,
+             un_tokens, last_write, flushed_cycle, cycle, state) = row
+            fingerprint = (inode, size, mtime_ns) if inode is not None else None
+            self.sessions[key] = SessionState(
+                session_id, key, Path(path), fingerprint, agent_archived, messages, corrupt, total, un_msgs,
+                un_tokens, last_write, flushed_cycle, cycle, state)
+            self._keys_by_path[Path(path)] = key
+
+    def _session_for(self, key: str, path: Path) -> SessionState:
+        session = self.sessions.get(key)
+        self._keys_by_path[path] = key
+        if session is not None:
+            if session.path != path:
+                self._keys_by_path.pop(session.path, None)
+                self._keys_by_path[path] = key
+            session.path = path
+            return session
+        with self.store.transaction() as db:
+            db.execute("INSERT OR IGNORE INTO sessions (workspace, key, path, updated_at) VALUES (?, ?, ?, ?)",
+                       (self.workspace_name, key, str(path), self.clock()))
+            session_id = db.execute("SELECT id FROM sessions WHERE workspace=? AND key=?",
+                                    (self.workspace_name, key)).fetchone()[0]
+        session = SessionState(session_id, key, path)
+        self.sessions[key] = session
+        return session
+
+    def _cached_messages(self, session: SessionState) -> list[MessageInfo]:
+        if session.messages is None:
+            rows = self.store.query(
+                "SELECT line_digest, digest, role, timestamp, tokens, flags FROM messages"
+                " WHERE session_id=? ORDER BY seq", (session.session_id,))
+            session.messages = [MessageInfo(*row) for row in rows]
+        return session.messages
+
+    # -- scanning ----------------------------------------------------------------------------------
+    def scan(self, path: Path, *, force: bool = False) -> ScanResult | None:
+        """Bring one session file's accounting up to date; None when *path* is not a session file."""
+        started = time.perf_counter()
+        path = Path(path)
+        try:
+            stat = os.stat(path)
+        except FileNotFoundError:
+            return self.forget_path(path)
+        fingerprint = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        with self._lock:
+            known = self._session_by_path(path)
+            if known is not None and known.fingerprint == fingerprint and not force:
+                return ScanResult(known.key, False)
+            parsed = self._parse(path, known)
+            if parsed is None:
+                return None
+            key, header, messages, corrupt, parsed_records = parsed
+            session = self._session_for(key, path)
+            vanished = self._apply(session, header, messages, parsed_records, fingerprint, stat.st_mtime)
+            session.corrupt_lines = corrupt
+            self._save_session(session)
+            if corrupt:
+                logger.warning("session {}: skipped {} corrupt line(s)", key, corrupt)
+            return ScanResult(key, True, len(parsed_records), vanished, corrupt, time.perf_counter() - started)
+
+    def _session_by_path(self, path: Path) -> SessionState | None:
+        key = self._keys_by_path.get(path)
+        return self.sessions.get(key) if key is not None else None
+
+    def _parse(self, path: Path, known: SessionState | None):
+        """Read the file; reuse cached parses for known line digests; decode only new lines."""
+        cache = {info.line_digest: info for info in self._cached_messages(known)} if known else {}
+        header = sessionfile.SessionHeader()
+        messages: list[MessageInfo] = []
+        new_records: dict[str, dict] = {}
+        occurrences: dict[str, int] = {}
+        corrupt = 0
+        try:
+            for line in sessionfile.iter_raw_lines(path):
+                info = cache.get(line.line_digest)
+                if info is not None:
+                    occurrences[info.digest] = occurrences.get(info.digest, 0) + 1
+                    messages.append(info)
+                    continue
+                record = sessionfile.decode_record(line)
+                if record is None:
+                    corrupt += 1
+                    continue
+                if record.get("_type") == "metadata":
+                    sessionfile.read_header(record, header)
+                    continue
+                if "_type" in record:
+                    continue
+                info = self._message_info(line.line_digest, record, occurrences)
+                if info is None:
+                    corrupt += 1
+                    continue
+                messages.append(info)
+                if info.counts:
+                    new_records[info.digest] = record
+        except OSError as exc:
+            logger.warning("cannot read session file {}: {}", path, exc)
+            return None
+        key = header.key or sessionfile.key_from_filename(path) or path.stem
+        return key, header, messages, corrupt, new_records
+
+    def _message_info(self, line_digest: str, record: dict, occurrences: dict[str, int]) -> MessageInfo | None:
+        fields = sessionfile.message_fields(record)
+        if fields is None:
+            return None
+        role, text, timestamp = fields
+        digest = sessionfile.message_digest(role, text, timestamp)
+        seen = occurrences.get(digest, 0)
+        occurrences[digest] = seen + 1
+        if seen:
+            digest = hashlib.blake2b(f"{digest}#{seen}".encode(), digest_size=16).hexdigest()
+        flags = (FLAG_COMMAND if record.get("_command") else 0) | (FLAG_HIDDEN if record.get("_hidden_history") else 0)
+        tokens = 0 if flags else count_tokens(sessionfile.message_text_for_tokens(record, text), self.encoding)
+        return MessageInfo(line_digest, digest, role, timestamp, tokens, flags)
+
+    def _apply(self, session: SessionState, header: sessionfile.SessionHeader, messages: list[MessageInfo],
+               new_records: dict[str, dict], fingerprint, mtime: float) -> int:
+        """Update counters, the spool and the message cache; return how many spooled messages vanished."""
+        agent_archived = min(header.last_archived, len(messages))
+        if header.last_archived > len(messages):
+            agent_archived = 0
+        archived = self._archived_digests(session)
+        below = {info.digest for info in messages[:agent_archived]}
+        current = {info.digest for info in messages}
+        unarchived = [info for info in messages[agent_archived:] if info.counts and info.digest not in archived]
+        spooled = self._spooled_digests(session)
+        now = self.clock()
+        to_spool = []
+        for seq_offset, info in enumerate(unarchived):
+            if info.digest in spooled:
+                continue
+            record = new_records.get(info.digest)
+            if record is None:
+                continue
+            to_spool.append((session.session_id, info.digest, info.role, info.timestamp, info.tokens,
+                             record_json(record), now))
+        agent_done = [digest for digest in spooled if digest in below]
+        vanished = [digest for digest in spooled if digest not in current]
+        old = session.messages or []
+        with self.store.transaction() as db:
+            next_seq = (db.execute("SELECT COALESCE(MAX(seq), 0) FROM spool WHERE session_id=?",
+                                   (session.session_id,)).fetchone()[0]) + 1
+            db.executemany(
+                "INSERT OR IGNORE INTO spool (session_id, digest, seq, role, timestamp, tokens, record, seen_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(sid, digest, next_seq + index, role, stamp, tokens, rec, seen)
+                 for index, (sid, digest, role, stamp, tokens, rec, seen) in enumerate(to_spool)])
+            db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
+                           [(session.session_id, digest) for digest in agent_done])
+            self._store_messages(db, session.session_id, old, messages)
+        session.messages = messages
+        session.present = current
+        session.state = "active"
+        session.fingerprint = fingerprint
+        session.agent_archived = agent_archived
+        session.message_count = len(messages)
+        session.total_tokens = sum(info.tokens for info in messages)
+        session.last_write = mtime
+        self._recount(session)
+        return len(vanished)
+
+    @staticmethod
+    def _store_messages(db, session_id: int, old: list[MessageInfo], new: list[MessageInfo]) -> None:
+        prefix = 0
+        limit = min(len(old), len(new))
+        while prefix < limit and old[prefix].line_digest == new[prefix].line_digest:
+            prefix += 1
+        if prefix < len(old):
+            db.execute("DELETE FROM messages WHERE session_id=? AND seq>=?", (session_id, prefix))
+        db.executemany(
+            "INSERT OR REPLACE INTO messages (session_id, seq, line_digest, digest, role, timestamp, tokens, flags)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [(session_id, seq, info.line_digest, info.digest, info.role, info.timestamp, info.tokens, info.flags)
+             for seq, info in enumerate(new[prefix:], start=prefix)])
+
+    def _archived_digests(self, session: SessionState) -> set[str]:
+        rows = self.store.query("SELECT digest FROM archived WHERE session_id=?", (session.session_id,))
+        return {row[0] for row in rows}
+
+    def _spooled_digests(self, session: SessionState) -> set[str]:
+        rows = self.store.query("SELECT digest FROM spool WHERE session_id=?", (session.session_id,))
+        return {row[0] for row in rows}
+
+    def _recount(self, session: SessionState) -> None:
+        """Unarchived = spooled messages still present in the file (vanished ones wait for the rescue)."""
+        rows = self.store.query("SELECT digest, tokens FROM spool WHERE session_id=?", (session.session_id,))
+        if session.messages is None and session.fingerprint is not None:
+            present = None
+        else:
+            present = session.present
+        live = [tokens for digest, tokens in rows if present is None or digest in present]
+        session.unarchived_messages = len(live)
+        session.unarchived_tokens = sum(live)
+
+    def _save_session(self, session: SessionState) -> None:
+        inode, size, mtime_ns = session.fingerprint or (None, None, None)
+        with self.store.transaction() as db:
+            db.execute(
+                "UPDATE sessions SET path=?, inode=?, size=?, mtime_ns=?, agent_archived=?, messages=?,"
+                " corrupt_lines=?, total_tokens=?, unarchived_messages=?, unarchived_tokens=?, last_write=?,"
+                " flushed_cycle=?, cycle=?, state=?, updated_at=? WHERE id=?",
+                (str(session.path), inode, size, mtime_ns, session.agent_archived, session.message_count,
+                 session.corrupt_lines, session.total_tokens, session.unarchived_messages,
+                 session.unarchived_tokens, session.last_write, session.flushed_cycle, session.cycle,
+                 session.state, self.clock(), session.session_id))
+
+    def forget_path(self, path: Path) -> ScanResult | None:
+        """A session file disappeared: everything it still had in the spool is now vanished."""
+        with self._lock:
+            session = self._session_by_path(Path(path))
+            if session is None or session.state == "deleted":
+                return None
+            session.fingerprint = None
+            session.state = "deleted"
+            session.messages = []
+            session.present = set()
+            session.message_count = 0
+            self._recount(session)
+            self._save_session(session)
+            with self.store.transaction() as db:
+                db.execute("DELETE FROM messages WHERE session_id=?", (session.session_id,))
+            vanished = len(self._spooled_digests(session))
+            return ScanResult(session.key, True, 0, vanished, 0)
+
+    # -- the spool, for jobs -----------------------------------------------------------------------
+    def pending(self, key: str, *, vanished_only: bool = False) -> list[tuple[int, PendingMessage, bool]]:
+        """Spooled messages of a session in first-seen order: (seq, message, still present in the file)."""
+        session = self.sessions.get(key)
+        if session is None:
+            return []
+        if session.messages is None:
+            self._cached_messages(session)
+            session.present = {info.digest for info in session.messages or []}
+        rows = self.store.query(
+            "SELECT seq, digest, role, timestamp, tokens, record FROM spool WHERE session_id=? ORDER BY seq",
+            (session.session_id,))
+        result = []
+        for seq, digest, role, stamp, tokens, record in rows:
+            present = digest in session.present
+            if vanished_only and present:
+                continue
+            try:
+                parsed = json.loads(record)
+            except ValueError:
+                parsed = {"role": role, "content": record, "timestamp": stamp}
+            text = sessionfile.flatten_content(parsed.get("content"))
+            result.append((seq, PendingMessage(digest, role, stamp, text, tokens, parsed), present))
+        return result
+
+    def mark_archived(self, key: str, digests: list[str], run_id: str) -> None:
+        """Messages reached history.jsonl: record them as archived and drop them from the spool."""
+        session = self.sessions[key]
+        with self.store.transaction() as db:
+            db.executemany("INSERT OR IGNORE INTO archived (session_id, digest, run_id) VALUES (?, ?, ?)",
+                           [(session.session_id, digest, run_id) for digest in digests])
+            db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
+                           [(session.session_id, digest) for digest in digests])
+        with self._lock:
+            self._recount(session)
+            self._save_session(session)
+
+    def unarchive(self, key: str, run_id: str, records: list[tuple[str, dict, int]]) -> int:
+        """Undo an archive run: forget its archive marks and put its messages back in the spool."""
+        session = self.sessions.get(key)
+        if session is None:
+            return 0
+        now = self.clock()
+        with self.store.transaction() as db:
+            db.execute("DELETE FROM archived WHERE session_id=? AND run_id=?", (session.session_id, run_id))
+            next_seq = db.execute("SELECT COALESCE(MIN(seq), 1) FROM spool WHERE session_id=?",
+                                  (session.session_id,)).fetchone()[0] - len(records) - 1
+            for offset, (digest, record, tokens) in enumerate(records):
+                db.execute(
+                    "INSERT OR IGNORE INTO spool (session_id, digest, seq, role, timestamp, tokens, record, seen_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (session.session_id, digest, next_seq + offset, str(record.get("role", "?")),
+                     str(record.get("timestamp", "")), tokens, record_json(record), now))
+        with self._lock:
+            self._recount(session)
+            self._save_session(session)
+        return len(records)
+
+    def set_cycle(self, key: str, *, flushed: bool = False, next_cycle: bool = False) -> None:
+        """Flush once per compaction cycle: remember the cycle flushed, or start a new cycle."""
+        session = self.sessions[key]
+        with self._lock:
+            if flushed:
+                session.flushed_cycle = session.cycle
+            if next_cycle:
+                session.cycle += 1
+            self._save_session(session)
+
+    def totals(self) -> dict:
+        """Workspace totals for status."""
+        live = [session for session in self.sessions.values() if session.state != "deleted"]
+        return {
+            "sessions_watched": len(live),
+            "unarchived_messages": sum(session.unarchived_messages for session in self.sessions.values()),
+            "unarchived_tokens": sum(session.unarchived_tokens for session in self.sessions.values()),
+            "corrupt_lines": sum(session.corrupt_lines for session in live),
+        }
