@@ -1,0 +1,69 @@
+"""`nanobotd`: argv -> config -> Daemon. Exit 2 on a bad config, naming the key."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+from nanobotd import __version__
+from nanobotd.config import ConfigError, load_config
+
+EXIT_CONFIG = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The daemon's command line."""
+    parser = argparse.ArgumentParser(prog="nanobotd", description="Memory daemon for nanobot workspaces.")
+    parser.add_argument("--version", action="version", version=f"nanobotd {__version__}")
+    parser.add_argument("--config", type=Path, help="config file (default: XDG or /etc/nanobotd/config.toml)")
+    sub = parser.add_subparsers(dest="command")
+    run = sub.add_parser("run", help="run the daemon (the default)")
+    check = sub.add_parser("check-config", help="validate the config and print the effective settings")
+    for command in (run, check):
+        command.add_argument("--config", type=Path, dest="sub_config", help="config file")
+        command.add_argument("--workspace", action="append", default=[], metavar="DIR",
+                             help="manage this workspace (repeatable; works without a config file)")
+    run.add_argument("--polling", action="store_true", help="use the polling observer instead of inotify")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `nanobotd`."""
+    args = build_parser().parse_args(argv)
+    command = args.command or "run"
+    config_path = getattr(args, "sub_config", None) or args.config
+    try:
+        config = load_config(config_path, workspace_args=getattr(args, "workspace", []) or None)
+    except ConfigError as exc:
+        print(f"nanobotd: config error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if command == "check-config":
+        print(json.dumps(config.to_json(), indent=2))
+        return 0
+    return run_daemon(config, polling=args.polling)
+
+
+def run_daemon(config, *, polling: bool = False) -> int:
+    """Configure logging and notification, then run the daemon until it is told to stop."""
+    from nanobotd.daemon import Daemon
+    from nanobotd.logsetup import configure_logging
+    from nanobotd.notify import Notifier
+
+    secrets = [workspace.api_key for workspace in config.workspaces if workspace.api_key]
+    configure_logging(config.daemon.log_level, under_systemd=config.under_systemd, secrets=secrets)
+    daemon = Daemon(config, notifier=Notifier(dict(os.environ)), polling=polling)
+    try:
+        return asyncio.run(daemon.run())
+    except Exception as exc:  # noqa: BLE001 - the message is the point
+        from loguru import logger
+
+        logger.opt(exception=exc).critical("nanobotd stopped: {}", exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

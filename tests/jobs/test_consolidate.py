@@ -1,0 +1,208 @@
+"""Consolidation against the fake OpenAI server through litellm: summaries, faults, rescue, recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from datetime import datetime
+
+import pytest
+
+from nanobotd import history
+from nanobotd.jobs import consolidate
+from nanobotd.jobs.context import JobContext
+from nanobotd.llm import LLMClient, LLMSettings
+from nanobotd.settings import ConsolidationSettings, WorkspaceSettings
+from nanobotd.store import StateStore
+from nanobotd.tracker import SessionTracker
+from tests.support.fakellm import Empty, FakeLLM, Garbage, Hang, HttpError, Text, ToolCalls
+from tests.support.workspace import conversation, history_entries, make_workspace, write_session
+
+NOW = datetime(2026, 11, 22, 10, 30)
+
+
+def make_context(tmp_path, llm_settings: LLMSettings, **consolidation):
+    workspace, sessions = make_workspace(tmp_path)
+    settings = WorkspaceSettings(path=workspace, name="ws", llm=llm_settings,
+                                 consolidation=ConsolidationSettings(**consolidation))
+    store = StateStore(tmp_path / "state").open()
+    tracker = SessionTracker("ws", store)
+    return JobContext(settings, store, tracker, LLMClient(llm_settings), lambda: NOW), sessions
+
+
+def online(fake: FakeLLM, **extra) -> LLMSettings:
+    return LLMSettings(model=fake.model, api_base=fake.base_url, max_retries=0, timeout_seconds=2,
+                       context_window=extra.pop("context_window", 200000), max_tokens=extra.pop("max_tokens", 8192))
+
+
+def run_job(ctx, key, reason="manual"):
+    run_id = ctx.store.create_run("consolidate", "ws", session_key=key)
+    manifest = asyncio.run(consolidate.consolidate_session(ctx, key, run_id, reason=reason))
+    return ctx.store.get_run(run_id), manifest
+
+
+def raw_messages_in(entries) -> str:
+    return "\n".join(entry["content"] for entry in entries if entry["content"].startswith("[RAW]"))
+
+
+def test_summary_is_written_as_fact_lines_with_session_key(tmp_path):
+    with FakeLLM() as fake:
+        fake.push(Text("Here you go:\n- [permanent] User lives in Lyon\n- [skip] greeting\n- [durable] Uses Debian 12"))
+        ctx, sessions = make_context(tmp_path, online(fake))
+        ctx.tracker.scan(write_session(sessions, "cli:a", conversation(6)))
+        run, manifest = run_job(ctx, "cli:a")
+        request = fake.requests[0]
+    entries = history_entries(ctx.workspace.path)
+    assert run.outcome == "summarized" and run.state == "finished"
+    assert entries == [{"cursor": 1, "timestamp": "2026-11-22 10:30",
+                        "content": "- [permanent] User lives in Lyon\n- [durable] Uses Debian 12",
+                        "session_key": "cli:a"}]
+    assert "M-0 user says" in request["messages"][1]["content"]
+    assert "(nothing)" in request["messages"][0]["content"]
+    assert ctx.tracker.sessions["cli:a"].unarchived_messages == 0
+    assert manifest["cursors"] == [1] and manifest["chunks"][0]["count"] == 6
+
+
+def test_nothing_answer_writes_no_entry_but_archives(tmp_path):
+    with FakeLLM() as fake:
+        fake.push(Text("(nothing)"))
+        ctx, sessions = make_context(tmp_path, online(fake))
+        ctx.tracker.scan(write_session(sessions, "cli:a", conversation(4)))
+        run, _ = run_job(ctx, "cli:a")
+    assert run.outcome == "nothing"
+    assert history_entries(ctx.workspace.path) == []
+    assert ctx.tracker.pending("cli:a") == []
+
+
+@pytest.mark.parametrize("fault", [
+    HttpError(500), Hang(30), Garbage(b"{not json"), Empty(), ToolCalls([("archive", {"x": 1})]),
+    Text("- [durable] cut off", finish_reason="length"), Text("I refuse to follow the format."),
+], ids=["500", "timeout", "garbage", "empty", "tool_call", "length", "unformatted"])
+def test_every_llm_fault_ends_in_a_raw_archive_of_the_whole_range(tmp_path, fault):
+    with FakeLLM() as fake:
+        fake.push(fault, fault)
+        ctx, sessions = make_context(tmp_path, online(fake))
+        ctx.tracker.scan(write_session(sessions, "cli:a", conversation(8)))
+        run, _ = run_job(ctx, "cli:a")
+    raw = raw_messages_in(history_entries(ctx.workspace.path))
+    assert run.outcome == "raw_fallback"
+    for index in range(8):
+        assert f"M-{index} " in raw
+    assert ctx.tracker.pending("cli:a") == []
+
+
+def test_offline_mode_raw_archives_and_splits_long_transcripts_without_truncating(tmp_path):
+    ctx, sessions = make_context(tmp_path, LLMSettings(model="none"))
+    messages = conversation(60, words=120)
+    ctx.tracker.scan(write_session(sessions, "cli:a", messages))
+    run, _ = run_job(ctx, "cli:a")
+    entries = history_entries(ctx.workspace.path)
+    assert run.outcome == "raw_fallback" and len(entries) > 1
+    assert all(len(entry["content"]) <= 16000 for entry in entries)
+    raw = raw_messages_in(entries)
+    for message in messages:
+        assert message["content"] in raw
+    assert [entry["cursor"] for entry in entries] == list(range(1, len(entries) + 1))
+
+
+def test_command_messages_are_not_archived_and_dream_sessions_are_skipped(tmp_path):
+    ctx, sessions = make_context(tmp_path, LLMSettings(model="none"))
+    messages = conversation(2) + [{"role": "user", "content": "/dream", "timestamp": "2026-11-01T10:00:00",
+                                   "_command": True}]
+    ctx.tracker.scan(write_session(sessions, "cli:a", messages))
+    run_job(ctx, "cli:a")
+    assert "/dream" not in raw_messages_in(history_entries(ctx.workspace.path))
+    ctx.tracker.scan(write_session(sessions, "dream:20261122", conversation(4)))
+    runtime_jobs = ctx.tracker.sessions["dream:20261122"].skipped
+    assert runtime_jobs is True
+
+
+def test_budget_trigger_archives_down_to_the_target_ending_before_a_user_message(tmp_path):
+    ctx, sessions = make_context(tmp_path, LLMSettings(model="none", context_window=12000, max_tokens=1000))
+    messages = conversation(200, words=20)
+    ctx.tracker.scan(write_session(sessions, "cli:a", messages))
+    session = ctx.tracker.sessions["cli:a"]
+    assert session.unarchived_tokens >= ctx.workspace.budget
+    run_job(ctx, "cli:a", reason="budget")
+    remaining = ctx.tracker.pending("cli:a")
+    assert 0 < sum(m.tokens for _, m, _ in remaining) <= ctx.workspace.budget * 0.5
+    assert remaining[0][1].role == "user"
+
+
+def test_a_message_over_half_the_window_is_raw_archived_and_never_sent(tmp_path):
+    with FakeLLM() as fake:
+        fake.push(Text("- [durable] small talk summary"))
+        ctx, sessions = make_context(tmp_path, online(fake, context_window=4000, max_tokens=500))
+        messages = conversation(2)
+        messages.append({"role": "user", "content": "HUGE " + "lorem " * 5000, "timestamp": "2026-11-01T11:00:00"})
+        ctx.tracker.scan(write_session(sessions, "cli:a", messages))
+        run_job(ctx, "cli:a")
+        sent = " ".join(str(request["messages"]) for request in fake.requests)
+    assert "HUGE" not in sent
+    entries = [entry["content"] for entry in history_entries(ctx.workspace.path)]
+    joined = "".join(re.sub(r"^\(part \d+/\d+\) ", "", content.split("\n", 1)[1]) for content in entries[1:])
+    assert messages[-1]["content"].rstrip() in joined
+
+
+def test_new_right_after_thirty_unarchived_messages_loses_none(tmp_path):
+    with FakeLLM() as fake:
+        fake.push(HttpError(500))
+        ctx, sessions = make_context(tmp_path, online(fake))
+        path = write_session(sessions, "cli:a", conversation(30))
+        ctx.tracker.scan(path)
+        write_session(sessions, "cli:a", [])
+        result = ctx.tracker.scan(path)
+        assert result.vanished == 30
+        run, _ = run_job(ctx, "cli:a", reason="rescue")
+    raw = raw_messages_in(history_entries(ctx.workspace.path))
+    for index in range(30):
+        assert f"M-{index} " in raw
+    assert ctx.tracker.pending("cli:a") == []
+
+
+def test_messages_below_the_agents_mark_are_never_archived_again(tmp_path):
+    ctx, sessions = make_context(tmp_path, LLMSettings(model="none"))
+    ctx.tracker.scan(write_session(sessions, "cli:a", conversation(10), last_archived=6))
+    run_job(ctx, "cli:a")
+    raw = raw_messages_in(history_entries(ctx.workspace.path))
+    assert "M-5 " not in raw and "M-6 " in raw and "M-9 " in raw
+
+
+def test_crash_after_cursor_journal_is_rolled_back_or_finished(tmp_path):
+    ctx, sessions = make_context(tmp_path, LLMSettings(model="none"))
+    ctx.tracker.scan(write_session(sessions, "cli:a", conversation(4)))
+    run_id = ctx.store.create_run("consolidate", "ws", session_key="cli:a")
+    real_append = history.append_entries
+
+    def crash_before_write(memory_dir, contents, now, before_write=None):
+        def journal_then_die(cursors):
+            before_write(cursors)
+            raise KeyboardInterrupt("simulated kill")
+        return real_append(memory_dir, contents, now, before_write=journal_then_die)
+
+    consolidate.history.append_entries = crash_before_write
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            asyncio.run(consolidate.consolidate_session(ctx, "cli:a", run_id, reason="manual"))
+    finally:
+        consolidate.history.append_entries = real_append
+    outcome = consolidate.recover_consolidation(ctx, ctx.store.get_run(run_id))
+    assert outcome == "rolled_back"
+    assert len(ctx.tracker.pending("cli:a")) == 4
+    run, _ = run_job(ctx, "cli:a")
+    assert len(raw_messages_in(history_entries(ctx.workspace.path)).splitlines()) == 5
+
+
+def test_restore_removes_entries_and_rewinds_so_they_are_archived_again(tmp_path):
+    ctx, sessions = make_context(tmp_path, LLMSettings(model="none"))
+    ctx.tracker.scan(write_session(sessions, "cli:a", conversation(6)))
+    run, _ = run_job(ctx, "cli:a")
+    plan = consolidate.restore_consolidation(ctx, run, dry_run=True)
+    assert history_entries(ctx.workspace.path) and "cursors [1]" in plan["plan"][0]
+    consolidate.restore_consolidation(ctx, run, dry_run=False)
+    assert history_entries(ctx.workspace.path) == []
+    assert len(ctx.tracker.pending("cli:a")) == 6
+    assert ctx.tracker.sessions["cli:a"].unarchived_messages == 6
+    run_job(ctx, "cli:a")
+    entries = history_entries(ctx.workspace.path)
+    assert [entry["cursor"] for entry in entries] == [2]

@@ -1,0 +1,128 @@
+"""The session tracker against real nanobot files and rewrites of every kind."""
+
+from __future__ import annotations
+
+import shutil
+
+from nanobotd.sessionfile import filename_for_key
+from nanobotd.store import StateStore
+from nanobotd.tracker import SessionTracker
+from tests.support.workspace import SAMPLES, conversation, make_workspace, write_session
+
+
+def make_tracker(tmp_path):
+    store = StateStore(tmp_path / "state").open()
+    return store, SessionTracker("ws", store)
+
+
+def test_real_nanobot_session_honours_last_archived_and_skips_commands(tmp_path):
+    store, tracker = make_tracker(tmp_path)
+    path = tmp_path / "Y2xpOmFscGhh.jsonl"
+    shutil.copy(SAMPLES / "alpha.after-in-turn-consolidation.jsonl", path)
+    result = tracker.scan(path)
+    session = tracker.sessions["cli:alpha"]
+    assert result.changed and result.corrupt_lines == 0
+    assert session.agent_archived == 14
+    unarchived = [message for _, message, _ in tracker.pending("cli:alpha")]
+    assert all(not message.record.get("_hidden_history") for message in unarchived)
+    assert len(unarchived) == session.unarchived_messages
+    assert session.unarchived_tokens == sum(message.tokens for message in unarchived)
+
+
+def test_final_sample_excludes_command_messages_from_tokens(tmp_path):
+    store, tracker = make_tracker(tmp_path)
+    path = tmp_path / "Y2xpOmFscGhh.jsonl"
+    shutil.copy(SAMPLES / "alpha.final.jsonl", path)
+    tracker.scan(path)
+    texts = [message.text for _, message, _ in tracker.pending("cli:alpha")]
+    assert "/dream" not in texts and "Dreaming..." not in texts
+    assert any("MSG-12" in text for text in texts)
+
+
+def test_appending_a_message_reuses_the_cached_prefix(tmp_path):
+    _, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    messages = conversation(40)
+    path = write_session(sessions, "cli:a", messages)
+    tracker.scan(path)
+    before = tracker.sessions["cli:a"].unarchived_tokens
+    messages += conversation(1, tag="n")
+    write_session(sessions, "cli:a", messages)
+    result = tracker.scan(path)
+    assert result.new_messages == 1
+    assert tracker.sessions["cli:a"].unarchived_messages == 41
+    assert tracker.sessions["cli:a"].unarchived_tokens > before
+
+
+def test_new_command_leaves_every_unarchived_message_in_the_spool_as_vanished(tmp_path):
+    _, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    path = write_session(sessions, "cli:a", conversation(30))
+    tracker.scan(path)
+    shutil.copy(SAMPLES / "alpha.after-new.jsonl", path)
+    write_session(sessions, "cli:a", [])
+    result = tracker.scan(path)
+    assert result.vanished == 30
+    vanished = tracker.pending("cli:a", vanished_only=True)
+    assert len(vanished) == 30
+    assert tracker.sessions["cli:a"].unarchived_tokens == 0
+
+
+def test_messages_the_agent_archives_leave_the_spool(tmp_path):
+    _, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    messages = conversation(10)
+    path = write_session(sessions, "cli:a", messages)
+    tracker.scan(path)
+    write_session(sessions, "cli:a", messages, last_archived=6)
+    result = tracker.scan(path)
+    assert result.vanished == 0
+    assert len(tracker.pending("cli:a")) == 4
+
+
+def test_corrupt_lines_binary_garbage_and_a_huge_line_are_counted_not_fatal(tmp_path):
+    _, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    path = write_session(sessions, "cli:a", conversation(4), extra_lines=["{not json", "[1, 2]"])
+    with open(path, "ab") as handle:
+        handle.write(b"\x00\xff\xfe binary \x00\n")
+        handle.write(b'{"role": "user", "content": "' + b"x" * (9 * 1024 * 1024) + b'"}\n')
+        handle.write(b'{"role": "user", "content": "after the huge line", "timestamp": "2026-11-01T10:00:00"}')
+    result = tracker.scan(path)
+    assert result.corrupt_lines == 4
+    texts = [message.text for _, message, _ in tracker.pending("cli:a")]
+    assert texts[-1] == "after the huge line" and len(texts) == 5
+
+
+def test_state_survives_a_restart_without_reparsing_unchanged_files(tmp_path):
+    _, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    path = write_session(sessions, "cli:a", conversation(12))
+    tracker.scan(path)
+    tokens = tracker.sessions["cli:a"].unarchived_tokens
+    store.close()
+    store = StateStore(tmp_path / "state").open()
+    tracker = SessionTracker("ws", store)
+    assert tracker.scan(path).changed is False
+    assert tracker.sessions["cli:a"].unarchived_tokens == tokens
+
+
+def test_legacy_file_name_takes_its_key_from_the_metadata(tmp_path):
+    _, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    path = write_session(sessions, "telegram:123456", conversation(2))
+    legacy = sessions / "telegram_123456.jsonl"
+    path.rename(legacy)
+    assert tracker.scan(legacy).key == "telegram:123456"
+    assert filename_for_key("telegram:123456") == "dGVsZWdyYW06MTIzNDU2.jsonl"
+
+
+def test_deleted_file_hands_its_spool_to_the_rescue(tmp_path):
+    _, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    path = write_session(sessions, "cli:a", conversation(6))
+    tracker.scan(path)
+    path.unlink()
+    result = tracker.scan(path)
+    assert result.vanished == 6
+    assert tracker.sessions["cli:a"].state == "deleted"
