@@ -23,6 +23,9 @@ LOCK_NAME = ".history.lock"
 ENTRY_HARD_CAP = 64_000
 TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M"
 TAIL_BLOCK = 64 * 1024
+# Entries nanobotd writes name the message range they archive, so a lost state DB can be rebuilt
+# from the files; nanobot ignores unknown fields.
+SPAN_FIELD = "nanobotd_span"
 LOCK_TIMEOUT = 30.0
 THINK_BLOCK = re.compile(r"<(think|thinking|reasoning)>.*?</\1>\s*", re.DOTALL | re.IGNORECASE)
 
@@ -36,12 +39,15 @@ class HistoryEntry:
     content: str
     session_key: str | None = None
     line: int = 0
+    span: dict | None = None
 
     def to_record(self) -> dict:
-        """The JSON object as nanobot writes it."""
+        """The JSON object as nanobot writes it, plus the archive span of entries nanobotd wrote."""
         record = {"cursor": self.cursor, "timestamp": self.timestamp, "content": self.content}
         if self.session_key:
             record["session_key"] = self.session_key
+        if self.span:
+            record[SPAN_FIELD] = self.span
         return record
 
 
@@ -78,8 +84,9 @@ def parse_entry(line: bytes | str, number: int = 0) -> HistoryEntry | None:
         return None
     key = record.get("session_key")
     timestamp = record.get("timestamp")
+    span = record.get(SPAN_FIELD)
     return HistoryEntry(cursor, timestamp if isinstance(timestamp, str) else "", content,
-                        key if isinstance(key, str) else None, number)
+                        key if isinstance(key, str) else None, number, span if isinstance(span, dict) else None)
 
 
 def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
@@ -150,6 +157,7 @@ def append_entries(
     now: datetime,
     *,
     before_write: Callable[[list[int]], None] | None = None,
+    span: dict | None = None,
 ) -> list[HistoryEntry]:
     """Append (content, session_key) entries with fresh cursors; return what was written.
 
@@ -165,7 +173,8 @@ def append_entries(
     with fsio.file_lock(memory_dir / LOCK_NAME, timeout=LOCK_TIMEOUT):
         start = max(read_cursor_file(memory_dir / CURSOR_NAME), largest_cursor_in_file(path)) + 1
         stamp = now_stamp(now)
-        entries = [HistoryEntry(start + offset, stamp, content, key) for offset, (content, key) in enumerate(items)]
+        entries = [HistoryEntry(start + offset, stamp, content, key, span=span)
+                   for offset, (content, key) in enumerate(items)]
         if before_write is not None:
             before_write([entry.cursor for entry in entries])
         fsio.ensure_trailing_newline(path)

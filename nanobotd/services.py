@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from loguru import logger
 
+from nanobotd import history
 from nanobotd.jobs import consolidate
 from nanobotd.jobs.flush import flush_session
 from nanobotd.runtime import WorkspaceRuntime
@@ -95,8 +96,21 @@ class Services:
                     if startup and not result.changed:
                         vanished = len(runtime.tracker.pending(result.key, vanished_only=True))
                     self.trigger(runtime, result.key, vanished=vanished)
+            if startup and self.daemon.store.rebuilt:
+                await loop.run_in_executor(self.daemon.executor, self._rebuild_archive_marks, runtime)
             if startup:
                 self.upkeep.workspace_ready(runtime)
+
+    @staticmethod
+    def _rebuild_archive_marks(runtime: WorkspaceRuntime) -> None:
+        """The state DB was lost: nanobotd's own history entries say which messages it archived."""
+        spans: dict[str, list[dict]] = {}
+        for entry in history.read_history(runtime.context.memory_dir).entries:
+            if entry.span and entry.session_key:
+                spans.setdefault(entry.session_key, []).append(entry.span)
+        marked = sum(runtime.tracker.apply_history_spans(key, key_spans) for key, key_spans in spans.items())
+        if marked:
+            logger.warning("workspace {}: rebuilt {} archive marks from history.jsonl", runtime.name, marked)
 
     def trigger(self, runtime: WorkspaceRuntime, key: str, *, vanished: int = 0) -> None:
         """Submit the jobs a session needs now (coalesced by the queue)."""

@@ -376,6 +376,32 @@ class SessionTracker:
             self._recount(session)
             self._save_session(session)
 
+    def apply_history_spans(self, key: str, spans: list[dict]) -> int:
+        """Rebuild nanobotd's archive marks from the spans its history entries carry (after a lost DB)."""
+        session = self.sessions.get(key)
+        if session is None:
+            return 0
+        messages = self._cached_messages(session)
+        position = {info.digest: index for index, info in enumerate(messages)}
+        marked: dict[str, str] = {}
+        for span in spans:
+            first, last = position.get(span.get("first")), position.get(span.get("last"))
+            if first is None or last is None or last < first:
+                continue
+            for info in messages[first:last + 1]:
+                if info.counts:
+                    marked[info.digest] = str(span.get("run", "rebuilt"))
+        if marked:
+            with self.store.transaction() as db:
+                db.executemany("INSERT OR IGNORE INTO archived (session_id, digest, run_id) VALUES (?, ?, ?)",
+                               [(session.session_id, digest, run) for digest, run in marked.items()])
+                db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
+                               [(session.session_id, digest) for digest in marked])
+            with self._lock:
+                self._recount(session)
+                self._save_session(session)
+        return len(marked)
+
     def unarchive(self, key: str, run_id: str, records: list[tuple[str, dict, int]]) -> int:
         """Undo an archive run: forget its archive marks and put its messages back in the spool."""
         session = self.sessions.get(key)

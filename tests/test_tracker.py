@@ -126,3 +126,33 @@ def test_deleted_file_hands_its_spool_to_the_rescue(tmp_path):
     result = tracker.scan(path)
     assert result.vanished == 6
     assert tracker.sessions["cli:a"].state == "deleted"
+
+
+def test_archive_marks_are_rebuilt_from_history_spans_after_the_db_is_lost(tmp_path):
+    import asyncio
+    from datetime import datetime
+
+    from nanobotd import history
+    from nanobotd.jobs import consolidate
+    from nanobotd.jobs.context import JobContext
+    from nanobotd.llm import LLMClient, LLMSettings
+    from nanobotd.settings import WorkspaceSettings
+
+    workspace, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    path = write_session(sessions, "cli:a", conversation(8))
+    tracker.scan(path)
+    ctx = JobContext(WorkspaceSettings(path=workspace, name="ws"), store, tracker, LLMClient(LLMSettings()),
+                     lambda: datetime(2026, 11, 22))
+    run_id = store.create_run("consolidate", "ws", session_key="cli:a")
+    asyncio.run(consolidate.consolidate_session(ctx, "cli:a", run_id, reason="manual"))
+    write_session(sessions, "cli:a", conversation(10))
+    store.close()
+    (tmp_path / "state" / "state.db").unlink()
+    store = StateStore(tmp_path / "state").open()
+    assert store.rebuilt
+    tracker = SessionTracker("ws", store)
+    tracker.scan(path)
+    spans = [entry.span for entry in history.read_history(workspace / "memory").entries]
+    assert tracker.apply_history_spans("cli:a", spans) == 8
+    assert [message.text.split()[0] for _, message, _ in tracker.pending("cli:a")] == ["M-8", "M-9"]

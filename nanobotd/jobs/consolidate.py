@@ -176,8 +176,10 @@ async def consolidate_session(ctx: JobContext, session_key: str, run_id: str, *,
             record["hashes"] = hashes
             ctx.store.journal(run_id, manifest)
 
+        span = {"run": run_id, "first": chunk.items[0][1].digest, "last": chunk.items[-1][1].digest,
+                "count": len(chunk.items)}
         written = history.append_entries(ctx.memory_dir, [(c, session_key) for c in contents], ctx.now(),
-                                         before_write=journal_cursors)
+                                         before_write=journal_cursors, span=span)
         ctx.tracker.mark_archived(session_key, [m.digest for m in chunk.messages], run_id)
         record["cursors"] = [entry.cursor for entry in written]
         record["done"] = True

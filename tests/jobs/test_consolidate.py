@@ -54,9 +54,11 @@ def test_summary_is_written_as_fact_lines_with_session_key(tmp_path):
         request = fake.requests[0]
     entries = history_entries(ctx.workspace.path)
     assert run.outcome == "summarized" and run.state == "finished"
+    span = entries[0].pop("nanobotd_span")
     assert entries == [{"cursor": 1, "timestamp": "2026-11-22 10:30",
                         "content": "- [permanent] User lives in Lyon\n- [durable] Uses Debian 12",
                         "session_key": "cli:a"}]
+    assert span["run"] == run.run_id and span["count"] == 6
     assert "M-0 user says" in request["messages"][1]["content"]
     assert "(nothing)" in request["messages"][0]["content"]
     assert ctx.tracker.sessions["cli:a"].unarchived_messages == 0
@@ -174,11 +176,11 @@ def test_crash_after_cursor_journal_is_rolled_back_or_finished(tmp_path):
     run_id = ctx.store.create_run("consolidate", "ws", session_key="cli:a")
     real_append = history.append_entries
 
-    def crash_before_write(memory_dir, contents, now, before_write=None):
+    def crash_before_write(memory_dir, contents, now, before_write=None, span=None):
         def journal_then_die(cursors):
             before_write(cursors)
             raise KeyboardInterrupt("simulated kill")
-        return real_append(memory_dir, contents, now, before_write=journal_then_die)
+        return real_append(memory_dir, contents, now, before_write=journal_then_die, span=span)
 
     consolidate.history.append_entries = crash_before_write
     try:
