@@ -21,7 +21,7 @@ from nanobotd import __version__
 from nanobotd.api.server import ControlServer
 from nanobotd.config import Config, ConfigError, load_config
 from nanobotd.jobqueue import JobQueue
-from nanobotd.notify import Notifier
+from nanobotd.notify import Notifier, watchdog_interval
 from nanobotd.runtime import WorkspaceRuntime
 from nanobotd.schedule import JobScheduler
 from nanobotd.services import Services
@@ -144,7 +144,7 @@ class Daemon:
         self.notifier.status(self.services.status_line())
 
     async def _tick(self) -> None:
-        interval = self.notifier.watchdog_interval()
+        interval = watchdog_interval(self.config.environ)
         last_ping = 0.0
         last_reconcile = time.monotonic()
         last_idle = time.monotonic()

@@ -1,0 +1,99 @@
+"""Run a real nanobotd subprocess on a tmp workspace and talk to it with nanobotctl."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CTL = "import sys; from nanobotd.ctl import main; sys.exit(main())"
+
+
+class DaemonProcess:
+    """`nanobotd run` in a subprocess with its own config, state dir and socket."""
+
+    def __init__(self, tmp_path: Path, workspace: Path, *, sessions_dir: Path | None = None,
+                 extra_config: str = "", env: dict | None = None):
+        self.tmp_path = tmp_path
+        self.socket = tmp_path / "sock" / "nanobotd.sock"
+        self.state_dir = tmp_path / "state"
+        self.config_path = tmp_path / "nanobotd.toml"
+        self.log_path = tmp_path / "daemon.log"
+        sessions_line = f'sessions_dir = "{sessions_dir}"' if sessions_dir else ""
+        self.config_path.write_text(f"""
+[daemon]
+socket = "{self.socket}"
+state_dir = "{self.state_dir}"
+reconcile_seconds = 2
+debounce_seconds = 0.2
+log_level = "DEBUG"
+{extra_config}
+
+[[workspaces]]
+path = "{workspace}"
+name = "ws"
+{sessions_line}
+""")
+        self.env = dict(os.environ, **(env or {}))
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, *, wait: bool = True) -> "DaemonProcess":
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "nanobotd.cli", "run", "--config", str(self.config_path)],
+                                     stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO)
+        log.close()
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
+            if self.socket.exists() and self.ctl("status").returncode == 0:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"daemon not ready:\n{self.log()}")
+
+    def ctl(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", CTL, "--socket", str(self.socket), *args],
+                              capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+    def ctl_json(self, *args: str) -> dict:
+        proc = self.ctl("--json", *args)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    def wait_for(self, predicate, timeout: float = 20, interval: float = 0.1):
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            last = predicate()
+            if last:
+                return last
+            time.sleep(interval)
+        raise AssertionError(f"condition not met in {timeout}s (last: {last!r})\n{self.log()[-3000:]}")
+
+    def session(self, key: str) -> dict | None:
+        proc = self.ctl("--json", "session", key)
+        return json.loads(proc.stdout)["session"] if proc.returncode == 0 else None
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -1,0 +1,134 @@
+"""A real daemon subprocess on a tmp workspace, observed through nanobotctl."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import time
+
+import pytest
+
+from tests.support.daemonproc import DaemonProcess
+from tests.support.workspace import conversation, make_workspace, write_session
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    workspace, sessions = make_workspace(tmp_path, layout="current")
+    proc = DaemonProcess(tmp_path, workspace)
+    proc.workspace, proc.sessions = workspace, sessions
+    yield proc
+    proc.kill()
+
+
+def test_sessions_appear_grow_get_cleared_and_corrupted_while_it_runs(daemon):
+    daemon.start()
+    write_session(daemon.sessions, "cli:a", conversation(4))
+    first = daemon.wait_for(lambda: daemon.session("cli:a"))
+    assert first["unarchived_messages"] == 4
+    write_session(daemon.sessions, "cli:a", conversation(10))
+    daemon.wait_for(lambda: (daemon.session("cli:a") or {}).get("unarchived_messages") == 10)
+    write_session(daemon.sessions, "cli:a", conversation(10), extra_lines=["{corrupt", "\x00\x01garbage"])
+    daemon.wait_for(lambda: (daemon.session("cli:a") or {}).get("corrupt_lines") == 2)
+    write_session(daemon.sessions, "cli:a", [])
+    # /new: the ten spooled messages vanished from the file and are rescued into history (offline: raw)
+    daemon.wait_for(lambda: (daemon.workspace / "memory" / "history.jsonl").exists())
+    rescued = daemon.wait_for(lambda: [run for run in daemon.ctl_json("runs")["runs"]
+                                       if run["state"] == "finished" and run["kind"] == "consolidate"])
+    assert rescued
+    history_text = (daemon.workspace / "memory" / "history.jsonl").read_text()
+    for index in range(10):
+        assert f"M-{index} " in history_text
+    status = daemon.ctl_json("status")
+    assert status["workspaces"][0]["sessions_watched"] == 1
+    assert status["workspaces"][0]["llm_mode"] == "offline"
+    assert daemon.stop() == 0
+
+
+def test_reconcile_catches_changes_made_while_the_folder_was_deleted_and_recreated(daemon):
+    daemon.start()
+    write_session(daemon.sessions, "cli:a", conversation(2))
+    daemon.wait_for(lambda: daemon.session("cli:a"))
+    shutil.rmtree(daemon.sessions)
+    daemon.sessions.mkdir(parents=True)
+    (daemon.sessions / ".workspace").write_text(str(daemon.workspace))
+    write_session(daemon.sessions, "cli:b", conversation(6))
+    found = daemon.wait_for(lambda: daemon.session("cli:b"), timeout=20)
+    assert found["unarchived_messages"] == 6
+    write_session(daemon.sessions, "cli:b", conversation(8))
+    daemon.wait_for(lambda: (daemon.session("cli:b") or {}).get("unarchived_messages") == 8, timeout=5)
+
+
+def test_events_missed_while_not_running_are_caught_at_start(daemon):
+    write_session(daemon.sessions, "cli:a", conversation(6))
+    daemon.start()
+    daemon.wait_for(lambda: daemon.session("cli:a"))
+    daemon.stop()
+    write_session(daemon.sessions, "cli:a", conversation(12))
+    daemon.start()
+    daemon.wait_for(lambda: (daemon.session("cli:a") or {}).get("unarchived_messages") == 12)
+
+
+def test_a_workspace_that_does_not_exist_yet_is_waited_for(tmp_path):
+    workspace = tmp_path / "later"
+    proc = DaemonProcess(tmp_path, workspace)
+    try:
+        proc.start()
+        assert proc.ctl_json("status")["workspaces"][0]["exists"] is False
+        _, sessions = make_workspace(tmp_path / "x")
+        shutil.move(str(tmp_path / "x" / "workspace"), str(workspace))
+        write_session(workspace / "sessions", "cli:z", conversation(2))
+        proc.wait_for(lambda: proc.session("cli:z"), timeout=20)
+    finally:
+        proc.kill()
+
+
+def test_a_second_daemon_on_the_same_socket_exits_with_a_clear_error(daemon, tmp_path):
+    daemon.start()
+    second = DaemonProcess(tmp_path / "second", daemon.workspace) if (tmp_path / "second").mkdir() is None else None
+    second.socket = daemon.socket
+    second.config_path.write_text(daemon.config_path.read_text().replace(str(daemon.state_dir),
+                                                                          str(tmp_path / "second" / "state")))
+    second.start(wait=False)
+    assert second.proc.wait(timeout=30) != 0
+    assert "already" in second.log()
+    assert daemon.ctl("status").returncode == 0
+
+
+def test_notify_socket_receives_ready_watchdog_status_reloading_stopping_in_order(tmp_path):
+    workspace, _ = make_workspace(tmp_path)
+    address = str(tmp_path / "notify.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(address)
+    listener.settimeout(0.5)
+    proc = DaemonProcess(tmp_path, workspace, env={"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "1000000"})
+    messages: list[str] = []
+
+    def drain(until: str, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                messages.append(listener.recv(4096).decode("ascii"))
+            except socket.timeout:
+                continue
+            if any(until in message for message in messages):
+                return
+        raise AssertionError(f"{until} not received; got {messages}\n{proc.log()[-2000:]}")
+
+    try:
+        proc.start()
+        drain("READY=1")
+        drain("WATCHDOG=1")
+        proc.proc.send_signal(1)
+        drain("RELOADING=1")
+        proc.proc.send_signal(15)
+        drain("STOPPING=1")
+        assert proc.proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        listener.close()
+    kinds = [next((name for name in ("READY=1", "WATCHDOG=1", "RELOADING=1", "STOPPING=1") if name in m), "STATUS")
+             for m in messages]
+    order = [kind for kind in kinds if kind != "STATUS"]
+    assert order.index("READY=1") < order.index("WATCHDOG=1") < order.index("RELOADING=1") < order.index("STOPPING=1")
+    assert any(message.startswith("STATUS=") and message.isascii() for message in messages)

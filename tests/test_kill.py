@@ -1,0 +1,81 @@
+"""SIGKILL the daemon at random moments during consolidation, many times; nothing is lost or doubled."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+
+from nanobotd import history
+from tests.support.daemonproc import DaemonProcess
+from tests.support.fakellm import FakeLLM, Responder, Text
+from tests.support.workspace import make_workspace, write_session
+
+KILLS = 30
+SESSIONS = 4
+MARKER = re.compile(r"\bK\d+x\d+\b")
+
+
+def echo_markers(request: dict) -> Text:
+    """The fake model 'summarises' by listing every marker it was shown, one fact line each."""
+    text = request["messages"][-1]["content"]
+    markers = sorted(set(MARKER.findall(text)), key=lambda m: tuple(map(int, m[1:].split("x"))))
+    return Text("\n".join(f"- [durable] saw {marker}" for marker in markers) or "(nothing)")
+
+
+def session_messages(session: int, count: int) -> list[dict]:
+    return [{"role": "user" if i % 2 == 0 else "assistant", "content": f"K{session}x{i} message body {i}",
+             "timestamp": f"2026-11-01T10:{i // 60:02d}:{i % 60:02d}"} for i in range(count)]
+
+
+def test_sigkill_during_consolidation_never_loses_or_duplicates_a_message(tmp_path):
+    rng = random.Random(20261122)
+    workspace, sessions = make_workspace(tmp_path, layout="current")
+    counts = {session: 6 for session in range(SESSIONS)}
+    for session in range(SESSIONS):
+        write_session(sessions, f"cli:s{session}", session_messages(session, counts[session]))
+    with FakeLLM(latency=0.05, default=Responder(echo_markers)) as fake:
+        proc = DaemonProcess(tmp_path, workspace, extra_config=f"""
+[llm]
+model = "{fake.model}"
+api_base = "{fake.base_url}"
+timeout_seconds = 5
+max_retries = 0
+""")
+        for attempt in range(KILLS):
+            proc.start()
+            for session in rng.sample(range(SESSIONS), 2):
+                counts[session] += rng.randint(2, 8)
+                write_session(sessions, f"cli:s{session}", session_messages(session, counts[session]))
+            time.sleep(0.3)
+            for session in range(SESSIONS):
+                proc.ctl("consolidate", f"cli:s{session}")
+            # litellm's first import takes seconds: spread the kills over import, LLM call and append
+            time.sleep(rng.uniform(0.1, 3.5))
+            proc.kill()
+        proc.start()
+        for session in range(SESSIONS):
+            finished = proc.ctl("consolidate", f"cli:s{session}", "--wait", timeout=60)
+            assert finished.returncode == 0, finished.stderr + proc.log()[-3000:]
+        interrupted = proc.log().count("was interrupted; recovery")
+        assert proc.stop() == 0
+        print(f"{KILLS} kills, {interrupted} interrupted runs recovered")
+
+    scan = history.read_history(workspace / "memory")
+    assert scan.bad_lines == []
+    cursors = [entry.cursor for entry in scan.entries]
+    assert cursors == sorted(set(cursors)), "cursors must be unique and increasing"
+    assert int((workspace / "memory" / ".cursor").read_text()) >= cursors[-1]
+    seen: dict[str, int] = {}
+    for entry in scan.entries:
+        for marker in MARKER.findall(entry.content):
+            seen[marker] = seen.get(marker, 0) + 1
+    expected = {f"K{session}x{i}" for session in range(SESSIONS) for i in range(counts[session])}
+    assert set(seen) == expected, f"lost: {sorted(expected - set(seen))[:10]}"
+    doubled = {marker: n for marker, n in seen.items() if n != 1}
+    assert not doubled, f"archived more than once: {doubled}"
+    for path in (workspace / "memory").iterdir():
+        if path.suffix == ".jsonl":
+            for line in path.read_text().splitlines():
+                json.loads(line)
