@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_daemon(config, *, polling: bool = False) -> int:
     """Configure logging and notification, then run the daemon until it is told to stop."""
+    from nanobotd.api.server import ControlSocketError
     from nanobotd.daemon import Daemon
     from nanobotd.logsetup import configure_logging
     from nanobotd.notify import Notifier
@@ -58,6 +59,9 @@ def run_daemon(config, *, polling: bool = False) -> int:
     daemon = Daemon(config, notifier=Notifier(dict(os.environ)), polling=polling)
     try:
         return asyncio.run(daemon.run())
+    except ControlSocketError as exc:
+        print(f"nanobotd: {exc}", file=sys.stderr)
+        return 1
     except Exception as exc:  # noqa: BLE001 - the message is the point
         from loguru import logger
 

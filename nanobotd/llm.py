@@ -300,6 +300,10 @@ def import_litellm() -> Any:
 
     litellm.telemetry = False
     litellm.suppress_debug_info = True
+    # litellm attaches its own stderr handler at import; route it through ours (and its secret masking).
+    from nanobotd.logsetup import capture_library_loggers
+
+    capture_library_loggers()
     return litellm
 
 

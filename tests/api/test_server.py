@@ -258,6 +258,27 @@ def test_malformed_requests_are_400(socket_path: Path, raw: bytes) -> None:
     assert body["error"]["code"] == "bad_request"
 
 
+def test_an_oversized_request_head_is_431(socket_path: Path) -> None:
+    raw = b"GET /v1/status HTTP/1.1\r\n" + b"X-Filler: " + b"a" * 70_000 + b"\r\n\r\n"
+    with ServerThread(ControlServer(socket_path, sample_router())):
+        status, _, body = parse_response(exchange(socket_path, raw))
+    assert (status, body["error"]["code"]) == (431, "headers_too_large")
+
+
+def test_expect_100_continue_is_answered_before_the_body(socket_path: Path) -> None:
+    payload = json.dumps({"session": "s" * 2000}).encode()
+    head = f"POST /v1/consolidate HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: {len(payload)}\r\n\r\n"
+    with ServerThread(ControlServer(socket_path, sample_router())):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.settimeout(5)
+            client.connect(str(socket_path))
+            client.sendall(head.encode())
+            assert client.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+            client.sendall(payload)
+            status, _, _ = parse_response(read_all(client))
+    assert status == 202
+
+
 def test_chunked_bodies_are_refused_with_411(socket_path: Path) -> None:
     raw = b"POST /v1/consolidate HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
     with ServerThread(ControlServer(socket_path, sample_router())):

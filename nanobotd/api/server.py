@@ -1,0 +1,279 @@
+"""The control API server: HTTP/1.1 + JSON on a private Unix socket, served by the daemon's event loop.
+
+One request per connection (`Connection: close`): nanobotctl and agents make few, small calls, and
+closing after each answer keeps the protocol state trivial. Whatever a client sends or a handler
+raises becomes a JSON error response; nothing can stop the server short of stop().
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import os
+import socket
+import stat
+from pathlib import Path
+from typing import Iterable
+
+from loguru import logger
+
+from nanobotd import fsio
+from nanobotd.api.peercred import PeerCredentials, peer_credentials
+from nanobotd.api.router import ApiError, Request, Router
+from nanobotd.api.wire import (MAX_BODY_BYTES, MAX_HEAD_BYTES, ClientGone, RequestHead, as_response, encode,
+                               encode_error, parse_json, parse_query, read_body, read_head)
+
+READ_TIMEOUT_SECONDS = 10.0
+PROBE_TIMEOUT_SECONDS = 2.0
+STOP_GRACE_SECONDS = 2.0
+BACKLOG = 64
+SOCKET_MODE = 0o600
+DIR_MODE = 0o700
+LOCK_SUFFIX = ".lock"
+OWN_ENTRY_SUFFIXES = ("", LOCK_SUFFIX)
+
+
+class ControlSocketError(RuntimeError):
+    """The control socket cannot be set up safely: untrusted directory, path taken, bind failure."""
+
+
+class SocketInUse(ControlSocketError):
+    """Another live daemon already serves this socket path; this one must exit."""
+
+
+class ControlServer:
+    """Serves a Router on a 0600 Unix socket inside a 0700 directory, for our own uid and root only."""
+
+    def __init__(self, socket_path: Path, router: Router, *, allowed_uids: Iterable[int] | None = None,
+                 read_timeout: float = READ_TIMEOUT_SECONDS) -> None:
+        self.socket_path = Path(socket_path)
+        self.router = router
+        self.allowed_uids = frozenset({os.geteuid(), 0} if allowed_uids is None else allowed_uids)
+        self.read_timeout = read_timeout
+        self._server: asyncio.AbstractServer | None = None
+        self._lock = contextlib.ExitStack()
+        self._socket_identity: tuple[int, int] | None = None
+        self._connections: set[asyncio.Task] = set()
+
+    @property
+    def listening(self) -> bool:
+        """True while the socket accepts connections."""
+        return self._server is not None and self._server.is_serving()
+
+    async def start(self) -> None:
+        """Secure the directory, take over a stale socket file, bind and listen; SocketInUse if taken."""
+        if self._server is not None:
+            return
+        ensure_private_dir(self.socket_path.parent, own_name=self.socket_path.name)
+        self._take_lock()
+        try:
+            await self._clear_stale_socket()
+            sock = _bind_socket(self.socket_path)
+            info = os.stat(self.socket_path)
+            self._socket_identity = (info.st_dev, info.st_ino)
+            self._server = await asyncio.start_unix_server(self._on_connection, sock=sock, limit=MAX_HEAD_BYTES)
+        except BaseException:
+            self._lock.close()
+            raise
+        logger.info("control API listening on {}", self.socket_path)
+
+    async def stop(self, grace: float = STOP_GRACE_SECONDS) -> None:
+        """Stop accepting, give open requests *grace* seconds, then remove the socket file we created."""
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        server.close()
+        if self._connections:
+            _, pending = await asyncio.wait(set(self._connections), timeout=grace)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        await server.wait_closed()
+        self._remove_own_socket()
+        self._lock.close()
+
+    def _take_lock(self) -> None:
+        # The lock closes the race where two daemons starting together both find the same stale socket.
+        lock_path = self.socket_path.with_name(self.socket_path.name + LOCK_SUFFIX)
+        try:
+            fd = self._lock.enter_context(fsio.file_lock(lock_path, timeout=0))
+        except fsio.LockTimeout:
+            pid = _read_pid(lock_path)
+            raise SocketInUse(f"another nanobotd is already listening on {self.socket_path} "
+                              f"(pid {pid or 'unknown'}, holding {lock_path.name})") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+
+    async def _clear_stale_socket(self) -> None:
+        try:
+            info = os.lstat(self.socket_path)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(info.st_mode):
+            raise ControlSocketError(f"{self.socket_path} exists and is not a socket; remove it or set another "
+                                     "[daemon] socket")
+        answered, pid = await _probe_listener(self.socket_path)
+        if answered:
+            raise SocketInUse(f"another nanobotd is already listening on {self.socket_path} "
+                              f"(pid {pid or 'unknown'})")
+        logger.info("replacing stale control socket {} (nothing answers on it)", self.socket_path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+
+    def _remove_own_socket(self) -> None:
+        # Only the file we bound: a newer daemon may have replaced it after we stopped answering.
+        try:
+            info = os.lstat(self.socket_path)
+        except FileNotFoundError:
+            return
+        if (info.st_dev, info.st_ino) == self._socket_identity:
+            os.unlink(self.socket_path)
+
+    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._connections.add(task)
+        try:
+            response = await self._respond(reader, writer)
+            if response is not None:
+                writer.write(response)
+                async with asyncio.timeout(self.read_timeout):
+                    await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError, ClientGone):
+            pass
+        except Exception:
+            logger.exception("control connection failed")
+        finally:
+            if task is not None:
+                self._connections.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(1.0):
+                    await writer.wait_closed()
+
+    async def _respond(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes | None:
+        credentials = peer_credentials(writer.get_extra_info("socket"))
+        try:
+            async with asyncio.timeout(self.read_timeout):
+                head = await read_head(reader)
+                if head is None:
+                    return None
+                body = await read_body(reader, writer, head)
+        except TimeoutError:
+            return encode_error(ApiError(408, "request_timeout",
+                                         f"request not received within {self.read_timeout:g}s"))
+        except ApiError as error:
+            return encode_error(error)
+        if credentials is None or credentials.uid not in self.allowed_uids:
+            logger.warning("refused a control request from uid {} (pid {})",
+                           getattr(credentials, "uid", "unknown"), getattr(credentials, "pid", "unknown"))
+            return encode_error(ApiError(403, "forbidden", "only the daemon's own user and root may use this socket"))
+        return await self._dispatch(head, body, credentials)
+
+    async def _dispatch(self, head: RequestHead, body: bytes, credentials: PeerCredentials) -> bytes:
+        path, _, query_string = head.target.partition("#")[0].partition("?")
+        try:
+            handler, params = self.router.resolve(head.method, path)
+            request = Request(method=head.method, path=path, params=params, query=parse_query(query_string),
+                              body=parse_json(body), peer_uid=credentials.uid, peer_pid=credentials.pid,
+                              headers=head.headers)
+            result = await handler(request)
+            return encode(as_response(result))
+        except ApiError as error:
+            return encode_error(error)
+        except Exception as exc:
+            logger.exception("control handler for {} {} failed", head.method, path)
+            detail = f"{type(exc).__name__}: {exc}"[:300]
+            return encode_error(ApiError(500, "internal", f"internal error ({detail}); see the daemon log"))
+
+
+def ensure_private_dir(directory: Path, *, own_name: str = "") -> None:
+    """Make *directory* a 0700 directory owned by us; refuse one owned by another uid or shared.
+
+    A looser directory of ours is tightened only when it holds nothing but our own socket files, so a
+    socket misconfigured into /run or /tmp never changes the mode of a directory others rely on.
+    """
+    try:
+        info = os.lstat(directory)
+    except FileNotFoundError:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, DIR_MODE)
+        info = os.lstat(directory)
+    if not stat.S_ISDIR(info.st_mode):
+        raise ControlSocketError(f"socket directory {directory} is not a directory (or is a symlink)")
+    if info.st_uid != os.geteuid():
+        raise ControlSocketError(f"socket directory {directory} is owned by uid {info.st_uid}, not by this "
+                                 f"daemon's uid {os.geteuid()}; refusing to listen there")
+    mode = stat.S_IMODE(info.st_mode)
+    if mode == DIR_MODE:
+        return
+    own_entries = {own_name + suffix for suffix in OWN_ENTRY_SUFFIXES}
+    foreign = [name for name in os.listdir(directory) if name not in own_entries]
+    if foreign:
+        raise ControlSocketError(f"socket directory {directory} has mode {mode:04o} and holds other files; "
+                                 f"put the socket in a private directory (e.g. {directory / 'nanobotd'}/)")
+    os.chmod(directory, DIR_MODE)
+    logger.warning("tightened socket directory {} from {:04o} to {:04o}", directory, mode, DIR_MODE)
+
+
+def _bind_socket(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    # The socket node is created under this umask, so it is never reachable with group/other bits.
+    previous_umask = os.umask(0o077)
+    try:
+        sock.bind(str(path))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise SocketInUse(f"another process bound {path} while nanobotd was starting") from None
+        raise ControlSocketError(f"cannot bind the control socket {path}: {exc}") from None
+    finally:
+        os.umask(previous_umask)
+    os.chmod(path, SOCKET_MODE)
+    sock.listen(BACKLOG)
+    sock.setblocking(False)
+    return sock
+
+
+async def _probe_listener(path: Path) -> tuple[bool, int | None]:
+    """Whether something answers on *path*, and its pid when it can be learned."""
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT_SECONDS):
+            reader, writer = await asyncio.open_unix_connection(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False, None
+    except TimeoutError:
+        return True, None  # a listener too busy to accept is still alive
+    except OSError as exc:
+        raise ControlSocketError(f"cannot check whether {path} is in use: {exc}") from None
+    try:
+        credentials = peer_credentials(writer.get_extra_info("socket"))
+        if credentials is not None and credentials.pid > 0:
+            return True, credentials.pid
+        return True, await _status_pid(reader, writer)
+    finally:
+        writer.close()
+
+
+async def _status_pid(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int | None:
+    """Ask a live nanobotd for its pid over GET /v1/status; None when it will not say."""
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT_SECONDS):
+            writer.write(b"GET /v1/status HTTP/1.1\r\nHost: nanobotd\r\nConnection: close\r\n\r\n")
+            await writer.drain()
+            reply = await reader.read(MAX_BODY_BYTES)
+        pid = json.loads(reply.partition(b"\r\n\r\n")[2]).get("pid")
+    except (OSError, TimeoutError, ValueError, AttributeError):
+        return None
+    return pid if isinstance(pid, int) else None
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        text = path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() else None
