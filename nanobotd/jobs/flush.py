@@ -1,0 +1,314 @@
+"""The pre-compaction memory flush: durable facts of a session's unarchived tail into today's daily note.
+
+Best-effort by design: consolidation archives the same messages later whatever happens here, so an LLM
+failure or a strange reply writes nothing and the run simply records why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from datetime import date, datetime
+from pathlib import Path
+
+from loguru import logger
+
+from nanobotd import fsio, history
+from nanobotd.dailynote import (
+    NOTE_SECTIONS,
+    DailyNote,
+    NoteError,
+    decode_note,
+    drop_empty_sections,
+    merge_bullets,
+    new_note,
+    normalise_bullet,
+    note_path,
+    remove_bullets,
+)
+from nanobotd.jobs.lifecycle import RestoreRefused, refuse_if_expired
+from nanobotd.llm import LLMClient, LLMError, UsageMeter
+from nanobotd.settings import WorkspaceSettings
+from nanobotd.store import RunRecord, StateStore
+from nanobotd.tokens import count_tokens, encoding_name_for
+from nanobotd.transcript import PendingMessage, render_message
+
+FLUSH_KIND = "flush"
+NO_REPLY = "NO_REPLY"
+INPUT_RATIO = 0.4
+REPLY_MAX_TOKENS = 2048
+KNOWN_BULLETS_MAX_CHARS = 4000
+CHARS_PER_TOKEN = 4
+BACKUP_NAME = "note.before.md"
+EMPTY_BULLETS = frozenset({"none", "(none)", "n/a", "nothing", "(nothing)", "-"})
+HEADING = re.compile(r"^\s*(?:#{1,6}\s*|\*\*)(?P<name>[^#*:]+?)\s*:?\s*(?:\*\*)?\s*:?\s*$")
+
+FLUSH_PROMPT = f"""You keep an agent's daily notes. Read the conversation transcript and extract only the \
+durable facts worth remembering once the conversation is gone: decisions taken, the user's preferences and \
+constraints, questions still open, and notable tool activity (what was run or changed, and with what result).
+
+Answer in exactly these four sections, each a list of "- " bullets, one short self-contained fact per bullet:
+
+## Topics
+## Decisions
+## Tool Activity
+## Open Questions
+
+Put preferences and constraints under Decisions. Leave a section empty when it has nothing. Skip small talk, \
+greetings and facts already listed as known. If nothing is worth keeping, answer exactly {NO_REPLY}."""
+
+
+class FlushReplyError(ValueError):
+    """The model answered neither NO_REPLY nor bullets under the four sections."""
+
+
+async def flush_session(
+    ws: WorkspaceSettings,
+    messages: list[PendingMessage],
+    *,
+    session_key: str,
+    llm: LLMClient,
+    store: StateStore,
+    run_id: str,
+    now: datetime,
+) -> dict:
+    """Extract durable facts from *messages* into the note of *now*'s date; returns the run's manifest."""
+    day = now.date()
+    note = note_path(ws.path / "memory", day)
+    manifest = {
+        "session": session_key,
+        "messages": [messages[0].digest, messages[-1].digest, len(messages)] if messages else [None, None, 0],
+        "note": str(note),
+        "backup": None,
+        "added_bullets": {},
+        "tokens": {},
+    }
+    meter = UsageMeter()
+    conversation = [message for message in messages if not message.record.get("_command")]
+    if not conversation:
+        return _finish(ws, store, run_id, manifest, meter, "no_change", "no conversation to flush")
+    if llm.offline:
+        return _finish(ws, store, run_id, manifest, meter, "no_change", "offline: the flush needs an LLM")
+    known = _known_bullets(note)
+    prompt = build_prompt(conversation, day, known, llm)
+    manifest["sent"] = prompt.pop("sent")
+    try:
+        reply = await llm.complete(prompt["messages"], max_tokens=REPLY_MAX_TOKENS, temperature=0.0)
+    except LLMError as exc:
+        meter.add_error(exc)
+        return _finish(ws, store, run_id, manifest, meter, "error", f"LLM failed: {exc}")
+    meter.add(reply)
+    try:
+        facts = parse_facts(reply.content)
+    except FlushReplyError as exc:
+        return _finish(ws, store, run_id, manifest, meter, "error", str(exc), latency_ms=reply.latency_ms)
+    if facts is None:
+        return _finish(ws, store, run_id, manifest, meter, "no_change", NO_REPLY, latency_ms=reply.latency_ms)
+    try:
+        written = write_facts(note, day, facts, manifest, store=store, run_id=run_id)
+    except (NoteError, OSError) as exc:
+        return _finish(ws, store, run_id, manifest, meter, "error", f"note not written: {exc}",
+                       latency_ms=reply.latency_ms)
+    outcome, reason = ("written", "") if written else ("no_change", "every fact was already in the note")
+    return _finish(ws, store, run_id, manifest, meter, outcome, reason, latency_ms=reply.latency_ms)
+
+
+def build_prompt(messages: list[PendingMessage], day: date, known: str, llm: LLMClient) -> dict:
+    """The chat messages for the flush call, the transcript cut to the newest messages that fit."""
+    encoding = encoding_name_for(llm.settings.model)
+    preamble = f"Today is {day.isoformat()}.\n"
+    if known:
+        preamble += f"\nAlready in today's note (do not repeat):\n{known}\n"
+    overhead = count_tokens(FLUSH_PROMPT + preamble, encoding) + 64
+    budget = max(256, int(llm.settings.context_window * INPUT_RATIO) - overhead)
+    text, sent = fit_transcript(messages, budget, encoding)
+    user = f"{preamble}\nTranscript ({sent} of {len(messages)} messages, oldest first):\n\n{text}"
+    return {"messages": [{"role": "system", "content": FLUSH_PROMPT}, {"role": "user", "content": user}],
+            "sent": sent}
+
+
+def fit_transcript(messages: list[PendingMessage], budget_tokens: int, encoding: str) -> tuple[str, int]:
+    """The newest messages whose rendered lines fit *budget_tokens*; a lone oversized newest one is cut."""
+    lines: list[str] = []
+    used = 0
+    for message in reversed(messages):
+        line = render_message(message, max_chars=budget_tokens * CHARS_PER_TOKEN)
+        cost = count_tokens(line, encoding) + 1
+        if used + cost > budget_tokens:
+            if not lines:
+                lines.append(_cut_to_tokens(line, budget_tokens, encoding))
+            break
+        lines.append(line)
+        used += cost
+    lines.reverse()
+    return "\n".join(lines), len(lines)
+
+
+def _cut_to_tokens(text: str, budget_tokens: int, encoding: str) -> str:
+    tokens = count_tokens(text, encoding)
+    while tokens > budget_tokens and text:
+        text = text[: int(len(text) * budget_tokens / tokens * 0.95)]
+        tokens = count_tokens(text, encoding)
+    return text + " ... (cut)"
+
+
+def parse_facts(reply: str) -> dict[str, list[str]] | None:
+    """Bullets per canonical section, or None for NO_REPLY; FlushReplyError when neither is found."""
+    text = history.THINK_BLOCK.sub("", reply).strip()
+    if text.strip("`'\". \n") == NO_REPLY:
+        return None
+    canonical = {" ".join(name.split()).casefold(): name for name in NOTE_SECTIONS}
+    facts: dict[str, list[str]] = {}
+    current: str | None = None
+    for line in text.splitlines():
+        heading = HEADING.match(line) if not line.lstrip().startswith(("- ", "* ", "+ ")) else None
+        if heading:
+            current = canonical.get(" ".join(heading.group("name").split()).casefold())
+            continue
+        stripped = line.strip()
+        if current and stripped.startswith(("- ", "* ", "+ ")):
+            bullet = stripped[2:].strip()
+            if bullet and normalise_bullet(bullet) not in EMPTY_BULLETS:
+                facts.setdefault(current, []).append(bullet)
+    if facts:
+        return facts
+    if NO_REPLY in text:
+        return None
+    raise FlushReplyError(f"bad reply: no bullets under the four sections ({text[:80]!r})")
+
+
+def write_facts(note: Path, day: date, facts: dict[str, list[str]], manifest: dict, *,
+                store: StateStore, run_id: str) -> bool:
+    """Merge *facts* into the note, journaling backup and additions first; False when nothing was new."""
+    # The history lock doubles as the memory folder's write lock, so two flushes never interleave.
+    with fsio.file_lock(note.parent / history.LOCK_NAME, timeout=history.LOCK_TIMEOUT):
+        if note.is_symlink():
+            raise NoteError(f"{note.name} is a symlink; left alone")
+        try:
+            before = note.read_bytes()
+        except FileNotFoundError:
+            before = None
+        parsed = decode_note(before, note.name) if before is not None else new_note(day)
+        missing = {name for name in NOTE_SECTIONS if parsed.section(name) is None}
+        added = {}
+        for section in NOTE_SECTIONS:
+            new = merge_bullets(parsed, section, facts.get(section, []))
+            if new:
+                added[section] = new
+        if not added:
+            return False
+        after = parsed.render().encode("utf-8")
+        if before is not None:
+            backup = store.run_dir(run_id) / BACKUP_NAME
+            fsio.atomic_write(backup, before, mode=0o600)
+            manifest["backup"] = str(backup)
+        manifest["added_bullets"] = added
+        manifest["created_sections"] = [name for name in added if name in missing]
+        manifest["before_sha256"] = _sha256(before) if before is not None else None
+        manifest["after_sha256"] = _sha256(after)
+        store.journal(run_id, manifest)
+        fsio.atomic_write(note, after)
+    return True
+
+
+def _known_bullets(note: Path) -> str:
+    try:
+        parsed = decode_note(note.read_bytes(), note.name)
+    except (OSError, NoteError):
+        return ""
+    lines = [f"- {bullet}" for section in NOTE_SECTIONS for bullet in parsed.bullets(section)]
+    return "\n".join(lines)[:KNOWN_BULLETS_MAX_CHARS]
+
+
+def _finish(ws: WorkspaceSettings, store: StateStore, run_id: str, manifest: dict, meter: UsageMeter,
+            outcome: str, reason: str, *, latency_ms: float | None = None) -> dict:
+    usage = meter.to_json()
+    manifest["tokens"] = usage
+    manifest["reason"] = reason
+    state = "failed" if outcome == "error" else "finished"
+    if outcome == "error":
+        logger.warning("flush of {} in {}: {}", manifest["session"], ws.name, reason)
+    store.finish_run(run_id, state=state, outcome=outcome, manifest=manifest)
+    store.record_outcome(FLUSH_KIND, ws.name, outcome, run_id=run_id, reason=reason,
+                         tokens=usage["prompt_tokens"] + usage["completion_tokens"], latency_ms=latency_ms)
+    return manifest
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# -- restore -------------------------------------------------------------------------------------------
+
+
+def restore_flush_run(run: RunRecord, *, store: StateStore, dry_run: bool) -> dict:
+    """Undo a flush: the note's previous bytes when it is unchanged since, else only the bullets it added.
+
+    Returns {"run_id", "plan": [lines], "files": [paths changed], "action"}; raises RestoreRefused.
+    """
+    refuse_if_expired(run)
+    manifest = run.manifest
+    added = manifest.get("added_bullets") or {}
+    result = {"run_id": run.run_id, "plan": [], "files": [], "action": "none"}
+    if not added or not manifest.get("note"):
+        result["plan"].append(f"flush run {run.run_id} wrote nothing; nothing to restore")
+        return result
+    note = Path(manifest["note"])
+    try:
+        current = note.read_bytes()
+    except FileNotFoundError:
+        result["plan"].append(f"{note} no longer exists; nothing to undo")
+        return result
+    if _sha256(current) == manifest.get("after_sha256"):
+        _plan_exact_undo(note, manifest, result)
+    else:
+        _plan_bullet_removal(note, current, manifest, result)
+    if not dry_run:
+        if result["action"] == "delete":
+            note.unlink()
+            fsio.fsync_dir(note.parent)
+        elif result["action"] in ("put_back", "remove_bullets"):
+            fsio.atomic_write(note, result.pop("content"))
+    result.pop("content", None)
+    return result
+
+
+def _plan_exact_undo(note: Path, manifest: dict, result: dict) -> None:
+    backup = manifest.get("backup")
+    if backup is None:
+        result.update(action="delete", files=[str(note)])
+        result["plan"].append(f"delete {note}: the flush created it and it has not changed since")
+        return
+    try:
+        content = Path(backup).read_bytes()
+    except FileNotFoundError as exc:
+        raise RestoreRefused(f"cannot restore flush run: its backup {backup} is missing") from exc
+    result.update(action="put_back", files=[str(note)], content=content)
+    result["plan"].append(f"put back the previous content of {note} ({len(content)} bytes) from {backup}")
+
+
+def _plan_bullet_removal(note: Path, current: bytes, manifest: dict, result: dict) -> None:
+    try:
+        parsed: DailyNote = decode_note(current, note.name)
+    except NoteError as exc:
+        raise RestoreRefused(f"cannot restore flush run: {note} changed since and {exc}") from exc
+    removed = sum(len(remove_bullets(parsed, section, bullets))
+                  for section, bullets in manifest["added_bullets"].items())
+    drop_empty_sections(parsed, manifest.get("created_sections") or [])
+    if not removed:
+        result["plan"].append(f"{note} changed since and holds none of the run's bullets; nothing to undo")
+        return
+    day = _note_day(note)
+    if manifest.get("backup") is None and day and parsed.render() == new_note(day).render():
+        result.update(action="delete", files=[str(note)])
+        result["plan"].append(f"delete {note}: once the run's {removed} bullets are removed nothing is left")
+        return
+    result.update(action="remove_bullets", files=[str(note)], content=parsed.render().encode("utf-8"))
+    result["plan"].append(f"remove the {removed} bullets this run added from {note} (it changed since the flush)")
+
+
+def _note_day(note: Path) -> date | None:
+    try:
+        return date.fromisoformat(note.stem)
+    except ValueError:
+        return None

@@ -1,0 +1,142 @@
+"""Outcome metrics over the state database: how memory updates went, per job kind and workspace.
+
+Every memory update attempt records one outcome row (normal passes included), so counts divide into
+honest rates; restores are read from the run ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from nanobotd.store import StateStore
+
+OUTCOMES = ("written", "no_change", "guard_rejected", "raw_fallback", "error")
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
+TOP_REASONS = 5
+RESTORE_KIND = "restore"
+RESTORED_OUTCOME = "restored"
+# Where a restore run's manifest may name the run it undid.
+TARGET_KEYS = ("target_run_id", "target_run", "target", "restored_run", "run_id")
+
+
+def parse_since(text: str) -> float:
+    """Seconds in a duration like "30m", "12h", "7d" or "2w"; ValueError for anything else."""
+    match = DURATION.match(text or "")
+    if not match:
+        raise ValueError(f"bad duration {text!r}: use a number and a unit, e.g. 30m, 12h, 7d or 2w")
+    return float(match.group(1)) * DURATION_UNITS[match.group(2).lower()]
+
+
+@dataclass
+class _Group:
+    """Running totals of one (kind, workspace)."""
+
+    counts: Counter = field(default_factory=Counter)
+    tokens: int = 0
+    latencies: list[float] = field(default_factory=list)
+    guard_reasons: Counter = field(default_factory=Counter)
+    fallback_reasons: Counter = field(default_factory=Counter)
+    error_reasons: Counter = field(default_factory=Counter)
+    restored: int = 0
+
+    def add(self, outcome: str, reason: str, tokens: int, latency_ms: float | None) -> None:
+        """Count one outcome row."""
+        self.counts[outcome] += 1
+        self.tokens += tokens or 0
+        if latency_ms is not None:
+            self.latencies.append(float(latency_ms))
+        reasons = {"guard_rejected": self.guard_reasons, "raw_fallback": self.fallback_reasons,
+                   "error": self.error_reasons}.get(outcome)
+        if reasons is not None:
+            reasons[reason or "(no reason given)"] += 1
+
+    def to_json(self, kind: str, workspace: str) -> dict:
+        """The report row of this group."""
+        total = sum(self.counts.values())
+        row = {"kind": kind, "workspace": workspace, "total": total}
+        row.update({outcome: self.counts[outcome] for outcome in OUTCOMES})
+        other = total - sum(self.counts[outcome] for outcome in OUTCOMES)
+        if other:
+            row["other"] = other
+        row["rates"] = {outcome: (self.counts[outcome] / total if total else 0.0) for outcome in OUTCOMES}
+        row["tokens"] = self.tokens
+        latencies = sorted(self.latencies)
+        row["latency_ms_p50"] = percentile(latencies, 0.50)
+        row["latency_ms_p95"] = percentile(latencies, 0.95)
+        row["guard_reasons"] = dict(self.guard_reasons.most_common(TOP_REASONS))
+        row["fallback_reasons"] = dict(self.fallback_reasons.most_common(TOP_REASONS))
+        row["error_reasons"] = dict(self.error_reasons.most_common(TOP_REASONS))
+        row["restored"] = self.restored
+        return row
+
+
+def percentile(ordered: list[float], fraction: float) -> float | None:
+    """Linear-interpolated percentile of sorted values (numpy's default); None when there are none."""
+    if not ordered:
+        return None
+    position = (len(ordered) - 1) * fraction
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def summarize_outcomes(store: StateStore, *, since: float, now: float) -> dict:
+    """Per (kind, workspace): totals, counts and rates per outcome, tokens, latency p50/p95, top guard,
+    fallback and error reasons, and how many of its runs were restored, for rows at since <= at <= now."""
+    groups: dict[tuple[str, str], _Group] = {}
+    rows = store.query(
+        "SELECT kind, workspace, outcome, reason, tokens, latency_ms FROM outcomes"
+        " WHERE at >= ? AND at <= ? ORDER BY id",
+        (since, now),
+    )
+    for kind, workspace, outcome, reason, tokens, latency_ms in rows:
+        if outcome == RESTORED_OUTCOME:
+            continue  # a restore's marker row, not an update attempt; restores are counted from the runs
+        groups.setdefault((kind, workspace), _Group()).add(outcome, reason, tokens, latency_ms)
+    for key, count in _restores(store, since, now).items():
+        groups.setdefault(key, _Group()).restored = count
+    return {
+        "since": _iso(since),
+        "now": _iso(now),
+        "rows": [group.to_json(kind, workspace) for (kind, workspace), group in sorted(groups.items())],
+    }
+
+
+def _restores(store: StateStore, since: float, now: float) -> Counter:
+    """Finished restore runs in the window, counted by (kind of the run they undid, workspace)."""
+    restored: Counter = Counter()
+    rows = store.query(
+        "SELECT workspace, manifest FROM runs WHERE kind=? AND state='finished' AND started_at >= ?"
+        " AND started_at <= ?",
+        (RESTORE_KIND, since, now),
+    )
+    for workspace, manifest_text in rows:
+        try:
+            manifest = json.loads(manifest_text)
+        except ValueError:
+            continue
+        kind = _target_kind(store, manifest) if isinstance(manifest, dict) else None
+        if kind:
+            restored[(kind, workspace)] += 1
+    return restored
+
+
+def _target_kind(store: StateStore, manifest: dict) -> str | None:
+    if isinstance(manifest.get("target_kind"), str):
+        return manifest["target_kind"]
+    for key in TARGET_KEYS:
+        target = manifest.get(key)
+        if isinstance(target, str) and target:
+            run = store.get_run(target)
+            if run is not None:
+                return run.kind
+    return None
+
+
+def _iso(stamp: float) -> str:
+    return datetime.fromtimestamp(stamp).isoformat(timespec="seconds")
