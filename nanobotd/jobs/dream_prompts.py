@@ -1,0 +1,82 @@
+"""The dream's prompts: phase 1 (what changed?) and phase 2 (apply it with surgical edits).
+
+Kept apart from the job so the wording can change without touching the control flow.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from nanobotd.history import HistoryEntry
+
+FILE_SHOWN_CHARS = 20_000
+ENTRY_SHOWN_CHARS = 8_000
+CUT_MARK = "\n... (cut)"
+
+ANALYSIS_SYSTEM = """\
+You maintain an assistant's long-term memory files:
+- SOUL.md: how the assistant behaves (tone, style, standing instructions about itself).
+- USER.md: who the user is (identity, preferences, circumstances).
+- memory/MEMORY.md: durable project facts and decisions.
+
+Compare the new history entries with the current files. Report only information that is new or that
+conflicts with the files: one atomic fact per line, in the form
+
+[USER] fact
+[SOUL] fact
+[MEMORY] fact
+
+State a correction as a correction ("correction: the user's cat is named Luna, not Lina").
+Ignore small talk, one-off tasks and facts that will not matter next week. Do not repeat what the files
+already say. If nothing needs updating, answer exactly:
+
+[SKIP]
+
+Answer with those lines only, no other text."""
+
+EDIT_SYSTEM = """\
+You edit an assistant's long-term memory files with the tools read_file and edit_file. Paths are relative
+to the workspace and must be one of: SOUL.md, USER.md, memory/MEMORY.md.
+
+Apply each finding to the file its tag names ([USER] -> USER.md, [SOUL] -> SOUL.md, [MEMORY] ->
+memory/MEMORY.md):
+- Apply corrections in place: replace the wrong fact, do not add a second, contradicting one.
+- Drop facts that were only ever ephemeral and are now stale.
+- Strip [mark] prefixes such as [durable] or [correction]; write plain facts.
+- Keep every file small and sectioned: `##` sections of `- ` bullets. Add a bullet to the fitting
+  section; create a section only when none fits. Never remove a whole section or rewrite a file.
+- No dates, timestamps or bare URLs in memory/MEMORY.md: state the lasting fact itself.
+- edit_file replaces exact text: each old_text must occur exactly once in the file. Copy it from the file.
+
+When every finding is applied (or nothing needs changing), reply with a one-line summary and no tool call."""
+
+
+def format_file(path: str, text: str | None, problem: str | None = None) -> str:
+    """One memory file as a prompt section."""
+    if text is None:
+        body = f"(not available: {problem})" if problem else "(missing)"
+    elif len(text) > FILE_SHOWN_CHARS:
+        body = text[:FILE_SHOWN_CHARS] + CUT_MARK
+    else:
+        body = text or "(empty)"
+    return f"### {path}\n{body}"
+
+
+def format_entry(entry: HistoryEntry) -> str:
+    """One history entry as a prompt section."""
+    content = entry.content
+    if len(content) > ENTRY_SHOWN_CHARS:
+        content = content[:ENTRY_SHOWN_CHARS] + CUT_MARK
+    session = f" | {entry.session_key}" if entry.session_key else ""
+    return f"[entry {entry.cursor} | {entry.timestamp}{session}]\n{content}"
+
+
+def analysis_request(files: Iterable[str], entries: Iterable[HistoryEntry]) -> str:
+    """The phase 1 user message: the current files, then the new history entries."""
+    parts = ["## Current memory files", *files, "## New history entries", *(format_entry(entry) for entry in entries)]
+    return "\n\n".join(parts)
+
+
+def edit_request(findings: Iterable[str], files: Iterable[str]) -> str:
+    """The phase 2 user message: the findings to apply, with the files as they are now."""
+    return "\n\n".join(["## Findings to apply", "\n".join(findings), "## Current memory files", *files])

@@ -1,0 +1,332 @@
+"""Undoing a dream as a new change, and showing a dream's commit (dream-log).
+
+With git, a run's commit is reverted three-way, so later unrelated edits survive and overlapping ones
+refuse the restore unless forced; without git (a workspace inside another repository) the run's backups
+are put back. Either way the run's pre-run cursor and the history entries its compaction removed return.
+Everything here does git and file work, so it runs on the git thread: `await git.call(restore_dream_run, ...)`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+from loguru import logger
+
+from nanobotd import fsio
+from nanobotd.gitstore import CURSOR_FILE, DREAM_PREFIX, SHORT_SHA, GitConflict, GitStore, GitStoreError
+from nanobotd.history import HistoryEntry, insert_entries, iter_lines, parse_entry, read_dream_cursor, read_history
+from nanobotd.store import RunRecord, StateStore
+
+RUN_ID_PATTERN = re.compile(r"^r-\d{8}-\d{6}-")
+RESTORABLE_KINDS = ("dream", "restore")
+BACKUP_DIR = "before"
+
+
+class RestoreRefused(Exception):
+    """A restore that would clobber later edits (or cannot apply); nothing was changed."""
+
+    def __init__(self, message: str, *, plan: list[str] | None = None, conflicts: list[str] | None = None):
+        super().__init__(message)
+        self.plan = plan or []
+        self.conflicts = conflicts or []
+
+
+def restore_dream_run(run: RunRecord, *, store: StateStore, git: GitStore, restore_run_id: str | None,
+                      force: bool = False, dry_run: bool = False) -> dict:
+    """Undo dream (or dream-restore) run *run* as a new change; git thread only.
+
+    Returns {"plan", "commit", "files", "forced", "dry_run", "cursor_before", "cursor_after",
+    "history_restored", "files_changed", "reverted"}; keep it in the restore run's manifest so that the
+    restore can itself be restored. Raises RestoreRefused, having changed nothing, when it cannot apply.
+    *restore_run_id* may be None for a dry run.
+    """
+    return _refusing_on_git_errors(Restorer(store, git, restore_run_id, force, dry_run).restore_run, run)
+
+
+def restore_dream_commit(sha: str, *, store: StateStore, git: GitStore, restore_run_id: str | None,
+                         force: bool = False, dry_run: bool = False) -> dict:
+    """Undo one `dream:` commit by sha, nanobot's own included (like nanobot's `/dream-restore <sha>`)."""
+    return _refusing_on_git_errors(Restorer(store, git, restore_run_id, force, dry_run).restore_commit, sha)
+
+
+def _refusing_on_git_errors(step: Callable[[Any], dict], target: Any) -> dict:
+    try:
+        return step(target)
+    except GitStoreError as exc:
+        # GitStore puts files back when its commit fails, so a git error leaves the workspace as it was.
+        raise RestoreRefused(f"restore failed: {exc}", conflicts=getattr(exc, "files", None)) from exc
+
+
+def dream_log(git: GitStore, ref: str | None = None) -> dict:
+    """The commit of a run id or sha (default: the newest `dream:` commit) with its diff; git thread only."""
+    if ref and RUN_ID_PATTERN.match(ref):
+        sha = git.find_commit_for_run(ref)
+        if sha is None:
+            raise GitStoreError(f"run {ref} made no commit")
+        ref = sha
+    return git.show(ref)
+
+
+class Restorer:
+    """One restore: builds the plan line by line and, unless a dry run, carries it out."""
+
+    def __init__(self, store: StateStore, git: GitStore, restore_run_id: str | None, force: bool, dry_run: bool):
+        self.store, self.git, self.restore_run_id = store, git, restore_run_id
+        self.force, self.dry_run = force, dry_run
+        self.workspace = git.workspace
+        self.memory_dir = self.workspace / "memory"
+        self.plan: list[str] = []
+        cursor = read_dream_cursor(self.memory_dir)
+        self.result: dict = {"plan": self.plan, "commit": None, "files": [], "forced": False, "dry_run": dry_run,
+                             "reverted": None, "cursor_before": cursor, "cursor_after": cursor,
+                             "history_restored": 0, "files_changed": {}}
+
+    def restore_run(self, run: RunRecord) -> dict:
+        """Revert the run's commit (or put back its backups), reset its cursor, return its history."""
+        if run.kind not in RESTORABLE_KINDS:
+            raise RestoreRefused(f"run {run.run_id} is a {run.kind} run, not a dream")
+        if run.state != "finished":
+            raise RestoreRefused(f"run {run.run_id} is {run.state}; only a finished run can be restored")
+        manifest = run.manifest
+        overrides = self.cursor_override(manifest)
+        sha = self.commit_of(run)
+        if sha:
+            backups = {path: load_backup(info.get("backup"))
+                       for path, info in manifest.get("files_changed", {}).items()}
+            self.revert(sha, overrides, backups)
+        else:
+            self.put_back_backups(manifest, overrides, f"restore run {run.run_id}")
+        self.restore_history(manifest.get("history_compacted") or {})
+        return self.result
+
+    def restore_commit(self, sha: str) -> dict:
+        """Revert one `dream:` commit; a commit of a known run restores that whole run."""
+        info = self.git.show(sha)
+        if not info["message"].startswith(DREAM_PREFIX):
+            raise RestoreRefused(f"commit {sha} is not a dream: commit")
+        run = self.store.get_run(info["run_id"]) if info["run_id"] else None
+        if run is not None:
+            return self.restore_run(run)
+        parent = f"{info['sha']}^"
+        paths = self.git.changed_files(info["sha"])
+        overrides = {}
+        if CURSOR_FILE in paths:
+            overrides[CURSOR_FILE] = self.git.file_at(parent, CURSOR_FILE)
+            self.cursor_plan(overrides[CURSOR_FILE])
+        self.revert(info["sha"], overrides, {path: self.git.file_at(parent, path) for path in paths})
+        return self.result
+
+    # -- with git ----------------------------------------------------------------------------------
+    def commit_of(self, run: RunRecord) -> str | None:
+        """The commit carrying the run's trailer (or named in its manifest), when git is used."""
+        if not self.git.available:
+            return None
+        return self.git.find_commit_for_run(run.run_id) or run.manifest.get("commit")
+
+    def revert(self, sha: str, overrides: dict[str, bytes | None], fallback: dict[str, bytes | None]) -> None:
+        """Three-way revert as a new commit; on a conflict, refuse, or (forced) write *fallback*."""
+        info = self.git.show(sha)
+        self.result["reverted"] = info["sha"]
+        try:
+            preview = self.git.revert(sha, self.restore_run_id, overrides=overrides, dry_run=True)
+        except GitConflict as exc:
+            self.forced_restore(info, exc, {**fallback, **overrides})
+            return
+        self.plan.insert(0, f"revert commit {info['sha'][:SHORT_SHA]} ({info['summary']}) as a new commit")
+        self.plan.insert(1, f"files: {', '.join(preview['files']) or '(already as before the run)'}")
+        self.result["files"] = preview["files"]
+        if self.dry_run or not preview["files"]:
+            return
+        backups = self.back_up(preview["files"])
+        self.result["commit"] = self.git.revert(sha, self.restore_run_id, overrides=overrides)["commit"]
+        self.record_changes(backups)
+
+    def forced_restore(self, info: dict, conflict: GitConflict, contents: dict[str, bytes | None]) -> None:
+        """A conflicting revert: refuse with an explanation, or (forced) write the pre-run contents."""
+        explanation = (f"cannot restore {info['sha'][:SHORT_SHA]} ({info['summary']}): "
+                       f"{', '.join(conflict.files)} changed since in the same places. Restore with --force to "
+                       "put back the content from before the dream of every file it touched (later edits to "
+                       "those files are lost).")
+        if not self.force:
+            raise RestoreRefused(explanation, plan=[*self.plan, explanation], conflicts=conflict.files)
+        self.result["forced"] = True
+        self.plan.insert(0, f"conflict in {', '.join(conflict.files)}: --force puts back the content from before "
+                            f"commit {info['sha'][:SHORT_SHA]} of {', '.join(sorted(contents))} as a new commit")
+        self.write(contents, f"restore {info['sha'][:SHORT_SHA]} (forced)")
+
+    # -- from backups ------------------------------------------------------------------------------
+    def put_back_backups(self, manifest: dict, overrides: dict[str, bytes | None], message: str) -> None:
+        """No commit to revert (no git, or nothing committed): use the run's own backups."""
+        contents, conflicts = {}, []
+        for path, info in manifest.get("files_changed", {}).items():
+            backup = load_backup(info.get("backup"))
+            current = read_or_none(self.workspace / path)
+            if current != backup and (current is None or digest(current) != info.get("after_sha256")):
+                conflicts.append(path)
+            contents[path] = backup
+        if conflicts and not self.force:
+            explanation = (f"{', '.join(conflicts)} changed after the run; restore with --force to put back the "
+                           "content from before the run (later edits to those files are lost).")
+            raise RestoreRefused(explanation, plan=[*self.plan, explanation], conflicts=conflicts)
+        self.result["forced"] = bool(conflicts)
+        if contents:
+            self.plan.insert(0, f"put back the content from before the run of {', '.join(sorted(contents))} "
+                                "from the run's backups")
+        self.write({**contents, **overrides}, message)
+
+    def write(self, contents: dict[str, bytes | None], message: str) -> None:
+        """Write what differs, backed up first, as one commit (or plain atomic writes without git)."""
+        changed = {path: data for path, data in contents.items() if read_or_none(self.workspace / path) != data}
+        self.result["files"] = sorted(changed)
+        if self.dry_run or not changed:
+            return
+        backups = self.back_up(sorted(changed))
+        if self.git.available:
+            self.result["commit"] = self.git.restore_files(changed, message, self.restore_run_id)
+        else:
+            for path, data in changed.items():
+                write_or_delete(self.workspace / path, data)
+        self.record_changes(backups)
+
+    # -- cursor, history, backups of the restore itself ----------------------------------------------
+    def cursor_override(self, manifest: dict) -> dict[str, bytes | None]:
+        """The cursor file as it was before the run: the backup's exact bytes (or absence) when known."""
+        cursor_before = manifest.get("cursor_before")
+        if not isinstance(cursor_before, int) or isinstance(cursor_before, bool):
+            return {}
+        data: bytes | None = str(cursor_before).encode()
+        backup = manifest.get("cursor_backup")
+        if backup and Path(backup).is_file() and _cursor_value(Path(backup).read_bytes()) == cursor_before:
+            data = Path(backup).read_bytes()
+        elif "cursor_backup" in manifest and backup is None and cursor_before == 0:
+            data = None
+        self.cursor_plan(data)
+        return {CURSOR_FILE: data}
+
+    def cursor_plan(self, data: bytes | None) -> None:
+        """Note the cursor move in the plan and the result."""
+        now = read_dream_cursor(self.memory_dir)
+        target = _cursor_value(data)
+        self.result["cursor_before"], self.result["cursor_after"] = now, target
+        if target != now:
+            self.plan.append(f"reset {CURSOR_FILE} from {now} to {target}")
+
+    def restore_history(self, compacted: dict) -> None:
+        """Put back the history entries the run's compaction removed (those still missing)."""
+        entries = load_removed_history(compacted.get("backup"))
+        present = {entry.cursor for entry in read_history(self.memory_dir).entries}
+        missing = [entry for entry in entries if entry.cursor not in present]
+        if not missing:
+            return
+        self.plan.append(f"put back {len(missing)} history entries (cursors {missing[0].cursor}-{missing[-1].cursor})"
+                         " removed by the run's history compaction")
+        if not self.dry_run:
+            self.result["history_restored"] = insert_entries(self.memory_dir, missing)
+
+    def back_up(self, paths: list[str]) -> dict[str, tuple[bytes | None, str | None]]:
+        """Keep the pre-restore content in the restore run's folder, so the restore can be undone too."""
+        folder = self.store.run_dir(self.restore_run_id) / BACKUP_DIR
+        backups = {}
+        for path in paths:
+            data = read_or_none(self.workspace / path)
+            backups[path] = (data, save_backup(folder, path, data))
+        return backups
+
+    def record_changes(self, backups: dict[str, tuple[bytes | None, str | None]]) -> None:
+        """Describe what this restore changed in the shape of a dream manifest, so it can be restored too."""
+        for path, (before, backup) in backups.items():
+            if path == CURSOR_FILE:
+                self.result["cursor_backup"] = backup
+                continue
+            after = read_or_none(self.workspace / path)
+            added, removed = line_counts(before, after)
+            self.result["files_changed"][path] = {"added": added, "removed": removed, "backup": backup,
+                                                  "after_sha256": digest(after) if after is not None else None}
+        logger.info("restore {} changed {}", self.restore_run_id, ", ".join(sorted(backups)) or "nothing")
+
+
+def _cursor_value(data: bytes | None) -> int:
+    text = (data or b"").strip()
+    return int(text) if text.isdigit() else 0
+
+
+def roll_back(workspace: Path, manifest: dict) -> list[str]:
+    """Put back the pre-run content of files a run wrote (and the cursor); return files left alone.
+
+    A file is put back only when it still holds exactly what the run wrote, so an edit the agent made
+    after a crash is never overwritten.
+    """
+    left_alone = []
+    for path, info in manifest.get("files_changed", {}).items():
+        full = workspace / path
+        backup = load_backup(info.get("backup"))
+        current = full.read_bytes() if full.is_file() else None
+        if current == backup:
+            continue
+        if current is not None and digest(current) != info.get("after_sha256"):
+            logger.warning("not rolling back {}: it changed after the run wrote it", full)
+            left_alone.append(path)
+            continue
+        write_or_delete(full, backup)
+    if "cursor_backup" in manifest:
+        cursor_path = workspace / CURSOR_FILE
+        current = cursor_path.read_bytes() if cursor_path.is_file() else None
+        if current is not None and current.decode("utf-8", "replace") == manifest.get("cursor_written"):
+            write_or_delete(cursor_path, load_backup(manifest["cursor_backup"]))
+    return left_alone
+
+
+def load_removed_history(backup: str | None) -> list[HistoryEntry]:
+    """The entries a run's compaction removed, from its run folder."""
+    if not backup:
+        return []
+    entries = [parse_entry(line) for _, line in iter_lines(Path(backup))]
+    return sorted((entry for entry in entries if entry is not None), key=lambda entry: entry.cursor)
+
+
+def save_backup(backup_dir: Path, path: str, data: bytes | None) -> str | None:
+    """Keep *data* as the backup of *path* in a run's folder; None when the file did not exist."""
+    if data is None:
+        return None
+    target = backup_dir / path
+    fsio.atomic_write(target, data)
+    return str(target)
+
+
+def load_backup(backup: str | None) -> bytes | None:
+    """A backup's bytes; None stands for "the file did not exist"."""
+    return Path(backup).read_bytes() if backup else None
+
+
+def read_or_none(path: Path) -> bytes | None:
+    """A file's bytes, or None when it does not exist."""
+    return path.read_bytes() if path.is_file() else None
+
+
+def write_or_delete(path: Path, data: bytes | None) -> None:
+    """Put *data* back atomically; None means the file did not exist, so remove it."""
+    if data is None:
+        path.unlink(missing_ok=True)
+    else:
+        fsio.atomic_write(path, data)
+
+
+def digest(data: bytes) -> str:
+    """The sha256 a manifest records of what a run wrote."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def line_counts(before: bytes | str | None, after: bytes | str | None) -> tuple[int, int]:
+    """(added, removed) lines between two versions of a file, as a unified diff counts them."""
+    texts = [value.decode("utf-8", "replace") if isinstance(value, bytes) else value or "" for value in (before, after)]
+    added = removed = 0
+    for line in difflib.unified_diff(texts[0].splitlines(), texts[1].splitlines(), lineterm="", n=0):
+        if line.startswith("+") and not line.startswith("+++"):
+            added += 1
+        elif line.startswith("-") and not line.startswith("---"):
+            removed += 1
+    return added, removed

@@ -1,0 +1,310 @@
+"""The dream's file tools (read_file, edit_file) over staged copies of three files, and the edit guard.
+
+Whatever the conversation text asks, the tools reach only SOUL.md, USER.md and memory/MEMORY.md inside the
+workspace, never through a symlink, and edits land in memory: the dream writes them to disk only after its
+tool loop completed normally. A refusal is returned as text, so the model sees it and nothing changes.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections import Counter
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+ALLOWED_FILES = ("SOUL.md", "USER.md", "memory/MEMORY.md")
+MEMORY_FILE = "memory/MEMORY.md"
+MAX_NEW_TEXT_BYTES = 64 * 1024
+MAX_EDITS_PER_CALL = 50
+MAX_READ_CHARS = 60_000
+MIN_GUARDED_CHARS = 100
+MAX_REMOVED_SHARE = 0.5
+ERROR_PREFIX = "Error: "
+DATE = r"\d{4}-\d{2}-\d{2}(?:[ T]\d{1,2}:\d{2}(?::\d{2})?)?"
+DATE_FIRST = re.compile(rf"^[\[(]?{DATE}")
+DATE_ANYWHERE = re.compile(rf"[\[(]?{DATE}[\])]?")
+URL_ONLY = re.compile(r"^(?:<?https?://\S+?>?|\[[^\]]*\]\(\s*<?https?://[^)\s]+>?\s*\))[.,;]?$", re.IGNORECASE)
+LINE_LEAD = re.compile(r"^\s*(?:#+\s*|[-*+]\s+|\d+[.)]\s+)?[*_`\s]*")
+SECTION_HEADING = re.compile(r"^##(?!#)\s*(.*?)\s*#*\s*$")
+
+TOOL_SCHEMAS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read one memory file. path is one of: SOUL.md, USER.md, memory/MEMORY.md.",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string", "enum": list(ALLOWED_FILES)}},
+                "required": ["path"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "edit_file",
+            "description": (
+                "Apply exact text replacements to one memory file, all or nothing. Each old_text must occur "
+                "exactly once in the file; include surrounding lines to make it unique."
+            ),
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "enum": list(ALLOWED_FILES)},
+                    "edits": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {"old_text": {"type": "string"}, "new_text": {"type": "string"}},
+                            "required": ["old_text", "new_text"],
+                        },
+                    },
+                },
+                "required": ["path", "edits"],
+            },
+        },
+    },
+]
+
+
+class ToolRefused(Exception):
+    """A read or edit that is not allowed or cannot apply; the message is what the model is told."""
+
+
+class GuardRejected(ToolRefused):
+    """The guard refused an edit that would lose memory or add noise."""
+
+
+class StagedFiles:
+    """In-memory copies of the allow-listed files; the dream's edits land here, never on disk."""
+
+    def __init__(self, workspace: Path):
+        self.workspace = Path(workspace)
+        self.root = self.workspace.resolve()
+        self.base: dict[str, bytes | None] = {}
+        self.current: dict[str, str] = {}
+        self.unavailable: dict[str, str] = {}
+        self.batches: dict[str, list[list[tuple[str, str]]]] = {}
+        self.rejections: list[dict] = []
+        for path in ALLOWED_FILES:
+            self._load(path)
+
+    def _load(self, path: str) -> None:
+        try:
+            full = self.checked_path(path)
+            data = full.read_bytes()
+            self.current[path] = data.decode("utf-8")
+            self.base[path] = data
+        except FileNotFoundError:
+            self.base[path] = None
+            self.unavailable[path] = f"{path} does not exist"
+        except UnicodeDecodeError:
+            self.base[path] = None
+            self.unavailable[path] = f"{path} is not valid UTF-8 text"
+        except (ToolRefused, OSError) as exc:
+            self.base[path] = None
+            self.unavailable[path] = str(exc)
+
+    # -- the tools -------------------------------------------------------------------------------
+    def run(self, name: str, arguments: Any) -> str:
+        """Execute one tool call; an error string (never an exception) when it is refused."""
+        try:
+            if not isinstance(arguments, dict):
+                raise ToolRefused("arguments must be a JSON object")
+            if name == "read_file":
+                return self.read(arguments.get("path"))
+            if name == "edit_file":
+                return self.edit(arguments.get("path"), arguments.get("edits"))
+            raise ToolRefused(f"unknown tool {name!r}; the tools are read_file and edit_file")
+        except GuardRejected as exc:
+            self.rejections.append({"path": _path_label(arguments), "reason": str(exc)})
+            return ERROR_PREFIX + str(exc)
+        except ToolRefused as exc:
+            return ERROR_PREFIX + str(exc)
+
+    def read(self, raw_path: Any) -> str:
+        """The staged content of one allow-listed file."""
+        path = self.resolve(raw_path)
+        text = self._text(path)
+        if len(text) > MAX_READ_CHARS:
+            return text[:MAX_READ_CHARS] + f"\n... (cut at {MAX_READ_CHARS} characters)"
+        return text or "(empty file)"
+
+    def edit(self, raw_path: Any, edits: Any) -> str:
+        """Apply a batch of exact replacements to one file, all or nothing, after the guard agreed."""
+        path = self.resolve(raw_path)
+        pairs = parse_edits(edits)
+        before = self._text(path)
+        after = apply_edits(before, pairs)
+        if after == before:
+            raise ToolRefused("the edit changes nothing")
+        original = (self.base[path] or b"").decode("utf-8")
+        reason = guard_edit(path, original, before, after)
+        if reason:
+            raise GuardRejected(f"guard: {reason}")
+        self.current[path] = after
+        self.batches.setdefault(path, []).append(pairs)
+        return f"Edited {path}: {len(pairs)} replacement(s) applied ({len(after.splitlines())} lines now)."
+
+    def resolve(self, raw_path: Any) -> str:
+        """The allow-listed relative path named by *raw_path*, or ToolRefused."""
+        if not isinstance(raw_path, str) or not raw_path.strip():
+            raise ToolRefused(f"path must be one of {', '.join(ALLOWED_FILES)}")
+        if "\0" in raw_path:
+            raise ToolRefused("path contains a NUL byte")
+        pure = PurePosixPath(raw_path.strip())
+        if pure.is_absolute():
+            raise ToolRefused(f"absolute paths are not allowed; use one of {', '.join(ALLOWED_FILES)}")
+        if ".." in pure.parts:
+            raise ToolRefused("'..' is not allowed in a path")
+        path = str(pure)
+        if path not in ALLOWED_FILES:
+            raise ToolRefused(f"{path} is not a file dream may touch; allowed: {', '.join(ALLOWED_FILES)}")
+        self.checked_path(path)
+        return path
+
+    def checked_path(self, path: str) -> Path:
+        """The file itself, refusing one reached through a symlink (which may point anywhere)."""
+        full = self.root / path
+        real = Path(os.path.realpath(full))
+        if real != full:
+            target = os.readlink(full) if full.is_symlink() else str(real)
+            raise ToolRefused(f"{path} is a symlink (to {target}); dream edits only regular files in the workspace")
+        return full
+
+    def _text(self, path: str) -> str:
+        if path not in self.current:
+            raise ToolRefused(self.unavailable.get(path, f"{path} is not available"))
+        return self.current[path]
+
+    # -- results ---------------------------------------------------------------------------------
+    def changes(self) -> dict[str, tuple[bytes | None, str]]:
+        """{path: (content at start, edited text)} of the files whose text changed."""
+        return {
+            path: (self.base[path], text)
+            for path, text in self.current.items()
+            if text.encode("utf-8") != self.base[path]
+        }
+
+    def replay(self, path: str, text: str) -> str:
+        """Apply this run's edit batches to *text* (the file changed on disk during the run)."""
+        for pairs in self.batches.get(path, []):
+            text = apply_edits(text, pairs)
+        return text
+
+
+def parse_edits(edits: Any) -> list[tuple[str, str]]:
+    """Validate edit_file's `edits` argument into (old_text, new_text) pairs."""
+    if isinstance(edits, dict):
+        edits = [edits]
+    if not isinstance(edits, list) or not edits:
+        raise ToolRefused("edits must be a non-empty list of {old_text, new_text} objects")
+    if len(edits) > MAX_EDITS_PER_CALL:
+        raise ToolRefused(f"at most {MAX_EDITS_PER_CALL} edits per call")
+    pairs = []
+    for number, edit in enumerate(edits, start=1):
+        if not isinstance(edit, dict):
+            raise ToolRefused(f"edit {number} must be an object with old_text and new_text")
+        old_text, new_text = edit.get("old_text"), edit.get("new_text")
+        if not isinstance(old_text, str) or not isinstance(new_text, str):
+            raise ToolRefused(f"edit {number} needs string old_text and new_text")
+        if not old_text:
+            raise ToolRefused(f"edit {number} has an empty old_text")
+        if old_text == new_text:
+            raise ToolRefused(f"edit {number} is a no-op (old_text equals new_text)")
+        pairs.append((old_text, new_text))
+    new_bytes = sum(len(new_text.encode("utf-8")) for _, new_text in pairs)
+    if new_bytes > MAX_NEW_TEXT_BYTES:
+        raise ToolRefused(f"the edit adds {new_bytes} bytes; at most {MAX_NEW_TEXT_BYTES} per call")
+    return pairs
+
+
+def apply_edits(text: str, pairs: list[tuple[str, str]]) -> str:
+    """Apply exact, unique replacements in order; ToolRefused when one does not match exactly once."""
+    for number, (old_text, new_text) in enumerate(pairs, start=1):
+        count = text.count(old_text)
+        if count == 0:
+            raise ToolRefused(f"edit {number}: old_text was not found; read the file and copy the text exactly")
+        if count > 1:
+            raise ToolRefused(f"edit {number}: old_text occurs {count} times; include more context to make it unique")
+        text = text.replace(old_text, new_text, 1)
+    return text
+
+
+# -- the guard -------------------------------------------------------------------------------------
+def guard_edit(path: str, original: str, before: str, after: str) -> str | None:
+    """Why an edit must not be applied, or None: a lost section, most of a file gone, noise in MEMORY.md."""
+    lost = Counter(map(_title_key, section_titles(before))) - Counter(map(_title_key, section_titles(after)))
+    if lost:
+        title = next(title for title in section_titles(before) if _title_key(title) in lost)
+        return f"the edit would remove the whole section '## {title}' from {path}; keep it and edit its bullets"
+    for reference in (before, original):
+        share = removed_share(reference, after)
+        if len(reference) >= MIN_GUARDED_CHARS and share > MAX_REMOVED_SHARE:
+            return f"the edit would remove {share:.0%} of {path}; make small, surgical edits instead"
+    if path == MEMORY_FILE:
+        for line in added_lines(before, after):
+            reason = noisy_line_reason(line)
+            if reason:
+                return f"{reason} in {path} ({line.strip()[:80]!r}); state the lasting fact itself"
+    return None
+
+
+def section_titles(text: str) -> list[str]:
+    """The `##` section titles of a markdown text."""
+    return [match.group(1) for match in map(SECTION_HEADING.match, text.splitlines()) if match]
+
+
+def _title_key(title: str) -> str:
+    # A heading whose case or spacing changed is still the same section.
+    return " ".join(title.split()).casefold()
+
+
+def removed_share(before: str, after: str) -> float:
+    """The share of *before*'s characters on lines that *after* no longer has."""
+    if not before:
+        return 0.0
+    old_lines, new_lines = before.splitlines(keepends=True), after.splitlines(keepends=True)
+    matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
+    removed = sum(
+        len(line)
+        for tag, start, end, _, _ in matcher.get_opcodes()
+        if tag in ("replace", "delete")
+        for line in old_lines[start:end]
+    )
+    return removed / len(before)
+
+
+def added_lines(before: str, after: str) -> list[str]:
+    """Lines of *after* that *before* did not have."""
+    old_lines, new_lines = before.splitlines(), after.splitlines()
+    matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
+    return [
+        line
+        for tag, _, _, start, end in matcher.get_opcodes()
+        if tag in ("replace", "insert")
+        for line in new_lines[start:end]
+    ]
+
+
+def noisy_line_reason(line: str) -> str | None:
+    """Why a new MEMORY.md line is journal noise (date-stamped or a bare URL), or None."""
+    body = LINE_LEAD.sub("", line).strip()
+    if not body:
+        return None
+    if DATE_FIRST.match(body):
+        return "date-stamped lines do not belong"
+    dated = sum(len(match.group(0)) for match in DATE_ANYWHERE.finditer(body))
+    if dated and dated * 2 >= len(body):
+        return "date-stamped lines do not belong"
+    if URL_ONLY.match(body):
+        return "a line that is only a URL does not belong"
+    return None
+
+
+def _path_label(arguments: Any) -> str:
+    path = arguments.get("path") if isinstance(arguments, dict) else None
+    return path if isinstance(path, str) else "?"
