@@ -1,0 +1,455 @@
+"""The QMD search backend: one QMD collection per workspace, kept fresh by debounced single-flight updates.
+
+QMD keeps its config (`<name>.yml`) and SQLite index (`qmd/<name>.sqlite`) where QMD_CONFIG_DIR and
+XDG_CACHE_HOME point; both point into nanobotd's state dir, so nothing lands in the workspace or the
+user's home. Layout under `<state_dir>/qmd/`: `config/`, `cache/qmd/` (index files, and `models/` for
+vector models), `<name>.update.lock`. Every call passes `--index <name>` and runs from that folder, so a
+`.qmd/` folder above some working directory can never redirect the index.
+
+BM25 searches go to a long-lived `qmd mcp --http` child when it is up (~30 ms) and to the CLI
+otherwise (~0.3 s). Vector modes (vsearch, query) need local models; when they are off or fail, the
+search is answered with BM25 and each hit says why in extra["degraded"].
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import AsyncIterator, Callable, Mapping
+
+from loguru import logger
+
+from nanobotd.fsio import LockTimeout, file_lock
+from nanobotd.index.hit import SearchBackendError, SearchHit
+from nanobotd.index.qmdproc import (
+    McpServer,
+    QmdResult,
+    collection_fields,
+    hit_from_result,
+    iso_time,
+    json_array,
+    read_index_stats,
+    run_qmd,
+)
+
+COLLECTION_PREFIX = "nb-"
+# QMD takes a comma-separated list of globs; memory/*.md covers MEMORY.md and the daily notes, and
+# leaves out memory/history.jsonl and anything that is not markdown.
+COLLECTION_MASK = "SOUL.md,USER.md,memory/*.md,memory/archive/*.md"
+SEARCH_MODES = ("search", "vsearch", "query")
+MINIMUM_VERSION = (2, 8)
+UPDATE_TIMEOUT_SECONDS = 120.0
+UPDATE_RETRY_SECONDS = 30.0
+EMBED_TIMEOUT_SECONDS = 900.0
+VECTOR_RETRY_SECONDS = 1800.0
+DEBOUNCE_MAX_FACTOR = 5
+VERSION_PATTERN = re.compile(r"\bqmd (\d+)\.(\d+)\.(\d+)")
+
+
+@dataclass(frozen=True)
+class QmdSettings:
+    """How the qmd executable is driven (config keys search.qmd_*).
+
+    vectors: run `qmd embed` and allow vsearch/query (they need local models); mcp_server: answer BM25
+    searches from a long-lived `qmd mcp --http` child instead of one CLI process per search.
+    """
+
+    command: str = "qmd"
+    timeout_seconds: float = 10.0
+    debounce_seconds: float = 2.0
+    vectors: bool = False
+    mcp_server: bool = True
+
+
+def collection_name(workspace: Path) -> str:
+    """The QMD collection (and index) name of *workspace*: stable, short, safe as a file name."""
+    return COLLECTION_PREFIX + hashlib.sha1(str(workspace).encode("utf-8")).hexdigest()[:12]
+
+
+class QmdBackend:
+    """Searches one workspace's memory files with QMD and keeps its index fresh."""
+
+    def __init__(
+        self,
+        workspace: Path,
+        state_dir: Path,
+        settings: QmdSettings,
+        *,
+        clock: Callable[[], float] = time.time,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.workspace = Path(os.path.realpath(workspace))
+        self.settings = settings
+        self.name = collection_name(self.workspace)
+        self.home = Path(state_dir) / "qmd"
+        self.index_path = self.home / "cache" / "qmd" / f"{self.name}.sqlite"
+        self.config_path = self.home / "config" / f"{self.name}.yml"
+        self._clock = clock
+        # The daemon hands its configured environment down; without one, children get the process's own.
+        self._env = _child_environment(self.home, os.environ if environ is None else environ)
+        self._lock_path = self.home / f"{self.name}.update.lock"
+        self._update_timeout = max(settings.timeout_seconds, UPDATE_TIMEOUT_SECONDS)
+        self._executable: str | None = None
+        self._version: str | None = None
+        self._available = False
+        self._reason: str | None = "not started"
+        self._last_error: str | None = None
+        self._last_update: float | None = None
+        self._update_runs = 0
+        self._updating = False
+        self._requests_seen = 0
+        self._requests_indexed = 0
+        self._update_mutex = asyncio.Lock()
+        self._timer: asyncio.TimerHandle | None = None
+        self._burst_started_at: float | None = None
+        self._worker: asyncio.Task | None = None
+        self._embedder: asyncio.Task | None = None
+        self._vector_failure: str | None = None
+        self._vector_retry_at = 0.0
+        self._mcp: McpServer | None = None
+        self._closed = False
+
+    @property
+    def available(self) -> bool:
+        """True once start() found a working qmd and the workspace collection."""
+        return self._available
+
+    async def start(self) -> None:
+        """Check the qmd binary and ensure the workspace collection; on failure record why, never raise."""
+        try:
+            self.home.mkdir(parents=True, exist_ok=True)
+            self._executable = self._resolve_command()
+            self._version = await self._check_version()
+            created = await self._ensure_collection()
+        except (SearchBackendError, OSError) as exc:
+            self._available, self._reason = False, str(exc)
+            logger.warning("qmd backend unavailable for {}: {}", self.workspace, exc)
+            return
+        self._available, self._reason = True, None
+        base_argv = [self._executable, "--index", self.name]
+        self._mcp = McpServer(base_argv, env=self._env, cwd=self.home, clock=self._clock)
+        logger.info("qmd {} serves {} as collection {}", self._version, self.workspace, self.name)
+        if not created:
+            self.request_update()  # files may have changed while nobody watched
+
+    def request_update(self) -> None:
+        """Note that memory files changed: one debounced, single-flight update will pick it up."""
+        self._requests_seen += 1
+        if self._available and not self._closed:
+            self._arm_timer(self.settings.debounce_seconds)
+
+    async def update_now(self) -> None:
+        """Run one `qmd update` under the index lock; raise SearchBackendError when it fails."""
+        self._require_available()
+        if not self.config_path.exists():
+            # Someone cleared the state dir under us: without its config qmd would update nothing, and a
+            # running server would keep reading the deleted index.
+            await self._ensure_collection()
+            if self._mcp is not None:
+                await self._mcp.stop()
+        async with self._index_lock():
+            requests_covered = self._requests_seen
+            self._updating = True
+            try:
+                result = await self._qmd("update", timeout=self._update_timeout)
+                if result.returncode != 0:
+                    raise SearchBackendError(f"qmd update failed: {result.error_text()}")
+            except SearchBackendError as exc:
+                self._last_error = str(exc)
+                raise
+            finally:
+                self._updating = False
+        self._requests_indexed = max(self._requests_indexed, requests_covered)
+        self._last_update = self._clock()
+        self._last_error = None
+        self._update_runs += 1
+        summary = next((line for line in result.stdout.splitlines() if line.startswith("Indexed:")), "")
+        logger.debug("qmd update of {}: {}", self.name, summary.strip() or "done")
+        if self.settings.vectors:
+            self._start_embedding()
+
+    async def search(self, query: str, *, limit: int = 10, mode: str = "search") -> list[SearchHit]:
+        """Ranked hits for *query*; vector modes degrade to BM25 with the reason in extra["degraded"]."""
+        if mode not in SEARCH_MODES:
+            raise ValueError(f"unknown qmd search mode {mode!r}; expected one of {', '.join(SEARCH_MODES)}")
+        self._require_available()
+        query = normalize_query(query)
+        if not query:
+            return []
+        degraded = None
+        if mode != "search":
+            degraded = self._vector_unavailable_reason(mode)
+            if degraded is None:
+                try:
+                    return await self._cli_search(mode, query, limit)
+                except SearchBackendError as exc:
+                    degraded = self._record_vector_failure(str(exc))
+        hits = await self._lexical_search(query, limit)
+        if degraded is not None:
+            hits = [dataclasses.replace(hit, extra={**hit.extra, "degraded": degraded}) for hit in hits]
+        return hits
+
+    def freshness(self) -> dict:
+        """How current the index is, for the control API and the daemon's health tick."""
+        stats = read_index_stats(self.index_path, self.name)
+        last_update = iso_time(self._last_update) if self._last_update is not None else stats.last_write
+        return {
+            "available": self._available,
+            "reason": self._reason,
+            "last_update": last_update,
+            "pending_changes": self._requests_seen - self._requests_indexed,
+            "updating": self._updating,
+            "documents": stats.documents,
+            "needs_embedding": stats.needs_embedding,
+            "last_error": self._last_error,
+            "version": self._version,
+            "update_runs": self._update_runs,
+            "vectors": self._vector_status(),
+            "mcp_server": bool(self._mcp and self._mcp.ready),
+        }
+
+    async def close(self) -> None:
+        """Cancel pending work and stop every qmd child (process-group kill)."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for task in (self._worker, self._embedder):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if self._mcp is not None:
+            await self._mcp.close()
+
+    # -- start -------------------------------------------------------------------------------------
+
+    def _resolve_command(self) -> str:
+        command = self.settings.command
+        if os.sep in command:
+            path = Path(command).expanduser()
+            if path.is_file() and os.access(path, os.X_OK):
+                return str(path)
+            raise SearchBackendError(f"qmd command {command!r} is not an executable file (search.qmd_command)")
+        found = shutil.which(command, path=self._env.get("PATH"))
+        if found is None:
+            raise SearchBackendError(f"qmd command {command!r} not found on PATH (search.qmd_command)")
+        return found
+
+    async def _check_version(self) -> str:
+        result = await run_qmd(
+            [self._executable, "--version"], env=self._env, cwd=self.home, timeout=self.settings.timeout_seconds
+        )
+        match = VERSION_PATTERN.search(result.stdout)
+        if result.returncode != 0 or match is None:
+            raise SearchBackendError(f"`qmd --version` gave no qmd version: {result.error_text()}")
+        version = ".".join(match.groups())
+        if tuple(int(part) for part in match.groups()[:2]) < MINIMUM_VERSION:
+            raise SearchBackendError(f"qmd {version} is too old; need >= {'.'.join(map(str, MINIMUM_VERSION))}")
+        return version
+
+    async def _ensure_collection(self) -> bool:
+        """Make the collection match the workspace and mask; True when it was (re)created and indexed."""
+        if not self.workspace.is_dir():
+            raise SearchBackendError(f"workspace {self.workspace} is not a directory")
+        # Under the lock: another process may be creating the same collection right now.
+        async with self._index_lock():
+            show = await self._qmd("collection", "show", self.name, timeout=self.settings.timeout_seconds)
+            fields = collection_fields(show.stdout) if show.returncode == 0 else {}
+            if fields.get("Path") == str(self.workspace) and fields.get("Pattern") == COLLECTION_MASK:
+                return False
+            if fields:
+                await self._checked("collection", "remove", self.name)
+            await self._checked(
+                "collection", "add", str(self.workspace), "--name", self.name, "--mask", COLLECTION_MASK
+            )
+        self._last_update = self._clock()
+        return True
+
+    # -- updates -----------------------------------------------------------------------------------
+
+    def _arm_timer(self, delay: float) -> None:
+        # Trailing debounce, capped so a steady stream of writes still gets indexed.
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self._burst_started_at is None:
+            self._burst_started_at = now
+        fire_at = min(now + delay, self._burst_started_at + delay * DEBOUNCE_MAX_FACTOR)
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_at(fire_at, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer, self._burst_started_at = None, None
+        if self._closed:
+            return
+        # Single flight: a running worker notices the new requests when its run ends.
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.ensure_future(self._drain_updates())
+
+    async def _drain_updates(self) -> None:
+        while self._available and not self._closed and self._requests_seen > self._requests_indexed:
+            try:
+                await self.update_now()
+            except SearchBackendError as exc:
+                logger.warning("qmd update of {} failed, retrying in {:g}s: {}", self.name, UPDATE_RETRY_SECONDS, exc)
+                if self._timer is None and not self._closed:
+                    self._timer = asyncio.get_running_loop().call_later(UPDATE_RETRY_SECONDS, self._on_timer)
+                return
+
+    @contextlib.asynccontextmanager
+    async def _index_lock(self) -> AsyncIterator[None]:
+        """Exclusive use of the index: one update at a time in this process and across processes."""
+        async with self._update_mutex:
+            lock = file_lock(self._lock_path, timeout=self._update_timeout)
+            acquiring = asyncio.ensure_future(asyncio.to_thread(lock.__enter__))
+            try:
+                await asyncio.shield(acquiring)
+            except asyncio.CancelledError:
+                acquiring.add_done_callback(lambda task: _release_if_acquired(lock, task))
+                raise
+            except LockTimeout as exc:
+                raise SearchBackendError(f"qmd index busy: {exc}") from exc
+            except OSError as exc:
+                raise SearchBackendError(f"cannot lock the qmd index: {exc}") from exc
+            try:
+                yield
+            finally:
+                lock.__exit__(None, None, None)
+
+    def _start_embedding(self) -> None:
+        # Embedding runs beside updates, not under the index lock: it can take minutes (a model
+        # download, a large workspace), and BM25 freshness must not wait for it.
+        if self._vector_blocked() or (self._embedder is not None and not self._embedder.done()):
+            return
+        if not read_index_stats(self.index_path, self.name).needs_embedding:
+            return
+        self._embedder = asyncio.ensure_future(self._embed())
+
+    async def _embed(self) -> None:
+        try:
+            result = await self._qmd("embed", timeout=EMBED_TIMEOUT_SECONDS)
+        except SearchBackendError as exc:
+            self._record_vector_failure(f"qmd embed failed: {exc}")
+            return
+        # `qmd embed` exits 0 when it skipped work (no model, say): trust the counts, not the status.
+        pending = read_index_stats(self.index_path, self.name).needs_embedding
+        if result.returncode != 0 or pending:
+            self._record_vector_failure(f"qmd embed left {pending} documents without vectors: {result.error_text()}")
+
+    # -- search ------------------------------------------------------------------------------------
+
+    async def _lexical_search(self, query: str, limit: int) -> list[SearchHit]:
+        if self.settings.mcp_server and self._mcp is not None:
+            self._mcp.ensure_started()
+            if self._mcp.ready:
+                payload = {
+                    "searches": [{"type": "lex", "query": query}],
+                    "collections": [self.name],
+                    "limit": limit,
+                    "rerank": False,
+                }
+                try:
+                    answer = await self._mcp.post("/search", payload, timeout=self.settings.timeout_seconds)
+                    hits = self._hits(answer.get("results", []), mode="search", transport="mcp")
+                    self._mcp.note_success()
+                    return hits
+                except SearchBackendError as exc:
+                    logger.debug("qmd mcp search failed, using the CLI: {}", exc)
+        return await self._cli_search("search", query, limit)
+
+    async def _cli_search(self, mode: str, query: str, limit: int) -> list[SearchHit]:
+        try:
+            result = await self._qmd(
+                mode, "--format", "json", "-n", str(limit), "-c", self.name, "--", query,
+                timeout=self.settings.timeout_seconds,
+            )
+            if result.returncode != 0:
+                raise SearchBackendError(f"qmd {mode} failed: {result.error_text()}")
+            hits = self._hits(json_array(result.stdout), mode=mode, transport="cli")
+        except SearchBackendError as exc:
+            self._last_error = str(exc)
+            raise
+        return hits
+
+    def _hits(self, items: list, *, mode: str, transport: str) -> list[SearchHit]:
+        if not isinstance(items, list):
+            raise SearchBackendError(f"qmd {mode} answered {type(items).__name__}, expected a list")
+        hits = []
+        for item in items:
+            hit = hit_from_result(item, self.name, mode=mode, transport=transport)
+            if hit is not None:
+                hits.append(hit)
+        return hits
+
+    def _vector_unavailable_reason(self, mode: str) -> str | None:
+        if not self.settings.vectors:
+            return f"{mode} needs vectors, which are off (search.qmd_vectors = false); answered with BM25"
+        if self._vector_blocked():
+            return f"{self._vector_failure}; answered with BM25"
+        stats = read_index_stats(self.index_path, self.name)
+        if mode == "vsearch" and stats.documents and stats.needs_embedding == stats.documents:
+            return "the index has no embeddings yet; answered with BM25"
+        return None
+
+    def _vector_blocked(self) -> bool:
+        return self._vector_failure is not None and self._clock() < self._vector_retry_at
+
+    def _record_vector_failure(self, reason: str) -> str:
+        self._vector_failure = reason
+        self._vector_retry_at = self._clock() + VECTOR_RETRY_SECONDS
+        logger.warning("qmd vectors unusable for {:g}s: {}", VECTOR_RETRY_SECONDS, reason)
+        return f"{reason}; answered with BM25"
+
+    def _vector_status(self) -> str:
+        if not self.settings.vectors:
+            return "off"
+        if self._vector_blocked():
+            return f"failing: {self._vector_failure}"
+        return "on"
+
+    # -- plumbing ----------------------------------------------------------------------------------
+
+    def _require_available(self) -> None:
+        if not self._available:
+            raise SearchBackendError(f"qmd backend unavailable: {self._reason}")
+
+    async def _qmd(self, *args: str, timeout: float) -> QmdResult:
+        argv = [self._executable, "--index", self.name, *args]
+        return await run_qmd(argv, env=self._env, cwd=self.home, timeout=timeout)
+
+    async def _checked(self, *args: str) -> QmdResult:
+        result = await self._qmd(*args, timeout=self._update_timeout)
+        if result.returncode != 0:
+            raise SearchBackendError(f"qmd {' '.join(args[:2])} failed: {result.error_text()}")
+        return result
+
+
+def normalize_query(query: str) -> str:
+    """One line with balanced quotes: QMD rejects newlines and a lone double quote."""
+    text = " ".join(query.split())
+    if text.count('"') % 2:
+        text = " ".join(text.replace('"', " ").split())
+    return text
+
+
+def _child_environment(home: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of every qmd child: config, index and model cache inside *home*."""
+    env = {key: value for key, value in environ.items() if key not in ("INDEX_PATH", "QMD_CONFIG_DIR")}
+    env["QMD_CONFIG_DIR"] = str(home / "config")
+    env["XDG_CACHE_HOME"] = str(home / "cache")
+    env["NO_COLOR"] = "1"
+    return env
+
+
+def _release_if_acquired(lock: contextlib.AbstractContextManager, task: asyncio.Future) -> None:
+    if not task.cancelled() and task.exception() is None:
+        lock.__exit__(None, None, None)

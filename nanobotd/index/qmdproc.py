@@ -1,0 +1,449 @@
+"""The qmd program seen from outside: bounded calls, a supervised `qmd mcp --http` child, and reading
+what qmd prints (JSON results, `collection show`) and stores (its SQLite index).
+
+Every qmd process starts in its own session so a timeout can kill the whole process group: qmd loads
+native model code that may spawn helpers or hang on a download, and a killed parent alone would leave
+them running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import sqlite3
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+from urllib.parse import unquote
+
+from loguru import logger
+
+from nanobotd.index.hit import SearchBackendError, SearchHit
+
+STDERR_TAIL_LINES = 20
+MCP_HOST = "127.0.0.1"
+MCP_STARTUP_SECONDS = 15.0
+MCP_HEALTH_POLL_SECONDS = 0.05
+MCP_STOP_GRACE_SECONDS = 2.0
+MCP_RESTART_BACKOFF_SECONDS = (1.0, 2.0, 5.0, 15.0, 60.0)
+MEMORY_FILES = frozenset({"SOUL.md", "USER.md", "memory/MEMORY.md"})
+HUNK_PATTERN = re.compile(r"^@@ -(\d+),(\d+) @@")
+HTTP_LINE_NUMBER = re.compile(r"^\d+: ?")
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+NOTE_DATE = re.compile(r"(\d{4}-\d{2}-\d{2})\.md$")
+NODE_ERROR_LINE = re.compile(r"^[A-Za-z]*Error\b.*:")
+NODE_NOISE_LINE = re.compile(r"^(at |Node\.js v|\^+$|throw )")
+
+
+# -- processes -------------------------------------------------------------------------------------
+
+
+class QmdTimeout(SearchBackendError):
+    """A qmd call outlived its timeout and was killed with its process group."""
+
+
+@dataclass(frozen=True)
+class QmdResult:
+    """What a finished qmd call printed and how it exited."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def error_text(self) -> str:
+        """The most telling stderr (or stdout) line for an error message: a Node error beats the last line."""
+        for stream in (self.stderr, self.stdout):
+            lines = [line.strip() for line in stream.splitlines() if line.strip()]
+            errors = [line for line in lines if NODE_ERROR_LINE.match(line)]
+            meaningful = [line for line in lines if not NODE_NOISE_LINE.match(line)]
+            if errors or meaningful:
+                return (errors or meaningful)[-1][:300]
+        return f"exit status {self.returncode}"
+
+
+async def run_qmd(
+    argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout: float
+) -> QmdResult:
+    """Run one qmd command to completion within *timeout* seconds; kill its process group otherwise.
+
+    Raises SearchBackendError when the executable cannot be started and QmdTimeout on timeout.
+    """
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=dict(env),
+            cwd=cwd,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise SearchBackendError(f"cannot run {argv[0]}: {exc.strerror or exc}") from exc
+    try:
+        stdout, stderr = await asyncio.wait_for(process.communicate(), timeout)
+    except asyncio.TimeoutError:
+        raise QmdTimeout(f"`{_describe(argv)}` timed out after {timeout:g}s") from None
+    finally:
+        # Also reached on cancellation: no qmd process outlives the coroutine that started it.
+        if process.returncode is None:
+            await kill_process_group(process)
+    return QmdResult(
+        process.returncode,
+        stdout.decode("utf-8", errors="replace"),
+        stderr.decode("utf-8", errors="replace"),
+    )
+
+
+async def kill_process_group(process: asyncio.subprocess.Process) -> None:
+    """SIGKILL everything in *process*'s group and reap the leader."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        process.kill()
+    await process.wait()
+
+
+def _describe(argv: Sequence[str]) -> str:
+    """`qmd collection show` for `[exe, --index, name, collection, show, ...]`: the command words."""
+    words = list(argv[3:] if len(argv) > 2 and argv[1] == "--index" else argv[1:])
+    command = []
+    for word in words:
+        if word.startswith("-") or len(command) == 2:
+            break
+        command.append(word)
+    return "qmd " + " ".join(command or words[:1])
+
+
+def free_loopback_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (qmd's --port has no "pick one" value)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((MCP_HOST, 0))
+        return probe.getsockname()[1]
+
+
+class McpServer:
+    """A lazily started, health-checked `qmd mcp --http` child that answers BM25 searches in ~30 ms.
+
+    The CLI pays a Node start per call; this child keeps the index open and sees updates made by other
+    qmd processes. It is only ever a fast path: any failure makes the caller use the CLI, and the
+    child is restarted with growing backoff.
+    """
+
+    def __init__(
+        self,
+        base_argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: Path,
+        clock: Callable[[], float],
+    ) -> None:
+        self._base_argv = list(base_argv)
+        self._env = dict(env)
+        self._cwd = cwd
+        self._clock = clock
+        self._process: asyncio.subprocess.Process | None = None
+        self._port: int | None = None
+        self._starting: asyncio.Task | None = None
+        self._stderr_reader: asyncio.Task | None = None
+        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self._failures = 0
+        self._next_start_at = 0.0
+        self._closed = False
+        self.last_error: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        """True when the child is running and has answered its health check."""
+        return self._port is not None and self._process is not None and self._process.returncode is None
+
+    def ensure_started(self) -> None:
+        """Start the child in the background unless it runs, is starting or is backing off."""
+        if self._closed or self.ready or (self._starting is not None and not self._starting.done()):
+            return
+        if self._process is not None:
+            # It had answered its health check and died since: a crash loop must back off too.
+            returncode, self._process = self._process.returncode, None
+            tail = " / ".join(self._stderr_tail)[-300:]
+            self._note_failure(f"qmd mcp server exited with status {returncode}: {tail}")
+        if self._clock() < self._next_start_at:
+            return
+        self._starting = asyncio.ensure_future(self._start())
+
+    async def wait_ready(self, timeout: float = MCP_STARTUP_SECONDS) -> bool:
+        """Start the child if needed and wait until it answers (or has failed)."""
+        self.ensure_started()
+        if self._starting is not None and not self._starting.done():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._starting), timeout)
+        return self.ready
+
+    async def post(self, path: str, payload: dict, *, timeout: float) -> dict:
+        """POST JSON to the running child and return its JSON answer.
+
+        A connection failure marks the child dead (restart with backoff); an HTTP error status only
+        fails this request. Both raise SearchBackendError.
+        """
+        if not self.ready:
+            raise SearchBackendError("qmd mcp server is not running")
+        port = self._port
+        try:
+            status, body = await asyncio.wait_for(
+                asyncio.to_thread(_http_request, port, path, payload, timeout), timeout
+            )
+        except (OSError, asyncio.TimeoutError, http.client.HTTPException) as exc:
+            await self._record_failure(f"qmd mcp server did not answer: {exc or type(exc).__name__}")
+            raise SearchBackendError(self.last_error) from exc
+        if status != 200:
+            raise SearchBackendError(f"qmd mcp server answered HTTP {status}: {body[:200]!r}")
+        try:
+            answer = json.loads(body)
+        except ValueError as exc:
+            raise SearchBackendError(f"qmd mcp server sent bad JSON: {body[:200]!r}") from exc
+        if not isinstance(answer, dict):
+            raise SearchBackendError(f"qmd mcp server sent {type(answer).__name__}, expected an object")
+        return answer
+
+    def note_success(self) -> None:
+        """A request went through: the next failure starts the backoff from the beginning."""
+        self._failures = 0
+
+    async def stop(self) -> None:
+        """Stop the child (group SIGTERM, SIGKILL after a grace period); ensure_started() makes a new one."""
+        if self._starting is not None and not self._starting.done():
+            self._starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._starting
+        await self._stop_process()
+
+    async def close(self) -> None:
+        """Stop the child for good."""
+        self._closed = True
+        await self.stop()
+
+    async def _start(self) -> None:
+        self._port = None
+        self._stderr_tail.clear()
+        try:
+            port = free_loopback_port()
+            argv = [*self._base_argv, "mcp", "--http", "--port", str(port), "--host", MCP_HOST]
+            self._process = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                env=self._env,
+                cwd=self._cwd,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            await self._record_failure(f"cannot start qmd mcp server: {exc.strerror or exc}")
+            return
+        self._stderr_reader = asyncio.ensure_future(self._drain_stderr(self._process))
+        try:
+            await self._wait_healthy(port)
+        except asyncio.CancelledError:
+            await self._stop_process()
+            raise
+        except SearchBackendError as exc:
+            await self._record_failure(str(exc))
+            return
+        self._port = port
+        logger.info("qmd mcp server ready on {}:{} (pid {})", MCP_HOST, port, self._process.pid)
+
+    async def _wait_healthy(self, port: int) -> None:
+        deadline = self._clock_monotonic() + MCP_STARTUP_SECONDS
+        while self._clock_monotonic() < deadline:
+            if self._process.returncode is not None:
+                tail = " / ".join(self._stderr_tail) or f"exit status {self._process.returncode}"
+                raise SearchBackendError(f"qmd mcp server exited at start: {tail[-300:]}")
+            try:
+                status, _ = await asyncio.to_thread(_http_request, port, "/health", None, 1.0)
+            except (OSError, http.client.HTTPException):
+                status = None
+            if status == 200:
+                return
+            await asyncio.sleep(MCP_HEALTH_POLL_SECONDS)
+        raise SearchBackendError(f"qmd mcp server not healthy after {MCP_STARTUP_SECONDS:g}s")
+
+    @staticmethod
+    def _clock_monotonic() -> float:
+        return asyncio.get_running_loop().time()
+
+    async def _record_failure(self, reason: str) -> None:
+        self._note_failure(reason)
+        await self._stop_process()
+
+    def _note_failure(self, reason: str) -> None:
+        self.last_error = reason
+        delay = MCP_RESTART_BACKOFF_SECONDS[min(self._failures, len(MCP_RESTART_BACKOFF_SECONDS) - 1)]
+        self._failures += 1
+        self._next_start_at = self._clock() + delay
+        logger.warning("{}; using the qmd CLI, next server start in {:g}s", reason, delay)
+
+    async def _stop_process(self) -> None:
+        process, self._process, self._port = self._process, None, None
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), MCP_STOP_GRACE_SECONDS)
+            except asyncio.TimeoutError:
+                pass
+        if process is not None and process.returncode is None:
+            await kill_process_group(process)
+        if self._stderr_reader is not None:
+            self._stderr_reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._stderr_reader
+            self._stderr_reader = None
+
+    async def _drain_stderr(self, process: asyncio.subprocess.Process) -> None:
+        # The server logs every request to stderr; keep a short tail for error messages, never a file.
+        while line := await process.stderr.readline():
+            self._stderr_tail.append(line.decode("utf-8", errors="replace").rstrip())
+
+
+def _http_request(port: int, path: str, payload: dict | None, timeout: float) -> tuple[int, str]:
+    """One blocking request to the child on loopback (run in a thread): POST JSON, or GET without."""
+    connection = http.client.HTTPConnection(MCP_HOST, port, timeout=timeout)
+    try:
+        if payload is None:
+            connection.request("GET", path)
+        else:
+            body = json.dumps(payload).encode("utf-8")
+            connection.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        return response.status, response.read().decode("utf-8", errors="replace")
+    finally:
+        connection.close()
+
+
+# -- what qmd prints and stores --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IndexStats:
+    """Counts read straight from QMD's SQLite index (`qmd status` has no machine-readable output)."""
+
+    documents: int | None = None
+    needs_embedding: int | None = None
+    last_write: str | None = None
+
+
+def hit_from_result(item: dict, collection: str, *, mode: str, transport: str) -> SearchHit | None:
+    """A SearchHit from one QMD JSON result, or None when it is not a file of *collection*."""
+    if not isinstance(item, dict):
+        raise SearchBackendError(f"qmd {mode} result is not an object: {item!r:.200}")
+    prefix = f"qmd://{collection}/"
+    location = str(item.get("file", "")).split("?", 1)[0]
+    if not location.startswith(prefix):
+        return None
+    path = unquote(location[len(prefix):])
+    snippet, line_start, line_end = parse_snippet(
+        str(item.get("snippet", "")), item.get("line"), numbered=transport == "mcp"
+    )
+    source = "memory" if path in MEMORY_FILES else "note"
+    date = NOTE_DATE.search(path) if source == "note" else None
+    try:
+        score = float(item.get("score", 0.0))
+    except (TypeError, ValueError):
+        score = 0.0
+    return SearchHit(
+        source=source,
+        path=path,
+        snippet=snippet,
+        score=score,
+        when=date.group(1) if date else "",
+        line_start=line_start,
+        line_end=line_end,
+        backend="qmd",
+        extra={
+            "docid": item.get("docid", ""),
+            "title": item.get("title", ""),
+            "mode": mode,
+            "transport": transport,
+        },
+    )
+
+
+def parse_snippet(snippet: str, line: object, *, numbered: bool) -> tuple[str, int | None, int | None]:
+    """Split QMD's `@@ -start,count @@` header off a snippet; the header gives the line range.
+
+    The HTTP server also prefixes every snippet line with a number of its own, which is dropped.
+    """
+    lines = ANSI_ESCAPE.sub("", snippet).split("\n")
+    if numbered:
+        lines = [HTTP_LINE_NUMBER.sub("", text, count=1) for text in lines]
+    line_start = line_end = line if isinstance(line, int) and line > 0 else None
+    if lines and (header := HUNK_PATTERN.match(lines[0])):
+        start, count = int(header.group(1)), int(header.group(2))
+        line_start, line_end = start, start + max(count, 1) - 1
+        lines = lines[1:]
+    return "\n".join(lines).strip("\n"), line_start, line_end
+
+
+def read_index_stats(index_path: Path, collection: str) -> IndexStats:
+    """Document and pending-embedding counts of *collection*, read-only; empty stats when unreadable.
+
+    Pending embeddings count distinct content hashes without a complete set of vectors, as `qmd status`
+    does, though for any embedding model rather than only the configured one.
+    """
+    try:
+        files = (index_path, Path(f"{index_path}-wal"))
+        write_times = [path.stat().st_mtime for path in files if path.exists()]
+        if not write_times:
+            return IndexStats()
+        connection = sqlite3.connect(f"{index_path.as_uri()}?mode=ro", uri=True, timeout=1.0)
+        try:
+            documents = connection.execute(
+                "SELECT COUNT(*) FROM documents WHERE active = 1 AND collection = ?", (collection,)
+            ).fetchone()[0]
+            needs_embedding = connection.execute(
+                """
+                SELECT COUNT(DISTINCT d.hash) FROM documents d
+                LEFT JOIN (SELECT hash, COUNT(*) AS chunks, MAX(total_chunks) AS expected
+                           FROM content_vectors GROUP BY hash) v ON v.hash = d.hash
+                WHERE d.active = 1 AND d.collection = ? AND (v.hash IS NULL OR v.chunks < v.expected)
+                """,
+                (collection,),
+            ).fetchone()[0]
+        finally:
+            connection.close()
+    except (OSError, sqlite3.Error) as exc:
+        logger.debug("cannot read qmd index {}: {}", index_path, exc)
+        return IndexStats()
+    return IndexStats(documents, needs_embedding, iso_time(max(write_times)))
+
+
+def collection_fields(text: str) -> dict[str, str]:
+    """Path and Pattern from `qmd collection show` (it has no JSON output)."""
+    fields = {}
+    for line in ANSI_ESCAPE.sub("", text).splitlines():
+        key, separator, value = line.strip().partition(":")
+        if separator and key in ("Path", "Pattern"):
+            fields[key] = value.strip()
+    return fields
+
+
+def json_array(stdout: str) -> list:
+    """The JSON array a `--format json` search printed; SearchBackendError when it is not one."""
+    # Warnings go to stderr, but be lenient about a stray line before the JSON.
+    start = stdout.find("[")
+    try:
+        return json.loads(stdout[start:] if start >= 0 else stdout)
+    except ValueError as exc:
+        raise SearchBackendError(f"qmd printed something that is not JSON: {stdout[:200]!r}") from exc
+
+
+def iso_time(timestamp: float) -> str:
+    """A POSIX timestamp as ISO 8601 text in UTC."""
+    return datetime.fromtimestamp(timestamp, tz=timezone.utc).isoformat(timespec="seconds")
