@@ -146,8 +146,14 @@ def _make(cls: type, values: dict, prefix: str, base: Any = None) -> Any:
     for key, value in values.items():
         if key not in fields:
             raise ConfigError(f"{prefix}.{key}: unknown key (known: {', '.join(sorted(fields))})")
-        updates[key] = _coerce(value, type(getattr(current, key)), f"{prefix}.{key}")
+        updates[key] = _coerce(value, _field_type(fields[key], getattr(current, key)), f"{prefix}.{key}")
     return dataclasses.replace(current, **updates)
+
+
+def _field_type(field_: dataclasses.Field, current: Any) -> type:
+    """The declared type of a settings field (annotations may be strings), else its value's type."""
+    declared = field_.type if isinstance(field_.type, str) else getattr(field_.type, "__name__", "")
+    return {"bool": bool, "int": int, "float": float, "str": str}.get(declared, type(current))
 
 
 def _coerce(value: Any, expected: type, key: str) -> Any:

@@ -161,9 +161,14 @@ class Daemon:
                 last_reconcile = now
                 await self.services.reconcile_all()
                 self.notifier.status(self.services.status_line())
-            if now - last_idle >= IDLE_CHECK_SECONDS:
+            if now - last_idle >= self._idle_check_seconds():
                 last_idle = now
                 self.services.trigger_idle()
+
+    def _idle_check_seconds(self) -> float:
+        """Check for idle sessions often enough for the shortest idle_minutes, at most every 30 s."""
+        shortest = min(settings.consolidation.idle_minutes * 60 for settings in self.config.workspaces)
+        return max(TICK_SECONDS, min(IDLE_CHECK_SECONDS, shortest / 4))
 
     def healthy(self) -> bool:
         """Watchdog pings only while the watcher and the scheduler work."""

@@ -48,14 +48,22 @@ class JobQueue:
         return self._accepting
 
     def submit(self, kind: str, workspace: str, target: str, body: JobBody, *, session_key: str | None = None,
-               uses_llm: bool = True, manifest: dict | None = None) -> str:
-        """Queue a job; returns its run_id (an already queued job for the same kind and target is reused)."""
+               uses_llm: bool = True, manifest: dict | None = None, join_running: bool = False) -> str:
+        """Queue a job; returns its run_id.
+
+        An already queued job for the same kind and target is reused; with *join_running*, so is a running
+        one (a nightly job is never started twice at once, nor queued again behind itself).
+        """
         if not self._accepting:
             raise RuntimeError("the daemon is stopping and takes no new jobs")
         coalesce_key = (kind, workspace, target)
         queued = self._queued.get(coalesce_key)
         if queued is not None:
             return queued.run_id
+        if join_running:
+            for job in self._running.values():
+                if (job.kind, *job.target) == coalesce_key:
+                    return job.run_id
         run_id = self.store.create_run(kind, workspace, session_key=session_key, manifest=manifest or {},
                                        state="queued")
         job = _Job(run_id, kind, (workspace, target), body, uses_llm)

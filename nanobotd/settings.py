@@ -19,10 +19,10 @@ class DaemonSettings:
     socket: str = ""
     state_dir: str = ""
     log_level: str = "INFO"
-    reconcile_seconds: float = 60
+    reconcile_seconds: float = 60.0
     debounce_seconds: float = 1.0
     timezone: str = ""
-    job_stop_seconds: float = 20
+    job_stop_seconds: float = 20.0
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class ConsolidationSettings:
     """Token-budget archiving and the pre-compaction flush (DESIGN.md §4)."""
 
     ratio: float = 0.5
-    idle_minutes: float = 30
+    idle_minutes: float = 30.0
     reserve_floor: int = 20000
     soft_threshold: int = 4000
     max_rounds: int = 5

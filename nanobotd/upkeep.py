@@ -133,7 +133,8 @@ class Upkeep:
             self.memory_changed(runtime)
             return result
 
-        return self.daemon.queue.submit("dream", runtime.name, "dream", body, uses_llm=not runtime.llm.offline)
+        return self.daemon.queue.submit("dream", runtime.name, "dream", body, uses_llm=not runtime.llm.offline,
+                                        join_running=True)
 
     def submit_lifecycle(self, runtime: WorkspaceRuntime) -> str:
         """Queue a lifecycle run."""
@@ -145,7 +146,8 @@ class Upkeep:
                 self.daemon.store.set_job_success("lifecycle", runtime.name, run_id)
             self.memory_changed(runtime)
 
-        return self.daemon.queue.submit("lifecycle", runtime.name, "lifecycle", body, uses_llm=False)
+        return self.daemon.queue.submit("lifecycle", runtime.name, "lifecycle", body, uses_llm=False,
+                                        join_running=True)
 
     async def lifecycle_plan(self, runtime: WorkspaceRuntime) -> dict:
         """What the next lifecycle run would do (a dry run changes nothing)."""

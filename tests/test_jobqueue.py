@@ -1,0 +1,84 @@
+"""The job queue: coalescing, one job per session, bounded LLM concurrency, no double dream."""
+
+from __future__ import annotations
+
+import asyncio
+
+from nanobotd.jobqueue import JobQueue
+from nanobotd.store import StateStore
+
+
+def test_llm_concurrency_is_bounded_and_every_job_runs(tmp_path):
+    store = StateStore(tmp_path).open()
+
+    async def scenario():
+        queue = JobQueue(store, llm_concurrency=2)
+        order = []
+
+        def body(name):
+            async def run(run_id):
+                await asyncio.sleep(0.05)
+                order.append(name)
+                store.finish_run(run_id, state="finished", outcome="ok")
+            return run
+
+        ids = [queue.submit("consolidate", "ws", f"session:{n}", body(n)) for n in range(8)]
+        await queue.wait_idle()
+        return queue, ids, order
+
+    queue, ids, order = asyncio.run(scenario())
+    assert queue.llm_in_flight_max == 2
+    assert sorted(order) == list(range(8)) and len(set(ids)) == 8
+    assert all(store.get_run(run_id).state == "finished" for run_id in ids)
+
+
+def test_a_second_submit_for_a_queued_target_is_coalesced_and_a_running_dream_is_joined(tmp_path):
+    store = StateStore(tmp_path).open()
+
+    async def scenario():
+        queue = JobQueue(store, llm_concurrency=1)
+        started = asyncio.Event()
+        release = asyncio.Event()
+        runs = []
+
+        async def slow(run_id):
+            runs.append(run_id)
+            started.set()
+            await release.wait()
+            store.finish_run(run_id, state="finished", outcome="ok")
+
+        first = queue.submit("dream", "ws", "dream", slow, join_running=True)
+        await started.wait()
+        second = queue.submit("dream", "ws", "dream", slow, join_running=True)
+        a = queue.submit("consolidate", "ws", "session:x", slow)
+        b = queue.submit("consolidate", "ws", "session:x", slow)
+        release.set()
+        await queue.wait_idle()
+        return first, second, a, b, runs
+
+    first, second, a, b, runs = asyncio.run(scenario())
+    assert first == second, "a running dream is joined, not started twice"
+    assert a == b, "a queued job for the same session is coalesced"
+    assert runs.count(first) == 1 and runs.count(a) == 1
+
+
+def test_a_failing_job_is_recorded_and_the_queue_goes_on(tmp_path):
+    store = StateStore(tmp_path).open()
+
+    async def scenario():
+        queue = JobQueue(store)
+
+        async def broken(run_id):
+            raise ValueError("bug")
+
+        async def fine(run_id):
+            store.finish_run(run_id, state="finished", outcome="ok")
+
+        bad = queue.submit("flush", "ws", "session:a", broken)
+        good = queue.submit("flush", "ws", "session:b", fine)
+        await queue.wait_idle()
+        return bad, good
+
+    bad, good = asyncio.run(scenario())
+    assert store.get_run(bad).state == "failed" and "bug" in store.get_run(bad).manifest["error"]
+    assert store.get_run(good).state == "finished"

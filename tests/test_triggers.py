@@ -1,0 +1,48 @@
+"""Triggers through a real daemon: budget, flush threshold, idle."""
+
+from __future__ import annotations
+
+from tests.support.daemonproc import DaemonProcess
+from tests.support.fakellm import FakeLLM, Responder, Text
+from tests.support.workspace import conversation, make_workspace, write_session
+
+
+def reply(request):
+    system = request["messages"][0]["content"]
+    if "NO_REPLY" in system:
+        return Text("## Decisions\n- Use weekly log rotation\n\n## Topics\n- Disk usage on kestrel")
+    return Text("- [durable] discussed disk usage")
+
+
+def test_flush_then_consolidation_fire_at_their_thresholds_and_idle_sessions_get_archived(tmp_path):
+    workspace, sessions = make_workspace(tmp_path, layout="current")
+    with FakeLLM(default=Responder(reply)) as fake:
+        proc = DaemonProcess(tmp_path, workspace, extra_config=f"""
+[llm]
+model = "{fake.model}"
+api_base = "{fake.base_url}"
+max_retries = 0
+context_window = 6000
+max_tokens = 1000
+
+[consolidation]
+reserve_floor = 1000
+soft_threshold = 500
+idle_minutes = 0.05
+""")
+        try:
+            proc.start()
+            write_session(sessions, "cli:big", conversation(120, words=10))
+            runs = proc.wait_for(lambda: {run["kind"] for run in proc.ctl_json("runs")["runs"]
+                                          if run["state"] == "finished"} >= {"flush", "consolidate"}, timeout=60)
+            assert runs
+            notes = list((workspace / "memory").glob("2*.md"))
+            assert notes and "Use weekly log rotation" in notes[0].read_text()
+            session = proc.session("cli:big")
+            assert session["unarchived_tokens"] <= session["budget"]
+            write_session(sessions, "cli:quiet", conversation(4))
+            proc.wait_for(lambda: (proc.session("cli:quiet") or {}).get("unarchived_messages") == 0, timeout=30)
+            reasons = [run for run in proc.ctl_json("runs", "--limit", "100")["runs"] if run["session_key"] == "cli:quiet"]
+            assert reasons
+        finally:
+            proc.kill()
