@@ -154,16 +154,19 @@ class Daemon:
             if interval is not None and now - last_ping >= interval and self.healthy():
                 self.notifier.watchdog()
                 last_ping = now
-            if self._reload_requested:
-                self._reload_requested = False
-                await self.reload()
-            if now - last_reconcile >= self.config.daemon.reconcile_seconds:
-                last_reconcile = now
-                await self.services.reconcile_all()
-                self.notifier.status(self.services.status_line())
-            if now - last_idle >= self._idle_check_seconds():
-                last_idle = now
-                self.services.trigger_idle()
+            try:
+                if self._reload_requested:
+                    self._reload_requested = False
+                    await self.reload()
+                if now - last_reconcile >= self.config.daemon.reconcile_seconds:
+                    last_reconcile = now
+                    await self.services.reconcile_all()
+                    self.notifier.status(self.services.status_line())
+                if now - last_idle >= self._idle_check_seconds():
+                    last_idle = now
+                    self.services.trigger_idle()
+            except Exception as exc:  # the tick loop carries the watchdog: it must outlive any bug
+                logger.opt(exception=exc).error("tick: {}", exc)
 
     def _idle_check_seconds(self) -> float:
         """Check for idle sessions often enough for the shortest idle_minutes, at most every 30 s."""

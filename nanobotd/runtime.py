@@ -47,6 +47,14 @@ class WorkspaceRuntime:
     def name(self) -> str:
         return self.settings.name
 
+    def apply_settings(self, settings: WorkspaceSettings) -> None:
+        """A reload changed this workspace's settings: new LLM client and job context, same tracker."""
+        if settings == self.settings and settings.api_key == self.settings.api_key:
+            return
+        self.settings = settings
+        self.llm = LLMClient(settings.llm, settings.api_key)
+        self.context = JobContext(settings, self.store, self.tracker, self.llm, self.context.now)
+
     @property
     def exists(self) -> bool:
         """A configured workspace that does not exist yet is waited for."""

@@ -104,15 +104,15 @@ def test_notify_socket_receives_ready_watchdog_status_reloading_stopping_in_orde
     proc = DaemonProcess(tmp_path, workspace, env={"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "1000000"})
     messages: list[str] = []
 
-    def drain(until: str, timeout: float = 20) -> None:
+    def drain(until: str, timeout: float = 20, since: int = 0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if any(until in message for message in messages[since:]):
+                return
             try:
                 messages.append(listener.recv(4096).decode("ascii"))
             except socket.timeout:
                 continue
-            if any(until in message for message in messages):
-                return
         raise AssertionError(f"{until} not received; got {messages}\n{proc.log()[-2000:]}")
 
     try:
@@ -121,6 +121,9 @@ def test_notify_socket_receives_ready_watchdog_status_reloading_stopping_in_orde
         drain("WATCHDOG=1")
         proc.proc.send_signal(1)
         drain("RELOADING=1")
+        reloaded_at = len(messages)
+        drain("WATCHDOG=1", since=reloaded_at)
+        assert "config reloaded" in proc.log()
         proc.proc.send_signal(15)
         drain("STOPPING=1")
         assert proc.proc.wait(timeout=30) == 0
@@ -132,3 +135,17 @@ def test_notify_socket_receives_ready_watchdog_status_reloading_stopping_in_orde
     order = [kind for kind in kinds if kind != "STATUS"]
     assert order.index("READY=1") < order.index("WATCHDOG=1") < order.index("RELOADING=1") < order.index("STOPPING=1")
     assert any(message.startswith("STATUS=") and message.isascii() for message in messages)
+
+
+def test_the_polling_observer_tracks_changes_too(tmp_path):
+    workspace, sessions = make_workspace(tmp_path)
+    proc = DaemonProcess(tmp_path, workspace, args=("--polling",))
+    try:
+        proc.start()
+        write_session(sessions, "cli:p", conversation(3))
+        proc.wait_for(lambda: proc.session("cli:p"), timeout=15)
+        write_session(sessions, "cli:p", conversation(5))
+        proc.wait_for(lambda: (proc.session("cli:p") or {}).get("unarchived_messages") == 5, timeout=15)
+        assert proc.ctl_json("status")["workspaces"][0]["watcher"]["mode"] == "polling"
+    finally:
+        proc.kill()

@@ -18,7 +18,7 @@ class DaemonProcess:
     """`nanobotd run` in a subprocess with its own config, state dir and socket."""
 
     def __init__(self, tmp_path: Path, workspace: Path, *, sessions_dir: Path | None = None,
-                 extra_config: str = "", env: dict | None = None):
+                 extra_config: str = "", env: dict | None = None, args: tuple[str, ...] = ()):
         self.tmp_path = tmp_path
         self.socket = tmp_path / "sock" / "nanobotd.sock"
         self.state_dir = tmp_path / "state"
@@ -40,11 +40,13 @@ name = "ws"
 {sessions_line}
 """)
         self.env = dict(os.environ, **(env or {}))
+        self.args = args
         self.proc: subprocess.Popen | None = None
 
     def start(self, *, wait: bool = True) -> "DaemonProcess":
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "nanobotd.cli", "run", "--config", str(self.config_path)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "nanobotd.cli", "run", "--config", str(self.config_path),
+                                      *self.args],
                                      stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO)
         log.close()
         if wait:
