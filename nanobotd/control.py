@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from nanobotd import __version__
 from nanobotd.api.router import ApiError, Request, Response, Router
+from nanobotd.control_upkeep import add_upkeep_routes
 
 if TYPE_CHECKING:
     from nanobotd.daemon import Daemon
@@ -28,7 +29,7 @@ def build_router(daemon: "Daemon") -> Router:
     ]
     for method, pattern, handler in routes:
         router.add(method, pattern, handler)
-    daemon.services.upkeep.add_routes(router)
+    add_upkeep_routes(router, daemon)
     return router
 
 

@@ -20,6 +20,7 @@ from loguru import logger
 from nanobotd import __version__
 from nanobotd.api.server import ControlServer
 from nanobotd.config import Config, ConfigError, load_config
+from nanobotd.control import build_router
 from nanobotd.jobqueue import JobQueue
 from nanobotd.notify import Notifier, watchdog_interval
 from nanobotd.runtime import WorkspaceRuntime
@@ -78,7 +79,7 @@ class Daemon:
             self.runtimes[settings.name] = WorkspaceRuntime(settings, self.store, home=home, now=self.now,
                                                             clock=self.clock)
         self.services.recover_interrupted_runs()
-        self.server = ControlServer(self.config.socket_path, self.services.router())
+        self.server = ControlServer(self.config.socket_path, build_router(self))
         await self.server.start()
         self.notifier.ready()
         self.notifier.status(f"listening on {self.config.socket_path}")

@@ -29,12 +29,6 @@ class Services:
         self.upkeep = Upkeep(daemon)
 
     # -- wiring --------------------------------------------------------------------------------------
-    def router(self):
-        """The control API routes."""
-        from nanobotd.control import build_router
-
-        return build_router(self.daemon)
-
     def schedule_jobs(self) -> None:
         """Cron jobs per workspace (dream, lifecycle) and the catch-up of missed runs."""
         self.upkeep.schedule_jobs()

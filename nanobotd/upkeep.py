@@ -80,12 +80,6 @@ class Upkeep:
             self.extras[runtime.name] = extras
         return extras
 
-    def add_routes(self, router) -> None:
-        """Endpoints of the upkeep jobs."""
-        from nanobotd.control_upkeep import add_upkeep_routes
-
-        add_upkeep_routes(router, self.daemon)
-
     # -- scheduling ------------------------------------------------------------------------------------
     def schedule_jobs(self) -> None:
         """Dream and lifecycle cron jobs per workspace, and the catch-up of runs missed while down."""
