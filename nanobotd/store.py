@@ -310,6 +310,11 @@ class StateStore:
         rows = self.query("SELECT last_success FROM job_state WHERE job=? AND workspace=?", (job, workspace))
         return rows[0][0] if rows else None
 
+    def job_last_run(self, job: str, workspace: str) -> str | None:
+        """The run id of *job*'s last success (None when only a catch-up baseline is recorded)."""
+        rows = self.query("SELECT last_run_id FROM job_state WHERE job=? AND workspace=?", (job, workspace))
+        return rows[0][0] if rows else None
+
     def set_job_success(self, job: str, workspace: str, run_id: str | None, when: float | None = None) -> None:
         """Persist a job's success so a run missed while the daemon was down is caught up once."""
         with self.transaction() as db:

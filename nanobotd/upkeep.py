@@ -98,6 +98,7 @@ class Upkeep:
                 scheduler.add(job_id, expression, fire)
                 last = self.daemon.store.job_last_success(kind, runtime.name)
                 if last is None:
+                    # a baseline, not a success: a run missed from now on is caught up at the next start
                     self.daemon.store.set_job_success(kind, runtime.name, None, self.daemon.clock())
                 elif scheduler.is_missed(job_id, last, now):
                     asyncio.get_running_loop().call_soon(submit, runtime)
@@ -107,8 +108,9 @@ class Upkeep:
         result = {}
         for kind in ("dream", "lifecycle"):
             last = self.daemon.store.job_last_success(kind, runtime.name)
+            last_run = self.daemon.store.job_last_run(kind, runtime.name)
             result[kind] = {
-                "last_success": _iso(last), "next_run": self.daemon.scheduler.next_run(f"{kind}:{runtime.name}"),
+                "last_success": _iso(last) if last_run else None, "last_run_id": last_run, "next_run": self.daemon.scheduler.next_run(f"{kind}:{runtime.name}"),
                 "running": self.daemon.queue.busy(runtime.name, kind) if self.daemon.queue else False,
             }
         return result

@@ -5,9 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]' >.venv/install.log 2>&1 \
+  || { cat .venv/install.log; exit 1; }
 
-DEMO="$PWD/demo"
+# outside this repository: a workspace inside another git repository gets no git history (by design)
+DEMO="${NANOBOTD_DEMO_DIR:-${TMPDIR:-/tmp}/nanobotd-demo}"
 rm -rf "$DEMO"
 mkdir -p "$DEMO/run" && chmod 700 "$DEMO/run"
 .venv/bin/python scripts/make_demo.py "$DEMO" >/dev/null
@@ -16,8 +18,9 @@ export XDG_RUNTIME_DIR="$DEMO/run" XDG_STATE_HOME="$DEMO/state" XDG_CONFIG_HOME=
 .venv/bin/nanobotd run --workspace "$DEMO/workspace" >"$DEMO/nanobotd.log" 2>&1 &
 DAEMON=$!
 trap 'kill -TERM $DAEMON 2>/dev/null; wait $DAEMON 2>/dev/null || true' EXIT
-for _ in $(seq 100); do
-  .venv/bin/nanobotctl status >/dev/null 2>&1 && break
+# wait until the daemon answers and its start-up scan of the session folders is done
+for _ in $(seq 300); do
+  .venv/bin/nanobotctl --json status 2>/dev/null | grep -q '"last_reconcile": "' && break
   sleep 0.1
 done
 
