@@ -1,0 +1,346 @@
+"""The builtin search index: SQLite FTS5 over a workspace's memory, history and session transcripts.
+
+One database per workspace, kept in the daemon's state directory. Sources are re-read only when their
+fingerprint (inode, size, mtime_ns) changes, and then only the units whose key is new are indexed,
+so a growing 100,000-message session or history costs hashing, not re-indexing. Everything here is
+synchronous: the daemon calls it from an executor thread, and one lock serialises the connection.
+A damaged database is deleted and rebuilt; it only ever holds what the workspace can give again.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from loguru import logger
+
+from nanobotd.fsio import read_text_lossy
+from nanobotd.index import ftsdb
+from nanobotd.index.hit import SearchHit
+from nanobotd.index.query import date_words, parse_query
+from nanobotd.index.ranking import build_hits
+from nanobotd.index.selectivity import MATCH_BUDGET, ClauseSelector
+from nanobotd.index.sessionunits import STRIDE, WINDOW, is_skipped_session, session_key_for, session_units
+from nanobotd.index.units import (
+    HISTORY_UNIT_CHARS,
+    MAX_UNIT_CHARS,
+    NOTE_NAME,
+    Unit,
+    history_units,
+    iso_seconds,
+    markdown_units,
+    note_date,
+)
+from nanobotd.sessionfile import is_session_file
+
+MEMORY_FILES = ("SOUL.md", "USER.md", "memory/MEMORY.md")
+HISTORY_FILE = "memory/history.jsonl"
+NOTE_DIRS = ("memory", "memory/archive")
+MAX_MARKDOWN_BYTES = 32 * 1024 * 1024
+INSERT_BATCH = 500
+# Candidates fetched per hit asked for: trimming overlapping windows drops some of them.
+CANDIDATES_PER_HIT = 6
+MIN_CANDIDATES = 60
+MAX_LIMIT = 500
+# Bump when the way files become units changes: an index made the old way is then rebuilt.
+UNITS_VERSION = 1
+
+
+class BuiltinIndex:
+    """Search over one workspace: refresh incrementally, search with BM25 plus date and overlap handling."""
+
+    def __init__(self, workspace: Path, db_path: Path, sessions_dir: Path | None = None, *,
+                 clock: Callable[[], datetime] = datetime.now, window: int = WINDOW, stride: int = STRIDE,
+                 match_budget: int = MATCH_BUDGET):
+        self.workspace = Path(workspace).expanduser().resolve()
+        self.db_path = Path(db_path)
+        self.sessions_dir = Path(sessions_dir).expanduser().resolve() if sessions_dir else None
+        self.window, self.stride = window, stride
+        self._clock = clock
+        self._lock = threading.RLock()
+        # Set when a damaged database was replaced by an empty one: the next call fills it again.
+        self._refill = False
+        self._selector = ClauseSelector(match_budget)
+        self._units = 0
+        self._layout = f"v{UNITS_VERSION} window={window} stride={stride} chars={MAX_UNIT_CHARS}/{HISTORY_UNIT_CHARS}"
+        self._connection: sqlite3.Connection | None = self._open()
+
+    # -- public interface -------------------------------------------------------------------------
+
+    def refresh(self, changed: Iterable[Path] | None = None) -> dict:
+        """Re-index what changed: every source by fingerprint (None), or exactly the given paths."""
+        with self._lock:
+            paths = None if changed is None or self._refill else list(changed)
+            return self._with_recovery(lambda: self._refresh(paths), lambda: self._refresh(None))
+
+    def rebuild(self) -> dict:
+        """Forget everything and index the workspace from scratch."""
+        with self._lock:
+            self._reset()
+            return self._with_recovery(lambda: self._refresh(None), lambda: self._refresh(None))
+
+    def search(self, query: str, *, limit: int = 10) -> list[SearchHit]:
+        """The best *limit* hits for free text; any string is safe, an empty one finds nothing."""
+        parsed = parse_query(query, now=self._clock())
+        if not parsed.clauses or limit <= 0:
+            return []
+        limit = min(limit, MAX_LIMIT)
+        wanted = max(limit * CANDIDATES_PER_HIT, MIN_CANDIDATES)
+
+        def run() -> list[ftsdb.MatchRow]:
+            chosen = self._selector.select(self._conn(), parsed.clauses, self._units)
+            return ftsdb.match(self._conn(), " OR ".join(chosen.clauses), wanted, chosen.min_rowid)
+
+        def refill_and_run() -> list[ftsdb.MatchRow]:
+            self._refresh(None)
+            return run()
+
+        with self._lock:
+            try:
+                rows = self._with_recovery(refill_and_run if self._refill else run, refill_and_run)
+            except sqlite3.Error as exc:
+                logger.warning("builtin search failed for {!r}: {}", query[:200], exc)
+                return []
+        return build_hits(rows, parsed.terms, limit, self._display_path)
+
+    def stats(self) -> dict:
+        """Size and freshness of the index."""
+        with self._lock:
+            units, files = self._with_recovery(self._counts, self._counts)
+            last = ftsdb.get_meta(self._conn(), "last_refresh")
+        size = 0
+        for suffix in ("", "-wal"):
+            try:
+                size += os.stat(str(self.db_path) + suffix).st_size
+            except FileNotFoundError:
+                pass
+        return {"units": units, "files": files, "last_refresh": last, "db_bytes": size}
+
+    def close(self) -> None:
+        """Close the database connection (the index can be opened again later)."""
+        with self._lock:
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None
+
+    # -- database lifecycle -----------------------------------------------------------------------
+
+    def _open(self) -> sqlite3.Connection:
+        try:
+            connection = ftsdb.connect(self.db_path)
+        except ftsdb.IndexCorrupt as exc:
+            logger.warning("search index {} unusable ({}); rebuilding it", self.db_path, exc)
+            ftsdb.delete_database(self.db_path)
+            self._refill = True
+            connection = ftsdb.connect(self.db_path)
+        try:
+            if ftsdb.get_meta(connection, "layout") != self._layout:
+                # Units were cut another way (other window sizes, older code): start afresh.
+                with ftsdb.transaction(connection):
+                    ftsdb.clear(connection)
+                    ftsdb.set_meta(connection, "layout", self._layout)
+            self._units = ftsdb.counts(connection)[0]
+        except sqlite3.Error:
+            self._units = 0  # damage shows up, and is repaired, at the first real use
+        return connection
+
+    def _counts(self) -> tuple[int, int]:
+        return ftsdb.counts(self._conn())
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._connection is None:
+            self._connection = self._open()
+        return self._connection
+
+    def _reset(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+        ftsdb.delete_database(self.db_path)
+        self._refill = True
+        self._units = 0
+        self._connection = self._open()
+
+    def _with_recovery(self, operation: Callable, after_reset: Callable):
+        """Run *operation*; if the database turns out to be damaged, start a new one and run *after_reset*."""
+        try:
+            return operation()
+        except sqlite3.Error as exc:
+            if not ftsdb.is_corruption(exc):
+                raise
+            logger.warning("search index {} damaged ({}); rebuilding it", self.db_path, exc)
+        self._reset()
+        return after_reset()
+
+    # -- refresh ----------------------------------------------------------------------------------
+
+    def _refresh(self, changed: list[Path] | None) -> dict:
+        started = time.monotonic()
+        totals = {"files_checked": 0, "files_reindexed": 0, "units_added": 0, "units_removed": 0}
+        connection = self._conn()
+        known = ftsdb.all_files(connection)
+        if changed is None:
+            targets = {path: (source, False) for path, source in self._sources().items()}
+            stale = [record for path, record in known.items() if path not in targets]
+        else:
+            targets, stale = self._changed_targets(changed, known)
+        for record in stale:
+            with ftsdb.transaction(connection):
+                totals["units_removed"] += ftsdb.delete_file(connection, record.file_id)
+        for path, (source, forced) in targets.items():
+            totals["files_checked"] += 1
+            fingerprint = _fingerprint(path)
+            record = known.get(path)
+            if fingerprint is None:
+                if record is not None:
+                    with ftsdb.transaction(connection):
+                        totals["units_removed"] += ftsdb.delete_file(connection, record.file_id)
+                continue
+            if not forced and record is not None and record.fingerprint == fingerprint and record.source == source:
+                continue
+            added, removed = self._index_file(path, source, fingerprint)
+            totals["files_reindexed"] += 1
+            totals["units_added"] += added
+            totals["units_removed"] += removed
+        ftsdb.set_meta(connection, "last_refresh", iso_seconds(self._clock()))
+        self._units = max(0, self._units + totals["units_added"] - totals["units_removed"])
+        if changed is None:
+            self._refill = False
+        totals["seconds"] = round(time.monotonic() - started, 4)
+        return totals
+
+    def _changed_targets(self, changed: list[Path], known: dict) -> tuple[dict, list]:
+        """Files named explicitly are re-read; a directory means its sources, checked by fingerprint."""
+        targets: dict[str, tuple[str, bool]] = {}
+        stale = []
+        sources = None
+        for raw in changed:
+            path = Path(raw).expanduser()
+            path = (path if path.is_absolute() else self.workspace / path).resolve()
+            if path.is_dir():
+                sources = self._sources() if sources is None else sources
+                prefix = str(path) + os.sep
+                for candidate, source in sources.items():
+                    if candidate.startswith(prefix):
+                        targets.setdefault(candidate, (source, False))
+                stale += [record for name, record in known.items()
+                          if name.startswith(prefix) and name not in sources]
+                continue
+            source = self._classify(path)
+            if source is not None:
+                targets[str(path)] = (source, True)
+            elif str(path) in known:
+                stale.append(known[str(path)])
+        return targets, stale
+
+    def _index_file(self, path: str, source: str, fingerprint: str) -> tuple[int, int]:
+        """Bring one file's units up to date in one transaction; return (added, removed)."""
+        connection = self._conn()
+        session_key = session_key_for(Path(path)) if source == "session" else None
+        try:
+            with ftsdb.transaction(connection):
+                file_id = ftsdb.save_file(connection, path, source, fingerprint, session_key)
+                stored = ftsdb.unit_keys(connection, file_id)
+                current: set[str] = set()
+                added = 0
+                batch: list[Unit] = []
+                for key, unit in self._scan(Path(path), source, session_key, set(stored)):
+                    current.add(key)
+                    if unit is not None:
+                        batch.append(unit)
+                    if len(batch) >= INSERT_BATCH:
+                        added += ftsdb.insert_units(connection, file_id, batch)
+                        batch = []
+                added += ftsdb.insert_units(connection, file_id, batch)
+                gone = [unit_id for key, unit_id in stored.items() if key not in current]
+                removed = ftsdb.delete_units(connection, gone)
+        except sqlite3.Error:
+            raise
+        except Exception as exc:  # one unreadable file must not keep the others from being indexed
+            logger.warning("could not index {}: {!r}", path, exc)
+            return 0, 0
+        return added, removed
+
+    def _scan(self, path: Path, source: str, session_key: str | None,
+              known: set[str]) -> Iterator[tuple[str, Unit | None]]:
+        if source == "history":
+            yield from history_units(path, known)
+        elif source == "session":
+            if not is_skipped_session(session_key):
+                yield from session_units(path, session_key, known, window=self.window, stride=self.stride)
+        else:
+            for unit in self._markdown(path, source):
+                yield unit.key, (None if unit.key in known else unit)
+
+    def _markdown(self, path: Path, source: str) -> list[Unit]:
+        text = read_text_lossy(path, limit=MAX_MARKDOWN_BYTES)
+        day = note_date(path) if source == "note" else None
+        if day is not None:
+            return markdown_units(text, source, day.isoformat(), date_words(day))
+        when = iso_seconds(datetime.fromtimestamp(path.stat().st_mtime))
+        return markdown_units(text, source, when)
+
+    # -- sources ----------------------------------------------------------------------------------
+
+    def _sources(self) -> dict[str, str]:
+        """Every file the index covers, by resolved path, with its source kind."""
+        found: dict[str, str] = {}
+        for relative in MEMORY_FILES:
+            path = self.workspace / relative
+            if path.is_file():
+                found[str(path)] = "memory"
+        for folder in NOTE_DIRS:
+            for path in _listdir(self.workspace / folder):
+                if NOTE_NAME.match(path.name) and path.is_file():
+                    found[str(path)] = "note"
+        history = self.workspace / HISTORY_FILE
+        if history.is_file():
+            found[str(history)] = "history"
+        if self.sessions_dir is not None:
+            for path in _listdir(self.sessions_dir):
+                if is_session_file(path) and path.is_file():
+                    found[str(path)] = "session"
+        return found
+
+    def _classify(self, path: Path) -> str | None:
+        """The source kind of a path the index covers, or None."""
+        if self.sessions_dir is not None and path.parent == self.sessions_dir and is_session_file(path):
+            return "session"
+        try:
+            relative = path.relative_to(self.workspace).as_posix()
+        except ValueError:
+            return None
+        if relative in MEMORY_FILES:
+            return "memory"
+        if relative == HISTORY_FILE:
+            return "history"
+        if str(Path(relative).parent.as_posix()) in NOTE_DIRS and NOTE_NAME.match(path.name):
+            return "note"
+        return None
+
+    def _display_path(self, stored: str) -> str:
+        """Workspace-relative when the file is inside the workspace, else absolute."""
+        try:
+            return Path(stored).relative_to(self.workspace).as_posix()
+        except ValueError:
+            return stored
+
+
+def _fingerprint(path: str) -> str | None:
+    try:
+        stat = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return f"{stat.st_ino}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def _listdir(folder: Path) -> list[Path]:
+    try:
+        return sorted(folder.iterdir())
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return []

@@ -1,0 +1,238 @@
+"""The SQLite FTS5 database behind the builtin index: schema, unit storage, ranked matching.
+
+The database only ever holds what can be rebuilt from the workspace, so it favours speed over
+durability (WAL, synchronous=NORMAL) and a damaged file is simply deleted and built again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from nanobotd.index.units import Unit
+
+SCHEMA_VERSION = "1"
+TOKENIZER = "porter unicode61 remove_diacritics 2"
+# Weights of the FTS columns (body, dates) in bm25(): a date named in the query counts like a word.
+BODY_WEIGHT = 1.0
+DATES_WEIGHT = 1.0
+DELETE_BATCH = 500
+SIDE_FILES = ("-wal", "-shm", "-journal")
+
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS files (
+    id INTEGER PRIMARY KEY,
+    path TEXT NOT NULL UNIQUE,
+    source TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    session_key TEXT
+);
+CREATE TABLE IF NOT EXISTS units (
+    id INTEGER PRIMARY KEY,
+    file_id INTEGER NOT NULL,
+    unit_key TEXT NOT NULL,
+    source TEXT NOT NULL,
+    first INTEGER NOT NULL,
+    last INTEGER NOT NULL,
+    when_text TEXT NOT NULL DEFAULT '',
+    session_key TEXT,
+    parts TEXT,
+    UNIQUE (file_id, unit_key)
+);
+CREATE VIRTUAL TABLE IF NOT EXISTS units_fts USING fts5(body, dates, tokenize='{TOKENIZER}');
+"""
+
+
+class IndexCorrupt(RuntimeError):
+    """The index database cannot be used as it is; it must be deleted and rebuilt."""
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """What the index knows about one source file."""
+
+    file_id: int
+    path: str
+    source: str
+    fingerprint: str
+
+
+@dataclass(frozen=True)
+class MatchRow:
+    """One matching unit, with its text and location, best first."""
+
+    unit_id: int
+    file_id: int
+    path: str
+    source: str
+    first: int
+    last: int
+    when: str
+    session_key: str | None
+    parts: str | None
+    body: str
+    score: float
+
+
+def is_corruption(error: sqlite3.Error) -> bool:
+    """True for errors that mean a damaged database file rather than a bad statement."""
+    if isinstance(error, sqlite3.DatabaseError) and not isinstance(error, sqlite3.OperationalError):
+        return True
+    message = str(error).lower()
+    return any(word in message for word in ("malformed", "corrupt", "not a database", "no such table"))
+
+
+def delete_database(db_path: Path) -> None:
+    """Remove the database file and its WAL/SHM companions."""
+    for suffix in ("",) + SIDE_FILES:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(str(db_path) + suffix)
+
+
+def connect(db_path: Path) -> sqlite3.Connection:
+    """Open (creating if needed) the index database; raise IndexCorrupt when it is unusable."""
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    connection = sqlite3.connect(db_path, check_same_thread=False, isolation_level=None)
+    try:
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.execute("PRAGMA synchronous=NORMAL")
+        connection.executescript(SCHEMA)
+        row = connection.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+        if row is None:
+            connection.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
+        elif row[0] != SCHEMA_VERSION:
+            raise IndexCorrupt(f"index schema {row[0]} is not {SCHEMA_VERSION}")
+    except sqlite3.Error as exc:
+        connection.close()
+        raise IndexCorrupt(str(exc)) from exc
+    except IndexCorrupt:
+        connection.close()
+        raise
+    return connection
+
+
+@contextlib.contextmanager
+def transaction(connection: sqlite3.Connection) -> Iterator[None]:
+    """BEGIN ... COMMIT, rolled back on any error."""
+    connection.execute("BEGIN")
+    try:
+        yield
+    except BaseException:
+        connection.execute("ROLLBACK")
+        raise
+    connection.execute("COMMIT")
+
+
+def get_meta(connection: sqlite3.Connection, key: str) -> str | None:
+    """A value of the meta table."""
+    row = connection.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    return row[0] if row else None
+
+
+def set_meta(connection: sqlite3.Connection, key: str, value: str) -> None:
+    """Store a value in the meta table."""
+    connection.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+
+def all_files(connection: sqlite3.Connection) -> dict[str, FileRecord]:
+    """Every indexed file by path."""
+    rows = connection.execute("SELECT id, path, source, fingerprint FROM files")
+    return {row[1]: FileRecord(*row) for row in rows}
+
+
+def save_file(connection: sqlite3.Connection, path: str, source: str, fingerprint: str,
+              session_key: str | None = None) -> int:
+    """Insert or update a file row; return its id."""
+    connection.execute(
+        "INSERT INTO files (path, source, fingerprint, session_key) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT (path) DO UPDATE SET source = excluded.source, fingerprint = excluded.fingerprint, "
+        "session_key = excluded.session_key",
+        (path, source, fingerprint, session_key),
+    )
+    return connection.execute("SELECT id FROM files WHERE path = ?", (path,)).fetchone()[0]
+
+
+def unit_keys(connection: sqlite3.Connection, file_id: int) -> dict[str, int]:
+    """unit_key -> unit id of every unit of a file."""
+    rows = connection.execute("SELECT unit_key, id FROM units WHERE file_id = ?", (file_id,))
+    return dict(rows.fetchall())
+
+
+def insert_units(connection: sqlite3.Connection, file_id: int, units: Iterable[Unit]) -> int:
+    """Store units (text into FTS when there is any); return how many."""
+    count = 0
+    for unit in units:
+        cursor = connection.execute(
+            "INSERT OR IGNORE INTO units (file_id, unit_key, source, first, last, when_text, session_key, parts) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (file_id, unit.key, unit.source, unit.start, unit.end, unit.when, unit.session_key, unit.parts_json()),
+        )
+        if cursor.rowcount != 1:
+            continue
+        if unit.text.strip():
+            connection.execute("INSERT INTO units_fts (rowid, body, dates) VALUES (?, ?, ?)",
+                               (cursor.lastrowid, unit.text, unit.dates))
+        count += 1
+    return count
+
+
+def delete_units(connection: sqlite3.Connection, unit_ids: list[int]) -> int:
+    """Remove units and their text; return how many."""
+    for offset in range(0, len(unit_ids), DELETE_BATCH):
+        batch = unit_ids[offset:offset + DELETE_BATCH]
+        marks = ",".join("?" * len(batch))
+        connection.execute(f"DELETE FROM units_fts WHERE rowid IN ({marks})", batch)
+        connection.execute(f"DELETE FROM units WHERE id IN ({marks})", batch)
+    return len(unit_ids)
+
+
+def delete_file(connection: sqlite3.Connection, file_id: int) -> int:
+    """Forget a file and all its units; return how many units went."""
+    ids = [row[0] for row in connection.execute("SELECT id FROM units WHERE file_id = ?", (file_id,))]
+    delete_units(connection, ids)
+    connection.execute("DELETE FROM files WHERE id = ?", (file_id,))
+    return len(ids)
+
+
+def clear(connection: sqlite3.Connection) -> None:
+    """Drop every file and unit (the schema stays)."""
+    connection.execute("DELETE FROM units_fts")
+    connection.execute("DELETE FROM units")
+    connection.execute("DELETE FROM files")
+
+
+def match(connection: sqlite3.Connection, expression: str, limit: int, min_rowid: int = 0) -> list[MatchRow]:
+    """The *limit* best units (with id > *min_rowid*) for an FTS5 expression, by bm25 (higher is better)."""
+    ranked = connection.execute(
+        f"SELECT rowid, bm25(units_fts, {BODY_WEIGHT}, {DATES_WEIGHT}) AS rank_value, body FROM units_fts "
+        "WHERE units_fts MATCH ? AND rowid > ? ORDER BY rank_value LIMIT ?",
+        (expression, min_rowid, limit),
+    ).fetchall()
+    if not ranked:
+        return []
+    marks = ",".join("?" * len(ranked))
+    meta = {
+        row[0]: row
+        for row in connection.execute(
+            "SELECT u.id, u.file_id, f.path, u.source, u.first, u.last, u.when_text, u.session_key, u.parts "
+            f"FROM units u JOIN files f ON f.id = u.file_id WHERE u.id IN ({marks})",
+            [row[0] for row in ranked],
+        )
+    }
+    rows = []
+    for unit_id, rank_value, body in ranked:
+        if unit_id in meta:
+            rows.append(MatchRow(*meta[unit_id], body=body, score=-rank_value))
+    return rows
+
+
+def counts(connection: sqlite3.Connection) -> tuple[int, int]:
+    """(units, files) in the index."""
+    units = connection.execute("SELECT count(*) FROM units").fetchone()[0]
+    files = connection.execute("SELECT count(*) FROM files").fetchone()[0]
+    return units, files

@@ -1,0 +1,153 @@
+"""Session transcripts as index units: small overlapping windows of consecutive messages.
+
+Window k covers message positions [k*STRIDE, k*STRIDE + WINDOW) (positions count the file's records
+other than metadata, 0-based). The sizes were chosen with scripts/bench_locomo.py: windows of 4 with
+stride 2 find as much as 6-message windows for half the words, once overlapping hits are trimmed.
+
+A window's key is a digest of the raw bytes of its lines, so re-reading a changed 100,000-message
+session only hashes the lines; only windows whose key is new are decoded and indexed (after an append
+that is the last one or two). Slash commands (`_command`), nanobot's checkpoint prompts
+(`_hidden_history`: fixed boilerplate, its summary goes to history.jsonl) and tool output are not
+conversation and are left out of the text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import deque
+from pathlib import Path
+from typing import Iterator
+
+from nanobotd.index.query import date_words
+from nanobotd.index.units import Unit, iso_seconds, parse_timestamp
+from nanobotd.sessionfile import (
+    RawLine,
+    is_metadata_line,
+    iter_raw_lines,
+    key_from_filename,
+    message_fields,
+    read_header,
+    SessionHeader,
+)
+
+WINDOW = 4
+STRIDE = 2
+MAX_MESSAGE_CHARS = 2000
+INDEXED_ROLES = ("user", "assistant")
+HEADER_PROBE_LINES = 8
+
+
+def session_key_for(path: Path) -> str | None:
+    """The session key: from the file name, or from the metadata record of a legacy-named file."""
+    key = key_from_filename(path)
+    if key is not None:
+        return key
+    header = SessionHeader()
+    try:
+        for count, line in enumerate(iter_raw_lines(path)):
+            if count >= HEADER_PROBE_LINES:
+                break
+            if is_metadata_line(line):
+                record = decode_line(line)
+                if record is not None and record.get("_type") == "metadata":
+                    read_header(record, header)
+    except OSError:
+        return None
+    return header.key
+
+
+def is_skipped_session(key: str | None) -> bool:
+    """nanobot's own dream turns are not conversation."""
+    return bool(key) and key.startswith("dream:")
+
+
+def decode_line(line: RawLine) -> dict | None:
+    """The JSON object on a line; undecodable bytes are replaced, never fatal."""
+    if line.data is None:
+        return None
+    try:
+        record = json.loads(line.data.decode("utf-8", errors="replace"))
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def session_units(
+    path: Path, session_key: str | None, known: set[str], *, window: int = WINDOW, stride: int = STRIDE
+) -> Iterator[tuple[str, Unit | None]]:
+    """(key, unit) for every window of the session; the unit is None when *known* holds the key."""
+    stride = max(1, min(stride, window))
+    recent: deque[tuple[int, RawLine]] = deque(maxlen=window)
+    position = 0
+    for line in iter_raw_lines(path):
+        if is_metadata_line(line):
+            continue
+        recent.append((position, line))
+        start = position - window + 1
+        if start >= 0 and start % stride == 0:
+            yield _window(list(recent), session_key, known)
+        position += 1
+    for start in tail_starts(position, window, stride):
+        yield _window([item for item in recent if item[0] >= start], session_key, known)
+
+
+def tail_starts(total: int, window: int, stride: int) -> list[int]:
+    """Starts of the windows that run past the end: kept unless the previous window reached the end."""
+    starts = []
+    start = ((total - window) // stride + 1) * stride if total >= window else 0
+    while start < total:
+        if start == 0 or start - stride + window < total:
+            starts.append(start)
+        start += stride
+    return starts
+
+
+def _window(items: list[tuple[int, RawLine]], session_key: str | None, known: set[str]) -> tuple[str, Unit | None]:
+    start, end = items[0][0], items[-1][0]
+    digest = hashlib.blake2b("".join(line.line_digest for _, line in items).encode(), digest_size=12).hexdigest()
+    key = f"{start}-{end}-{digest}"
+    if key in known:
+        return key, None
+    return key, _decode_window(key, items, session_key)
+
+
+def _decode_window(key: str, items: list[tuple[int, RawLine]], session_key: str | None) -> Unit:
+    texts, parts, days = [], [], []
+    offset = 0
+    first_when = ""
+    for position, line in items:
+        record = decode_line(line)
+        rendered = _render(record) if record is not None else None
+        if rendered is None:
+            continue
+        text, timestamp = rendered
+        moment = parse_timestamp(timestamp)
+        when = iso_seconds(moment) if moment else timestamp
+        first_when = first_when or when
+        if moment and moment.date() not in days:
+            days.append(moment.date())
+        parts.append((position, offset, when))
+        texts.append(text)
+        offset += len(text) + 1
+    dates = " ".join(date_words(day) for day in days)
+    return Unit(key, "session", items[0][0], items[-1][0], "\n".join(texts), first_when, dates, session_key,
+                tuple(parts))
+
+
+def _render(record: dict) -> tuple[str, str] | None:
+    """"label: text" for a conversation message, or None for what is not conversation."""
+    if record.get("_command") or record.get("_hidden_history"):
+        return None
+    fields = message_fields(record)
+    if fields is None:
+        return None
+    role, text, timestamp = fields
+    text = text.strip()
+    if role not in INDEXED_ROLES or not text:
+        return None
+    name = record.get("name")
+    label = name.strip() if isinstance(name, str) and name.strip() else role
+    if len(text) > MAX_MESSAGE_CHARS:
+        text = text[:MAX_MESSAGE_CHARS] + " …"
+    return f"{label}: {text}", timestamp

@@ -1,0 +1,191 @@
+"""Turn memory files and history.jsonl into index units: small, located, dated pieces of text.
+
+A unit is what one search hit shows, so units are kept small: a `##` section of a markdown file (long
+sections are cut into chunks on line boundaries), or a few lines of one history entry. Every
+unit carries a key that changes whenever its text or its place changes, so a refresh can keep the units
+whose key it already holds and index only the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from datetime import date, datetime
+from pathlib import Path
+from typing import Iterator
+
+from nanobotd.history import parse_entry
+from nanobotd.index.query import date_words
+from nanobotd.sessionfile import iter_raw_lines
+
+MAX_UNIT_CHARS = 1500
+# History entries are lists of one-line facts; pieces of 2-4 facts found the most per word shown on
+# LoCoMo with fact-line history (R@10 91.1 at 697 words; 1,000-char pieces: 91.6 at 987).
+HISTORY_UNIT_CHARS = 300
+SECTION_HEADING = re.compile(r"^##(?!#)\s*\S")
+FENCE = re.compile(r"^\s*(```|~~~)")
+NOTE_NAME = re.compile(r"^(\d{4})-(\d{2})-(\d{2})\.md$")
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One piece of indexed text and where it lives.
+
+    start/end: 1-based inclusive line range for files and history.jsonl; 0-based inclusive message
+    positions for session windows. parts: for session windows, [position, char offset, timestamp] of
+    every message in *text*, so overlapping windows can be trimmed at search time.
+    """
+
+    key: str
+    source: str
+    start: int
+    end: int
+    text: str
+    when: str = ""
+    dates: str = ""
+    session_key: str | None = None
+    parts: tuple = ()
+
+    def parts_json(self) -> str | None:
+        """The parts as stored in the database (None for units without parts)."""
+        return json.dumps(self.parts) if self.parts else None
+
+
+def text_digest(text: str) -> str:
+    """A short digest naming a piece of text."""
+    return hashlib.blake2b(text.encode("utf-8", errors="replace"), digest_size=12).hexdigest()
+
+
+def iso_seconds(moment: datetime) -> str:
+    """ISO text to the second: what a hit's `when` shows."""
+    return moment.replace(microsecond=0).isoformat()
+
+
+def parse_timestamp(text: str) -> datetime | None:
+    """A nanobot timestamp (ISO, or history's "%Y-%m-%d %H:%M"), or None."""
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment.replace(tzinfo=None) if moment.tzinfo else moment
+
+
+def note_date(path: Path) -> date | None:
+    """The day a daily note (memory/YYYY-MM-DD.md) is about, from its name."""
+    match = NOTE_NAME.match(path.name)
+    if not match:
+        return None
+    try:
+        return date(int(match.group(1)), int(match.group(2)), int(match.group(3)))
+    except ValueError:
+        return None
+
+
+def markdown_units(text: str, source: str, when: str = "", dates: str = "") -> list[Unit]:
+    """The `##` sections of a markdown file (and any preamble with content), each cut to size."""
+    lines = text.splitlines()
+    units: list[Unit] = []
+    used: set[str] = set()
+    for start, end in _section_ranges(lines):
+        section = lines[start - 1:end]
+        if not any(line.strip() and not line.lstrip().startswith("#") for line in section):
+            continue
+        heading = section[0] if SECTION_HEADING.match(section[0]) else ""
+        for chunk_start, chunk_end, chunk in _chunks(section, start, heading):
+            key = f"{chunk_start}-{chunk_end}-{text_digest(chunk)}"
+            if key in used:
+                key = f"{key}-{len(used)}"
+            used.add(key)
+            units.append(Unit(key, source, chunk_start, chunk_end, chunk, when, dates))
+    return units
+
+
+def history_units(path: Path, known: set[str]) -> Iterator[tuple[str, Unit | None]]:
+    """(key, unit) for every entry of history.jsonl; the unit is None when *known* holds its key already.
+
+    Entries are keyed by line number and line digest, so an appended entry costs one parse and an
+    untouched file costs only hashing.
+    """
+    for line in iter_raw_lines(path):
+        if line.data is None:
+            continue
+        first_key = f"{line.number}-{line.line_digest}-0"
+        if first_key in known:
+            yield from _known_history_keys(line.number, line.line_digest, known)
+            continue
+        entry = parse_entry(line.data.decode("utf-8", errors="replace"), line.number)
+        if entry is None or not entry.content.strip():
+            continue
+        moment = parse_timestamp(entry.timestamp)
+        when = iso_seconds(moment) if moment else entry.timestamp
+        pieces = _chunks(entry.content.splitlines(), line.number, "", HISTORY_UNIT_CHARS)
+        for index, (_, _, chunk) in enumerate(pieces):
+            key = f"{line.number}-{line.line_digest}-{index}"
+            yield key, Unit(key, "history", line.number, line.number, chunk, when, date_words(moment),
+                            entry.session_key)
+
+
+def _known_history_keys(number: int, digest: str, known: set[str]) -> Iterator[tuple[str, None]]:
+    index = 0
+    while f"{number}-{digest}-{index}" in known:
+        yield f"{number}-{digest}-{index}", None
+        index += 1
+
+
+def _section_ranges(lines: list[str]) -> list[tuple[int, int]]:
+    """1-based inclusive line ranges: the preamble, then one per `##` heading (fenced code ignored)."""
+    starts = [1]
+    fenced = False
+    for number, line in enumerate(lines, start=1):
+        if FENCE.match(line):
+            fenced = not fenced
+        elif not fenced and SECTION_HEADING.match(line) and number > 1:
+            starts.append(number)
+    ends = [start - 1 for start in starts[1:]] + [len(lines)]
+    ranges = []
+    for start, end in zip(starts, ends):
+        # Blank lines at the edges belong to no section: appending a section must not move the previous one.
+        while start <= end and not lines[start - 1].strip():
+            start += 1
+        while end >= start and not lines[end - 1].strip():
+            end -= 1
+        if end >= start:
+            ranges.append((start, end))
+    return ranges
+
+
+def _chunks(lines: list[str], first_line: int, heading: str,
+            max_chars: int = MAX_UNIT_CHARS) -> list[tuple[int, int, str]]:
+    """Cut *lines* into pieces of at most MAX_UNIT_CHARS; later pieces repeat the section heading.
+
+    A single line longer than the cap (a 10 MB line without newlines) is cut into several pieces that
+    all point at that line.
+    """
+    pieces: list[tuple[int, int, str]] = []
+    buffer: list[str] = []
+    body_count = size = 0
+    buffer_start = buffer_end = first_line
+    for number, line in enumerate(lines, start=first_line):
+        for fragment in _split_long(line):
+            if body_count and size + len(fragment) + 1 > max_chars:
+                pieces.append((buffer_start, buffer_end, "\n".join(buffer)))
+                buffer, size, body_count = ([heading] if heading else []), len(heading) + 1, 0
+                buffer_start = number
+            buffer.append(fragment)
+            size += len(fragment) + 1
+            body_count += 1
+            buffer_end = number
+    if body_count:
+        pieces.append((buffer_start, buffer_end, "\n".join(buffer)))
+    return [piece for piece in pieces if piece[2].strip()]
+
+
+def _split_long(line: str) -> list[str]:
+    if len(line) <= MAX_UNIT_CHARS:
+        return [line]
+    step = MAX_UNIT_CHARS - 100
+    return [line[offset:offset + step] for offset in range(0, len(line), step)]

@@ -1,0 +1,330 @@
+"""The builtin FTS5 index on real workspaces in tmp dirs: freshness, locations, hostile input, recovery."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import pytest
+
+from nanobotd.index.builtin import BuiltinIndex
+from nanobotd.index.sessionunits import STRIDE, WINDOW
+from tests.support.workspace import conversation, make_workspace, write_session
+
+HOSTILE_QUERIES = [
+    "", " ", '"', '""', "'", "(", ")", "()", "*", "-", "^", ":", "NEAR", "NEAR(a b)", "a NEAR/2 b",
+    "AND", "OR", "NOT", "a AND", "OR b", "NOT NOT", '"unterminated', "kestrel*", "-kestrel", "+kestrel",
+    "col:kestrel", "body : kestrel", "dates:2023", "{body dates}: x", "kestrel OR", "a\x00b", "\\", "%_",
+    "日本語のテキスト", "emoji 🎉🎉", "Ω≈ç√∫", "🙂" * 500, "word " * 5000, "x" * 100_000, "';DROP TABLE units;--",
+    "\u202e\u200b\ufeff", "null\x00byte", "tab\tnew\nline", "2023-02-30", "31 February 2023", "last blursday",
+]
+
+
+@pytest.fixture
+def workspace(tmp_path):
+    workspace, sessions = make_workspace(tmp_path)
+    return workspace, sessions
+
+
+@pytest.fixture
+def index(tmp_path, workspace):
+    root, sessions = workspace
+    built = BuiltinIndex(root, tmp_path / "state" / "index.db", sessions, clock=lambda: datetime(2026, 11, 22, 12, 0))
+    yield built
+    built.close()
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def test_a_fact_written_to_memory_is_found_after_refresh(index, workspace):
+    root, _ = workspace
+    index.refresh()
+    assert index.search("zanzibar") == []
+    memory = root / "memory" / "MEMORY.md"
+    write(memory, memory.read_text() + "\n## Travel\n- The offsite is in Zanzibar in March.\n")
+
+    report = index.refresh()
+
+    assert report["files_reindexed"] == 1 and report["units_added"] == 1 and report["units_removed"] == 0
+    hits = index.search("where is the offsite?")
+    assert hits[0].source == "memory" and hits[0].path == "memory/MEMORY.md"
+    assert (hits[0].line_start, hits[0].line_end) == (6, 7)
+    assert "Zanzibar" in hits[0].text and "Zanzibar" in hits[0].snippet
+    assert hits[0].when.startswith(datetime.fromtimestamp(memory.stat().st_mtime).strftime("%Y-%m-%d"))
+
+
+def test_a_deleted_section_disappears_and_the_others_stay(index, workspace):
+    root, _ = workspace
+    memory = root / "memory" / "MEMORY.md"
+    write(memory, "# Memory\n\n## Pets\n- The cat is Luna.\n\n## Servers\n- Staging is kestrel.\n")
+    index.refresh()
+    assert index.search("Luna")
+
+    write(memory, "# Memory\n\n## Servers\n- Staging is kestrel.\n")
+    report = index.refresh()
+
+    assert index.search("Luna") == []
+    assert report["units_removed"] == 2 and report["units_added"] == 1  # the kept section moved up
+    assert index.search("kestrel staging")[0].line_start == 3
+
+
+def test_a_new_session_message_is_found_and_only_new_windows_are_added(index, workspace):
+    _, sessions = workspace
+    index.refresh()
+    messages = conversation(400)
+    path = write_session(sessions, "telegram:42", messages)
+    first = index.refresh()
+    assert first["units_added"] == len(range(0, 400 - WINDOW + 1, STRIDE))
+
+    messages.append({"role": "user", "content": "The wifi password is periwinkle-77",
+                     "timestamp": "2026-11-02T10:00:00"})
+    write_session(sessions, "telegram:42", messages)
+    report = index.refresh()
+
+    assert report["files_reindexed"] == 1
+    assert 1 <= report["units_added"] <= 2 and report["units_removed"] <= 1
+    hit = index.search("wifi password")[0]
+    assert hit.source == "session" and hit.session_key == "telegram:42"
+    assert hit.message_end == 400 and hit.message_start <= 400
+    assert hit.path == path.relative_to(index.workspace).as_posix()
+    assert hit.when.startswith("2026-11-0")
+
+
+def test_an_unchanged_workspace_is_not_read_again(index):
+    index.refresh()
+    report = index.refresh()
+    assert report["files_checked"] >= 3 and report["files_reindexed"] == 0 and report["units_added"] == 0
+
+
+def test_every_hit_carries_its_location_and_when(index, workspace):
+    root, sessions = workspace
+    write(root / "memory" / "2026-11-20.md", "# 2026-11-20\n\n## Decisions\n- Chose quokka as the codename.\n")
+    write(root / "memory" / "archive" / "2026-08-01.md", "## Topics\n- Quokka sightings in Perth.\n")
+    history = [{"cursor": 1, "timestamp": "2026-11-21 08:15", "content": "- [durable] quokka codename agreed",
+                "session_key": "cli:direct"}]
+    write(root / "memory" / "history.jsonl", "".join(json.dumps(entry) + "\n" for entry in history))
+    write(root / "USER.md", "# User\n\n## Likes\n- Loves quokka plushies.\n")
+    write_session(sessions, "cli:direct", [{"role": "user", "content": "call the project quokka",
+                                            "timestamp": "2026-11-21T08:00:00"}])
+    index.refresh()
+
+    hits = {hit.source + ":" + hit.path: hit for hit in index.search("quokka", limit=20)}
+
+    note = hits["note:memory/2026-11-20.md"]
+    assert (note.line_start, note.line_end, note.when) == (3, 4, "2026-11-20")
+    assert hits["note:memory/archive/2026-08-01.md"].when == "2026-08-01"
+    entry = hits["history:memory/history.jsonl"]
+    assert (entry.line_start, entry.line_end, entry.when, entry.session_key) == (1, 1, "2026-11-21T08:15:00", "cli:direct")
+    assert hits["memory:USER.md"].line_start == 3
+    session = next(hit for hit in hits.values() if hit.source == "session")
+    assert (session.session_key, session.message_start, session.message_end) == ("cli:direct", 0, 0)
+    assert session.when == "2026-11-21T08:00:00"
+    for hit in hits.values():
+        assert hit.snippet and hit.when and hit.score > 0 and hit.backend == "builtin"
+
+
+@pytest.mark.parametrize("query", HOSTILE_QUERIES)
+def test_hostile_queries_never_raise(index, query):
+    index.refresh()
+    hits = index.search(query)
+    assert isinstance(hits, list)
+
+
+def test_fts_operators_in_a_query_are_searched_as_words(index, workspace):
+    root, _ = workspace
+    write(root / "memory" / "MEMORY.md", "# Memory\n\n## Notes\n- Use NEAR mode and NOT the fallback.\n")
+    index.refresh()
+    assert index.search('NEAR "mode" (NOT)')[0].path == "memory/MEMORY.md"
+
+
+def test_a_corrupt_index_database_is_rebuilt(tmp_path, workspace):
+    root, sessions = workspace
+    db_path = tmp_path / "state" / "index.db"
+    db_path.parent.mkdir(parents=True)
+    db_path.write_bytes(b"this is not a database" * 200)
+
+    index = BuiltinIndex(root, db_path, sessions)
+    index.refresh()
+
+    assert index.search("kestrel")[0].path == "memory/MEMORY.md"
+    index.close()
+
+
+@pytest.mark.parametrize("damage_at", [0.0, 0.5])
+def test_an_index_damaged_while_closed_is_rebuilt(tmp_path, workspace, damage_at):
+    root, sessions = workspace
+    write_session(sessions, "cli:long", conversation(300))
+    db_path = tmp_path / "state" / "index.db"
+    index = BuiltinIndex(root, db_path, sessions)
+    index.refresh()
+    index.close()
+    size = db_path.stat().st_size
+    with open(db_path, "r+b") as handle:
+        handle.seek(int(size * damage_at))
+        handle.write(b"\x00\xff" * (size // 4))
+
+    reopened = BuiltinIndex(root, db_path, sessions)
+
+    assert reopened.search("kestrel")[0].path == "memory/MEMORY.md"
+    assert reopened.search("M-250")[0].session_key == "cli:long"
+    assert reopened.stats()["units"] > 100
+    reopened.close()
+
+
+def test_non_utf8_files_are_read_with_replacement(index, workspace):
+    root, sessions = workspace
+    (root / "memory" / "MEMORY.md").write_bytes(b"# Memory\n\n## Bytes\n- caf\xe9 \xff\xfe marzipan\n")
+    path = sessions / "bGVnYWN5.jsonl"
+    path.write_bytes(b'{"_type": "metadata", "key": "cli:bytes"}\n'
+                     b'{"role": "user", "content": "nougat \xc3\x28 here", "timestamp": "2026-11-01T10:00:00"}\n'
+                     b"\x00\x01garbage line\n")
+    index.refresh()
+    assert index.search("marzipan")[0].path == "memory/MEMORY.md"
+    assert index.search("nougat")[0].source == "session"
+
+
+def test_commands_checkpoints_tools_and_dream_sessions_are_not_indexed(index, workspace):
+    _, sessions = workspace
+    stamp = "2026-11-01T10:00:00"
+    write_session(sessions, "cli:x", [
+        {"role": "user", "content": "/status aardvark", "timestamp": stamp, "_command": True},
+        {"role": "user", "content": "Continue the active task from the working-memory checkpoint above. aardvark",
+         "timestamp": stamp, "_hidden_history": True},
+        {"role": "tool", "content": "aardvark tool output", "timestamp": stamp, "tool_call_id": "1"},
+        {"role": "user", "content": "hello there", "timestamp": stamp},
+    ])
+    write_session(sessions, "dream:20261122", [{"role": "user", "content": "aardvark dream", "timestamp": stamp}])
+    index.refresh()
+    assert index.search("aardvark") == []
+    assert index.search("hello")[0].message_start == 3
+
+
+def test_overlapping_windows_never_show_a_message_twice(index, workspace):
+    _, sessions = workspace
+    messages = [{"role": "user" if n % 2 == 0 else "assistant", "content": f"pelican fact number {n}",
+                 "timestamp": f"2026-11-01T10:{n:02d}:00"} for n in range(12)]
+    write_session(sessions, "cli:birds", messages)
+    index.refresh()
+
+    hits = index.search("pelican", limit=20)
+
+    shown = [position for hit in hits for position in range(hit.message_start, hit.message_end + 1)]
+    assert sorted(shown) == list(range(12))
+    for hit in hits:
+        assert hit.text.count("pelican") == hit.message_end - hit.message_start + 1
+
+
+def test_a_checkpoint_inserted_mid_file_shifts_the_windows_after_it(index, workspace):
+    _, sessions = workspace
+    messages = conversation(20)
+    write_session(sessions, "cli:shift", messages)
+    index.refresh()
+    messages.insert(10, {"role": "user", "content": "Continue the active task.", "_hidden_history": True,
+                         "timestamp": "2026-11-01T09:05:00"})
+    messages.append({"role": "user", "content": "tapioca", "timestamp": "2026-11-01T09:30:00"})
+    write_session(sessions, "cli:shift", messages)
+    index.refresh()
+
+    assert index.search("M-19")[0].message_end >= 20
+    assert index.search("tapioca")[0].message_end == 21
+    assert index.search("M-3")[0].message_start <= 3
+
+
+def test_refresh_of_named_paths_reads_only_those(index, workspace):
+    root, _ = workspace
+    index.refresh()
+    write(root / "USER.md", "# User\n\n## Preferences\n- Likes rooibos.\n")
+    write(root / "SOUL.md", "# Soul\n\n## Style\n- Speak like a pirate.\n")
+
+    report = index.refresh([root / "USER.md"])
+
+    assert report["files_checked"] == 1 and report["files_reindexed"] == 1
+    assert index.search("rooibos") and not index.search("pirate")
+
+
+def test_a_deleted_file_disappears_whether_named_or_found_missing(index, workspace):
+    root, sessions = workspace
+    note = root / "memory" / "2026-11-01.md"
+    write(note, "## Topics\n- wombat migration\n")
+    session = write_session(sessions, "cli:gone", [{"role": "user", "content": "wombat", "timestamp": "2026-11-01T10:00:00"}])
+    index.refresh()
+    assert len(index.search("wombat")) == 2
+
+    note.unlink()
+    assert index.refresh([note])["units_removed"] == 1
+    session.unlink()
+    index.refresh()
+
+    assert index.search("wombat") == []
+
+
+def test_a_date_in_the_query_finds_that_days_units(index, workspace):
+    root, _ = workspace
+    for day in range(1, 29):
+        write(root / "memory" / f"2026-02-{day:02d}.md", f"## Topics\n- standup notes for day {day}\n")
+    index.refresh()
+    assert index.search("standup on 14 February 2026")[0].path == "memory/2026-02-14.md"
+    assert index.search("what was the standup on 2026-02-03?")[0].path == "memory/2026-02-03.md"
+
+
+def test_a_relative_date_is_resolved_with_the_clock(index, workspace):
+    root, _ = workspace
+    for day in range(15, 22):
+        write(root / "memory" / f"2026-11-{day:02d}.md", f"## Topics\n- standup notes {day}\n")
+    index.refresh()
+    assert index.search("standup yesterday")[0].path == "memory/2026-11-21.md"
+
+
+def test_a_legacy_session_file_takes_its_key_from_the_metadata(index, workspace):
+    _, sessions = workspace
+    lines = [json.dumps({"_type": "metadata", "key": "telegram:123456"}),
+             json.dumps({"role": "user", "content": "ocelot", "timestamp": "2026-11-01T10:00:00"})]
+    write(sessions / "telegram_123456.jsonl", "\n".join(lines) + "\n")
+    index.refresh()
+    assert index.search("ocelot")[0].session_key == "telegram:123456"
+
+
+def test_rebuild_and_stats(index, workspace):
+    index.refresh()
+    before = index.stats()
+    report = index.rebuild()
+    after = index.stats()
+    assert report["units_added"] == before["units"] == after["units"] > 0
+    assert after["files"] == 3 and after["db_bytes"] > 0 and after["last_refresh"] == "2026-11-22T12:00:00"
+
+
+def test_a_huge_memory_file_is_cut_into_small_units(index, workspace):
+    root, _ = workspace
+    (root / "memory" / "MEMORY.md").write_text("## Blob\n" + "lorem ipsum " * 400_000 + "capybara\n")
+    index.refresh()
+    hit = index.search("capybara")[0]
+    assert hit.line_start == hit.line_end == 2 and len(hit.text) <= 1500
+
+
+def test_on_a_large_index_common_words_give_way_to_rare_ones(tmp_path, workspace):
+    root, sessions = workspace
+    lines = "".join(f"## Item {n}\n- ordinary gadget report {n}\n\n" for n in range(40))
+    write(root / "memory" / "MEMORY.md", "# Memory\n\n" + lines + "## Odd\n- ordinary gadget with a kumquat\n")
+    index = BuiltinIndex(root, tmp_path / "small-budget.db", sessions, match_budget=10)
+    index.refresh()
+
+    assert "kumquat" in index.search("ordinary gadget kumquat")[0].text
+    everywhere = index.search("ordinary gadget", limit=5)
+    assert len(everywhere) == 5 and all("gadget" in hit.text for hit in everywhere)
+    index.close()
+
+
+def test_other_window_sizes_rebuild_the_session_windows(tmp_path, workspace):
+    root, sessions = workspace
+    write_session(sessions, "cli:w", conversation(10))
+    first = BuiltinIndex(root, tmp_path / "w.db", sessions)
+    first.refresh()
+    first.close()
+    second = BuiltinIndex(root, tmp_path / "w.db", sessions, window=2, stride=1)
+    report = second.refresh()
+    hit = second.search("M-5")[0]
+    assert report["units_added"] == 3 + 9 and hit.message_end - hit.message_start <= 1
+    second.close()

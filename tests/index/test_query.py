@@ -1,0 +1,76 @@
+"""Query parsing: any text becomes a valid FTS5 expression; dates named in it become date phrases."""
+
+from __future__ import annotations
+
+from datetime import date, datetime
+
+import pytest
+
+from nanobotd.index.ftsdb import connect
+from nanobotd.index.query import date_words, named_dates, parse_query
+from tests.index.test_builtin import HOSTILE_QUERIES
+
+
+@pytest.fixture
+def connection(tmp_path):
+    db = connect(tmp_path / "q.db")
+    db.execute("INSERT INTO units_fts (rowid, body, dates) VALUES (1, 'near the kestrel', 'Friday 13 October 2023')")
+    yield db
+    db.close()
+
+
+@pytest.mark.parametrize("text", HOSTILE_QUERIES + ["yesterday", "last friday", "3 days ago", "13 October 2023"])
+def test_every_query_is_valid_fts5_syntax(connection, text):
+    expression = parse_query(text, now=datetime(2023, 10, 14)).expression
+    if expression:
+        connection.execute("SELECT rowid FROM units_fts WHERE units_fts MATCH ?", (expression,)).fetchall()
+
+
+def test_stopwords_are_dropped_and_words_are_or_ed():
+    parsed = parse_query("What did Caroline research about adoption?")
+    assert parsed.terms == ["caroline", "research", "adoption"]
+    assert parsed.expression == '"caroline" OR "research" OR "adoption"'
+
+
+def test_a_query_of_stopwords_only_still_searches_its_words():
+    assert parse_query("who are you").terms == ["who", "are", "you"]
+
+
+def test_operators_and_quotes_are_plain_words(connection):
+    parsed = parse_query('NEAR("the kestrel" -x*) AND OR')
+    assert parsed.terms == ["near", "kestrel", "x"]
+    assert connection.execute("SELECT count(*) FROM units_fts WHERE units_fts MATCH ?",
+                              (parsed.expression,)).fetchone()[0] == 1
+
+
+@pytest.mark.parametrize("text", ["13 October 2023", "October 13, 2023", "Oct 13th 2023", "2023-10-13",
+                                  "on the 13th of October, 2023"])
+def test_absolute_dates_are_recognised(text):
+    assert named_dates(text) == [date(2023, 10, 13)]
+    assert parse_query(text).date_phrases[0] == "13 october 2023"
+
+
+def test_relative_dates_need_the_clock():
+    now = datetime(2023, 10, 14, 9, 0)  # a Saturday
+    assert named_dates("what did I say yesterday") == []
+    assert named_dates("what did I say yesterday", now) == [date(2023, 10, 13)]
+    assert named_dates("last friday", now) == [date(2023, 10, 13)]
+    assert named_dates("2 days ago", now) == [date(2023, 10, 12)]
+    assert len(named_dates("last week", now)) == 7
+
+
+def test_impossible_dates_are_ignored():
+    assert named_dates("31 February 2023 and 2023-13-01") == []
+
+
+def test_may_is_a_month_only_when_used_as_one():
+    assert "may" not in parse_query("may I ask about the kestrel").terms
+    assert "may" in parse_query("where did we go in May").terms
+    assert parse_query("the trip in May 2023").date_phrases == ["may 2023"]
+
+
+def test_date_words_name_weekday_day_month_and_year(connection):
+    assert date_words(date(2023, 10, 13)) == "Friday 13 October 2023"
+    hits = connection.execute("SELECT rowid FROM units_fts WHERE units_fts MATCH ?",
+                              (parse_query("on 13 October 2023").expression,)).fetchall()
+    assert hits == [(1,)]
