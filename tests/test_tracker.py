@@ -156,3 +156,36 @@ def test_archive_marks_are_rebuilt_from_history_spans_after_the_db_is_lost(tmp_p
     spans = [entry.span for entry in history.read_history(workspace / "memory").entries]
     assert tracker.apply_history_spans("cli:a", spans) == 8
     assert [message.text.split()[0] for _, message, _ in tracker.pending("cli:a")] == ["M-8", "M-9"]
+
+
+def test_a_100_mb_line_and_a_binary_file_cost_bounded_memory(tmp_path):
+    import subprocess
+    import sys
+
+    _, sessions = make_workspace(tmp_path)
+    path = write_session(sessions, "cli:huge", conversation(2))
+    with open(path, "ab") as handle:
+        handle.write(b'{"role": "user", "content": "')
+        block = b"y" * (1024 * 1024)
+        for _ in range(100):
+            handle.write(block)
+        handle.write(b'"}\n')
+    binary = sessions / "YmluOmJpbg.jsonl"
+    binary.write_bytes(bytes(range(256)) * 40000)
+    script = f"""
+import resource
+from pathlib import Path
+from nanobotd.store import StateStore
+from nanobotd.tracker import SessionTracker
+tracker = SessionTracker("ws", StateStore(Path({str(tmp_path / 'st')!r})).open())
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+a = tracker.scan(Path({str(path)!r}))
+b = tracker.scan(Path({str(binary)!r}))
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(a.corrupt_lines, b.corrupt_lines, (after - before) // 1024)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    corrupt_huge, corrupt_binary, grown_mb = map(int, out.stdout.split())
+    assert corrupt_huge == 1 and corrupt_binary >= 1
+    assert grown_mb < 40, f"scanning grew the process by {grown_mb} MB"
