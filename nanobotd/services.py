@@ -84,12 +84,15 @@ class Services:
             if watcher is not None:
                 for folder in runtime.sessions_dirs:
                     watcher.watch(folder)
+            if startup:
+                unchanged = [result.key for result in results if not result.changed]
+                counts = await loop.run_in_executor(
+                    self.daemon.executor, lambda: {key: runtime.tracker.vanished_count(key) for key in unchanged})
             for result in results:
-                if result.changed or startup:
-                    vanished = result.vanished
-                    if startup and not result.changed:
-                        vanished = len(runtime.tracker.pending(result.key, vanished_only=True))
-                    self.trigger(runtime, result.key, vanished=vanished)
+                if result.changed:
+                    self.trigger(runtime, result.key, vanished=result.vanished)
+                elif startup:
+                    self.trigger(runtime, result.key, vanished=counts.get(result.key, 0))
             if startup and self.daemon.store.rebuilt:
                 await loop.run_in_executor(self.daemon.executor, self._rebuild_archive_marks, runtime)
             if startup:

@@ -38,6 +38,8 @@ class RawLine:
     data: bytes | None
     line_digest: str
     oversized: int = 0
+    end: int = 0
+    terminated: bool = True
 
 
 @dataclass(frozen=True)
@@ -82,12 +84,17 @@ def is_session_file(path: Path) -> bool:
     return name.endswith(SESSION_SUFFIX) and not name.startswith(".") and not name.endswith(".tmp")
 
 
-def iter_raw_lines(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[RawLine]:
-    """Yield the file's non-blank lines; a line over *max_line_bytes* is yielded with data=None."""
+def iter_raw_lines(path: Path, max_line_bytes: int = MAX_LINE_BYTES, offset: int = 0) -> Iterator[RawLine]:
+    """Yield the file's non-blank lines from byte *offset*; a line over *max_line_bytes* has data=None.
+
+    Each line knows the byte offset just after it (`end`) and whether a newline ended it.
+    """
     number = 0
     pending = bytearray()
     skipping = 0
+    position = offset
     with open(path, "rb") as handle:
+        handle.seek(offset)
         while True:
             chunk = handle.read(READ_CHUNK)
             if not chunk:
@@ -106,25 +113,27 @@ def iter_raw_lines(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator
                 if newline < 0:
                     break
                 number += 1
-                line = _finish_line(number, pending, skipping)
+                line = _finish_line(number, pending, skipping, position + newline + 1, True)
                 if line is not None:
                     yield line
                 pending.clear()
                 skipping = 0
                 start = newline + 1
+            position += len(chunk)
     if pending or skipping:
-        line = _finish_line(number + 1, pending, skipping)
+        line = _finish_line(number + 1, pending, skipping, position, False)
         if line is not None:
             yield line
 
 
-def _finish_line(number: int, pending: bytearray, skipping: int) -> RawLine | None:
+def _finish_line(number: int, pending: bytearray, skipping: int, end: int, terminated: bool) -> RawLine | None:
     if skipping:
-        return RawLine(number, None, f"oversized:{number}:{skipping}", oversized=skipping)
+        return RawLine(number, None, f"oversized:{number}:{skipping}", oversized=skipping, end=end,
+                       terminated=terminated)
     data = bytes(pending).strip()
     if not data:
         return None
-    return RawLine(number, data, hashlib.blake2b(data, digest_size=16).hexdigest())
+    return RawLine(number, data, hashlib.blake2b(data, digest_size=16).hexdigest(), end=end, terminated=terminated)
 
 
 def decode_record(line: RawLine) -> dict | None:

@@ -107,6 +107,10 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (job, workspace)
     );
     """,
+    # 2: find spooled messages that vanished from their file without loading message caches
+    """
+    CREATE INDEX messages_by_digest ON messages (session_id, digest);
+    """,
 ]
 
 

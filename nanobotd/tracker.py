@@ -8,7 +8,6 @@ drops it (`/new`, fork, truncation) cannot lose it: vanished spool rows are hand
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
@@ -19,30 +18,11 @@ from pathlib import Path
 from loguru import logger
 
 from nanobotd import sessionfile
+from nanobotd.sessionscan import MessageInfo, Tail, parse_session
 from nanobotd.store import StateStore
-from nanobotd.tokens import count_tokens
 from nanobotd.transcript import PendingMessage, record_json
 
-FLAG_COMMAND = 1
-FLAG_HIDDEN = 2
 SKIPPED_PREFIXES = ("dream:",)
-
-
-@dataclass(frozen=True)
-class MessageInfo:
-    """What the tracker remembers of one message line (never its content)."""
-
-    line_digest: str
-    digest: str
-    role: str
-    timestamp: str
-    tokens: int
-    flags: int
-
-    @property
-    def counts(self) -> bool:
-        """Conversation proper (not a slash command, not nanobot's checkpoint summary)."""
-        return not self.flags
 
 
 @dataclass
@@ -65,6 +45,9 @@ class SessionState:
     state: str = "active"
     messages: list[MessageInfo] | None = None
     present: set[str] = field(default_factory=set)
+    tail: Tail | None = None
+    spool: dict[str, int] | None = None
+    archived: set[str] | None = None
 
     @property
     def skipped(self) -> bool:
@@ -166,10 +149,13 @@ class SessionTracker:
             parsed = self._parse(path, known)
             if parsed is None:
                 return None
-            key, header, messages, corrupt, parsed_records = parsed
-            session = self._session_for(key, path)
-            vanished = self._apply(session, header, messages, parsed_records, fingerprint, stat.st_mtime)
-            session.corrupt_lines = corrupt
+            session = self._session_for(parsed.key, path)
+            vanished = self._apply(session, parsed.header, parsed.messages, parsed.new_records, fingerprint,
+                                   stat.st_mtime)
+            session.corrupt_lines = corrupt = parsed.corrupt
+            session.tail = parsed.tail
+            parsed_records = parsed.new_records
+            key = parsed.key
             self._save_session(session)
             if corrupt:
                 logger.warning("session {}: skipped {} corrupt line(s)", key, corrupt)
@@ -180,55 +166,17 @@ class SessionTracker:
         return self.sessions.get(key) if key is not None else None
 
     def _parse(self, path: Path, known: SessionState | None):
-        """Read the file; reuse cached parses for known line digests; decode only new lines."""
-        cache = {info.line_digest: info for info in self._cached_messages(known)} if known else {}
-        header = sessionfile.SessionHeader()
-        messages: list[MessageInfo] = []
-        new_records: dict[str, dict] = {}
-        occurrences: dict[str, int] = {}
-        corrupt = 0
+        """Read the file; only new messages are decoded and counted (see sessionscan)."""
         try:
-            for line in sessionfile.iter_raw_lines(path):
-                info = cache.get(line.line_digest)
-                if info is not None:
-                    occurrences[info.digest] = occurrences.get(info.digest, 0) + 1
-                    messages.append(info)
-                    continue
-                record = sessionfile.decode_record(line)
-                if record is None:
-                    corrupt += 1
-                    continue
-                if record.get("_type") == "metadata":
-                    sessionfile.read_header(record, header)
-                    continue
-                if "_type" in record:
-                    continue
-                info = self._message_info(line.line_digest, record, occurrences)
-                if info is None:
-                    corrupt += 1
-                    continue
-                messages.append(info)
-                if info.counts:
-                    new_records[info.digest] = record
+            if known is None:
+                result = parse_session(path, self.encoding)
+            else:
+                result = parse_session(path, self.encoding, cached=self._cached_messages(known),
+                                       tail=known.tail, corrupt_before=known.corrupt_lines)
         except OSError as exc:
             logger.warning("cannot read session file {}: {}", path, exc)
             return None
-        key = header.key or sessionfile.key_from_filename(path) or path.stem
-        return key, header, messages, corrupt, new_records
-
-    def _message_info(self, line_digest: str, record: dict, occurrences: dict[str, int]) -> MessageInfo | None:
-        fields = sessionfile.message_fields(record)
-        if fields is None:
-            return None
-        role, text, timestamp = fields
-        digest = sessionfile.message_digest(role, text, timestamp)
-        seen = occurrences.get(digest, 0)
-        occurrences[digest] = seen + 1
-        if seen:
-            digest = hashlib.blake2b(f"{digest}#{seen}".encode(), digest_size=16).hexdigest()
-        flags = (FLAG_COMMAND if record.get("_command") else 0) | (FLAG_HIDDEN if record.get("_hidden_history") else 0)
-        tokens = 0 if flags else count_tokens(sessionfile.message_text_for_tokens(record, text), self.encoding)
-        return MessageInfo(line_digest, digest, role, timestamp, tokens, flags)
+        return result
 
     def _apply(self, session: SessionState, header: sessionfile.SessionHeader, messages: list[MessageInfo],
                new_records: dict[str, dict], fingerprint, mtime: float) -> int:
@@ -236,11 +184,11 @@ class SessionTracker:
         agent_archived = min(header.last_archived, len(messages))
         if header.last_archived > len(messages):
             agent_archived = 0
-        archived = self._archived_digests(session)
+        archived = self._archived_set(session)
         below = {info.digest for info in messages[:agent_archived]}
         current = {info.digest for info in messages}
         unarchived = [info for info in messages[agent_archived:] if info.counts and info.digest not in archived]
-        spooled = self._spooled_digests(session)
+        spooled = self._spool_map(session)
         now = self.clock()
         to_spool = []
         for seq_offset, info in enumerate(unarchived):
@@ -265,6 +213,10 @@ class SessionTracker:
             db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
                            [(session.session_id, digest) for digest in agent_done])
             self._store_messages(db, session.session_id, old, messages)
+        for item in to_spool:
+            spooled[item[1]] = item[4]
+        for digest in agent_done:
+            spooled.pop(digest, None)
         session.messages = messages
         session.present = current
         session.state = "active"
@@ -290,24 +242,39 @@ class SessionTracker:
             [(session_id, seq, info.line_digest, info.digest, info.role, info.timestamp, info.tokens, info.flags)
              for seq, info in enumerate(new[prefix:], start=prefix)])
 
-    def _archived_digests(self, session: SessionState) -> set[str]:
-        rows = self.store.query("SELECT digest FROM archived WHERE session_id=?", (session.session_id,))
-        return {row[0] for row in rows}
+    def _archived_set(self, session: SessionState) -> set[str]:
+        """Digests nanobotd archived (loaded once, then kept in step with the database)."""
+        if session.archived is None:
+            rows = self.store.query("SELECT digest FROM archived WHERE session_id=?", (session.session_id,))
+            session.archived = {row[0] for row in rows}
+        return session.archived
 
-    def _spooled_digests(self, session: SessionState) -> set[str]:
-        rows = self.store.query("SELECT digest FROM spool WHERE session_id=?", (session.session_id,))
-        return {row[0] for row in rows}
+    def _spool_map(self, session: SessionState) -> dict[str, int]:
+        """Spooled digests and their tokens (loaded once, then kept in step with the database)."""
+        if session.spool is None:
+            rows = self.store.query("SELECT digest, tokens FROM spool WHERE session_id=?", (session.session_id,))
+            session.spool = dict(rows)
+        return session.spool
 
     def _recount(self, session: SessionState) -> None:
         """Unarchived = spooled messages still present in the file (vanished ones wait for the rescue)."""
-        rows = self.store.query("SELECT digest, tokens FROM spool WHERE session_id=?", (session.session_id,))
+        spool = self._spool_map(session)
         if session.messages is None and session.fingerprint is not None:
-            present = None
+            live = list(spool.values())
         else:
-            present = session.present
-        live = [tokens for digest, tokens in rows if present is None or digest in present]
+            live = [tokens for digest, tokens in spool.items() if digest in session.present]
         session.unarchived_messages = len(live)
         session.unarchived_tokens = sum(live)
+
+    def vanished_count(self, key: str) -> int:
+        """Spooled messages no longer in the session file (in SQL: no message cache is loaded)."""
+        session = self.sessions.get(key)
+        if session is None:
+            return 0
+        return self.store.query(
+            "SELECT count(*) FROM spool s WHERE s.session_id=? AND NOT EXISTS"
+            " (SELECT 1 FROM messages m WHERE m.session_id=s.session_id AND m.digest=s.digest)",
+            (session.session_id,))[0][0]
 
     def _save_session(self, session: SessionState) -> None:
         inode, size, mtime_ns = session.fingerprint or (None, None, None)
@@ -336,8 +303,8 @@ class SessionTracker:
             self._save_session(session)
             with self.store.transaction() as db:
                 db.execute("DELETE FROM messages WHERE session_id=?", (session.session_id,))
-            vanished = len(self._spooled_digests(session))
-            return ScanResult(session.key, True, 0, vanished, 0)
+            session.tail = None
+            return ScanResult(session.key, True, 0, len(self._spool_map(session)), 0)
 
     # -- the spool, for jobs -----------------------------------------------------------------------
     def pending(self, key: str, *, vanished_only: bool = False) -> list[tuple[int, PendingMessage, bool]]:
@@ -373,7 +340,7 @@ class SessionTracker:
             db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
                            [(session.session_id, digest) for digest in digests])
         with self._lock:
-            self._recount(session)
+            self._forget_spooled(session, digests)
             self._save_session(session)
 
     def apply_history_spans(self, key: str, spans: list[dict]) -> int:
@@ -398,9 +365,17 @@ class SessionTracker:
                 db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
                                [(session.session_id, digest) for digest in marked])
             with self._lock:
-                self._recount(session)
+                self._forget_spooled(session, list(marked))
                 self._save_session(session)
         return len(marked)
+
+    def _forget_spooled(self, session: SessionState, digests: list[str]) -> None:
+        """Archived messages: marked in memory, out of the in-memory spool, counters updated."""
+        archived, spool = self._archived_set(session), self._spool_map(session)
+        for digest in digests:
+            archived.add(digest)
+            spool.pop(digest, None)
+        self._recount(session)
 
     def unarchive(self, key: str, run_id: str, records: list[tuple[str, dict, int]]) -> int:
         """Undo an archive run: forget its archive marks and put its messages back in the spool."""
@@ -419,6 +394,10 @@ class SessionTracker:
                     (session.session_id, digest, next_seq + offset, str(record.get("role", "?")),
                      str(record.get("timestamp", "")), tokens, record_json(record), now))
         with self._lock:
+            archived, spool = self._archived_set(session), self._spool_map(session)
+            for digest, _, tokens in records:
+                archived.discard(digest)
+                spool.setdefault(digest, tokens)
             self._recount(session)
             self._save_session(session)
         return len(records)

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Callable
 
 from loguru import logger
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.events import (FileClosedEvent, FileCreatedEvent, FileDeletedEvent, FileModifiedEvent,
+                             FileMovedEvent, FileSystemEvent, FileSystemEventHandler)
 from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
@@ -24,6 +25,7 @@ from nanobotd.sessionfile import is_session_file
 
 MAX_DEBOUNCE_FACTOR = 5
 INOTIFY_LIMIT_ERRORS = (errno.ENOSPC, errno.EMFILE, errno.ENFILE)
+CHANGE_EVENTS = [FileCreatedEvent, FileModifiedEvent, FileClosedEvent, FileMovedEvent, FileDeletedEvent]
 
 
 class _Handler(FileSystemEventHandler):
@@ -89,7 +91,9 @@ class SessionWatcher:
             logger.info("session folder {} was recreated; re-arming its watch", folder)
             self.unwatch(folder)
         try:
-            handle = self.observer.schedule(self._handler, str(folder), recursive=False)
+            # Reads (opened / closed_no_write) are not changes: nanobot, the index and our own scans read
+            # session files, and counting those would keep postponing the debounce.
+            handle = self.observer.schedule(self._handler, str(folder), recursive=False, event_filter=CHANGE_EVENTS)
         except OSError as exc:
             if exc.errno in INOTIFY_LIMIT_ERRORS and self.mode == "inotify":
                 logger.warning("inotify limit reached ({}); switching to the polling observer", exc)

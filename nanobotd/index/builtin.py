@@ -63,6 +63,7 @@ class BuiltinIndex:
         self.window, self.stride = window, stride
         self._clock = clock
         self._lock = threading.RLock()
+        self._last_stats: dict = {}
         # Set when a damaged database was replaced by an empty one: the next call fills it again.
         self._refill = False
         self._selector = ClauseSelector(match_budget)
@@ -109,17 +110,22 @@ class BuiltinIndex:
         return build_hits(rows, parsed.terms, limit, self._display_path)
 
     def stats(self) -> dict:
-        """Size and freshness of the index."""
-        with self._lock:
+        """Size and freshness of the index; never waits for a running refresh (status must stay instant)."""
+        if not self._lock.acquire(blocking=False):
+            return dict(self._last_stats, refreshing=True)
+        try:
             units, files = self._with_recovery(self._counts, self._counts)
             last = ftsdb.get_meta(self._conn(), "last_refresh")
+        finally:
+            self._lock.release()
         size = 0
         for suffix in ("", "-wal"):
             try:
                 size += os.stat(str(self.db_path) + suffix).st_size
             except FileNotFoundError:
                 pass
-        return {"units": units, "files": files, "last_refresh": last, "db_bytes": size}
+        self._last_stats = {"units": units, "files": files, "last_refresh": last, "db_bytes": size}
+        return dict(self._last_stats)
 
     def close(self) -> None:
         """Close the database connection (the index can be opened again later)."""

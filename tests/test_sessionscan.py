@@ -1,0 +1,52 @@
+"""Incremental parsing: the fast path reads only what follows the known bytes, and falls back safely."""
+
+from __future__ import annotations
+
+from nanobotd.sessionscan import parse_session
+from tests.support.workspace import conversation, make_workspace, write_session
+
+
+def full_then_append(tmp_path, first, second):
+    _, sessions = make_workspace(tmp_path)
+    path = write_session(sessions, "cli:a", first)
+    before = parse_session(path, "o200k_base")
+    write_session(sessions, "cli:a", second)
+    after = parse_session(path, "o200k_base", cached=before.messages, tail=before.tail,
+                          corrupt_before=before.corrupt)
+    return before, after, parse_session(path, "o200k_base")
+
+
+def test_an_appended_message_takes_the_fast_path_and_matches_a_full_parse(tmp_path):
+    messages = conversation(50)
+    before, after, full = full_then_append(tmp_path, messages, messages + conversation(1, tag="z"))
+    assert after.fast and len(after.new_records) == 1
+    assert after.messages == full.messages and after.tail == full.tail
+
+
+def test_a_message_inserted_mid_file_falls_back_to_the_full_parse(tmp_path):
+    messages = conversation(10)
+    checkpoint = {"role": "user", "content": "summary", "timestamp": "2026-11-01T09:01:00", "_hidden_history": True}
+    before, after, full = full_then_append(tmp_path, messages, messages[:5] + [checkpoint] + messages[5:])
+    assert not after.fast
+    assert after.messages == full.messages
+
+
+def test_a_duplicate_of_an_earlier_message_falls_back_so_digests_stay_unique(tmp_path):
+    messages = conversation(6)
+    before, after, full = full_then_append(tmp_path, messages, messages + [messages[0]])
+    assert not after.fast
+    assert len({info.digest for info in after.messages}) == 7 and after.messages == full.messages
+
+
+def test_a_file_without_a_final_newline_has_no_fast_path_state(tmp_path):
+    _, sessions = make_workspace(tmp_path)
+    path = write_session(sessions, "cli:a", conversation(3))
+    path.write_bytes(path.read_bytes().rstrip(b"\n"))
+    assert parse_session(path, "o200k_base").tail is None
+
+
+def test_three_copies_of_a_line_keep_three_distinct_digests_across_rescans(tmp_path):
+    messages = conversation(4)
+    before, after, full = full_then_append(tmp_path, messages + [messages[1]], messages + [messages[1], messages[1]])
+    assert len(after.messages) == 6 and len({info.digest for info in after.messages}) == 6
+    assert after.messages == full.messages
