@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo
 
 from loguru import logger
 
-from nanobotd import __version__
+from nanobotd import __version__, tokens
 from nanobotd.api.server import ControlServer
 from nanobotd.config import Config, ConfigError, load_config
 from nanobotd.control import build_router
@@ -31,6 +31,7 @@ from nanobotd.watcher import SessionWatcher
 
 TICK_SECONDS = 1.0
 IDLE_CHECK_SECONDS = 30.0
+TOKENIZER_IDLE_SECONDS = 60.0
 
 
 class Daemon:
@@ -166,6 +167,8 @@ class Daemon:
                 if now - last_idle >= self._idle_check_seconds():
                     last_idle = now
                     self.services.trigger_idle()
+                    if tokens.release_if_idle(TOKENIZER_IDLE_SECONDS):
+                        logger.debug("released the idle tokenizer")
             except Exception as exc:  # the tick loop carries the watchdog: it must outlive any bug
                 logger.opt(exception=exc).error("tick: {}", exc)
 

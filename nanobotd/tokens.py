@@ -6,9 +6,13 @@ point TIKTOKEN_CACHE_DIR at them before the first get_encoding. litellm itself i
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import gc
 import importlib.util
 import os
+import sys
+import time
 from pathlib import Path
 
 DEFAULT_ENCODING = "o200k_base"
@@ -47,12 +51,40 @@ def get_encoding(name: str = DEFAULT_ENCODING):
     return tiktoken.get_encoding(name)
 
 
+class _Usage:
+    """When an encoding was last used (a loaded encoding costs ~70 MB; idle daemons give it back)."""
+
+    last_used = 0.0
+
+
 def count_tokens(text: str, encoding_name: str = DEFAULT_ENCODING) -> int:
     """Exact token count of *text*; text beyond MAX_COUNTED_CHARS is estimated at 4 chars a token."""
     if not text:
         return 0
+    _Usage.last_used = time.monotonic()
     encoding = get_encoding(encoding_name)
     if len(text) <= MAX_COUNTED_CHARS:
         return len(encoding.encode(text, disallowed_special=()))
     head = len(encoding.encode(text[:MAX_COUNTED_CHARS], disallowed_special=()))
     return head + (len(text) - MAX_COUNTED_CHARS) // 4
+
+
+def encodings_loaded() -> bool:
+    """An encoding is in memory."""
+    return get_encoding.cache_info().currsize > 0
+
+
+def release_if_idle(idle_seconds: float) -> bool:
+    """Drop loaded encodings unused for *idle_seconds* and return the memory to the system."""
+    if not encodings_loaded() or time.monotonic() - _Usage.last_used < idle_seconds:
+        return False
+    get_encoding.cache_clear()
+    registry = sys.modules.get("tiktoken.registry")
+    if registry is not None:
+        registry.ENCODINGS.clear()
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    return True

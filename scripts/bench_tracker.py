@@ -84,7 +84,7 @@ class Sizes:
     reconcile_messages: int
 
 
-FULL = Sizes(100, 50, 60.0, 30, (10_000, 100_000), 5, 1000, 200)
+FULL = Sizes(100, 50, 120.0, 30, (10_000, 100_000), 5, 1000, 200)
 QUICK = Sizes(20, 50, 10.0, 10, (1_000, 10_000), 3, 100, 50)
 
 
@@ -260,6 +260,8 @@ def bench_daemon(sizes: Sizes, root: Path) -> dict:
 def measure_idle(daemon: BenchDaemon, seconds: float) -> dict:
     """CPU over a window of *seconds*, then memory and the litellm check."""
     pid = daemon.proc.pid
+    # the daemon gives the tokenizer's memory back after a minute without new messages: show both ends
+    rss_at_start = memory_mb(pid)["VmRSS"]
     cpu_before, children_before = cpu_seconds(pid)
     wall_before = time.monotonic()
     time.sleep(seconds)
@@ -272,6 +274,7 @@ def measure_idle(daemon: BenchDaemon, seconds: float) -> dict:
         "window_seconds": round(wall, 1), "cpu_seconds_per_minute": round(per_minute, 4),
         "children_cpu_seconds_per_minute": round((children_after - children_before) / wall * 60, 4),
         "vm_rss_mb": round(memory["VmRSS"], 1), "vm_hwm_mb": round(memory["VmHWM"], 1),
+        "vm_rss_at_window_start_mb": round(rss_at_start, 1),
         "litellm_imported": bool(mapped), "litellm_mappings": mapped,
         "cpu_pass": per_minute < TARGET_IDLE_CPU_PER_MINUTE, "rss_pass": memory["VmRSS"] < TARGET_IDLE_RSS_MB,
     }
@@ -312,7 +315,8 @@ def print_idle(idle: dict) -> None:
     print(f"   CPU            {idle['cpu_seconds_per_minute']:.3f} CPU-s/min   target < {TARGET_IDLE_CPU_PER_MINUTE}"
           f"   {verdict(idle['cpu_pass'])}   (children {idle['children_cpu_seconds_per_minute']:.3f})")
     print(f"   VmRSS          {idle['vm_rss_mb']:.1f} MB   target < {TARGET_IDLE_RSS_MB:.0f}   "
-          f"{verdict(idle['rss_pass'])}   (VmHWM {idle['vm_hwm_mb']:.1f} MB)")
+          f"{verdict(idle['rss_pass'])}   (VmHWM {idle['vm_hwm_mb']:.1f} MB;"
+          f" {idle['vm_rss_at_window_start_mb']:.1f} MB at the window's start, tokenizer still loaded)")
     mapped = ", ".join(idle["litellm_mappings"])
     print(f"   litellm        {'IMPORTED: ' + mapped if idle['litellm_imported'] else 'not imported'}")
 
