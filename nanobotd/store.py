@@ -110,6 +110,7 @@ MIGRATIONS: list[str] = [
     # 2: find spooled messages that vanished from their file without loading message caches
     """
     CREATE INDEX messages_by_digest ON messages (session_id, digest);
+    CREATE INDEX spool_by_seq ON spool (session_id, seq);
     """,
 ]
 

@@ -151,7 +151,7 @@ class SessionTracker:
                 return None
             session = self._session_for(parsed.key, path)
             vanished = self._apply(session, parsed.header, parsed.messages, parsed.new_records, fingerprint,
-                                   stat.st_mtime)
+                                   stat.st_mtime, appended=parsed.fast and known is session)
             session.corrupt_lines = corrupt = parsed.corrupt
             session.tail = parsed.tail
             parsed_records = parsed.new_records
@@ -179,58 +179,64 @@ class SessionTracker:
         return result
 
     def _apply(self, session: SessionState, header: sessionfile.SessionHeader, messages: list[MessageInfo],
-               new_records: dict[str, dict], fingerprint, mtime: float) -> int:
-        """Update counters, the spool and the message cache; return how many spooled messages vanished."""
-        agent_archived = min(header.last_archived, len(messages))
-        if header.last_archived > len(messages):
-            agent_archived = 0
+               new_records: dict[str, dict], fingerprint, mtime: float, *, appended: bool = False) -> int:
+        """Update counters, the spool and the message cache; return how many spooled messages vanished.
+
+        *appended*: the old messages are an unchanged prefix of *messages* (the fast path), so only the
+        new ones need looking at.
+        """
+        agent_archived = header.last_archived if header.last_archived <= len(messages) else 0
+        old = session.messages or []
+        appended = (appended and session.messages is not None and bool(session.present or not old)
+                    and session.agent_archived == agent_archived)
         archived = self._archived_set(session)
-        below = {info.digest for info in messages[:agent_archived]}
-        current = {info.digest for info in messages}
-        unarchived = [info for info in messages[agent_archived:] if info.counts and info.digest not in archived]
         spooled = self._spool_map(session)
+        fresh = messages[len(old):] if appended else messages
+        if appended:
+            current = session.present | {info.digest for info in fresh}
+        else:
+            current = {info.digest for info in messages}
+        below = {info.digest for info in messages[:agent_archived]} if agent_archived and spooled else set()
         now = self.clock()
         to_spool = []
-        for seq_offset, info in enumerate(unarchived):
-            if info.digest in spooled:
-                continue
+        for index, info in enumerate(fresh, start=len(messages) - len(fresh)):
             record = new_records.get(info.digest)
-            if record is None:
+            if (record is None or info.flags or index < agent_archived or info.digest in archived
+                    or info.digest in spooled):
                 continue
-            to_spool.append((session.session_id, info.digest, info.role, info.timestamp, info.tokens,
-                             record_json(record), now))
+            to_spool.append((info.digest, info.role, info.timestamp, info.tokens, record_json(record)))
         agent_done = [digest for digest in spooled if digest in below]
-        vanished = [digest for digest in spooled if digest not in current]
-        old = session.messages or []
+        vanished = 0 if appended else sum(1 for digest in spooled if digest not in current)
         with self.store.transaction() as db:
             next_seq = (db.execute("SELECT COALESCE(MAX(seq), 0) FROM spool WHERE session_id=?",
                                    (session.session_id,)).fetchone()[0]) + 1
             db.executemany(
                 "INSERT OR IGNORE INTO spool (session_id, digest, seq, role, timestamp, tokens, record, seen_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [(sid, digest, next_seq + index, role, stamp, tokens, rec, seen)
-                 for index, (sid, digest, role, stamp, tokens, rec, seen) in enumerate(to_spool)])
+                [(session.session_id, digest, next_seq + index, role, stamp, tokens, rec, now)
+                 for index, (digest, role, stamp, tokens, rec) in enumerate(to_spool)])
             db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
                            [(session.session_id, digest) for digest in agent_done])
-            self._store_messages(db, session.session_id, old, messages)
-        for item in to_spool:
-            spooled[item[1]] = item[4]
+            self._store_messages(db, session.session_id, old, messages, known_prefix=len(old) if appended else 0)
+        for digest, _, _, tokens, _ in to_spool:
+            spooled[digest] = tokens
         for digest in agent_done:
             spooled.pop(digest, None)
+        session.total_tokens = (session.total_tokens if appended else 0) + sum(info.tokens for info in fresh)
         session.messages = messages
         session.present = current
         session.state = "active"
         session.fingerprint = fingerprint
         session.agent_archived = agent_archived
         session.message_count = len(messages)
-        session.total_tokens = sum(info.tokens for info in messages)
         session.last_write = mtime
         self._recount(session)
-        return len(vanished)
+        return vanished
 
     @staticmethod
-    def _store_messages(db, session_id: int, old: list[MessageInfo], new: list[MessageInfo]) -> None:
-        prefix = 0
+    def _store_messages(db, session_id: int, old: list[MessageInfo], new: list[MessageInfo], *,
+                        known_prefix: int = 0) -> None:
+        prefix = known_prefix
         limit = min(len(old), len(new))
         while prefix < limit and old[prefix].line_digest == new[prefix].line_digest:
             prefix += 1

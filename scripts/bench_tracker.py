@@ -413,7 +413,7 @@ def bench_reconcile(sizes: Sizes, root: Path) -> dict:
           f"   warm {figures['warm_seconds']:.3f} s (+ {figures['warm_load_seconds']:.3f} s loading the tracker)"
           f"   target warm < {TARGET_WARM_RECONCILE_SECONDS:.0f} s   "
           f"{verdict(figures['warm_seconds'] < TARGET_WARM_RECONCILE_SECONDS)}")
-    print(f"   start-up spool pass the daemon runs on its loop after that (pending(vanished_only) per session):"
+    print(f"   start-up vanished count the daemon runs after that (vanished_count per session, on its executor):"
           f" {figures['startup_pass_seconds']:.3f} s")
     figures["warm_pass"] = figures["warm_seconds"] < TARGET_WARM_RECONCILE_SECONDS
     figures.update(_daemon_starts(root, workspace, sessions, state_dir, sizes.reconcile_sessions))
@@ -434,7 +434,7 @@ def _reconcile_in_process(settings: WorkspaceSettings, state_dir: Path, *, cold:
             return {"cold_seconds": round(seconds, 3), "cold_changed": changed}
         started = time.perf_counter()
         for result in results:
-            runtime.tracker.pending(result.key, vanished_only=True)
+            runtime.tracker.vanished_count(result.key)
         startup_pass = time.perf_counter() - started
         return {"warm_seconds": round(seconds, 4), "warm_load_seconds": round(loaded, 4), "warm_changed": changed,
                 "startup_pass_seconds": round(startup_pass, 3)}
