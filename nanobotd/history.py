@@ -7,7 +7,6 @@ exclusive flock and re-read the largest cursor in the file: next = max(.cursor, 
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -230,11 +229,3 @@ def insert_entries(memory_dir: Path, entries: list[HistoryEntry]) -> int:
         fsio.atomic_write(path, b"".join(line for _, line in lines))
     return len(added)
 
-
-def file_fingerprint(path: Path) -> tuple[int, int, int] | None:
-    """(inode, size, mtime_ns) of a file, or None when missing."""
-    try:
-        stat = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return stat.st_ino, stat.st_size, stat.st_mtime_ns

@@ -7,7 +7,6 @@ no writes for idle_minutes -> consolidate everything.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from datetime import datetime
 from pathlib import Path
@@ -146,7 +145,3 @@ class WorkspaceRuntime:
 def _iso(stamp: float | None) -> str | None:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(stamp)) if stamp else None
 
-
-async def run_blocking(loop: asyncio.AbstractEventLoop, executor, fn, *args):
-    """Run blocking work (file reads, SQLite batches) on the daemon's small executor."""
-    return await loop.run_in_executor(executor, fn, *args)
