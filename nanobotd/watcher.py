@@ -21,7 +21,7 @@ from watchdog.events import (FileClosedEvent, FileCreatedEvent, FileDeletedEvent
 from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
-from nanobotd.sessionfile import is_session_file
+from nanobotd.sessions.file import is_session_file
 
 MAX_DEBOUNCE_FACTOR = 5
 INOTIFY_LIMIT_ERRORS = (errno.ENOSPC, errno.EMFILE, errno.ENFILE)

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from nanobotd.index.builtin import BuiltinIndex  # noqa: E402
 from nanobotd.index.query import parse_query, quote  # noqa: E402
 from nanobotd.index.sessionunits import STRIDE, WINDOW  # noqa: E402
-from nanobotd.sessionfile import filename_for_key  # noqa: E402
+from nanobotd.sessions.file import filename_for_key  # noqa: E402
 
 DIA_ID = re.compile(r"D(\d+):(\d+)")
 SESSION_KEY = re.compile(r"^session_(\d+)$")

@@ -35,13 +35,13 @@ from urllib.parse import quote
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nanobotd import sessionfile  # noqa: E402
-from nanobotd.ctl import Client, CannotConnect, DaemonError  # noqa: E402
-from nanobotd.runtime import WorkspaceRuntime  # noqa: E402
-from nanobotd.settings import DaemonSettings, WorkspaceSettings  # noqa: E402
-from nanobotd.store import StateStore  # noqa: E402
+from nanobotd.sessions import file as sessionfile  # noqa: E402
+from nanobotd.cli.nanobotctl import Client, CannotConnect, DaemonError  # noqa: E402
+from nanobotd.daemon.workspace import WorkspaceRuntime  # noqa: E402
+from nanobotd.config.schema import DaemonSettings, WorkspaceSettings  # noqa: E402
+from nanobotd.state.store import StateStore  # noqa: E402
 from nanobotd.tokens import DEFAULT_ENCODING, count_tokens, get_encoding  # noqa: E402
-from nanobotd.tracker import SessionTracker  # noqa: E402
+from nanobotd.sessions.tracker import SessionTracker  # noqa: E402
 from tests.support.daemonproc import DaemonProcess  # noqa: E402
 from tests.support.workspace import make_workspace, write_session  # noqa: E402
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nanobotd.config import ConfigError, load_config
+from nanobotd.config.load import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,7 +39,7 @@ def test_bad_config_exits_2_naming_the_key(tmp_path, text, key):
     if "workspaces" not in text and key != "workspaces":
         text += f"\n[[workspaces]]\npath = '{tmp_path}'\n"
     path.write_text(text)
-    proc = subprocess.run([sys.executable, "-m", "nanobotd.cli", "check-config", "--config", str(path)],
+    proc = subprocess.run([sys.executable, "-m", "nanobotd.cli.nanobotd", "check-config", "--config", str(path)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert key in proc.stderr

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from nanobotd import ctl
+from nanobotd.cli import nanobotctl as ctl
 from nanobotd.api.router import ApiError, Request, Response, Router
 from nanobotd.api.server import ControlServer
 
 NANOBOTCTL = Path(sys.executable).with_name("nanobotctl")
 HEAVY_MODULES = ("loguru", "litellm", "git", "watchdog", "sdnotify", "apscheduler", "tiktoken", "nanobotd.api")
-ALLOWED_OWN_MODULES = {"nanobotd", "nanobotd.ctl", "nanobotd.paths"}
+ALLOWED_OWN_MODULES = {"nanobotd", "nanobotd.cli", "nanobotd.cli.nanobotctl", "nanobotd.config", "nanobotd.config.paths"}
 
 STATUS = {
     "version": "0.1.0", "pid": 4321, "uptime_seconds": 3725,
@@ -427,7 +427,7 @@ def test_nanobotctl_status_as_a_subprocess(socket_path: Path, daemon: Daemon) ->
 def test_nanobotctl_status_imports_only_the_standard_library(socket_path: Path, daemon: Daemon) -> None:
     script = (
         "import sys; before = set(sys.modules)\n"
-        "from nanobotd import ctl\n"
+        "from nanobotd.cli import nanobotctl as ctl\n"
         "code = ctl.main(['status'])\n"
         "print('MODULES', ' '.join(sorted(set(sys.modules) - before)))\n"
         "sys.exit(code)\n"
@@ -443,7 +443,7 @@ def test_nanobotctl_status_imports_only_the_standard_library(socket_path: Path, 
     timed = subprocess.run([sys.executable, "-X", "importtime", str(NANOBOTCTL), "status"], capture_output=True,
                            text=True, timeout=30, env=subprocess_env(socket_path))
     imported = {line.rsplit("|", 1)[-1].strip() for line in timed.stderr.splitlines() if line.startswith("import time")}
-    assert "nanobotd.ctl" in imported
+    assert "nanobotd.cli.nanobotctl" in imported
     assert [name for name in imported if name.startswith(HEAVY_MODULES)] == []
 
 

@@ -7,7 +7,7 @@ from datetime import date
 
 import pytest
 
-from nanobotd.dailynote import (
+from nanobotd.memory.dailynote import (
     NoteError,
     check_note_file,
     drop_empty_sections,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nanobotd.gitstore import (
+from nanobotd.gitstore.store import (
     DIFF_TRUNCATED,
     GITIGNORE_LINES,
     INIT_MESSAGE,

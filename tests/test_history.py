@@ -8,14 +8,14 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from nanobotd import history
+from nanobotd.memory import history
 
 NOW = datetime(2026, 11, 22, 10, 0)
 APPENDER = """
 import sys
 from datetime import datetime
 from pathlib import Path
-from nanobotd import history
+from nanobotd.memory import history
 memory = Path(sys.argv[1])
 for index in range(int(sys.argv[2])):
     history.append_entries(memory, [(f"{sys.argv[3]} entry {index}", "cli:x")], datetime(2026, 11, 22))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from nanobotd.jobqueue import JobQueue
-from nanobotd.store import StateStore
+from nanobotd.daemon.jobqueue import JobQueue
+from nanobotd.state.store import StateStore
 
 
 def test_llm_concurrency_is_bounded_and_every_job_runs(tmp_path):

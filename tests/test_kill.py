@@ -7,7 +7,7 @@ import random
 import re
 import time
 
-from nanobotd import history
+from nanobotd.memory import history
 from tests.support.daemonproc import DaemonProcess
 from tests.support.fakellm import FakeLLM, Responder, Text
 from tests.support.workspace import make_workspace, write_session

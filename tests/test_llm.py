@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 from loguru import logger
 
-from nanobotd.llm import (
+from nanobotd.llm.client import (
     LLMBadResponse,
     LLMClient,
     LLMReply,
@@ -361,7 +361,7 @@ def test_the_api_key_never_reaches_the_logs_or_the_error(fake, sleeps):
 def test_offline_mode_fails_at_once_without_importing_litellm():
     script = (
         "import asyncio, sys\n"
-        "from nanobotd.llm import LLMClient, LLMSettings, LLMUnavailable\n"
+        "from nanobotd.llm.client import LLMClient, LLMSettings, LLMUnavailable\n"
         "LLMClient(LLMSettings(model='openai/gpt-4o-mini'), api_key='x')\n"
         "client = LLMClient(LLMSettings(model='None'))\n"
         "assert client.offline and client.mode == 'offline'\n"
@@ -416,7 +416,7 @@ def test_the_fake_server_streams_to_a_streaming_client(fake):
     fake.push(Text("streamed words"))
 
     async def stream() -> str:
-        from nanobotd.llm import import_litellm
+        from nanobotd.llm.client import import_litellm
 
         litellm = import_litellm()
         response = await litellm.acompletion(

@@ -10,8 +10,8 @@ import pytest
 
 from nanobotd.index.builtin import BuiltinIndex
 from nanobotd.index.hit import SearchBackendError, SearchHit
-from nanobotd.memctx import build_context
-from nanobotd.settings import ContextSettings
+from nanobotd.index.agent_context import build_context
+from nanobotd.config.schema import ContextSettings
 from nanobotd.tokens import count_tokens
 from tests.support.workspace import conversation, make_workspace, write_session
 
@@ -169,7 +169,7 @@ def test_a_part_that_does_not_fit_is_cut_to_the_budget(rich):
 def test_search_hits_are_rendered_from_any_backend():
     hit = SearchHit(source="history", path="memory/history.jsonl", snippet="s", score=1.0, text="the text",
                     when="2026-11-01T10:00:00", line_start=4, line_end=4)
-    from nanobotd.memctx import render_hit
+    from nanobotd.index.agent_context import render_hit
 
     assert render_hit(hit) == "### memory/history.jsonl:4-4 (2026-11-01T10:00:00)\nthe text"
 

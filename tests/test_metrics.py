@@ -6,8 +6,8 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from nanobotd.metrics import parse_since, percentile, summarize_outcomes
-from nanobotd.store import StateStore
+from nanobotd.state.metrics import parse_since, percentile, summarize_outcomes
+from nanobotd.state.store import StateStore
 
 DAY_START = datetime(2026, 6, 15, 0, 0)
 NOW = DAY_START + timedelta(hours=23)

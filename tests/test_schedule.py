@@ -7,7 +7,7 @@ import time
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
-from nanobotd.schedule import make_trigger, missed_run, previous_fire_time
+from nanobotd.daemon.scheduler import make_trigger, missed_run, previous_fire_time
 from tests.support.daemonproc import DaemonProcess
 from tests.support.fakellm import FakeLLM, Text
 from tests.support.workspace import make_workspace

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nanobotd.sessionscan import parse_session
+from nanobotd.sessions.scan import parse_session
 from tests.support.workspace import conversation, make_workspace, write_session
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from nanobotd.store import MIGRATIONS, StateStore
+from nanobotd.state.store import MIGRATIONS, StateStore
 
 
 def test_a_fresh_database_has_the_latest_schema_and_private_mode(tmp_path):

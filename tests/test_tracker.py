@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import shutil
 
-from nanobotd.sessionfile import filename_for_key
-from nanobotd.store import StateStore
-from nanobotd.tracker import SessionTracker
+from nanobotd.sessions.file import filename_for_key
+from nanobotd.state.store import StateStore
+from nanobotd.sessions.tracker import SessionTracker
 from tests.support.workspace import SAMPLES, conversation, make_workspace, write_session
 
 
@@ -132,11 +132,11 @@ def test_archive_marks_are_rebuilt_from_history_spans_after_the_db_is_lost(tmp_p
     import asyncio
     from datetime import datetime
 
-    from nanobotd import history
-    from nanobotd.jobs import consolidate
-    from nanobotd.jobs.context import JobContext
-    from nanobotd.llm import LLMClient, LLMSettings
-    from nanobotd.settings import WorkspaceSettings
+    from nanobotd.memory import history
+    from nanobotd.jobs.consolidate import archive as consolidate
+    from nanobotd.jobs.common import JobContext
+    from nanobotd.llm.client import LLMClient, LLMSettings
+    from nanobotd.config.schema import WorkspaceSettings
 
     workspace, sessions = make_workspace(tmp_path)
     store, tracker = make_tracker(tmp_path)
@@ -175,8 +175,8 @@ def test_a_100_mb_line_and_a_binary_file_cost_bounded_memory(tmp_path):
     script = f"""
 import resource
 from pathlib import Path
-from nanobotd.store import StateStore
-from nanobotd.tracker import SessionTracker
+from nanobotd.state.store import StateStore
+from nanobotd.sessions.tracker import SessionTracker
 tracker = SessionTracker("ws", StateStore(Path({str(tmp_path / 'st')!r})).open())
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 a = tracker.scan(Path({str(path)!r}))

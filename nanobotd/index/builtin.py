@@ -36,7 +36,7 @@ from nanobotd.index.units import (
     markdown_units,
     note_date,
 )
-from nanobotd.sessionfile import is_session_file
+from nanobotd.sessions.file import is_session_file
 
 MEMORY_FILES = ("SOUL.md", "USER.md", "memory/MEMORY.md")
 HISTORY_FILE = "memory/history.jsonl"

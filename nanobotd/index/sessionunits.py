@@ -21,7 +21,7 @@ from typing import Iterator
 
 from nanobotd.index.query import date_words
 from nanobotd.index.units import Unit, iso_seconds, parse_timestamp
-from nanobotd.sessionfile import (
+from nanobotd.sessions.file import (
     RawLine,
     is_metadata_line,
     iter_raw_lines,

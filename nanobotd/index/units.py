@@ -16,9 +16,9 @@ from datetime import date, datetime
 from pathlib import Path
 from typing import Iterator
 
-from nanobotd.history import parse_entry
+from nanobotd.memory.history import parse_entry
 from nanobotd.index.query import date_words
-from nanobotd.sessionfile import iter_raw_lines
+from nanobotd.sessions.file import iter_raw_lines
 
 MAX_UNIT_CHARS = 1500
 # History entries are lists of one-line facts; pieces of 2-4 facts found the most per word shown on

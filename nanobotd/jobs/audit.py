@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections import defaultdict
 from datetime import datetime
 
-from nanobotd import history
-from nanobotd.dailynote import scan_notes
-from nanobotd.jobs.lifecycle import describe_step, folder_size, run_backup_dir
-from nanobotd.settings import WorkspaceSettings
-from nanobotd.store import StateStore
+from nanobotd.memory import history
+from nanobotd.memory.dailynote import scan_notes
+from nanobotd.jobs.lifecycle.run import describe_step, folder_size, run_backup_dir
+from nanobotd.config.schema import WorkspaceSettings
+from nanobotd.state.store import StateStore
 
 RUN_LIST_LIMIT = 1_000_000
 LIFECYCLE_COMMAND = "nanobotctl lifecycle --now"

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from loguru import logger
 
-from nanobotd import fsio, history
-from nanobotd.dailynote import (
+from nanobotd import fsio
+from nanobotd.memory import history
+from nanobotd.memory.dailynote import (
     NOTE_SECTIONS,
     DailyNote,
     NoteError,
@@ -26,12 +27,12 @@ from nanobotd.dailynote import (
     note_path,
     remove_bullets,
 )
-from nanobotd.jobs.lifecycle import RestoreRefused, refuse_if_expired
-from nanobotd.llm import LLMClient, LLMError, UsageMeter
-from nanobotd.settings import WorkspaceSettings
-from nanobotd.store import RunRecord, StateStore
+from nanobotd.jobs.lifecycle.run import RestoreRefused, refuse_if_expired
+from nanobotd.llm.client import LLMClient, LLMError, UsageMeter
+from nanobotd.config.schema import WorkspaceSettings
+from nanobotd.state.store import RunRecord, StateStore
 from nanobotd.tokens import count_tokens, encoding_name_for
-from nanobotd.transcript import PendingMessage, render_message
+from nanobotd.memory.transcript import PendingMessage, render_message
 
 FLUSH_KIND = "flush"
 NO_REPLY = "NO_REPLY"

@@ -13,12 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from nanobotd import history
-from nanobotd.gitstore import GitStore
-from nanobotd.jobs import consolidate, dream, lifecycle
-from nanobotd.jobs.context import JobContext
+from nanobotd.memory import history
+from nanobotd.gitstore.store import GitStore
+from nanobotd.jobs.consolidate import archive as consolidate
+from nanobotd.jobs.dream import run as dream
+from nanobotd.jobs.lifecycle import run as lifecycle
+from nanobotd.jobs.common import JobContext
 from nanobotd.jobs.flush import restore_flush_run
-from nanobotd.store import RunRecord
+from nanobotd.state.store import RunRecord
 
 SHA = re.compile(r"^[0-9a-f]{4,40}$")
 RESTORABLE = ("consolidate", "flush", "dream", "lifecycle", "restore")

@@ -9,10 +9,10 @@ from datetime import datetime
 import pytest
 
 from nanobotd.jobs.audit import audit_workspace
-from nanobotd.jobs.lifecycle import run_lifecycle
-from nanobotd.llm import LLMClient, LLMSettings
-from nanobotd.settings import WorkspaceSettings
-from nanobotd.store import StateStore
+from nanobotd.jobs.lifecycle.run import run_lifecycle
+from nanobotd.llm.client import LLMClient, LLMSettings
+from nanobotd.config.schema import WorkspaceSettings
+from nanobotd.state.store import StateStore
 
 NOW = datetime(2026, 6, 15, 9, 0)
 

@@ -8,13 +8,13 @@ from datetime import datetime
 
 import pytest
 
-from nanobotd import history
-from nanobotd.jobs import consolidate
-from nanobotd.jobs.context import JobContext
-from nanobotd.llm import LLMClient, LLMSettings
-from nanobotd.settings import ConsolidationSettings, WorkspaceSettings
-from nanobotd.store import StateStore
-from nanobotd.tracker import SessionTracker
+from nanobotd.memory import history
+from nanobotd.jobs.consolidate import archive as consolidate
+from nanobotd.jobs.common import JobContext
+from nanobotd.llm.client import LLMClient, LLMSettings
+from nanobotd.config.schema import ConsolidationSettings, WorkspaceSettings
+from nanobotd.state.store import StateStore
+from nanobotd.sessions.tracker import SessionTracker
 from tests.support.fakellm import Empty, FakeLLM, Garbage, Hang, HttpError, Text, ToolCalls
 from tests.support.workspace import conversation, history_entries, make_workspace, write_session
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from nanobotd.gitstore import GitStore
-from nanobotd.history import read_dream_cursor, read_history
-from nanobotd.jobs.dream import (
+from nanobotd.gitstore.store import GitStore
+from nanobotd.memory.history import read_dream_cursor, read_history
+from nanobotd.jobs.dream.run import (
     DreamResult,
     RestoreRefused,
     dream_log,
@@ -24,9 +24,9 @@ from nanobotd.jobs.dream import (
     restore_dream_commit,
     restore_dream_run,
 )
-from nanobotd.llm import LLMClient, LLMSettings
-from nanobotd.settings import DreamSettings, LifecycleSettings, WorkspaceSettings
-from nanobotd.store import StateStore
+from nanobotd.llm.client import LLMClient, LLMSettings
+from nanobotd.config.schema import DreamSettings, LifecycleSettings, WorkspaceSettings
+from nanobotd.state.store import StateStore
 from tests.support.fakellm import FakeLLM, Garbage, HttpError, Responder, Text, ToolCalls
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -385,11 +385,11 @@ def test_a_crash_after_the_commit_is_recovered_as_finished(workspace, store, git
 KILL_SCRIPT = textwrap.dedent("""
     import asyncio, os, signal, sys
     from pathlib import Path
-    from nanobotd.gitstore import GitStore
-    from nanobotd.jobs.dream import DreamRun
-    from nanobotd.jobs.dream_tools import StagedFiles
-    from nanobotd.settings import WorkspaceSettings
-    from nanobotd.store import StateStore
+    from nanobotd.gitstore.store import GitStore
+    from nanobotd.jobs.dream.run import DreamRun
+    from nanobotd.jobs.dream.tools import StagedFiles
+    from nanobotd.config.schema import WorkspaceSettings
+    from nanobotd.state.store import StateStore
     from datetime import datetime
 
     workspace, state, run_id = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nanobotd.jobs.dream_tools import (
+from nanobotd.jobs.dream.tools import (
     ERROR_PREFIX,
     MAX_NEW_TEXT_BYTES,
     StagedFiles,

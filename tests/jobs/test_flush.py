@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from nanobotd.jobs.flush import FlushReplyError, flush_session, parse_facts, restore_flush_run
-from nanobotd.jobs.lifecycle import RestoreRefused
-from nanobotd.llm import LLMClient, LLMSettings
-from nanobotd.settings import WorkspaceSettings
-from nanobotd.store import StateStore
-from nanobotd.transcript import PendingMessage
+from nanobotd.jobs.lifecycle.run import RestoreRefused
+from nanobotd.llm.client import LLMClient, LLMSettings
+from nanobotd.config.schema import WorkspaceSettings
+from nanobotd.state.store import StateStore
+from nanobotd.memory.transcript import PendingMessage
 from tests.support.fakellm import FakeLLM, HttpError, Text
 
 NOW = datetime(2026, 3, 5, 21, 30)

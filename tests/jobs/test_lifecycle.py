@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from nanobotd import history
-from nanobotd.jobs.lifecycle import (
+from nanobotd.memory import history
+from nanobotd.jobs.lifecycle.run import (
     RestoreRefused,
     describe_step,
     restore_lifecycle_run,
     run_lifecycle,
     summary_entries,
 )
-from nanobotd.llm import LLMClient, LLMSettings
-from nanobotd.settings import LifecycleSettings, WorkspaceSettings
-from nanobotd.store import StateStore
+from nanobotd.llm.client import LLMClient, LLMSettings
+from nanobotd.config.schema import LifecycleSettings, WorkspaceSettings
+from nanobotd.state.store import StateStore
 from tests.support.fakellm import FakeLLM, HttpError, Responder, Text
 
 NOW = datetime(2026, 6, 15, 4, 45)

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-CTL = "import sys; from nanobotd.ctl import main; sys.exit(main())"
+CTL = "import sys; from nanobotd.cli.nanobotctl import main; sys.exit(main())"
 
 
 class DaemonProcess:
@@ -45,7 +45,7 @@ name = "ws"
 
     def start(self, *, wait: bool = True) -> "DaemonProcess":
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "nanobotd.cli", "run", "--config", str(self.config_path),
+        self.proc = subprocess.Popen([sys.executable, "-m", "nanobotd.cli.nanobotd", "run", "--config", str(self.config_path),
                                       *self.args],
                                      stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO)
         log.close()

@@ -7,7 +7,7 @@ import os
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from nanobotd.sessionfile import filename_for_key
+from nanobotd.sessions.file import filename_for_key
 
 SAMPLES = Path(__file__).resolve().parents[2].parent / "shared" / "nanobot-samples"
 

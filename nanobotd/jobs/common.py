@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable
 
-from nanobotd.llm import LLMClient
-from nanobotd.settings import WorkspaceSettings
-from nanobotd.store import StateStore
-from nanobotd.tracker import SessionTracker
+from nanobotd.llm.client import LLMClient
+from nanobotd.config.schema import WorkspaceSettings
+from nanobotd.state.store import StateStore
+from nanobotd.sessions.tracker import SessionTracker
 
 
 @dataclass

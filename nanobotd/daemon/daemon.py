@@ -19,14 +19,14 @@ from loguru import logger
 
 from nanobotd import __version__, tokens
 from nanobotd.api.server import ControlServer
-from nanobotd.config import Config, ConfigError, load_config
-from nanobotd.control import build_router
-from nanobotd.jobqueue import JobQueue
+from nanobotd.config.load import Config, ConfigError, load_config
+from nanobotd.daemon.control import build_router
+from nanobotd.daemon.jobqueue import JobQueue
 from nanobotd.notify import Notifier, watchdog_interval
-from nanobotd.runtime import WorkspaceRuntime
-from nanobotd.schedule import JobScheduler
-from nanobotd.services import Services
-from nanobotd.store import StateStore
+from nanobotd.daemon.workspace import WorkspaceRuntime
+from nanobotd.daemon.scheduler import JobScheduler
+from nanobotd.daemon.services import Services
+from nanobotd.state.store import StateStore
 from nanobotd.watcher import SessionWatcher
 
 TICK_SECONDS = 1.0

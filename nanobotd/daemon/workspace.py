@@ -14,14 +14,14 @@ from typing import Callable
 
 from loguru import logger
 
-from nanobotd import discovery
-from nanobotd.jobs.context import JobContext
-from nanobotd.llm import LLMClient
-from nanobotd.sessionfile import is_session_file
-from nanobotd.settings import WorkspaceSettings
-from nanobotd.store import StateStore
+from nanobotd.sessions import discovery
+from nanobotd.jobs.common import JobContext
+from nanobotd.llm.client import LLMClient
+from nanobotd.sessions.file import is_session_file
+from nanobotd.config.schema import WorkspaceSettings
+from nanobotd.state.store import StateStore
 from nanobotd.tokens import encoding_name_for
-from nanobotd.tracker import ScanResult, SessionTracker
+from nanobotd.sessions.tracker import ScanResult, SessionTracker
 
 
 class WorkspaceRuntime:

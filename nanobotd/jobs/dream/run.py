@@ -19,8 +19,8 @@ from typing import Callable
 from loguru import logger
 
 from nanobotd import fsio
-from nanobotd.gitstore import CURSOR_FILE, GitStore, GitStoreError
-from nanobotd.history import (
+from nanobotd.gitstore.store import CURSOR_FILE, GitStore, GitStoreError
+from nanobotd.memory.history import (
     DREAM_CURSOR_NAME,
     THINK_BLOCK,
     HistoryEntry,
@@ -28,8 +28,8 @@ from nanobotd.history import (
     read_history,
     rewrite_history,
 )
-from nanobotd.jobs import dream_prompts as prompts
-from nanobotd.jobs.dream_restore import (
+from nanobotd.jobs.dream import prompts
+from nanobotd.jobs.dream.restore import (
     BACKUP_DIR,
     RestoreRefused,
     digest,
@@ -40,10 +40,10 @@ from nanobotd.jobs.dream_restore import (
     roll_back,
     save_backup,
 )
-from nanobotd.jobs.dream_tools import ALLOWED_FILES, TOOL_SCHEMAS, StagedFiles, ToolRefused
-from nanobotd.llm import LLMClient, LLMError, LLMReply, UsageMeter
-from nanobotd.settings import WorkspaceSettings
-from nanobotd.store import RunRecord, StateStore
+from nanobotd.jobs.dream.tools import ALLOWED_FILES, TOOL_SCHEMAS, StagedFiles, ToolRefused
+from nanobotd.llm.client import LLMClient, LLMError, LLMReply, UsageMeter
+from nanobotd.config.schema import WorkspaceSettings
+from nanobotd.state.store import RunRecord, StateStore
 
 __all__ = [
     "DreamError", "DreamResult", "DreamRun", "RestoreRefused", "dream_log", "dream_workspace",

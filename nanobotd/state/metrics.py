@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from nanobotd.store import StateStore
+from nanobotd.state.store import StateStore
 
 OUTCOMES = ("written", "no_change", "guard_rejected", "raw_fallback", "error")
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING
 
 from nanobotd import __version__
 from nanobotd.api.router import ApiError, Request, Response, Router
-from nanobotd.control_upkeep import add_upkeep_routes
+from nanobotd.daemon.control_upkeep import add_upkeep_routes
 
 if TYPE_CHECKING:
-    from nanobotd.daemon import Daemon
+    from nanobotd.daemon.daemon import Daemon
 
 MAX_RUNS_LIMIT = 1000
 

@@ -15,15 +15,16 @@ from pathlib import Path
 
 from loguru import logger
 
-from nanobotd import fsio, history
-from nanobotd.dailynote import ARCHIVE_DIR_NAME, scan_notes
+from nanobotd import fsio
+from nanobotd.memory import history
+from nanobotd.memory.dailynote import ARCHIVE_DIR_NAME, scan_notes
 # One refusal type for every kind of restore, so the restore job catches a single exception.
-from nanobotd.jobs.dream_restore import RestoreRefused
-from nanobotd.llm import LLMClient, LLMError, UsageMeter
-from nanobotd.settings import WorkspaceSettings
-from nanobotd.store import OPEN_RUN_STATES, RUNS_DIR, RunRecord, StateStore
+from nanobotd.jobs.dream.restore import RestoreRefused
+from nanobotd.llm.client import LLMClient, LLMError, UsageMeter
+from nanobotd.config.schema import WorkspaceSettings
+from nanobotd.state.store import OPEN_RUN_STATES, RUNS_DIR, RunRecord, StateStore
 from nanobotd.tokens import count_tokens, encoding_name_for
-from nanobotd.transcript import PendingMessage, raw_entries
+from nanobotd.memory.transcript import PendingMessage, raw_entries
 
 LIFECYCLE_KIND = "lifecycle"
 EXPIRED = "expired"

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from nanobotd import memctx, metrics
+from nanobotd.index import agent_context as memctx
+from nanobotd.state import metrics
 from nanobotd.api.router import ApiError, Request, Response, Router
 from nanobotd.index.hit import SearchBackendError
 from nanobotd.jobs import audit, restore
 
 if TYPE_CHECKING:
-    from nanobotd.daemon import Daemon
+    from nanobotd.daemon.daemon import Daemon
 
 SEARCH_MODES = ("search", "vsearch", "query")
 MAX_SEARCH_LIMIT = 100

@@ -15,12 +15,13 @@ from pathlib import Path
 
 from loguru import logger
 
-from nanobotd import fsio, history
-from nanobotd.jobs.consolidate_prompt import NOTHING, archive_messages, parse_summary
-from nanobotd.jobs.context import JobContext
-from nanobotd.llm import LLMError, UsageMeter
-from nanobotd.store import RunRecord
-from nanobotd.transcript import PendingMessage, raw_entries, transcript
+from nanobotd import fsio
+from nanobotd.memory import history
+from nanobotd.jobs.consolidate.prompt import NOTHING, archive_messages, parse_summary
+from nanobotd.jobs.common import JobContext
+from nanobotd.llm.client import LLMError, UsageMeter
+from nanobotd.state.store import RunRecord
+from nanobotd.memory.transcript import PendingMessage, raw_entries, transcript
 
 SAFETY_MARGIN = 1.2
 PROMPT_OVERHEAD_TOKENS = 600

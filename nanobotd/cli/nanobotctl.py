@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, TextIO
 from urllib.parse import quote, urlencode
 
-from nanobotd import __version__, paths
+from nanobotd import __version__
+from nanobotd.config import paths
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
 POLL_SECONDS = 0.2

@@ -12,7 +12,7 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nanobotd import sessionfile
+from nanobotd.sessions import file as sessionfile
 from nanobotd.tokens import count_tokens
 
 FLAG_COMMAND = 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nanobotd.llm import LLMSettings
+from nanobotd.llm.client import LLMSettings
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from nanobotd.history import HistoryEntry
+from nanobotd.memory.history import HistoryEntry
 
 FILE_SHOWN_CHARS = 20_000
 ENTRY_SHOWN_CHARS = 8_000

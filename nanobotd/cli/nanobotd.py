@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from nanobotd import __version__
-from nanobotd.config import ConfigError, load_config
+from nanobotd.config.load import ConfigError, load_config
 
 EXIT_CONFIG = 2
 
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_daemon(config, *, polling: bool = False) -> int:
     """Configure logging and notification, then run the daemon until it is told to stop."""
     from nanobotd.api.server import ControlSocketError
-    from nanobotd.daemon import Daemon
+    from nanobotd.daemon.daemon import Daemon
     from nanobotd.logsetup import configure_logging
     from nanobotd.notify import Notifier
 

@@ -17,9 +17,9 @@ from typing import Any, Callable
 from loguru import logger
 
 from nanobotd import fsio
-from nanobotd.gitstore import CURSOR_FILE, DREAM_PREFIX, SHORT_SHA, GitConflict, GitStore, GitStoreError
-from nanobotd.history import HistoryEntry, insert_entries, iter_lines, parse_entry, read_dream_cursor, read_history
-from nanobotd.store import RunRecord, StateStore
+from nanobotd.gitstore.store import CURSOR_FILE, DREAM_PREFIX, SHORT_SHA, GitConflict, GitStore, GitStoreError
+from nanobotd.memory.history import HistoryEntry, insert_entries, iter_lines, parse_entry, read_dream_cursor, read_history
+from nanobotd.state.store import RunRecord, StateStore
 
 RUN_ID_PATTERN = re.compile(r"^r-\d{8}-\d{6}-")
 RESTORABLE_KINDS = ("dream", "restore")

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING
 
 from loguru import logger
 
-from nanobotd import history
-from nanobotd.jobs import consolidate
+from nanobotd.memory import history
+from nanobotd.jobs.consolidate import archive as consolidate
 from nanobotd.jobs.flush import flush_session
-from nanobotd.runtime import WorkspaceRuntime
-from nanobotd.upkeep import Upkeep
+from nanobotd.daemon.workspace import WorkspaceRuntime
+from nanobotd.daemon.upkeep import Upkeep
 
 if TYPE_CHECKING:
-    from nanobotd.daemon import Daemon
+    from nanobotd.daemon.daemon import Daemon
 
 
 class Services:

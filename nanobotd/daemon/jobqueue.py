@@ -13,7 +13,7 @@ from typing import Awaitable, Callable
 
 from loguru import logger
 
-from nanobotd.store import StateStore
+from nanobotd.state.store import StateStore
 
 JobBody = Callable[[str], Awaitable[object]]
 

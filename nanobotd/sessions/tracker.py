@@ -17,10 +17,10 @@ from pathlib import Path
 
 from loguru import logger
 
-from nanobotd import sessionfile
-from nanobotd.sessionscan import MessageInfo, Tail, parse_session
-from nanobotd.store import StateStore
-from nanobotd.transcript import PendingMessage, record_json
+from nanobotd.sessions import file as sessionfile
+from nanobotd.sessions.scan import MessageInfo, Tail, parse_session
+from nanobotd.state.store import StateStore
+from nanobotd.memory.transcript import PendingMessage, record_json
 
 SKIPPED_PREFIXES = ("dream:",)
 

@@ -14,14 +14,16 @@ from typing import TYPE_CHECKING
 from loguru import logger
 
 from nanobotd import fsio
-from nanobotd.gitstore import GitStore
+from nanobotd.gitstore.store import GitStore
 from nanobotd.index.builtin import BuiltinIndex
 from nanobotd.index.qmd import QmdBackend, QmdSettings
-from nanobotd.jobs import dream, lifecycle, restore
-from nanobotd.runtime import WorkspaceRuntime
+from nanobotd.jobs import restore
+from nanobotd.jobs.dream import run as dream
+from nanobotd.jobs.lifecycle import run as lifecycle
+from nanobotd.daemon.workspace import WorkspaceRuntime
 
 if TYPE_CHECKING:
-    from nanobotd.daemon import Daemon
+    from nanobotd.daemon.daemon import Daemon
 
 SKILL_PATH = Path("skills") / "memory-search" / "SKILL.md"
 SKILL_TEXT = """---

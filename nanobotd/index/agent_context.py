@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from nanobotd.fsio import read_text_lossy
-from nanobotd.history import DREAM_CURSOR_NAME, HISTORY_NAME, HistoryEntry, parse_entry, read_cursor_file
+from nanobotd.memory.history import DREAM_CURSOR_NAME, HISTORY_NAME, HistoryEntry, parse_entry, read_cursor_file
 from nanobotd.index.hit import SearchBackendError, SearchHit
-from nanobotd.sessionfile import SessionHeader, read_header
-from nanobotd.settings import ContextSettings
+from nanobotd.sessions.file import SessionHeader, read_header
+from nanobotd.config.schema import ContextSettings
 from nanobotd.tokens import count_tokens, get_encoding, DEFAULT_ENCODING
 
 BOOTSTRAP_FILES = ("AGENTS.md", "SOUL.md", "USER.md")

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from nanobotd import paths
-from nanobotd.settings import WORKSPACE_TABLES, DaemonSettings, WorkspaceSettings
+from nanobotd.config import paths
+from nanobotd.config.schema import WORKSPACE_TABLES, DaemonSettings, WorkspaceSettings
 
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
 SEARCH_BACKENDS = ("builtin", "qmd", "both")
