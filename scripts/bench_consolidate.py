@@ -76,7 +76,7 @@ def markers_in(text: str) -> list[tuple[int, int]]:
 def offline_worker(workspace: str, sessions: str, state_dir: str, key: str, reply) -> None:
     """In a fresh process: scan the session, then archive all of it raw; send back timings and VmHWM."""
     from nanobotd.jobs.consolidate import archive as consolidate
-    from nanobotd.jobs.common import JobContext
+    from nanobotd.jobs.common import JobEnv
     from nanobotd.llm.client import LLMClient
     from nanobotd.config.schema import WorkspaceSettings
     from nanobotd.state.store import StateStore
@@ -86,7 +86,7 @@ def offline_worker(workspace: str, sessions: str, state_dir: str, key: str, repl
                                  llm=LLMSettings(model="none"))
     store = StateStore(Path(state_dir)).open()
     tracker = SessionTracker("ws", store)
-    context = JobContext(settings, store, tracker, LLMClient(settings.llm), datetime.now)
+    context = JobEnv(settings, store, tracker, LLMClient(settings.llm), datetime.now)
     started = time.perf_counter()
     tracker.scan(Path(sessions) / sessionfile.filename_for_key(key))
     scan_seconds = time.perf_counter() - started

@@ -10,7 +10,7 @@
    as nanobotctl talks to it); p50/p95 with the default debounce.
 3. Incremental cost (in-process): SessionTracker.scan after one appended message on sessions of 10,000 and
    100,000 messages, against re-parsing and re-counting the whole file as nanobot does each turn.
-4. Start-up reconcile of 1,000 sessions x 200 messages: WorkspaceRuntime.reconcile() in-process, cold (empty
+4. Start-up reconcile of 1,000 sessions x 200 messages: Workspace.reconcile() in-process, cold (empty
    state DB) and warm (DB up to date, files unchanged); plus the per-session spool pass the daemon runs
    after its start-up reconcile, and real daemon starts until the first status carrying a reconcile.
 
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nanobotd.sessions import file as sessionfile  # noqa: E402
 from nanobotd.cli.nanobotctl import Client, CannotConnect, DaemonError  # noqa: E402
-from nanobotd.daemon.workspace import WorkspaceRuntime  # noqa: E402
+from nanobotd.daemon.workspace import Workspace  # noqa: E402
 from nanobotd.config.schema import DaemonSettings, WorkspaceSettings  # noqa: E402
 from nanobotd.state.store import StateStore  # noqa: E402
 from nanobotd.tokens import DEFAULT_ENCODING, count_tokens, get_encoding  # noqa: E402
@@ -396,7 +396,7 @@ def bench_incremental(sizes: Sizes, root: Path) -> list[dict]:
 
 # -- 4: start-up reconcile ------------------------------------------------------------------------------
 def bench_reconcile(sizes: Sizes, root: Path) -> dict:
-    """Cold and warm WorkspaceRuntime.reconcile(), then two real daemon starts on the warm state."""
+    """Cold and warm Workspace.reconcile(), then two real daemon starts on the warm state."""
     print(f"\n4. Start-up reconcile of {sizes.reconcile_sessions} sessions x {sizes.reconcile_messages} messages")
     workspace, sessions = make_workspace(root / "reconcile")
     started = time.perf_counter()
@@ -409,7 +409,7 @@ def bench_reconcile(sizes: Sizes, root: Path) -> dict:
     figures = {"sessions": sizes.reconcile_sessions, "messages_per_session": sizes.reconcile_messages}
     figures.update(_reconcile_in_process(settings, state_dir, cold=True))
     figures.update(_reconcile_in_process(settings, state_dir, cold=False))
-    print(f"   in-process WorkspaceRuntime.reconcile(): cold {figures['cold_seconds']:.2f} s"
+    print(f"   in-process Workspace.reconcile(): cold {figures['cold_seconds']:.2f} s"
           f"   warm {figures['warm_seconds']:.3f} s (+ {figures['warm_load_seconds']:.3f} s loading the tracker)"
           f"   target warm < {TARGET_WARM_RECONCILE_SECONDS:.0f} s   "
           f"{verdict(figures['warm_seconds'] < TARGET_WARM_RECONCILE_SECONDS)}")
@@ -424,7 +424,7 @@ def _reconcile_in_process(settings: WorkspaceSettings, state_dir: Path, *, cold:
     store = StateStore(state_dir).open()
     try:
         started = time.perf_counter()
-        runtime = WorkspaceRuntime(settings, store, home=None, now=datetime.now)
+        runtime = Workspace(settings, store, state_dir=state_dir, environ={}, home=None, now=datetime.now)
         loaded = time.perf_counter() - started
         started = time.perf_counter()
         results = runtime.reconcile()

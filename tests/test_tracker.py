@@ -134,7 +134,7 @@ def test_archive_marks_are_rebuilt_from_history_spans_after_the_db_is_lost(tmp_p
 
     from nanobotd.memory import history
     from nanobotd.jobs.consolidate import archive as consolidate
-    from nanobotd.jobs.common import JobContext
+    from nanobotd.jobs.common import JobEnv
     from nanobotd.llm.client import LLMClient, LLMSettings
     from nanobotd.config.schema import WorkspaceSettings
 
@@ -142,7 +142,7 @@ def test_archive_marks_are_rebuilt_from_history_spans_after_the_db_is_lost(tmp_p
     store, tracker = make_tracker(tmp_path)
     path = write_session(sessions, "cli:a", conversation(8))
     tracker.scan(path)
-    ctx = JobContext(WorkspaceSettings(path=workspace, name="ws"), store, tracker, LLMClient(LLMSettings()),
+    ctx = JobEnv(WorkspaceSettings(path=workspace, name="ws"), store, tracker, LLMClient(LLMSettings()),
                      lambda: datetime(2026, 11, 22))
     run_id = store.create_run("consolidate", "ws", session_key="cli:a")
     asyncio.run(consolidate.consolidate_session(ctx, "cli:a", run_id, reason="manual"))

@@ -1,4 +1,7 @@
-"""One managed workspace at run time: its tracker, watched folders, triggers and job context.
+"""One managed workspace at run time: tracker, LLM client, git store, search indexes and the job env.
+
+A `Workspace` is opened after the start-up scan (git, QMD, skill file, first index refresh) and closed
+as a whole on stop or when a reload drops or changes it.
 
 Triggers (DESIGN.md §4): the unarchived tail reaching the budget -> consolidate; reaching the flush
 threshold -> flush, once per compaction cycle; messages vanished from a rewritten file -> rescue;
@@ -7,6 +10,7 @@ no writes for idle_minutes -> consolidate everything.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import datetime
 from pathlib import Path
@@ -14,21 +18,29 @@ from typing import Callable
 
 from loguru import logger
 
-from nanobotd.sessions import discovery
-from nanobotd.jobs.common import JobContext
-from nanobotd.llm.client import LLMClient
-from nanobotd.sessions.file import is_session_file
+from nanobotd.clock import iso_local
 from nanobotd.config.schema import WorkspaceSettings
+from nanobotd.daemon.skill import ensure_skill_file
+from nanobotd.gitstore.store import GitStore
+from nanobotd.index.builtin import BuiltinIndex
+from nanobotd.index.qmd import QmdBackend, QmdSettings
+from nanobotd.jobs.common import JobEnv
+from nanobotd.jobs.registry import JOB_KINDS
+from nanobotd.llm.client import LLMClient
+from nanobotd.sessions import discovery
+from nanobotd.sessions.file import is_session_file
+from nanobotd.sessions.tracker import ScanResult, SessionTracker
 from nanobotd.state.store import StateStore
 from nanobotd.tokens import encoding_name_for
-from nanobotd.sessions.tracker import ScanResult, SessionTracker
+
+ALL_FILES = Path("*")  # a pending index change that means "check every file"
 
 
-class WorkspaceRuntime:
-    """Everything the daemon keeps for one workspace."""
+class Workspace:
+    """Everything the daemon keeps for one configured workspace."""
 
-    def __init__(self, settings: WorkspaceSettings, store: StateStore, *, home: Path | None,
-                 now: Callable[[], datetime], clock=time.time):
+    def __init__(self, settings: WorkspaceSettings, store: StateStore, *, state_dir: Path, environ,
+                 home: Path | None, now: Callable[[], datetime], clock=time.time):
         self.settings = settings
         self.store = store
         self.home = home
@@ -36,29 +48,63 @@ class WorkspaceRuntime:
         self.tracker = SessionTracker(settings.name, store, encoding=encoding_name_for(settings.llm.model),
                                       clock=clock)
         self.llm = LLMClient(settings.llm, settings.api_key)
-        self.context = JobContext(settings, store, self.tracker, self.llm, now)
+        self.git = GitStore(settings.path)
+        self.env = JobEnv(settings, store, self.tracker, self.llm, now, git=self.git, clock=clock, kinds=JOB_KINDS)
+        self.index = BuiltinIndex(settings.path, state_dir / "index" / f"{settings.name}.sqlite",
+                                  settings.sessions_dir)
+        self.qmd = self._make_qmd(state_dir, environ)
         self.sessions_dirs: list[Path] = []
         self.last_reconcile: float | None = None
         self.last_reconcile_seconds: float | None = None
         self.scan_errors = 0
+        self.opened = False
+        self.pending_paths: set[Path] = set()
+        self.refresh_handle: asyncio.TimerHandle | None = None
+        self.refreshing = False
+        self.last_refresh: dict | None = None
+
+    def _make_qmd(self, state_dir: Path, environ) -> QmdBackend | None:
+        search = self.settings.search
+        if search.backend not in ("qmd", "both"):
+            return None
+        return QmdBackend(self.settings.path, state_dir / "qmd" / self.settings.name, QmdSettings(
+            command=search.qmd_command, timeout_seconds=search.qmd_timeout_seconds,
+            debounce_seconds=search.debounce_seconds, vectors=search.qmd_vectors), environ=dict(environ))
 
     @property
     def name(self) -> str:
         return self.settings.name
-
-    def apply_settings(self, settings: WorkspaceSettings) -> None:
-        """A reload changed this workspace's settings: new LLM client and job context, same tracker."""
-        if settings == self.settings and settings.api_key == self.settings.api_key:
-            return
-        self.settings = settings
-        self.llm = LLMClient(settings.llm, settings.api_key)
-        self.context = JobContext(settings, self.store, self.tracker, self.llm, self.context.now)
 
     @property
     def exists(self) -> bool:
         """A configured workspace that does not exist yet is waited for."""
         return self.settings.path.is_dir()
 
+    # -- open / close --------------------------------------------------------------------------------
+    async def open(self) -> None:
+        """After the start-up scan: open git, write the skill file, start QMD (the index refresh follows)."""
+        if self.sessions_dirs and self.index.sessions_dir is None:
+            self.index.sessions_dir = self.sessions_dirs[0]
+        try:
+            await self.git.call(self.git.open)
+        except Exception as exc:
+            logger.warning("workspace {}: git store unavailable: {}", self.name, exc)
+        ensure_skill_file(self.settings.path)
+        if self.qmd is not None:
+            await self.qmd.start()
+            self.qmd.request_update()
+        self.opened = True
+
+    async def close(self) -> None:
+        """Release what the workspace holds: refresh timer, QMD child, index, git thread."""
+        if self.refresh_handle is not None:
+            self.refresh_handle.cancel()
+        if self.qmd is not None:
+            await self.qmd.close()
+        self.index.close()
+        self.git.close()
+
+    # -- session files -------------------------------------------------------------------------------
     def discover(self) -> list[Path]:
         """(Re)discover the sessions folders; cheap, called at every reconcile."""
         self.sessions_dirs = discovery.discover_sessions_dirs(self.settings.path, self.settings.sessions_dir,
@@ -104,6 +150,7 @@ class WorkspaceRuntime:
         self.last_reconcile_seconds = time.perf_counter() - started
         return results
 
+    # -- triggers ------------------------------------------------------------------------------------
     def due_jobs(self, key: str, vanished: int = 0) -> list[tuple[str, str]]:
         """(kind, reason) jobs a session needs now, from its counters and the messages that vanished."""
         session = self.tracker.sessions.get(key)
@@ -130,18 +177,24 @@ class WorkspaceRuntime:
     def status(self) -> dict:
         """Per-workspace figures for GET /v1/status."""
         totals = self.tracker.totals()
-        return {
+        data = {
             "name": self.name, "path": str(self.settings.path), "exists": self.exists,
             "sessions_dir": str(self.sessions_dirs[0]) if self.sessions_dirs else None,
             "sessions_dirs": [str(folder) for folder in self.sessions_dirs],
             **totals,
             "llm_mode": self.llm.mode, "llm_model": self.settings.llm.model,
             "budget": self.settings.budget, "flush_threshold": self.settings.flush_threshold,
-            "last_reconcile": _iso(self.last_reconcile), "last_reconcile_seconds": self.last_reconcile_seconds,
+            "last_reconcile": iso_local(self.last_reconcile), "last_reconcile_seconds": self.last_reconcile_seconds,
             "scan_errors": self.scan_errors,
         }
+        data["git"] = self.git.health()
+        data["search"] = self.search_status()
+        return data
 
-
-def _iso(stamp: float | None) -> str | None:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(stamp)) if stamp else None
-
+    def search_status(self) -> dict:
+        """Backends, index figures and freshness."""
+        search = {"backend": self.settings.search.backend, "builtin": self.index.stats(),
+                  "last_refresh": self.last_refresh, "pending_changes": len(self.pending_paths)}
+        if self.qmd is not None:
+            search["qmd"] = self.qmd.freshness()
+        return search

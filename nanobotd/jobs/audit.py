@@ -8,7 +8,7 @@ from datetime import datetime
 
 from nanobotd.memory import history
 from nanobotd.memory.dailynote import scan_notes
-from nanobotd.jobs.lifecycle.run import describe_step, folder_size, run_backup_dir
+from nanobotd.jobs.common import describe_step, folder_size, run_backup_dir
 from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.state.store import StateStore
 

@@ -1,28 +1,95 @@
-"""What a session job needs from the daemon, injected as one object (tests build it directly)."""
+"""What every job shares: the environment a job runs in, the restore refusal, run backups.
+
+Jobs import this module and never each other; the daemon hands each job a `JobEnv`.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+import time
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable, Mapping
 
-from nanobotd.llm.client import LLMClient
 from nanobotd.config.schema import WorkspaceSettings
-from nanobotd.state.store import StateStore
+from nanobotd.gitstore.store import GitStore
+from nanobotd.llm.client import LLMClient
 from nanobotd.sessions.tracker import SessionTracker
+from nanobotd.state.store import RUNS_DIR, RunRecord, StateStore
+
+EXPIRED = "expired"
 
 
 @dataclass
-class JobContext:
-    """One workspace's settings, state, tracker, LLM client and clock."""
+class JobEnv:
+    """One workspace's settings, state, tracker, LLM client, git store and clocks, handed to every job.
 
-    workspace: WorkspaceSettings
+    *kinds* is the job registry (kind -> job module), handed in so that restore can dispatch by kind
+    without importing the other jobs.
+    """
+
+    settings: WorkspaceSettings
     store: StateStore
     tracker: SessionTracker
     llm: LLMClient
     now: Callable[[], datetime]
+    git: GitStore | None = None
+    clock: Callable[[], float] = time.time
+    kinds: Mapping[str, Any] = field(default_factory=dict)
 
     @property
-    def memory_dir(self):
+    def memory_dir(self) -> Path:
         """The workspace's memory folder."""
-        return self.workspace.path / "memory"
+        return self.settings.path / "memory"
+
+
+class RestoreRefused(Exception):
+    """A restore that would clobber later edits (or cannot apply); nothing was changed."""
+
+    def __init__(self, message: str, *, plan: list[str] | None = None, conflicts: list[str] | None = None):
+        super().__init__(message)
+        self.plan = plan or []
+        self.conflicts = conflicts or []
+
+
+def refuse_if_expired(run: RunRecord) -> None:
+    """Refuse runs whose backups were pruned after the restore window."""
+    if run.manifest.get(EXPIRED):
+        raise RestoreRefused(
+            f"run {run.run_id} is past the restore window: its backups were pruned"
+            f" by {run.manifest.get('expired_by', 'a lifecycle run')}; it can no longer be restored"
+        )
+
+
+def run_backup_dir(store: StateStore, run_id: str) -> Path:
+    """A run's backup folder, without creating it (store.run_dir creates on demand)."""
+    return store.state_dir / RUNS_DIR / run_id
+
+
+def folder_size(folder: Path) -> int:
+    """Bytes of the regular files under *folder*."""
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except FileNotFoundError:
+                continue
+    return total
+
+def describe_step(step: dict) -> str:
+    """One lifecycle plan step as a line for people (the lifecycle dry run and the audit both show plans)."""
+    action = step.get("action")
+    if action == "move":
+        return f"move {step['from']} -> {step['to']} ({step['bytes']} bytes, {step['age_days']} days old)"
+    if action == "summarise":
+        return f"summarise {len(step['notes'])} expired note(s) ({step['bytes']} bytes) into memory/history.jsonl"
+    if action == "delete":
+        return f"delete {step['path']} ({step['bytes']} bytes, {step['age_days']} days old; backup kept)"
+    if action == "compact_history":
+        return (f"compact memory/history.jsonl to {step['keep']} entries: remove {step['count']} dreamt entries"
+                f" (cursors {step['first']}-{step['last']}; saved in the run's backups)")
+    if action == "prune_backups":
+        return f"prune backups of run {step['run_id']} ({step['bytes']} bytes, {step['age_days']} days old)"
+    return str(step)

@@ -27,7 +27,7 @@ from nanobotd.memory.dailynote import (
     note_path,
     remove_bullets,
 )
-from nanobotd.jobs.lifecycle.run import RestoreRefused, refuse_if_expired
+from nanobotd.jobs.common import JobEnv, RestoreRefused, refuse_if_expired
 from nanobotd.llm.client import LLMClient, LLMError, UsageMeter
 from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.state.store import RunRecord, StateStore
@@ -313,3 +313,26 @@ def _note_day(note: Path) -> date | None:
         return date.fromisoformat(note.stem)
     except ValueError:
         return None
+
+
+KIND = FLUSH_KIND
+
+
+async def run(env: JobEnv, run_id: str, *, session_key: str) -> dict:
+    """Flush the session's unarchived messages still in its file, once per compaction cycle."""
+    messages = [message for _, message, present in env.tracker.pending(session_key) if present]
+    manifest = await flush_session(env.settings, messages, session_key=session_key, llm=env.llm, store=env.store,
+                                   run_id=run_id, now=env.now())
+    env.tracker.set_cycle(session_key, flushed=True)
+    return manifest
+
+
+def recover(env: JobEnv, run: RunRecord) -> str:
+    """A flush writes its note in one atomic replace: the file is whole either way, and restore can undo it."""
+    env.store.finish_run(run.run_id, state="failed", outcome="interrupted")
+    return "interrupted"
+
+
+async def restore(env: JobEnv, run: RunRecord, *, restore_run_id: str | None, force: bool, dry_run: bool) -> dict:
+    """The note's previous bytes when it is unchanged since, else only the bullets the flush added."""
+    return restore_flush_run(run, store=env.store, dry_run=dry_run)

@@ -10,7 +10,7 @@ import pytest
 
 from nanobotd.memory import history
 from nanobotd.jobs.consolidate import archive as consolidate
-from nanobotd.jobs.common import JobContext
+from nanobotd.jobs.common import JobEnv
 from nanobotd.llm.client import LLMClient, LLMSettings
 from nanobotd.config.schema import ConsolidationSettings, WorkspaceSettings
 from nanobotd.state.store import StateStore
@@ -27,7 +27,7 @@ def make_context(tmp_path, llm_settings: LLMSettings, **consolidation):
                                  consolidation=ConsolidationSettings(**consolidation))
     store = StateStore(tmp_path / "state").open()
     tracker = SessionTracker("ws", store)
-    return JobContext(settings, store, tracker, LLMClient(llm_settings), lambda: NOW), sessions
+    return JobEnv(settings, store, tracker, LLMClient(llm_settings), lambda: NOW), sessions
 
 
 def online(fake: FakeLLM, **extra) -> LLMSettings:
@@ -52,7 +52,7 @@ def test_summary_is_written_as_fact_lines_with_session_key(tmp_path):
         ctx.tracker.scan(write_session(sessions, "cli:a", conversation(6)))
         run, manifest = run_job(ctx, "cli:a")
         request = fake.requests[0]
-    entries = history_entries(ctx.workspace.path)
+    entries = history_entries(ctx.settings.path)
     assert run.outcome == "summarized" and run.state == "finished"
     span = entries[0].pop("nanobotd_span")
     assert entries == [{"cursor": 1, "timestamp": "2026-11-22 10:30",
@@ -72,7 +72,7 @@ def test_nothing_answer_writes_no_entry_but_archives(tmp_path):
         ctx.tracker.scan(write_session(sessions, "cli:a", conversation(4)))
         run, _ = run_job(ctx, "cli:a")
     assert run.outcome == "nothing"
-    assert history_entries(ctx.workspace.path) == []
+    assert history_entries(ctx.settings.path) == []
     assert ctx.tracker.pending("cli:a") == []
 
 
@@ -86,7 +86,7 @@ def test_every_llm_fault_ends_in_a_raw_archive_of_the_whole_range(tmp_path, faul
         ctx, sessions = make_context(tmp_path, online(fake))
         ctx.tracker.scan(write_session(sessions, "cli:a", conversation(8)))
         run, _ = run_job(ctx, "cli:a")
-    raw = raw_messages_in(history_entries(ctx.workspace.path))
+    raw = raw_messages_in(history_entries(ctx.settings.path))
     assert run.outcome == "raw_fallback"
     for index in range(8):
         assert f"M-{index} " in raw
@@ -98,7 +98,7 @@ def test_offline_mode_raw_archives_and_splits_long_transcripts_without_truncatin
     messages = conversation(60, words=120)
     ctx.tracker.scan(write_session(sessions, "cli:a", messages))
     run, _ = run_job(ctx, "cli:a")
-    entries = history_entries(ctx.workspace.path)
+    entries = history_entries(ctx.settings.path)
     assert run.outcome == "raw_fallback" and len(entries) > 1
     assert all(len(entry["content"]) <= 16000 for entry in entries)
     raw = raw_messages_in(entries)
@@ -113,7 +113,7 @@ def test_command_messages_are_not_archived_and_dream_sessions_are_skipped(tmp_pa
                                    "_command": True}]
     ctx.tracker.scan(write_session(sessions, "cli:a", messages))
     run_job(ctx, "cli:a")
-    assert "/dream" not in raw_messages_in(history_entries(ctx.workspace.path))
+    assert "/dream" not in raw_messages_in(history_entries(ctx.settings.path))
     ctx.tracker.scan(write_session(sessions, "dream:20261122", conversation(4)))
     runtime_jobs = ctx.tracker.sessions["dream:20261122"].skipped
     assert runtime_jobs is True
@@ -124,10 +124,10 @@ def test_budget_trigger_archives_down_to_the_target_ending_before_a_user_message
     messages = conversation(200, words=20)
     ctx.tracker.scan(write_session(sessions, "cli:a", messages))
     session = ctx.tracker.sessions["cli:a"]
-    assert session.unarchived_tokens >= ctx.workspace.budget
+    assert session.unarchived_tokens >= ctx.settings.budget
     run_job(ctx, "cli:a", reason="budget")
     remaining = ctx.tracker.pending("cli:a")
-    assert 0 < sum(m.tokens for _, m, _ in remaining) <= ctx.workspace.budget * 0.5
+    assert 0 < sum(m.tokens for _, m, _ in remaining) <= ctx.settings.budget * 0.5
     assert remaining[0][1].role == "user"
 
 
@@ -141,7 +141,7 @@ def test_a_message_over_half_the_window_is_raw_archived_and_never_sent(tmp_path)
         run_job(ctx, "cli:a")
         sent = " ".join(str(request["messages"]) for request in fake.requests)
     assert "HUGE" not in sent
-    entries = [entry["content"] for entry in history_entries(ctx.workspace.path)]
+    entries = [entry["content"] for entry in history_entries(ctx.settings.path)]
     joined = "".join(re.sub(r"^\(part \d+/\d+\) ", "", content.split("\n", 1)[1]) for content in entries[1:])
     assert messages[-1]["content"].rstrip() in joined
 
@@ -156,7 +156,7 @@ def test_new_right_after_thirty_unarchived_messages_loses_none(tmp_path):
         result = ctx.tracker.scan(path)
         assert result.vanished == 30
         run, _ = run_job(ctx, "cli:a", reason="rescue")
-    raw = raw_messages_in(history_entries(ctx.workspace.path))
+    raw = raw_messages_in(history_entries(ctx.settings.path))
     for index in range(30):
         assert f"M-{index} " in raw
     assert ctx.tracker.pending("cli:a") == []
@@ -166,7 +166,7 @@ def test_messages_below_the_agents_mark_are_never_archived_again(tmp_path):
     ctx, sessions = make_context(tmp_path, LLMSettings(model="none"))
     ctx.tracker.scan(write_session(sessions, "cli:a", conversation(10), last_archived=6))
     run_job(ctx, "cli:a")
-    raw = raw_messages_in(history_entries(ctx.workspace.path))
+    raw = raw_messages_in(history_entries(ctx.settings.path))
     assert "M-5 " not in raw and "M-6 " in raw and "M-9 " in raw
 
 
@@ -192,7 +192,7 @@ def test_crash_after_cursor_journal_is_rolled_back_or_finished(tmp_path):
     assert outcome == "rolled_back"
     assert len(ctx.tracker.pending("cli:a")) == 4
     run, _ = run_job(ctx, "cli:a")
-    assert len(raw_messages_in(history_entries(ctx.workspace.path)).splitlines()) == 5
+    assert len(raw_messages_in(history_entries(ctx.settings.path)).splitlines()) == 5
 
 
 def test_restore_removes_entries_and_rewinds_so_they_are_archived_again(tmp_path):
@@ -200,11 +200,11 @@ def test_restore_removes_entries_and_rewinds_so_they_are_archived_again(tmp_path
     ctx.tracker.scan(write_session(sessions, "cli:a", conversation(6)))
     run, _ = run_job(ctx, "cli:a")
     plan = consolidate.restore_consolidation(ctx, run, dry_run=True)
-    assert history_entries(ctx.workspace.path) and "cursors [1]" in plan["plan"][0]
+    assert history_entries(ctx.settings.path) and "cursors [1]" in plan["plan"][0]
     consolidate.restore_consolidation(ctx, run, dry_run=False)
-    assert history_entries(ctx.workspace.path) == []
+    assert history_entries(ctx.settings.path) == []
     assert len(ctx.tracker.pending("cli:a")) == 6
     assert ctx.tracker.sessions["cli:a"].unarchived_messages == 6
     run_job(ctx, "cli:a")
-    entries = history_entries(ctx.workspace.path)
+    entries = history_entries(ctx.settings.path)
     assert [entry["cursor"] for entry in entries] == [2]

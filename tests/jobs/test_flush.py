@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from nanobotd.jobs.flush import FlushReplyError, flush_session, parse_facts, restore_flush_run
-from nanobotd.jobs.lifecycle.run import RestoreRefused
+from nanobotd.jobs.common import RestoreRefused
 from nanobotd.llm.client import LLMClient, LLMSettings
 from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.state.store import StateStore

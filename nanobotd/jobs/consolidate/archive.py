@@ -18,7 +18,7 @@ from loguru import logger
 from nanobotd import fsio
 from nanobotd.memory import history
 from nanobotd.jobs.consolidate.prompt import NOTHING, archive_messages, parse_summary
-from nanobotd.jobs.common import JobContext
+from nanobotd.jobs.common import JobEnv
 from nanobotd.llm.client import LLMError, UsageMeter
 from nanobotd.state.store import RunRecord
 from nanobotd.memory.transcript import PendingMessage, raw_entries, transcript
@@ -43,21 +43,21 @@ class Chunk:
         return sum(message.tokens for _, message in self.items)
 
 
-def chunk_ratio(ctx: JobContext, messages: list[PendingMessage]) -> float:
+def chunk_ratio(ctx: JobEnv, messages: list[PendingMessage]) -> float:
     """0.4 of the window for ordinary messages, falling toward 0.15 as the average message grows."""
-    settings = ctx.workspace.consolidation
+    settings = ctx.settings.consolidation
     if not messages:
         return settings.chunk_ratio_max
     average = sum(message.tokens for message in messages) / len(messages) * SAFETY_MARGIN
-    pressure = min(1.0, average / (ctx.workspace.llm.context_window * 0.05))
+    pressure = min(1.0, average / (ctx.settings.llm.context_window * 0.05))
     return settings.chunk_ratio_max - (settings.chunk_ratio_max - settings.chunk_ratio_min) * pressure
 
 
-def select_messages(ctx: JobContext, pending: list[tuple[int, PendingMessage, bool]], reason: str):
+def select_messages(ctx: JobEnv, pending: list[tuple[int, PendingMessage, bool]], reason: str):
     """What this run archives: vanished messages always; then the oldest until the tail fits the target."""
     if reason != "budget":
         return [(seq, message) for seq, message, _ in pending]
-    target = ctx.workspace.budget * ctx.workspace.consolidation.ratio
+    target = ctx.settings.budget * ctx.settings.consolidation.ratio
     remaining = sum(message.tokens for _, message, present in pending if present)
     selected = []
     for position, (seq, message, present) in enumerate(pending):
@@ -73,9 +73,9 @@ def select_messages(ctx: JobContext, pending: list[tuple[int, PendingMessage, bo
     return selected
 
 
-def plan_chunks(ctx: JobContext, items: list[tuple[int, PendingMessage]]) -> list[Chunk]:
+def plan_chunks(ctx: JobEnv, items: list[tuple[int, PendingMessage]]) -> list[Chunk]:
     """Split into chunks that fit one request and end just before a user message."""
-    window = ctx.workspace.llm.context_window
+    window = ctx.settings.llm.context_window
     limit = max(1000, int(window * chunk_ratio(ctx, [m for _, m in items]) / SAFETY_MARGIN) - PROMPT_OVERHEAD_TOKENS)
     chunks: list[Chunk] = []
     current: list[tuple[int, PendingMessage]] = []
@@ -109,14 +109,14 @@ def _last_user_boundary(items: list[tuple[int, PendingMessage]]) -> int:
     return 0
 
 
-async def summarize_chunk(ctx: JobContext, chunk: Chunk, session_key: str, usage: UsageMeter) -> tuple[str, list[str]]:
+async def summarize_chunk(ctx: JobEnv, chunk: Chunk, session_key: str, usage: UsageMeter) -> tuple[str, list[str]]:
     """(outcome, entry contents): summarized | nothing | raw_fallback."""
-    settings = ctx.workspace.consolidation
+    settings = ctx.settings.consolidation
     if chunk.oversized or ctx.llm.offline:
         return "raw_fallback", raw_entries(chunk.messages, settings.raw_max_chars)
     try:
         reply = await ctx.llm.complete(archive_messages(transcript(chunk.messages), session_key),
-                                       max_tokens=min(ctx.workspace.llm.max_tokens, 4096))
+                                       max_tokens=min(ctx.settings.llm.max_tokens, 4096))
         usage.add(reply)
     except LLMError as exc:
         usage.add_error(exc)
@@ -134,7 +134,7 @@ async def summarize_chunk(ctx: JobContext, chunk: Chunk, session_key: str, usage
     return "summarized", [summary]
 
 
-def _backup_chunk(ctx: JobContext, run_id: str, number: int, chunk: Chunk) -> Path:
+def _backup_chunk(ctx: JobEnv, run_id: str, number: int, chunk: Chunk) -> Path:
     path = ctx.store.run_dir(run_id) / f"chunk-{number:03d}.jsonl"
     lines = [json.dumps({"digest": m.digest, "tokens": m.tokens, "record": m.record}, ensure_ascii=False)
              for m in chunk.messages]
@@ -147,7 +147,7 @@ def content_hash(content: str) -> str:
     return hashlib.sha1(history.clean_content(content).encode("utf-8")).hexdigest()[:16]
 
 
-async def consolidate_session(ctx: JobContext, session_key: str, run_id: str, *, reason: str) -> dict:
+async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, reason: str) -> dict:
     """Archive a session's unarchived messages (all of them, or down to the target for "budget")."""
     pending = ctx.tracker.pending(session_key)
     items = select_messages(ctx, pending, reason)
@@ -156,7 +156,7 @@ async def consolidate_session(ctx: JobContext, session_key: str, run_id: str, *,
     if not items:
         ctx.store.finish_run(run_id, state="finished", outcome="nothing", manifest=manifest)
         return manifest
-    rounds = ctx.workspace.consolidation.max_rounds
+    rounds = ctx.settings.consolidation.max_rounds
     chunks = plan_chunks(ctx, items)
     outcomes = []
     for number, chunk in enumerate(chunks[:rounds] if reason == "budget" else chunks):
@@ -188,7 +188,7 @@ async def consolidate_session(ctx: JobContext, session_key: str, run_id: str, *,
         ctx.store.journal(run_id, manifest)
         outcomes.append(outcome)
         row = {"summarized": "written", "nothing": "no_change"}.get(outcome, outcome)
-        ctx.store.record_outcome("consolidate", ctx.workspace.name, row, run_id=run_id,
+        ctx.store.record_outcome("consolidate", ctx.settings.name, row, run_id=run_id,
                                  tokens=usage.prompt_tokens + usage.completion_tokens,
                                  latency_ms=usage.latencies_ms[-1] if usage.latencies_ms else None)
     ctx.tracker.set_cycle(session_key, next_cycle=True)
@@ -209,7 +209,7 @@ def read_chunk_backup(path: Path) -> list[tuple[str, dict, int]]:
     return result
 
 
-def recover_consolidation(ctx: JobContext, run: RunRecord) -> str:
+def recover_consolidation(ctx: JobEnv, run: RunRecord) -> str:
     """Finish or roll back a consolidation run interrupted by a crash; returns the resulting outcome."""
     manifest = dict(run.manifest)
     present = {entry.cursor: entry for entry in history.read_history(ctx.memory_dir).entries}
@@ -239,7 +239,7 @@ def recover_consolidation(ctx: JobContext, run: RunRecord) -> str:
     return outcome
 
 
-def restore_consolidation(ctx: JobContext, run: RunRecord, *, dry_run: bool) -> dict:
+def restore_consolidation(ctx: JobEnv, run: RunRecord, *, dry_run: bool) -> dict:
     """Undo an archive run: remove the entries it wrote and put its messages back in the spool."""
     cursors = set(run.manifest.get("cursors", []))
     chunks = [chunk for chunk in run.manifest.get("chunks", []) if chunk.get("done")]
@@ -254,3 +254,21 @@ def restore_consolidation(ctx: JobContext, run: RunRecord, *, dry_run: bool) -> 
         records.extend(read_chunk_backup(Path(chunk["backup"])))
     ctx.tracker.unarchive(run.session_key, run.run_id, records)
     return {"plan": plan, "removed_entries": [entry.to_record() for entry in removed], "messages": len(records)}
+
+
+def reapply_consolidation(ctx: JobEnv, original: RunRecord, restore_run: RunRecord, *, dry_run: bool) -> dict:
+    """Put the entries a consolidation restore removed back and mark their messages archived again."""
+    entries = [history.parse_entry(json.dumps(record))
+               for record in restore_run.manifest.get("removed_entries", [])]
+    entries = [entry for entry in entries if entry is not None]
+    digests = []
+    for chunk in original.manifest.get("chunks", []):
+        if chunk.get("done"):
+            digests.extend(digest for digest, _, _ in read_chunk_backup(Path(chunk["backup"])))
+    plan = [f"re-insert history entries with cursors {[entry.cursor for entry in entries]}",
+            f"mark {len(digests)} messages of {original.session_key} archived again"]
+    if dry_run:
+        return {"plan": plan}
+    history.insert_entries(ctx.memory_dir, entries)
+    ctx.tracker.mark_archived(original.session_key, digests, original.run_id)
+    return {"plan": plan, "reinserted": len(entries)}

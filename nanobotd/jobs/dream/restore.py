@@ -17,6 +17,7 @@ from typing import Any, Callable
 from loguru import logger
 
 from nanobotd import fsio
+from nanobotd.jobs.common import RestoreRefused
 from nanobotd.gitstore.store import CURSOR_FILE, DREAM_PREFIX, SHORT_SHA, GitConflict, GitStore, GitStoreError
 from nanobotd.memory.history import HistoryEntry, insert_entries, iter_lines, parse_entry, read_dream_cursor, read_history
 from nanobotd.state.store import RunRecord, StateStore
@@ -26,13 +27,6 @@ RESTORABLE_KINDS = ("dream", "restore")
 BACKUP_DIR = "before"
 
 
-class RestoreRefused(Exception):
-    """A restore that would clobber later edits (or cannot apply); nothing was changed."""
-
-    def __init__(self, message: str, *, plan: list[str] | None = None, conflicts: list[str] | None = None):
-        super().__init__(message)
-        self.plan = plan or []
-        self.conflicts = conflicts or []
 
 
 def restore_dream_run(run: RunRecord, *, store: StateStore, git: GitStore, restore_run_id: str | None,

@@ -19,7 +19,14 @@ from nanobotd import fsio
 from nanobotd.memory import history
 from nanobotd.memory.dailynote import ARCHIVE_DIR_NAME, scan_notes
 # One refusal type for every kind of restore, so the restore job catches a single exception.
-from nanobotd.jobs.dream.restore import RestoreRefused
+from nanobotd.jobs.common import (
+    EXPIRED,
+    RestoreRefused,
+    describe_step,
+    folder_size,
+    refuse_if_expired,
+    run_backup_dir,
+)
 from nanobotd.llm.client import LLMClient, LLMError, UsageMeter
 from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.state.store import OPEN_RUN_STATES, RUNS_DIR, RunRecord, StateStore
@@ -27,7 +34,6 @@ from nanobotd.tokens import count_tokens, encoding_name_for
 from nanobotd.memory.transcript import PendingMessage, raw_entries
 
 LIFECYCLE_KIND = "lifecycle"
-EXPIRED = "expired"
 SECONDS_PER_DAY = 86400
 HISTORY_BACKUP_NAME = "history-removed.jsonl"
 NOTES_BACKUP_DIR = "notes"
@@ -44,13 +50,6 @@ work, questions left open) and drop chatter. Answer only with fact lines, one pe
 when it matters. If nothing is worth keeping, answer exactly {NOTHING}."""
 
 
-def refuse_if_expired(run: RunRecord) -> None:
-    """Refuse runs whose backups were pruned after the restore window."""
-    if run.manifest.get(EXPIRED):
-        raise RestoreRefused(
-            f"run {run.run_id} is past the restore window: its backups were pruned"
-            f" by {run.manifest.get('expired_by', 'a lifecycle run')}; it can no longer be restored"
-        )
 
 
 # -- plan ----------------------------------------------------------------------------------------------
@@ -125,38 +124,10 @@ def _plan_pruning(ws: WorkspaceSettings, store: StateStore, now: datetime, run_i
     return steps
 
 
-def describe_step(step: dict) -> str:
-    """One plan step as a line for people (nanobotctl audit, lifecycle --dry-run)."""
-    action = step.get("action")
-    if action == "move":
-        return f"move {step['from']} -> {step['to']} ({step['bytes']} bytes, {step['age_days']} days old)"
-    if action == "summarise":
-        return f"summarise {len(step['notes'])} expired note(s) ({step['bytes']} bytes) into memory/history.jsonl"
-    if action == "delete":
-        return f"delete {step['path']} ({step['bytes']} bytes, {step['age_days']} days old; backup kept)"
-    if action == "compact_history":
-        return (f"compact memory/history.jsonl to {step['keep']} entries: remove {step['count']} dreamt entries"
-                f" (cursors {step['first']}-{step['last']}; saved in the run's backups)")
-    if action == "prune_backups":
-        return f"prune backups of run {step['run_id']} ({step['bytes']} bytes, {step['age_days']} days old)"
-    return str(step)
 
 
-def run_backup_dir(store: StateStore, run_id: str) -> Path:
-    """A run's backup folder, without creating it (store.run_dir creates on demand)."""
-    return store.state_dir / RUNS_DIR / run_id
 
 
-def folder_size(folder: Path) -> int:
-    """Bytes of the regular files under *folder*."""
-    total = 0
-    for root, _, files in os.walk(folder):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except FileNotFoundError:
-                continue
-    return total
 
 
 def _relative(path: Path, workspace: Path) -> str:

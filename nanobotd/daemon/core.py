@@ -1,0 +1,87 @@
+"""The core the daemon hands down: state, queue, executor, scheduler, clock and the open workspaces.
+
+Nothing below the `Daemon` holds the daemon; handlers, triggers and runs get this small object.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Callable
+from zoneinfo import ZoneInfo
+
+from nanobotd.config.load import Config
+from nanobotd.daemon.jobqueue import JobQueue
+from nanobotd.daemon.scheduler import JobScheduler
+from nanobotd.daemon.workspace import Workspace
+from nanobotd.state.store import StateStore
+from nanobotd.watcher import SessionWatcher
+
+
+@dataclass
+class Core:
+    """Process-wide state shared by the daemon's parts (one asyncio loop owns it)."""
+
+    config: Config
+    store: StateStore
+    executor: ThreadPoolExecutor
+    scheduler: JobScheduler
+    clock: Callable[[], float] = time.time
+    started_at: float = 0.0
+    queue: JobQueue | None = None
+    watcher: SessionWatcher | None = None
+    workspaces: dict[str, Workspace] = field(default_factory=dict)
+
+    @property
+    def timezone(self):
+        """The configured time zone, else the machine's."""
+        return config_timezone(self.config)
+
+    def now(self) -> datetime:
+        """Local wall time (naive, as nanobot writes it)."""
+        return datetime.fromtimestamp(self.clock(), self.timezone).replace(tzinfo=None)
+
+    @property
+    def uptime(self) -> float:
+        return self.clock() - self.started_at
+
+    def workspace(self, name: str | None) -> Workspace:
+        """The workspace named (by name or path), or the only one; KeyError with a clear message otherwise."""
+        if name:
+            if name in self.workspaces:
+                return self.workspaces[name]
+            for workspace in self.workspaces.values():
+                if str(workspace.settings.path) == name:
+                    return workspace
+            raise KeyError(f"no workspace named {name!r} (known: {', '.join(self.workspaces)})")
+        if len(self.workspaces) == 1:
+            return next(iter(self.workspaces.values()))
+        raise KeyError(f"several workspaces are managed; name one with --workspace ({', '.join(self.workspaces)})")
+
+    def find_session(self, key: str, workspace_name: str | None) -> Workspace:
+        """The workspace holding session *key* (in the named workspace when one is given)."""
+        if workspace_name:
+            workspace = self.workspace(workspace_name)
+            if key in workspace.tracker.sessions:
+                return workspace
+            raise KeyError(f"no session {key!r} in workspace {workspace.name}")
+        for workspace in self.workspaces.values():
+            if key in workspace.tracker.sessions:
+                return workspace
+        raise KeyError(f"no session {key!r}")
+
+    def status_line(self) -> str:
+        """Short ASCII summary for systemd's STATUS=."""
+        workspaces = list(self.workspaces.values())
+        sessions = sum(len(workspace.tracker.sessions) for workspace in workspaces)
+        tokens = sum(workspace.tracker.totals()["unarchived_tokens"] for workspace in workspaces)
+        return f"{len(workspaces)} workspace(s), {sessions} session(s), {tokens} unarchived tokens"
+
+
+def config_timezone(config: Config):
+    """The configured time zone, else the machine's."""
+    if config.daemon.timezone:
+        return ZoneInfo(config.daemon.timezone)
+    return datetime.now().astimezone().tzinfo

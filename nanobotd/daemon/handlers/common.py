@@ -1,0 +1,41 @@
+"""What every handler does the same way: find the workspace(s) a request names, answer 202 for a run."""
+
+from __future__ import annotations
+
+from nanobotd.api.router import ApiError, Request, Response
+from nanobotd.daemon.core import Core
+from nanobotd.daemon.workspace import Workspace
+
+
+def named_workspaces(core: Core, request: Request, body: dict | None = None) -> list[Workspace]:
+    """The workspace the request names (query or body), else all of them; 404 for an unknown name."""
+    name = request.query.get("workspace") or (body or {}).get("workspace")
+    if name:
+        try:
+            return [core.workspace(name)]
+        except KeyError as exc:
+            raise ApiError(404, "unknown_workspace", str(exc.args[0])) from None
+    return list(core.workspaces.values())
+
+
+def one_workspace(core: Core, request: Request, body: dict | None = None) -> Workspace:
+    """The one workspace a request is about; 400 when several are managed and none is named."""
+    workspaces = named_workspaces(core, request, body)
+    if len(workspaces) != 1:
+        raise ApiError(400, "workspace_required", "several workspaces are managed; pass workspace=NAME")
+    return workspaces[0]
+
+
+def session_workspace(core: Core, key: str, workspace_name: str | None) -> Workspace:
+    """The workspace holding session *key*; 404 otherwise."""
+    try:
+        return core.find_session(key, workspace_name)
+    except KeyError as exc:
+        raise ApiError(404, "unknown_session", str(exc.args[0])) from None
+
+
+def started(run_ids: list[str]) -> Response:
+    """202 with the run id (or ids) a request started."""
+    if len(run_ids) == 1:
+        return Response(202, {"run_id": run_ids[0], "status_url": f"/v1/runs/{run_ids[0]}"})
+    return Response(202, {"run_ids": run_ids})

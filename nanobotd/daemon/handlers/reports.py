@@ -1,0 +1,32 @@
+"""Reports: the audit of every workspace and the outcome metrics."""
+
+from __future__ import annotations
+
+from nanobotd.api.router import ApiError, Request
+from nanobotd.daemon.core import Core
+from nanobotd.daemon.handlers.common import named_workspaces
+from nanobotd.jobs import audit, lifecycle
+from nanobotd.state import metrics
+
+
+def routes(core: Core) -> list:
+    """The audit and metrics endpoints."""
+    async def audit_report(request: Request) -> dict:
+        workspaces = []
+        for workspace in named_workspaces(core, request):
+            plan = await lifecycle.plan(workspace.env)
+            extra_state = dict(workspace.tracker.totals(), git=workspace.git.health(),
+                               search=workspace.search_status())
+            workspaces.append(audit.audit_workspace(workspace.settings, store=core.store, now=core.now(),
+                                                    lifecycle_plan=plan.get("plan", []), extra_state=extra_state))
+        return {"workspaces": workspaces}
+
+    async def outcome_metrics(request: Request) -> dict:
+        try:
+            since = metrics.parse_since(request.query.get("since") or "7d")
+        except ValueError as exc:
+            raise ApiError(400, "bad_param", str(exc)) from None
+        now = core.clock()
+        return metrics.summarize_outcomes(core.store, since=now - since, now=now)
+
+    return [("GET", "/v1/audit", audit_report), ("GET", "/v1/metrics", outcome_metrics)]

@@ -1,0 +1,97 @@
+"""Search and context: what an agent asks of nanobotd's memory, and keeping the indexes rebuilt."""
+
+from __future__ import annotations
+
+import asyncio
+
+from nanobotd.api.router import ApiError, Request
+from nanobotd.daemon import indexing
+from nanobotd.daemon.core import Core
+from nanobotd.daemon.handlers.common import named_workspaces, one_workspace
+from nanobotd.daemon.workspace import Workspace
+from nanobotd.index import agent_context
+from nanobotd.index.hit import SearchBackendError
+
+SEARCH_MODES = ("search", "vsearch", "query")
+MAX_SEARCH_LIMIT = 100
+
+
+def routes(core: Core) -> list:
+    """The search, context and reindex endpoints."""
+    handlers = SearchHandlers(core)
+    return [
+        ("GET", "/v1/search", handlers.search),
+        ("GET", "/v1/context", handlers.context),
+        ("POST", "/v1/reindex", handlers.reindex),
+    ]
+
+
+class SearchHandlers:
+    """Search runs on the executor; QMD is asked first when configured, the builtin index is the fallback."""
+
+    def __init__(self, core: Core):
+        self.core = core
+
+    async def search(self, request: Request) -> dict:
+        query = request.query.get("q", "")
+        limit = request.query_int("limit", 10, minimum=1, maximum=MAX_SEARCH_LIMIT)
+        mode = request.query.get("mode") or "search"
+        if mode not in SEARCH_MODES:
+            raise ApiError(400, "bad_param", f"mode must be one of {', '.join(SEARCH_MODES)}")
+        workspace = one_workspace(self.core, request)
+        hits, backend, degraded = await self.run_search(workspace, query, limit, mode)
+        answer = {"backend": backend, "query": query, "hits": [hit.to_json() for hit in hits]}
+        if degraded:
+            answer["degraded"] = degraded
+        return answer
+
+    async def run_search(self, workspace: Workspace, query: str, limit: int, mode: str):
+        """QMD when configured and healthy, else the builtin index (the reason is reported)."""
+        degraded = None
+        if workspace.qmd is not None:
+            try:
+                hits = await workspace.qmd.search(query, limit=limit, mode=mode)
+                if workspace.settings.search.backend == "qmd":
+                    return hits, "qmd", None
+                builtin = await self._builtin(workspace, query, limit)
+                return fuse(hits, builtin, limit), "both", None
+            except SearchBackendError as exc:
+                degraded = f"qmd unavailable, builtin index used: {exc}"
+        return await self._builtin(workspace, query, limit), "builtin", degraded
+
+    async def _builtin(self, workspace: Workspace, query: str, limit: int):
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.core.executor, lambda: workspace.index.search(query, limit=limit))
+
+    async def context(self, request: Request) -> dict:
+        workspace = one_workspace(self.core, request)
+        settings = workspace.settings.context
+        budget = request.query_int("budget_tokens", settings.budget_tokens, minimum=1, maximum=2_000_000)
+        query = request.query.get("query", "")
+
+        def search(text: str, limit: int):
+            return workspace.index.search(text, limit=limit)
+
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.core.executor, lambda: agent_context.build_context(
+            workspace.settings.path, settings=settings, budget_tokens=budget, query=query, search=search,
+            session_key=request.query.get("session") or None))
+
+    async def reindex(self, request: Request) -> dict:
+        results = {}
+        for workspace in named_workspaces(self.core, request, request.json_object()):
+            results[workspace.name] = await indexing.reindex(self.core, workspace)
+        return {"reindexed": results}
+
+
+def fuse(first: list, second: list, limit: int) -> list:
+    """Reciprocal-rank fusion of two hit lists, de-duplicated by location."""
+    scores: dict[tuple, float] = {}
+    keep: dict[tuple, object] = {}
+    for hits in (first, second):
+        for rank, hit in enumerate(hits):
+            key = (hit.path, hit.line_start, hit.session_key, hit.message_start)
+            scores[key] = scores.get(key, 0.0) + 1.0 / (60 + rank)
+            keep.setdefault(key, hit)
+    ordered = sorted(scores, key=scores.get, reverse=True)
+    return [keep[key] for key in ordered[:limit]]

@@ -1,0 +1,71 @@
+"""Sessions and runs: what nanobotd tracks, and the run ledger."""
+
+from __future__ import annotations
+
+from nanobotd.api.router import ApiError, Request
+from nanobotd.daemon.core import Core
+from nanobotd.daemon.handlers.common import session_workspace
+
+MAX_RUNS_LIMIT = 1000
+
+
+def routes(core: Core) -> list:
+    """The session and run endpoints."""
+    handlers = SessionHandlers(core)
+    return [
+        ("GET", "/v1/sessions", handlers.sessions),
+        ("GET", "/v1/sessions/{key}", handlers.session),
+        ("GET", "/v1/runs", handlers.runs),
+        ("GET", "/v1/runs/{run_id}", handlers.run),
+    ]
+
+
+class SessionHandlers:
+    """Read-only views of the tracker and the ledger."""
+
+    def __init__(self, core: Core):
+        self.core = core
+
+    async def sessions(self, request: Request) -> dict:
+        rows = []
+        name = request.query.get("workspace")
+        for workspace in self.core.workspaces.values():
+            if name and name != workspace.name:
+                continue
+            for session in workspace.tracker.sessions.values():
+                rows.append(dict(session.to_json(), workspace=workspace.name,
+                                 daemon_archived=self._daemon_archived(session.session_id)))
+        rows.sort(key=lambda row: (row["workspace"], row["key"]))
+        return {"sessions": rows}
+
+    def _daemon_archived(self, session_id: int) -> int:
+        return self.core.store.query("SELECT count(*) FROM archived WHERE session_id=?", (session_id,))[0][0]
+
+    async def session(self, request: Request) -> dict:
+        key = request.params["key"]
+        workspace = session_workspace(self.core, key, request.query.get("workspace"))
+        settings = workspace.settings
+        session = workspace.tracker.sessions[key]
+        data = dict(session.to_json(), workspace=workspace.name,
+                    daemon_archived=self._daemon_archived(session.session_id))
+        data["budget"] = settings.budget
+        data["flush_threshold"] = settings.flush_threshold
+        data["target_after_consolidation"] = int(settings.budget * settings.consolidation.ratio)
+        data["vanished_messages"] = len(workspace.tracker.pending(key, vanished_only=True))
+        runs = [run for run in self.core.store.list_runs(workspace=workspace.name, limit=200)
+                if run.session_key == key]
+        data["last_run"] = runs[0].to_json(with_manifest=False) if runs else None
+        return {"session": data}
+
+    async def runs(self, request: Request) -> dict:
+        limit = request.query_int("limit", 50, minimum=1)
+        runs = self.core.store.list_runs(kind=request.query.get("kind") or None,
+                                         workspace=request.query.get("workspace") or None,
+                                         limit=min(limit, MAX_RUNS_LIMIT))
+        return {"runs": [run.to_json(with_manifest=False) for run in runs]}
+
+    async def run(self, request: Request) -> dict:
+        run = self.core.store.get_run(request.params["run_id"])
+        if run is None:
+            raise ApiError(404, "unknown_run", f"no run {request.params['run_id']!r}")
+        return {"run": run.to_json()}

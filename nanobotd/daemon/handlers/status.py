@@ -1,0 +1,40 @@
+"""GET /v1/status: the daemon and every workspace at a glance."""
+
+from __future__ import annotations
+
+import os
+
+from nanobotd import __version__
+from nanobotd.api.router import Request
+from nanobotd.daemon import runs
+from nanobotd.daemon.core import Core
+from nanobotd.daemon.workspace import Workspace
+
+
+def routes(core: Core) -> list:
+    """The status endpoint."""
+    async def status(request: Request) -> dict:
+        queue = core.queue
+        return {
+            "version": __version__, "pid": os.getpid(), "uptime_seconds": round(core.uptime, 1),
+            "socket": str(core.config.socket_path), "state_dir": str(core.config.state_dir),
+            "jobs_running": queue.running_kinds() if queue else [],
+            "workspaces": [workspace_status(core, workspace) for workspace in core.workspaces.values()],
+        }
+
+    return [("GET", "/v1/status", status)]
+
+
+def workspace_status(core: Core, workspace: Workspace) -> dict:
+    """One workspace: counters, watcher health, git, search and the scheduled jobs."""
+    data = workspace.status()
+    watcher = core.watcher
+    folders = [str(folder) for folder in workspace.sessions_dirs]
+    data["watcher"] = {
+        "healthy": bool(watcher and watcher.healthy() and all(f in watcher.health()["folders"] for f in folders)),
+        "mode": watcher.mode if watcher else None,
+        "last_reconcile": data["last_reconcile"],
+        "waiting_for": None if workspace.sessions_dirs else str(workspace.settings.path),
+    }
+    data["jobs"] = runs.next_runs(core, workspace) if core.queue else {}
+    return data

@@ -1,0 +1,63 @@
+"""Keeping the search indexes fresh: debounced, single-flight refreshes after session and memory changes."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from loguru import logger
+
+from nanobotd.daemon.core import Core
+from nanobotd.daemon.workspace import ALL_FILES, Workspace
+
+
+def session_changed(core: Core, workspace: Workspace, path: Path) -> None:
+    """A session file changed: the index refreshes it (debounced)."""
+    schedule_refresh(core, workspace, {path})
+
+
+def memory_changed(core: Core, workspace: Workspace) -> None:
+    """A job changed memory files: refresh the indexes (debounced)."""
+    schedule_refresh(core, workspace, None)
+    if workspace.qmd is not None:
+        workspace.qmd.request_update()
+
+
+def schedule_refresh(core: Core, workspace: Workspace, paths: set[Path] | None) -> None:
+    """Remember what changed and (re)arm the debounce timer."""
+    if paths is None:
+        workspace.pending_paths.add(ALL_FILES)
+    else:
+        workspace.pending_paths |= paths
+    if workspace.refresh_handle is not None:
+        workspace.refresh_handle.cancel()
+    loop = asyncio.get_running_loop()
+    workspace.refresh_handle = loop.call_later(workspace.settings.search.debounce_seconds,
+                                               lambda: loop.create_task(refresh_index(core, workspace)))
+
+
+async def refresh_index(core: Core, workspace: Workspace) -> dict | None:
+    """Bring the builtin index up to date with what changed (single-flight)."""
+    if workspace.refreshing:
+        schedule_refresh(core, workspace, set())
+        return None
+    paths, workspace.pending_paths = workspace.pending_paths, set()
+    changed = None if ALL_FILES in paths or not paths else sorted(paths)
+    workspace.refreshing = True
+    try:
+        loop = asyncio.get_running_loop()
+        workspace.last_refresh = await loop.run_in_executor(core.executor, workspace.index.refresh, changed)
+    except Exception as exc:  # the index is a cache: a failure is logged, never fatal
+        logger.opt(exception=exc).error("workspace {}: index refresh failed: {}", workspace.name, exc)
+    finally:
+        workspace.refreshing = False
+    return workspace.last_refresh
+
+
+async def reindex(core: Core, workspace: Workspace) -> dict:
+    """Rebuild the builtin index from scratch (and update QMD)."""
+    loop = asyncio.get_running_loop()
+    stats = await loop.run_in_executor(core.executor, workspace.index.rebuild)
+    if workspace.qmd is not None and workspace.qmd.available:
+        await workspace.qmd.update_now()
+    return stats

@@ -1,0 +1,103 @@
+"""Starting runs: submission by kind through the job registry, the cron schedule, crash recovery.
+
+Every job kind is run, recovered and restored through `jobs.registry`; what differs per kind here is only
+how the queue treats it (its exclusion target, whether it needs an LLM slot, whether a running one is joined).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Callable
+
+from loguru import logger
+
+from nanobotd.clock import iso_local
+from nanobotd.daemon import indexing
+from nanobotd.daemon.core import Core
+from nanobotd.daemon.workspace import Workspace
+from nanobotd.jobs.registry import SCHEDULED_KINDS, job_kind
+
+
+def _queue_policy(kind: str, workspace: Workspace, params: dict) -> dict:
+    """How the queue treats a run of *kind*: exclusion target, LLM slot, joining, first manifest."""
+    online = not workspace.llm.offline
+    if kind in ("consolidate", "flush"):
+        key = params["session_key"]
+        manifest = {"session": key, "reason": params["reason"]} if kind == "consolidate" else {"session": key}
+        return {"target": f"session:{key}", "session_key": key, "uses_llm": online or kind == "flush",
+                "manifest": manifest}
+    if kind == "restore":
+        return {"target": f"restore:{params['target']}", "uses_llm": False,
+                "manifest": {"target": params["target"], "force": params["force"]}}
+    return {"target": kind, "uses_llm": online and kind == "dream", "join_running": True}
+
+
+def submit(core: Core, workspace: Workspace, kind: str, *, on_done: Callable[[], None] | None = None,
+           **params) -> str:
+    """Queue a run of *kind* in *workspace* with the kind's *params*; returns its run_id."""
+    job = job_kind(kind)
+
+    async def body(run_id: str) -> None:
+        await job.run(workspace.env, run_id, **params)
+        if kind in SCHEDULED_KINDS:
+            run = core.store.get_run(run_id)
+            if run is not None and run.state == "finished":
+                core.store.set_job_success(kind, workspace.name, run_id)
+        indexing.memory_changed(core, workspace)
+        if on_done is not None:
+            on_done()
+
+    return core.queue.submit(kind, workspace.name, body=body, **_queue_policy(kind, workspace, params))
+
+
+def schedule_jobs(core: Core) -> None:
+    """Cron jobs per workspace (dream, lifecycle) and the catch-up of runs missed while the daemon was down."""
+    scheduler = core.scheduler
+    now = core.now().replace(tzinfo=scheduler.timezone)
+    for workspace in core.workspaces.values():
+        for kind in SCHEDULED_KINDS:
+            settings = getattr(workspace.settings, kind)
+            if not getattr(settings, "enabled", True):
+                continue
+            job_id = f"{kind}:{workspace.name}"
+
+            async def fire(workspace=workspace, kind=kind) -> None:
+                submit(core, workspace, kind)
+
+            scheduler.add(job_id, settings.schedule, fire)
+            last = core.store.job_last_success(kind, workspace.name)
+            if last is None:
+                # a baseline, not a success: a run missed from now on is caught up at the next start
+                core.store.set_job_success(kind, workspace.name, None, core.clock())
+            elif scheduler.is_missed(job_id, last, now):
+                asyncio.get_running_loop().call_soon(lambda w=workspace, k=kind: submit(core, w, k))
+
+
+def next_runs(core: Core, workspace: Workspace) -> dict:
+    """Last success and next run per scheduled job."""
+    result = {}
+    for kind in SCHEDULED_KINDS:
+        last = core.store.job_last_success(kind, workspace.name)
+        last_run = core.store.job_last_run(kind, workspace.name)
+        result[kind] = {
+            "last_success": iso_local(last) if last_run else None, "last_run_id": last_run,
+            "next_run": core.scheduler.next_run(f"{kind}:{workspace.name}"),
+            "running": core.queue.busy(workspace.name, kind) if core.queue else False,
+        }
+    return result
+
+
+def recover_interrupted_runs(core: Core) -> None:
+    """Finish or roll back every run a crash left open; queued runs never started and are cancelled."""
+    for run in core.store.list_runs(states=("queued", "started"), limit=100000):
+        workspace = core.workspaces.get(run.workspace)
+        if run.state == "queued" or workspace is None:
+            core.store.finish_run(run.run_id, state="cancelled", outcome="cancelled")
+            continue
+        try:
+            outcome = job_kind(run.kind).recover(workspace.env, run)
+        except Exception as exc:
+            logger.opt(exception=exc).error("recovery of run {} failed: {}", run.run_id, exc)
+            core.store.finish_run(run.run_id, state="failed", outcome="recovery_failed")
+            continue
+        logger.warning("run {} ({}) was interrupted; recovery: {}", run.run_id, run.kind, outcome)

@@ -1,0 +1,91 @@
+"""The session path: a changed file is scanned off the loop, and its counters start the runs it calls for."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from loguru import logger
+
+from nanobotd.daemon import indexing, runs
+from nanobotd.daemon.core import Core
+from nanobotd.daemon.workspace import Workspace
+from nanobotd.memory import history
+
+
+async def scan_and_trigger(core: Core, workspace: Workspace, path: Path) -> None:
+    """A watched file changed: scan it off the loop, then start what its counters call for."""
+    loop = asyncio.get_running_loop()
+    result = await loop.run_in_executor(core.executor, workspace.scan_path, path)
+    if result is not None and result.changed:
+        trigger(core, workspace, result.key, vanished=result.vanished)
+        indexing.session_changed(core, workspace, path)
+
+
+async def reconcile_all(core: Core, *, startup: bool = False) -> None:
+    """Scan every workspace (catches missed events, overflow, recreated folders)."""
+    loop = asyncio.get_running_loop()
+    for workspace in list(core.workspaces.values()):
+        if not workspace.exists:
+            logger.debug("workspace {} does not exist yet; waiting for it", workspace.settings.path)
+            continue
+        results = await loop.run_in_executor(core.executor, workspace.reconcile)
+        if core.watcher is not None:
+            for folder in workspace.sessions_dirs:
+                core.watcher.watch(folder)
+        if startup:
+            unchanged = [result.key for result in results if not result.changed]
+            counts = await loop.run_in_executor(
+                core.executor, lambda: {key: workspace.tracker.vanished_count(key) for key in unchanged})
+        for result in results:
+            if result.changed:
+                trigger(core, workspace, result.key, vanished=result.vanished)
+            elif startup:
+                trigger(core, workspace, result.key, vanished=counts.get(result.key, 0))
+        if startup and core.store.rebuilt:
+            await loop.run_in_executor(core.executor, rebuild_archive_marks, workspace)
+        if startup:
+            loop.create_task(open_workspace(core, workspace))
+
+
+async def open_workspace(core: Core, workspace: Workspace) -> None:
+    """Open git, QMD and the skill file of a freshly scanned workspace, then refresh its index."""
+    await workspace.open()
+    indexing.schedule_refresh(core, workspace, None)
+
+
+def rebuild_archive_marks(workspace: Workspace) -> None:
+    """The state DB was lost: nanobotd's own history entries say which messages it archived."""
+    spans: dict[str, list[dict]] = {}
+    for entry in history.read_history(workspace.env.memory_dir).entries:
+        if entry.span and entry.session_key:
+            spans.setdefault(entry.session_key, []).append(entry.span)
+    marked = sum(workspace.tracker.apply_history_spans(key, key_spans) for key, key_spans in spans.items())
+    if marked:
+        logger.warning("workspace {}: rebuilt {} archive marks from history.jsonl", workspace.name, marked)
+
+
+def trigger(core: Core, workspace: Workspace, key: str, *, vanished: int = 0) -> None:
+    """Submit the runs a session needs now (coalesced by the queue)."""
+    if core.queue is None or not core.queue.accepting:
+        return
+    for kind, reason in workspace.due_jobs(key, vanished):
+        if kind == "flush":
+            runs.submit(core, workspace, "flush", session_key=key)
+        else:
+            submit_consolidate(core, workspace, key, reason=reason)
+
+
+def trigger_idle(core: Core) -> None:
+    """Archive sessions that have been quiet for idle_minutes."""
+    now = core.clock()
+    for workspace in core.workspaces.values():
+        for key in workspace.idle_sessions(now):
+            if not core.queue.busy(workspace.name, f"session:{key}"):
+                submit_consolidate(core, workspace, key, reason="idle")
+
+
+def submit_consolidate(core: Core, workspace: Workspace, key: str, *, reason: str) -> str:
+    """Queue a consolidation of session *key*; when it ends, the session's counters are checked again."""
+    return runs.submit(core, workspace, "consolidate", session_key=key, reason=reason,
+                       on_done=lambda: trigger(core, workspace, key))
