@@ -264,7 +264,7 @@ def observe(setup: NanobotSetup, name: str, session: str, answer: dict, started:
 
 
 def user_message(session: str, index: int) -> str:
-    """A long-ish user message (about 300 tokens) with a unique marker."""
+    """A long-ish user message (about 260 cl100k tokens) with a unique marker."""
     marker = f"MSG-{session.split(':')[1]}-{index}"
     return f"{marker}: please keep this in mind. " + filler(220, seed=index * 13 + len(session))
 
