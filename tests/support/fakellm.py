@@ -1,7 +1,8 @@
 """A real OpenAI-compatible HTTP server on 127.0.0.1 with scripted answers.
 
 Tests and benchmarks point litellm at it so the whole client stack (litellm, the OpenAI SDK, httpx, sockets)
-runs for real; only the model's words are scripted. Also runnable as a process for daemon tests:
+runs for real; only the model's words are scripted. A request with ``"stream": true`` is answered with
+server-sent chunks in OpenAI's streaming format (nanobot always streams). Also runnable as a process for daemon tests:
 ``python -m tests.support.fakellm --port N --latency 0.2 --reply TEXT`` prints the base URL and serves.
 """
 
@@ -24,6 +25,7 @@ DEFAULT_REPLY = "(nothing)"
 HUNG_REPLY = "(hung)"
 POLL_SECONDS = 0.02  # how fast serve_forever notices shutdown(); the stdlib default 0.5 s slows every test
 CLIENT_GONE_ERRORS = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
+STREAM_PIECE_CHARS = 16  # streamed content and tool arguments arrive in pieces this long, as real servers send them
 
 
 @dataclass
@@ -236,17 +238,40 @@ def completion_body(action: Text | ToolCalls | Empty, model: str, call_ids: Call
     return body
 
 
-def stream_chunks(body: dict) -> list[dict]:
-    """The same completion as one server-sent chunk (delta) plus a usage chunk."""
+def stream_chunks(body: dict, *, include_usage: bool = False, piece_chars: int = STREAM_PIECE_CHARS) -> list[dict]:
+    """The same completion as OpenAI streams it: a role chunk, content and tool-call deltas in small pieces,
+    a final chunk carrying finish_reason, then (when the request asked for it) a usage chunk with no choices."""
     choice = body["choices"][0]
-    delta = dict(choice["message"])
-    for index, call in enumerate(delta.get("tool_calls") or []):
-        call["index"] = index
+    message = choice["message"]
     base = {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"], "model": body["model"]}
-    chunks = [{**base, "choices": [{"index": 0, "delta": delta, "finish_reason": choice["finish_reason"]}]}]
-    if "usage" in body:
+
+    def chunk(delta: dict, finish_reason: str | None = None) -> dict:
+        return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
+
+    chunks = [chunk({"role": "assistant", "content": ""})]
+    chunks += [chunk({"content": piece}) for piece in split_pieces(message.get("content") or "", piece_chars)]
+    for index, call in enumerate(message.get("tool_calls") or []):
+        function = call["function"]
+        opening = {"index": index, "id": call["id"], "type": "function",
+                   "function": {"name": function["name"], "arguments": ""}}
+        chunks.append(chunk({"tool_calls": [opening]}))
+        chunks += [chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+                   for piece in split_pieces(function["arguments"], piece_chars)]
+    chunks.append(chunk({}, choice["finish_reason"]))
+    if include_usage and "usage" in body:
         chunks.append({**base, "choices": [], "usage": body["usage"]})
     return chunks
+
+
+def split_pieces(text: str, size: int) -> list[str]:
+    """*text* cut into pieces of at most *size* characters (none for empty text)."""
+    return [text[start:start + size] for start in range(0, len(text), size)]
+
+
+def wants_usage(request: dict) -> bool:
+    """Whether a streaming request asked for the usage chunk (``stream_options.include_usage``)."""
+    options = request.get("stream_options")
+    return isinstance(options, dict) and bool(options.get("include_usage"))
 
 
 def _make_handler(fake: FakeLLM) -> type[BaseHTTPRequestHandler]:
@@ -298,7 +323,7 @@ def _make_handler(fake: FakeLLM) -> type[BaseHTTPRequestHandler]:
             else:
                 body = completion_body(action, request.get("model", FAKE_MODEL_NAME), fake.next_call_id)
                 if request.get("stream"):
-                    self._send_stream(body)
+                    self._send_stream(stream_chunks(body, include_usage=wants_usage(request)))
                 else:
                     self._send_json(200, body)
 
@@ -317,10 +342,10 @@ def _make_handler(fake: FakeLLM) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
-        def _send_stream(self, body: dict) -> None:
-            events = [f"data: {json.dumps(chunk)}\n\n" for chunk in stream_chunks(body)]
+        def _send_stream(self, chunks: list[dict]) -> None:
+            events = [f"data: {json.dumps(chunk)}\n\n" for chunk in chunks]
             data = ("".join(events) + "data: [DONE]\n\n").encode()
-            self._send(200, data, "text/event-stream")
+            self._send(200, data, "text/event-stream", {"Cache-Control": "no-cache"})
 
     return Handler
 
