@@ -1,0 +1,80 @@
+"""The agent's own history entries: following history.jsonl for new ones, and what a cut [RAW] entry dropped.
+
+nanobot appends its own archive entries to the same history.jsonl (with `session_key`, without nanobotd's
+span). Beside such an agent nanobotd must know when the agent archived a session's messages itself, and
+mend a `[RAW]` entry the agent cut at its cap (`... (truncated)`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from nanobotd.memory.history import HistoryEntry, history_path, parse_entry
+
+RAW_PREFIX = "[RAW]"
+TRUNCATED_SUFFIX = "... (truncated)"
+
+
+def is_agent_entry(entry: HistoryEntry) -> bool:
+    """An entry the agent wrote: nanobotd's own entries carry the span of the messages they archive."""
+    return entry.span is None
+
+
+def is_truncated_raw(content: str) -> bool:
+    """A raw transcript the agent cut at its cap: the messages after the cut are lost unless mended."""
+    return content.startswith(RAW_PREFIX) and content.rstrip().endswith(TRUNCATED_SUFFIX)
+
+
+def kept_by_raw(content: str, texts: list[str]) -> int:
+    """How many of the messages (by text, in order) a cut [RAW] entry holds whole; the rest were dropped.
+
+    A message counts as held when its whole text appears after the previous one; the first that does not
+    marks the cut, and everything from it on was dropped.
+    """
+    body = content[:len(content.rstrip()) - len(TRUNCATED_SUFFIX)] if is_truncated_raw(content) else content
+    position = 0
+    for index, text in enumerate(texts):
+        text = text.strip()
+        if not text:
+            continue
+        found = body.find(text, position)
+        if found < 0:
+            return index
+        position = found + len(text)
+    return len(texts)
+
+
+class HistoryFollower:
+    """New entries of history.jsonl since the last look, read from where the last look stopped."""
+
+    def __init__(self, memory_dir: Path, after_cursor: int = 0):
+        self.path = history_path(memory_dir)
+        self.last_cursor = after_cursor
+        self._identity: tuple[int, int] | None = None
+        self._offset = 0
+
+    def poll(self) -> list[HistoryEntry]:
+        """Entries with a cursor above the last one seen (a rewritten file is read again from the start)."""
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            return []
+        identity = (stat.st_dev, stat.st_ino)
+        if identity != self._identity or stat.st_size < self._offset:
+            self._identity, self._offset = identity, 0
+        if stat.st_size == self._offset:
+            return []
+        with open(self.path, "rb") as handle:
+            handle.seek(self._offset)
+            data = handle.read(stat.st_size - self._offset)
+        complete = data.rfind(b"\n") + 1  # a line still being written is read next time
+        self._offset += complete
+        entries = []
+        for line in data[:complete].splitlines():
+            entry = parse_entry(line) if line.strip() else None
+            if entry is not None and entry.cursor > self.last_cursor:
+                entries.append(entry)
+        if entries:
+            self.last_cursor = max(entry.cursor for entry in entries)
+        return entries
