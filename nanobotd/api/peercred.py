@@ -35,3 +35,22 @@ def peer_credentials(sock: Any) -> PeerCredentials | None:
         return None
     pid, uid, gid = UCRED.unpack(raw)
     return PeerCredentials(pid=pid, uid=uid, gid=gid)
+
+
+def peer_groups(pid: int) -> set[int]:
+    """The peer process's primary and supplementary group ids (from /proc); empty when it cannot be read.
+
+    SO_PEERCRED names only the primary gid, so a peer allowed through a supplementary group is found here.
+    """
+    groups: set[int] = set()
+    try:
+        with open(f"/proc/{int(pid)}/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                name, _, value = line.partition(":")
+                if name == "Groups":
+                    groups.update(int(item) for item in value.split() if item.isdigit())
+                elif name == "Gid":
+                    groups.update(int(item) for item in value.split()[:1] if item.isdigit())
+    except (OSError, ValueError):
+        return set()
+    return groups

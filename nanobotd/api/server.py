@@ -20,7 +20,7 @@ from typing import Iterable
 from loguru import logger
 
 from nanobotd import fsio
-from nanobotd.api.peercred import PeerCredentials, peer_credentials
+from nanobotd.api.peercred import PeerCredentials, peer_credentials, peer_groups
 from nanobotd.api.router import ApiError, Request, Router
 from nanobotd.api.wire import (MAX_BODY_BYTES, MAX_HEAD_BYTES, ClientGone, RequestHead, as_response, encode,
                                encode_error, parse_json, parse_query, read_body, read_head)
@@ -31,6 +31,8 @@ STOP_GRACE_SECONDS = 2.0
 BACKLOG = 64
 SOCKET_MODE = 0o600
 DIR_MODE = 0o700
+GROUP_SOCKET_MODE = 0o660  # with daemon.socket_group: the group may connect
+GROUP_DIR_MODE = 0o710  # ... and pass through the directory, not list it
 LOCK_SUFFIX = ".lock"
 OWN_ENTRY_SUFFIXES = ("", LOCK_SUFFIX)
 
@@ -47,10 +49,11 @@ class ControlServer:
     """Serves a Router on a 0600 Unix socket inside a 0700 directory, for our own uid and root only."""
 
     def __init__(self, socket_path: Path, router: Router, *, allowed_uids: Iterable[int] | None = None,
-                 read_timeout: float = READ_TIMEOUT_SECONDS) -> None:
+                 socket_gid: int | None = None, read_timeout: float = READ_TIMEOUT_SECONDS) -> None:
         self.socket_path = Path(socket_path)
         self.router = router
         self.allowed_uids = frozenset({os.geteuid(), 0} if allowed_uids is None else allowed_uids)
+        self.socket_gid = socket_gid
         self.read_timeout = read_timeout
         self._server: asyncio.AbstractServer | None = None
         self._lock = contextlib.ExitStack()
@@ -66,11 +69,11 @@ class ControlServer:
         """Secure the directory, take over a stale socket file, bind and listen; SocketInUse if taken."""
         if self._server is not None:
             return
-        ensure_private_dir(self.socket_path.parent, own_name=self.socket_path.name)
+        ensure_private_dir(self.socket_path.parent, own_name=self.socket_path.name, group=self.socket_gid)
         self._take_lock()
         try:
             await self._clear_stale_socket()
-            sock = _bind_socket(self.socket_path)
+            sock = _bind_socket(self.socket_path, group=self.socket_gid)
             info = os.stat(self.socket_path)
             self._socket_identity = (info.st_dev, info.st_ino)
             self._server = await asyncio.start_unix_server(self._on_connection, sock=sock, limit=MAX_HEAD_BYTES)
@@ -166,11 +169,22 @@ class ControlServer:
                                          f"request not received within {self.read_timeout:g}s"))
         except ApiError as error:
             return encode_error(error)
-        if credentials is None or credentials.uid not in self.allowed_uids:
+        if not self.allowed(credentials):
             logger.warning("refused a control request from uid {} (pid {})",
                            getattr(credentials, "uid", "unknown"), getattr(credentials, "pid", "unknown"))
-            return encode_error(ApiError(403, "forbidden", "only the daemon's own user and root may use this socket"))
+            who = "the daemon's own user, root" + (" and the socket group" if self.socket_gid is not None else "")
+            return encode_error(ApiError(403, "forbidden", f"only {who} may use this socket"))
         return await self._dispatch(head, body, credentials)
+
+    def allowed(self, credentials: PeerCredentials | None) -> bool:
+        """The daemon's uid or root; with a socket group, also any process in it (primary or supplementary)."""
+        if credentials is None:
+            return False
+        if credentials.uid in self.allowed_uids:
+            return True
+        if self.socket_gid is None:
+            return False
+        return credentials.gid == self.socket_gid or self.socket_gid in peer_groups(credentials.pid)
 
     async def _dispatch(self, head: RequestHead, body: bytes, credentials: PeerCredentials) -> bytes:
         path, _, query_string = head.target.partition("#")[0].partition("?")
@@ -189,8 +203,8 @@ class ControlServer:
             return encode_error(ApiError(500, "internal", f"internal error ({detail}); see the daemon log"))
 
 
-def ensure_private_dir(directory: Path, *, own_name: str = "") -> None:
-    """Make *directory* a 0700 directory owned by us; refuse one owned by another uid or shared.
+def ensure_private_dir(directory: Path, *, own_name: str = "", group: int | None = None) -> None:
+    """Make *directory* a 0700 directory owned by us (0710 of *group*); refuse one of another uid or shared.
 
     A looser directory of ours is tightened only when it holds nothing but our own socket files, so a
     socket misconfigured into /run or /tmp never changes the mode of a directory others rely on.
@@ -207,19 +221,22 @@ def ensure_private_dir(directory: Path, *, own_name: str = "") -> None:
     if info.st_uid != os.geteuid():
         raise ControlSocketError(f"socket directory {directory} is owned by uid {info.st_uid}, not by this "
                                  f"daemon's uid {os.geteuid()}; refusing to listen there")
+    wanted = DIR_MODE if group is None else GROUP_DIR_MODE
+    if group is not None and info.st_gid != group:
+        os.chown(directory, -1, group)
     mode = stat.S_IMODE(info.st_mode)
-    if mode == DIR_MODE:
+    if mode == wanted:
         return
     own_entries = {own_name + suffix for suffix in OWN_ENTRY_SUFFIXES}
     foreign = [name for name in os.listdir(directory) if name not in own_entries]
     if foreign:
         raise ControlSocketError(f"socket directory {directory} has mode {mode:04o} and holds other files; "
                                  f"put the socket in a private directory (e.g. {directory / 'nanobotd'}/)")
-    os.chmod(directory, DIR_MODE)
-    logger.warning("tightened socket directory {} from {:04o} to {:04o}", directory, mode, DIR_MODE)
+    os.chmod(directory, wanted)
+    logger.warning("set socket directory {} from {:04o} to {:04o}", directory, mode, wanted)
 
 
-def _bind_socket(path: Path) -> socket.socket:
+def _bind_socket(path: Path, *, group: int | None = None) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     # The socket node is created under this umask, so it is never reachable with group/other bits.
     previous_umask = os.umask(0o077)
@@ -232,7 +249,9 @@ def _bind_socket(path: Path) -> socket.socket:
         raise ControlSocketError(f"cannot bind the control socket {path}: {exc}") from None
     finally:
         os.umask(previous_umask)
-    os.chmod(path, SOCKET_MODE)
+    if group is not None:
+        os.chown(path, -1, group)
+    os.chmod(path, SOCKET_MODE if group is None else GROUP_SOCKET_MODE)
     sock.listen(BACKLOG)
     sock.setblocking(False)
     return sock

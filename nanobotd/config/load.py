@@ -221,6 +221,8 @@ def _check_daemon(daemon: DaemonSettings) -> None:
         raise ConfigError(f"daemon.log_level: expected one of {', '.join(LOG_LEVELS)}, got {daemon.log_level!r}")
     if daemon.reconcile_seconds < 1:
         raise ConfigError("daemon.reconcile_seconds: must be at least 1")
+    if daemon.socket_group and socket_group_id(daemon.socket_group) is None:
+        raise ConfigError(f"daemon.socket_group: no group named {daemon.socket_group!r} on this machine")
     if daemon.timezone:
         try:
             zoneinfo.ZoneInfo(daemon.timezone)
@@ -258,3 +260,15 @@ def check_cron(expression: str, key: str) -> None:
         CronTrigger.from_crontab(expression)
     except ValueError as exc:
         raise ConfigError(f"{key}: invalid cron expression {expression!r}: {exc}") from None
+
+
+def socket_group_id(name: str) -> int | None:
+    """The gid of `daemon.socket_group` (a group name or a number); None when there is no such group."""
+    import grp
+
+    if name.isdigit():
+        return int(name)
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        return None

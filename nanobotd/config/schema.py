@@ -23,6 +23,7 @@ class DaemonSettings:
     debounce_seconds: float = 1.0
     timezone: str = ""
     job_stop_seconds: float = 20.0
+    socket_group: str = ""
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from loguru import logger
 
 from nanobotd import __version__, tokens
 from nanobotd.api.server import ControlServer
-from nanobotd.config.load import Config, ConfigError, load_config
+from nanobotd.config.load import Config, ConfigError, load_config, socket_group_id
 from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.daemon import runs, triggers
 from nanobotd.daemon.core import Core, config_timezone
@@ -61,7 +61,9 @@ class Daemon:
         for settings in self.config.workspaces:
             core.workspaces[settings.name] = self._new_workspace(settings)
         runs.recover_interrupted_runs(core)
-        self.server = ControlServer(self.config.socket_path, build_router(core))
+        group = self.config.daemon.socket_group
+        self.server = ControlServer(self.config.socket_path, build_router(core),
+                                    socket_gid=socket_group_id(group) if group else None)
         await self.server.start()
         self.notifier.ready()
         self.notifier.status(f"listening on {self.config.socket_path}")

@@ -403,14 +403,14 @@ def test_stop_removes_the_socket_and_a_restart_works(socket_path: Path) -> None:
         assert request(socket_path, "GET", "/v1/status")[0] == 200
 
 
-def run_as_other_uid(socket_path: Path, raw: bytes) -> bytes:
-    """Fork a child that drops to uid 65534 before connecting; return what it read (or the error)."""
+def run_as_other_uid(socket_path: Path, raw: bytes, groups: list[int] | None = None) -> bytes:
+    """Fork a child that drops to uid 65534 (with supplementary *groups*) before connecting; return what it read."""
     reader, writer = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: only raw syscalls, then _exit, so nothing of pytest runs twice
         try:
             os.close(reader)
-            os.setgroups([])
+            os.setgroups(groups or [])
             os.setgid(OTHER_UID)
             os.setuid(OTHER_UID)
             try:
@@ -473,3 +473,24 @@ def test_router_rejects_duplicate_and_partial_parameter_routes() -> None:
         router.add("GET", "/v1/runs/run-{id}", handler)
     router.add("POST", "/v1/sessions/{key}", handler)
     assert router.routes() == [("GET", "/v1/sessions/{key}"), ("POST", "/v1/sessions/{key}")]
+
+
+SOCKET_GID = 47111  # any gid works: the kernel and /proc know it without /etc/group
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another uid with chosen groups")
+def test_a_peer_in_the_socket_group_is_allowed_and_one_outside_it_is_refused(socket_path: Path) -> None:
+    with ServerThread(ControlServer(socket_path, sample_router(), socket_gid=SOCKET_GID)):
+        os.chmod(socket_path.parent.parent, 0o711)  # the test's own tmp folders; the socket folder is 0710
+        info, folder = os.stat(socket_path), os.stat(socket_path.parent)
+        assert (stat.S_IMODE(info.st_mode), info.st_gid) == (0o660, SOCKET_GID)
+        assert (stat.S_IMODE(folder.st_mode), folder.st_gid) == (0o710, SOCKET_GID)
+        member = parse_response(run_as_other_uid(socket_path, b"GET /v1/status HTTP/1.1\r\n\r\n",
+                                                    [SOCKET_GID]))
+        assert member[0] == 200
+        # outside the group the modes already stop it; opened up, the peer check still refuses it
+        assert run_as_other_uid(socket_path, b"GET /v1/status HTTP/1.1\r\n\r\n", []) == b"ERROR PermissionError"
+        os.chmod(socket_path.parent, 0o711)
+        os.chmod(socket_path, 0o666)
+        outsider = parse_response(run_as_other_uid(socket_path, b"GET /v1/status HTTP/1.1\r\n\r\n", [4242]))
+        assert (outsider[0], outsider[2]["error"]["code"]) == (403, "forbidden")
