@@ -17,13 +17,15 @@ from pathlib import Path
 
 import pytest
 
+from nanobotd.cli import client, render
 from nanobotd.cli import nanobotctl as ctl
 from nanobotd.api.router import ApiError, Request, Response, Router
 from nanobotd.api.server import ControlServer
 
 NANOBOTCTL = Path(sys.executable).with_name("nanobotctl")
 HEAVY_MODULES = ("loguru", "litellm", "git", "watchdog", "sdnotify", "apscheduler", "tiktoken", "nanobotd.api")
-ALLOWED_OWN_MODULES = {"nanobotd", "nanobotd.cli", "nanobotd.cli.nanobotctl", "nanobotd.config", "nanobotd.config.paths"}
+ALLOWED_OWN_MODULES = {"nanobotd", "nanobotd.cli", "nanobotd.cli.client", "nanobotd.cli.nanobotctl",
+                       "nanobotd.cli.render", "nanobotd.config", "nanobotd.config.paths"}
 
 STATUS = {
     "version": "0.1.0", "pid": 4321, "uptime_seconds": 3725,
@@ -271,11 +273,11 @@ def test_the_socket_comes_from_env_then_config_then_the_default(tmp_path: Path) 
     config.write_text('[daemon]\nsocket = "/run/custom/nb.sock"\n')
     parse = ctl.build_parser().parse_args
     environ = {"NANOBOTD_SOCKET": "/tmp/env.sock", "XDG_RUNTIME_DIR": "/run/user/1000", "HOME": str(tmp_path)}
-    assert ctl.resolve_socket(parse(["--socket", "/tmp/a.sock", "status"]), environ) == Path("/tmp/a.sock")
-    assert ctl.resolve_socket(parse(["status"]), environ) == Path("/tmp/env.sock")
+    assert client.resolve_socket(parse(["--socket", "/tmp/a.sock", "status"]), environ) == Path("/tmp/a.sock")
+    assert client.resolve_socket(parse(["status"]), environ) == Path("/tmp/env.sock")
     del environ["NANOBOTD_SOCKET"]
-    assert ctl.resolve_socket(parse(["--config", str(config), "status"]), environ) == Path("/run/custom/nb.sock")
-    assert ctl.resolve_socket(parse(["status"]), environ) == Path("/run/user/1000/nanobotd/nanobotd.sock")
+    assert client.resolve_socket(parse(["--config", str(config), "status"]), environ) == Path("/run/custom/nb.sock")
+    assert client.resolve_socket(parse(["status"]), environ) == Path("/run/user/1000/nanobotd/nanobotd.sock")
 
 
 def test_a_missing_config_file_is_reported(tmp_path: Path) -> None:
@@ -404,7 +406,7 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture) -> None:
 
 
 def test_format_table_aligns_columns_and_marks_missing_values() -> None:
-    lines = ctl.format_table(["NAME", "COUNT", "OK"], [["a", 5, True], ["longer", 12345, None]])
+    lines = render.format_table(["NAME", "COUNT", "OK"], [["a", 5, True], ["longer", 12345, None]])
     assert lines == ["NAME    COUNT  OK", "a           5  yes", "longer  12345  -"]
 
 

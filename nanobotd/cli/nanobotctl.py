@@ -1,140 +1,29 @@
 """nanobotctl: the command-line client of a running nanobotd, over its control socket.
 
-Standard library only, importing nothing of nanobotd but `paths`, so `nanobotctl status` starts in
-tens of milliseconds. Exit codes: 0 ok, 1 the daemon refused or a run failed, 2 cannot connect.
+Standard library only, importing nothing of nanobotd but `cli` and `config.paths`, so `nanobotctl status`
+starts in tens of milliseconds. Exit codes: 0 ok, 1 the daemon refused or a run failed, 2 cannot connect.
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, TextIO
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
 from nanobotd import __version__
-from nanobotd.config import paths
+from nanobotd.cli.client import DEFAULT_TIMEOUT_SECONDS, CannotConnect, Client, DaemonError, resolve_socket
+from nanobotd.cli.render import format_cell, format_duration, format_fields, format_location, format_table
 
-DEFAULT_TIMEOUT_SECONDS = 30.0
 POLL_SECONDS = 0.2
 PENDING_STATES = ("queued", "started")
 FAILED_STATE = "failed"
-MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 EXIT_OK, EXIT_DAEMON_ERROR, EXIT_CANNOT_CONNECT = 0, 1, 2
 EXIT_BROKEN_PIPE, EXIT_INTERRUPTED = 141, 130
-START_HINT = ("Is nanobotd running? Start it with `nanobotd run --workspace DIR`, or as a service with "
-              "`systemctl --user start nanobotd` (system-wide: `systemctl start nanobotd`). "
-              "Use --socket PATH if it listens elsewhere.")
-PERMISSION_HINT = "The daemon runs as another user: run nanobotctl as that user or as root."
-
-
-class CannotConnect(Exception):
-    """Nothing answers on the control socket (or we may not use it); hint says what to do."""
-
-    def __init__(self, message: str, hint: str = START_HINT) -> None:
-        super().__init__(message)
-        self.hint = hint
-
-
-class DaemonError(Exception):
-    """The daemon answered with an error, or with something that is not its API."""
-
-    def __init__(self, message: str, status: int | None = None, code: str = "") -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.code = code
-
-
-class UnixHTTPConnection(http.client.HTTPConnection):
-    """http.client over an AF_UNIX stream socket."""
-
-    def __init__(self, socket_path: Path, timeout: float) -> None:
-        super().__init__("nanobotd", timeout=timeout)
-        self.socket_path = socket_path
-
-    def connect(self) -> None:
-        """Connect to the socket path instead of a host and port."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(str(self.socket_path))
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
-
-
-class Client:
-    """One HTTP request per connection to the daemon, JSON in and out."""
-
-    def __init__(self, socket_path: Path, timeout: float, workspace: str | None = None) -> None:
-        self.socket_path = socket_path
-        self.timeout = timeout
-        self.workspace = workspace
-
-    def get(self, path: str, query: Mapping[str, Any] | None = None) -> dict:
-        """GET *path* with the non-empty *query* values (plus the workspace, when one was chosen)."""
-        query = {name: value for name, value in (query or {}).items() if value not in (None, "")}
-        if self.workspace:
-            query.setdefault("workspace", self.workspace)
-        if query:
-            path = f"{path}?{urlencode({name: _query_value(value) for name, value in query.items()})}"
-        return self.request("GET", path)
-
-    def post(self, path: str, body: Mapping[str, Any] | None = None) -> dict:
-        """POST a JSON *body* (plus the workspace, when one was chosen)."""
-        body = dict(body or {})
-        if self.workspace:
-            body.setdefault("workspace", self.workspace)
-        return self.request("POST", path, body)
-
-    def request(self, method: str, path: str, body: Any = None) -> dict:
-        """Send one request; CannotConnect when nobody listens, DaemonError on an error answer."""
-        connection = UnixHTTPConnection(self.socket_path, self.timeout)
-        try:
-            try:
-                connection.connect()
-            except (OSError, TimeoutError) as exc:
-                message = f"cannot connect to nanobotd at {self.socket_path}: {exc.strerror or exc}"
-                if isinstance(exc, PermissionError):
-                    raise CannotConnect(message, PERMISSION_HINT) from None
-                raise CannotConnect(message) from None
-            status, payload = self._exchange(connection, method, path, body)
-        finally:
-            connection.close()
-        if status >= 400:
-            error = payload.get("error") if isinstance(payload, dict) else None
-            if not isinstance(error, dict):
-                raise DaemonError(f"daemon answered HTTP {status}", status)
-            raise DaemonError(str(error.get("message") or error.get("code") or f"HTTP {status}"), status,
-                              str(error.get("code", "")))
-        if not isinstance(payload, dict):
-            raise DaemonError("the daemon's answer is not a JSON object", status)
-        return payload
-
-    def _exchange(self, connection: UnixHTTPConnection, method: str, path: str, body: Any) -> tuple[int, Any]:
-        encoded = None if body is None else json.dumps(body).encode("utf-8")
-        headers = {"Accept": "application/json", "Connection": "close"}
-        if encoded is not None:
-            headers["Content-Type"] = "application/json"
-        try:
-            connection.request(method, path, body=encoded, headers=headers)
-            response = connection.getresponse()
-            raw = response.read(MAX_RESPONSE_BYTES)
-        except TimeoutError:
-            raise DaemonError(f"nanobotd did not answer within {self.timeout:g}s (try --timeout)") from None
-        except (OSError, http.client.HTTPException) as exc:
-            raise DaemonError(f"connection to nanobotd lost: {exc}") from None
-        try:
-            return response.status, json.loads(raw) if raw else {}
-        except ValueError:
-            raise DaemonError(f"the daemon's answer (HTTP {response.status}) is not JSON", response.status) from None
 
 
 class Context:
@@ -158,86 +47,6 @@ class Context:
     def emit_json(self, data: Any) -> None:
         """Print *data* as indented JSON."""
         self.out(json.dumps(data, indent=2, ensure_ascii=False))
-
-
-# ---- rendering helpers -------------------------------------------------------------------------------
-
-
-def format_cell(value: Any) -> str:
-    """A table or field value as short single-line text."""
-    if value is None or value == "":
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
-    if isinstance(value, dict):
-        return ", ".join(f"{key}={format_cell(item)}" for key, item in value.items()) or "-"
-    if isinstance(value, (list, tuple)):
-        return ", ".join(format_cell(item) for item in value) or "-"
-    return " ".join(str(value).split())
-
-
-def format_table(headers: list[str], rows: list[list[Any]]) -> list[str]:
-    """Plain aligned columns; numeric columns right-aligned."""
-    cells = [[format_cell(value) for value in row] for row in rows]
-    numeric = [_is_numeric_column([row[index] for row in rows]) for index in range(len(headers))]
-    widths = [max([len(header)] + [len(row[index]) for row in cells]) for index, header in enumerate(headers)]
-    lines = []
-    for row in [headers] + cells:
-        parts = [text.rjust(width) if numeric[index] and row is not headers else text.ljust(width)
-                 for index, (text, width) in enumerate(zip(row, widths))]
-        lines.append("  ".join(parts).rstrip())
-    return lines
-
-
-def _is_numeric_column(values: list[Any]) -> bool:
-    present = [value for value in values if value not in (None, "")]
-    return bool(present) and all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in present)
-
-
-def format_fields(data: Mapping[str, Any], indent: str = "") -> list[str]:
-    """`key: value` lines, nested objects indented below their key."""
-    width = max((len(str(key)) for key in data), default=0)
-    lines = []
-    for key, value in data.items():
-        if isinstance(value, dict) and value:
-            lines.append(f"{indent}{key}:")
-            lines.extend(format_fields(value, indent + "  "))
-        else:
-            lines.append(f"{indent}{str(key) + ':':<{width + 1}} {format_cell(value)}")
-    return lines
-
-
-def format_duration(seconds: Any) -> str:
-    """3725 -> '1h 2m 5s'."""
-    if not isinstance(seconds, (int, float)):
-        return format_cell(seconds)
-    remaining, parts = int(seconds), []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if remaining >= size:
-            parts.append(f"{remaining // size}{unit}")
-            remaining %= size
-    if remaining or not parts:
-        parts.append(f"{remaining}s")
-    return " ".join(parts)
-
-
-def format_location(hit: Mapping[str, Any]) -> str:
-    """Where a search hit lives: `path:L10-14` or `session KEY #3-8`."""
-    if hit.get("session_key"):
-        return f"session {hit['session_key']}{_span(' #', hit.get('message_start'), hit.get('message_end'))}"
-    return f"{hit.get('path') or '?'}{_span(':L', hit.get('line_start'), hit.get('line_end'))}"
-
-
-def _span(prefix: str, start: Any, end: Any) -> str:
-    if start is None:
-        return ""
-    return f"{prefix}{start}" if end in (None, start) else f"{prefix}{start}-{end}"
-
-
-def _query_value(value: Any) -> str:
-    return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
 # ---- commands ----------------------------------------------------------------------------------------
@@ -584,16 +393,6 @@ def _add_global_options(parser: argparse.ArgumentParser, *, argparse_defaults: b
 
 def _add_wait(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", action="store_true", help="wait for the run to finish and print it")
-
-
-def resolve_socket(args: argparse.Namespace, environ: Mapping[str, str]) -> Path:
-    """--socket, else $NANOBOTD_SOCKET, else the config's [daemon] socket, else the default path."""
-    if args.socket:
-        return Path(args.socket).expanduser()
-    if environ.get("NANOBOTD_SOCKET"):
-        return Path(environ["NANOBOTD_SOCKET"]).expanduser()
-    config_path = Path(args.config).expanduser() if args.config else paths.default_config_path(environ)
-    return paths.socket_from_config(config_path) or paths.default_socket_path(environ)
 
 
 def main(argv: list[str] | None = None, *, environ: Mapping[str, str] | None = None,
