@@ -17,15 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from nanobotd.cli import client, render
+from nanobotd.cli import client, invocation, render
+from nanobotd.cli.commands import jobs
 from nanobotd.cli import nanobotctl as ctl
 from nanobotd.api.router import ApiError, Request, Response, Router
 from nanobotd.api.server import ControlServer
 
 NANOBOTCTL = Path(sys.executable).with_name("nanobotctl")
 HEAVY_MODULES = ("loguru", "litellm", "git", "watchdog", "sdnotify", "apscheduler", "tiktoken", "nanobotd.api")
-ALLOWED_OWN_MODULES = {"nanobotd", "nanobotd.cli", "nanobotd.cli.client", "nanobotd.cli.nanobotctl",
-                       "nanobotd.cli.render", "nanobotd.config", "nanobotd.config.paths"}
+ALLOWED_OWN_MODULES = {"nanobotd", "nanobotd.cli", "nanobotd.cli.client", "nanobotd.cli.invocation",
+                       "nanobotd.cli.nanobotctl", "nanobotd.cli.render", "nanobotd.cli.commands",
+                       "nanobotd.cli.commands.jobs", "nanobotd.cli.commands.reports", "nanobotd.cli.commands.search",
+                       "nanobotd.cli.commands.sessions", "nanobotd.config", "nanobotd.config.paths"}
 
 STATUS = {
     "version": "0.1.0", "pid": 4321, "uptime_seconds": 3725,
@@ -315,7 +318,7 @@ def test_consolidate_queues_a_run_and_wait_polls_until_it_ends(socket_path: Path
     code, out, _ = run_ctl(socket_path, "consolidate", "cli:direct", "--wait")
     assert code == 0
     assert "state:  done" in out
-    assert time.monotonic() - started >= 2 * ctl.POLL_SECONDS
+    assert time.monotonic() - started >= 2 * jobs.POLL_SECONDS
     assert [request.path for request in daemon.requests[-3:]] == ["/v1/runs/run-cli%3Adirect"] * 3
 
 
@@ -395,7 +398,7 @@ def test_a_closed_stdout_ends_quietly(socket_path: Path, daemon: Daemon) -> None
 
     stderr = io.StringIO()
     code = ctl.main(["--socket", str(socket_path), "sessions"], environ={}, stdout=ClosedPipe(), stderr=stderr)
-    assert code == ctl.EXIT_BROKEN_PIPE
+    assert code == invocation.EXIT_BROKEN_PIPE
     assert stderr.getvalue() == ""
 
 
