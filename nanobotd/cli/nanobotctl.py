@@ -60,8 +60,8 @@ def _add_job_commands(add: AddCommand) -> None:
         sub = add(name, handler, help_text)
         sub.add_argument("key")
         _add_wait(sub)
-    dream = add("dream", jobs.dream, "queue a dream")
-    dream.add_argument("--now", action="store_true", help="run now, regardless of the schedule")
+    dream = add("dream", jobs.dream, "queue a dream now, whatever the schedule")
+    _add_deprecated_now(dream)
     _add_wait(dream)
     add("dream-log", jobs.dream_log, "show a dream commit").add_argument("target", nargs="?", metavar="RUN_ID|SHA")
     restore = add("restore", jobs.restore, "undo a run or a dream commit as a new change")
@@ -70,10 +70,10 @@ def _add_job_commands(add: AddCommand) -> None:
     restore.add_argument("--force", action="store_true", help="restore even over later edits")
     _add_wait(restore)
     lifecycle = add("lifecycle", jobs.lifecycle, "age daily notes and compact history")
-    lifecycle.add_argument("--now", action="store_true")
+    _add_deprecated_now(lifecycle)
     lifecycle.add_argument("--dry-run", action="store_true")
     _add_wait(lifecycle)
-    _add_wait(add("reindex", jobs.reindex, "refresh the search indexes"))
+    add("reindex", jobs.reindex, "refresh the search indexes and print what was indexed")
 
 
 def _add_report_commands(add: AddCommand) -> None:
@@ -109,6 +109,12 @@ def _add_wait(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", action="store_true", help="wait for the run to finish and print it")
 
 
+def _add_deprecated_now(parser: argparse.ArgumentParser) -> None:
+    # Hidden and warned about: these jobs always start now, but the audit's fix advice and older scripts
+    # still say `--now`. Drop this once nothing spells it any more.
+    parser.add_argument("--now", action="store_true", dest="deprecated_now", help=argparse.SUPPRESS)
+
+
 def main(argv: list[str] | None = None, *, environ: Mapping[str, str] | None = None,
          stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     """Run nanobotctl and return its exit code (the console script passes it to sys.exit)."""
@@ -122,6 +128,8 @@ def main(argv: list[str] | None = None, *, environ: Mapping[str, str] | None = N
     if args.config and not Path(args.config).expanduser().is_file():
         stderr.write(f"nanobotctl: config file {args.config} not found\n")
         return EXIT_CANNOT_CONNECT
+    if getattr(args, "deprecated_now", False):
+        stderr.write(f"nanobotctl: {args.command} always starts now; --now is not needed and will go away\n")
     client = Client(resolve_socket(args, environ), args.timeout, args.workspace)
     return _run_command(Invocation(client=client, args=args, stdout=stdout, stderr=stderr))
 

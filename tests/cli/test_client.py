@@ -65,4 +65,4 @@ def test_workspace_is_sent_as_query_or_body_param(socket_path: Path, daemon: Fak
     run_ctl(socket_path, "--workspace", "second", "sessions")
     assert daemon.requests[-1].query == {"workspace": "second"}
     run_ctl(socket_path, "dream", "--workspace", "second")
-    assert daemon.requests[-1].body == {"now": False, "workspace": "second"}
+    assert daemon.requests[-1].body == {"workspace": "second"}

@@ -27,18 +27,20 @@ def flush(invocation: Invocation) -> int:
 
 
 def dream(invocation: Invocation) -> int:
-    """Queue a dream (with --now: regardless of the schedule)."""
-    return report_started(invocation, invocation.client.post("/v1/dream", {"now": invocation.args.now}))
+    """Queue a dream now, whatever the schedule says, to tidy memory after a busy day."""
+    return report_started(invocation, invocation.client.post("/v1/dream"))
 
 
 def lifecycle(invocation: Invocation) -> int:
     """Age daily notes and compact history now, or show the plan."""
-    body = {"now": invocation.args.now, "dry_run": invocation.args.dry_run}
-    return report_started(invocation, invocation.client.post("/v1/lifecycle", body))
+    return report_started(invocation, invocation.client.post("/v1/lifecycle", {"dry_run": invocation.args.dry_run}))
 
 
 def reindex(invocation: Invocation) -> int:
-    """Refresh the search indexes, after editing memory files by hand for instance."""
+    """Refresh the search indexes, after editing memory files by hand for instance.
+
+    The daemon answers once the indexes are rebuilt, so there is no run to wait for.
+    """
     return report_started(invocation, invocation.client.post("/v1/reindex"))
 
 
