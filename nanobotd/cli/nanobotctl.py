@@ -19,6 +19,12 @@ from nanobotd.cli.commands import jobs, reports, search, sessions
 from nanobotd.cli.invocation import (EXIT_BROKEN_PIPE, EXIT_CANNOT_CONNECT, EXIT_DAEMON_ERROR, EXIT_INTERRUPTED,
                                      EXIT_OK, Invocation)
 
+# The daemon's vocabulary and limits, repeated here because nanobotctl must not import the daemon.
+RUN_KINDS = ("consolidate", "flush", "dream", "lifecycle", "restore")
+SEARCH_MODES = ("search", "vsearch", "query")
+DEFAULT_RUNS_LIMIT, MAX_RUNS_LIMIT = 50, 1000
+DEFAULT_SEARCH_LIMIT, MAX_SEARCH_LIMIT = 10, 100
+
 Command = Callable[[Invocation], int]
 AddCommand = Callable[[str, Command, str], argparse.ArgumentParser]
 
@@ -30,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_global_options(parser, argparse_defaults=True)
     common = argparse.ArgumentParser(add_help=False)
     _add_global_options(common, argparse_defaults=False)
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, help="what to do:")
 
     def add(name: str, handler: Command, help_text: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, parents=[common], help=help_text, description=help_text)
@@ -47,49 +53,61 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_session_commands(add: AddCommand) -> None:
     add("status", sessions.status, "daemon and workspace health")
     add("sessions", sessions.sessions, "list tracked sessions")
-    add("session", sessions.session, "show one session").add_argument("key")
-    runs = add("runs", sessions.runs, "list recent runs")
-    runs.add_argument("--kind")
-    runs.add_argument("--limit", type=int)
-    add("run", sessions.run, "show one run and its manifest").add_argument("run_id")
+    _add_session_key(add("session", sessions.session, "show one session"))
+    runs = add("runs", sessions.runs, "list recent runs, newest first")
+    runs.add_argument("--kind", choices=RUN_KINDS, help="only runs of this job kind")
+    runs.add_argument("--limit", type=int, metavar="N",
+                      help=f"show at most N runs (default {DEFAULT_RUNS_LIMIT}, at most {MAX_RUNS_LIMIT})")
+    add("run", sessions.run, "show one run and its manifest").add_argument(
+        "run_id", metavar="RUN_ID", help="the run's id, as `nanobotctl runs` lists it")
 
 
 def _add_job_commands(add: AddCommand) -> None:
     for name, handler, help_text in (("consolidate", jobs.consolidate, "archive a session's unarchived tail now"),
                                      ("flush", jobs.flush, "flush durable facts from a session into today's note")):
-        sub = add(name, handler, help_text)
-        sub.add_argument("key")
-        _add_wait(sub)
+        _add_wait(_add_session_key(add(name, handler, help_text)))
     dream = add("dream", jobs.dream, "queue a dream now, whatever the schedule")
     _add_deprecated_now(dream)
     _add_wait(dream)
-    add("dream-log", jobs.dream_log, "show a dream commit").add_argument("target", nargs="?", metavar="RUN_ID|SHA")
+    add("dream-log", jobs.dream_log, "show a dream commit").add_argument(
+        "target", nargs="?", metavar="RUN_ID|SHA", help="a dream's run id or commit (default: the newest dream)")
     restore = add("restore", jobs.restore, "undo a run or a dream commit as a new change")
-    restore.add_argument("target", metavar="RUN_ID|SHA")
+    restore.add_argument("target", metavar="RUN_ID|SHA", help="the run id or dream commit to undo")
     restore.add_argument("--dry-run", action="store_true", help="show what would change")
     restore.add_argument("--force", action="store_true", help="restore even over later edits")
     _add_wait(restore)
-    lifecycle = add("lifecycle", jobs.lifecycle, "age daily notes and compact history")
+    lifecycle = add("lifecycle", jobs.lifecycle, "age daily notes and compact history now")
     _add_deprecated_now(lifecycle)
-    lifecycle.add_argument("--dry-run", action="store_true")
+    lifecycle.add_argument("--dry-run", action="store_true", help="show what would move or compact")
     _add_wait(lifecycle)
     add("reindex", jobs.reindex, "refresh the search indexes and print what was indexed")
 
 
 def _add_report_commands(add: AddCommand) -> None:
     add("audit", reports.audit, "check each workspace's memory layout")
-    add("observe", reports.observe, "job outcome metrics").add_argument("--since", default="7d")
+    add("observe", reports.observe, "job outcome metrics").add_argument(
+        "--since", default="7d", metavar="PERIOD",
+        help="how far back: a number and a unit, m h d or w, e.g. 30m, 12h, 2w (default 7d)")
 
 
 def _add_search_commands(add: AddCommand) -> None:
     found = add("search", search.search, "search memory")
-    found.add_argument("query")
-    found.add_argument("--limit", type=int)
-    found.add_argument("--mode", choices=("search", "vsearch", "query"))
-    context = add("context", search.context, "the budgeted memory context for a session")
-    context.add_argument("key")
-    context.add_argument("--query", default="")
-    context.add_argument("--budget", type=int)
+    found.add_argument("query", help="the words to look for")
+    found.add_argument("--limit", type=int, metavar="N",
+                       help=f"show at most N hits (default {DEFAULT_SEARCH_LIMIT}, at most {MAX_SEARCH_LIMIT})")
+    found.add_argument("--mode", choices=SEARCH_MODES,
+                       help="how QMD searches: search by keywords (default), vsearch by meaning, query by both, "
+                            "reranked; the builtin index always searches by keywords")
+    context = _add_session_key(add("context", search.context, "the budgeted memory context for a session"))
+    context.add_argument("--query", default="", metavar="TEXT",
+                         help="what the agent is about to answer, to pick the memory that matters")
+    context.add_argument("--budget", type=int, metavar="TOKENS",
+                         help="token budget (default: the workspace's context.budget_tokens)")
+
+
+def _add_session_key(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("key", metavar="KEY", help="the session's key, as `nanobotctl sessions` lists it")
+    return parser
 
 
 def _add_global_options(parser: argparse.ArgumentParser, *, argparse_defaults: bool) -> None:
@@ -97,16 +115,18 @@ def _add_global_options(parser: argparse.ArgumentParser, *, argparse_defaults: b
     def default(value: Any) -> Any:
         return value if argparse_defaults else argparse.SUPPRESS
 
-    parser.add_argument("--socket", default=default(None), help="control socket path")
-    parser.add_argument("--config", default=default(None), help="read [daemon] socket from this config")
-    parser.add_argument("--workspace", default=default(None), help="workspace name or path")
+    parser.add_argument("--socket", default=default(None), metavar="PATH", help="control socket path")
+    parser.add_argument("--config", default=default(None), metavar="FILE", help="read [daemon] socket from this config")
+    parser.add_argument("--workspace", default=default(None), metavar="NAME",
+                        help="workspace name or path (needed when the daemon manages several)")
     parser.add_argument("--json", action="store_true", default=default(False), help="print the raw JSON answer")
-    parser.add_argument("--timeout", type=float, default=default(DEFAULT_TIMEOUT_SECONDS),
+    parser.add_argument("--timeout", type=float, default=default(DEFAULT_TIMEOUT_SECONDS), metavar="SECONDS",
                         help=f"seconds to wait for each answer (default {DEFAULT_TIMEOUT_SECONDS:g})")
 
 
-def _add_wait(parser: argparse.ArgumentParser) -> None:
+def _add_wait(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--wait", action="store_true", help="wait for the run to finish and print it")
+    return parser
 
 
 def _add_deprecated_now(parser: argparse.ArgumentParser) -> None:

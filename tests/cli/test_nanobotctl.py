@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import statistics
@@ -100,3 +101,22 @@ def test_nanobotctl_status_answers_quickly(socket_path: Path, daemon: FakeDaemon
         durations.append(time.perf_counter() - started)
     # The target is well under 200 ms; the bound leaves room for a loaded CI machine.
     assert statistics.median(durations) < 0.5
+
+
+def test_every_argument_and_option_in_the_help_is_described() -> None:
+    parser = ctl.build_parser()
+    subcommands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+    undescribed = [f"{name} {action.dest}"
+                   for name, command in [("nanobotctl", parser), *subcommands.choices.items()]
+                   for action in command._actions
+                   if not action.help and action.dest != "deprecated_now"]
+    assert undescribed == []
+    assert set(subcommands.choices["runs"]._option_string_actions["--kind"].choices) == set(ctl.RUN_KINDS)
+    assert "30m, 12h" in subcommands.choices["observe"]._option_string_actions["--since"].help
+
+
+def test_runs_refuses_an_unknown_kind_before_asking_the_daemon(socket_path: Path, daemon: FakeDaemon,
+                                                               capsys: pytest.CaptureFixture) -> None:
+    assert run_ctl(socket_path, "runs", "--kind", "nap")[0] == 2
+    assert "invalid choice: 'nap'" in capsys.readouterr().err
+    assert daemon.requests == []
