@@ -30,7 +30,7 @@ class Invocation:
         return bool(self.args.json)
 
     def out(self, text: str = "") -> None:
-        """Write one line to stdout."""
+        """Write one line to this invocation's stdout (the terminal, or a test's buffer)."""
         self.stdout.write(text + "\n")
 
     def out_lines(self, lines: Iterable[str]) -> None:
@@ -43,7 +43,7 @@ class Invocation:
         self.stderr.write(f"nanobotctl: {message}\n")
 
     def emit_json(self, data: Any) -> None:
-        """Print *data* as indented JSON."""
+        """Print *data* as indented JSON: what --json promises scripts, still readable by a person."""
         self.out(json.dumps(data, indent=2, ensure_ascii=False))
 
     def answer(self, data: dict, render: Callable[[dict], Iterable[str]]) -> int:

@@ -51,6 +51,7 @@ class FakeDaemon:
             self.router.add(method, path, self.recorded(handler))
 
     def recorded(self, handler):
+        """Wrap *handler* so each request is kept in self.requests for the test to inspect."""
         async def record(request: Request):
             self.requests.append(request)
             return await handler(request)

@@ -22,7 +22,7 @@ def consolidate(invocation: Invocation) -> int:
 
 
 def flush(invocation: Invocation) -> int:
-    """Extract durable facts from a session into today's note now."""
+    """Extract durable facts from a session into today's note now, instead of waiting for the flush threshold."""
     return report_started(invocation, invocation.client.post("/v1/flush", {"session": invocation.args.key}))
 
 
@@ -32,7 +32,7 @@ def dream(invocation: Invocation) -> int:
 
 
 def lifecycle(invocation: Invocation) -> int:
-    """Age daily notes and compact history now, or show the plan."""
+    """Age daily notes and compact history now instead of on schedule, or show the plan."""
     return report_started(invocation, invocation.client.post("/v1/lifecycle", {"dry_run": invocation.args.dry_run}))
 
 

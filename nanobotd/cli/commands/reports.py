@@ -14,7 +14,7 @@ METRIC_COLUMNS = [("KIND", "kind"), ("WORKSPACE", "workspace"), ("TOTAL", "total
 
 
 def audit(invocation: Invocation) -> int:
-    """Each workspace's memory layout, state and problems with their fixes."""
+    """Each workspace's memory layout, state and problems with their fixes, to repair what the jobs trip over."""
     return invocation.answer(invocation.client.get("/v1/audit"), _audit_lines)
 
 
