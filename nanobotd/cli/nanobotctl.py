@@ -1,518 +1,32 @@
 """nanobotctl: the command-line client of a running nanobotd, over its control socket.
 
-Standard library only, importing nothing of nanobotd but `paths`, so `nanobotctl status` starts in
-tens of milliseconds. Exit codes: 0 ok, 1 the daemon refused or a run failed, 2 cannot connect.
+Standard library only, importing nothing of nanobotd but `cli` and `config.paths`, so `nanobotctl status`
+starts in tens of milliseconds. Exit codes: 0 ok, 1 the daemon refused or a run failed, 2 cannot connect.
+This module holds the argument parser and `main`; the commands live in `nanobotd.cli.commands`.
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
-import json
 import os
-import socket
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, TextIO
-from urllib.parse import quote, urlencode
 
 from nanobotd import __version__
-from nanobotd.config import paths
-
-DEFAULT_TIMEOUT_SECONDS = 30.0
-POLL_SECONDS = 0.2
-PENDING_STATES = ("queued", "started")
-FAILED_STATE = "failed"
-MAX_RESPONSE_BYTES = 64 * 1024 * 1024
-EXIT_OK, EXIT_DAEMON_ERROR, EXIT_CANNOT_CONNECT = 0, 1, 2
-EXIT_BROKEN_PIPE, EXIT_INTERRUPTED = 141, 130
-START_HINT = ("Is nanobotd running? Start it with `nanobotd run --workspace DIR`, or as a service with "
-              "`systemctl --user start nanobotd` (system-wide: `systemctl start nanobotd`). "
-              "Use --socket PATH if it listens elsewhere.")
-PERMISSION_HINT = "The daemon runs as another user: run nanobotctl as that user or as root."
-
-
-class CannotConnect(Exception):
-    """Nothing answers on the control socket (or we may not use it); hint says what to do."""
-
-    def __init__(self, message: str, hint: str = START_HINT) -> None:
-        super().__init__(message)
-        self.hint = hint
-
-
-class DaemonError(Exception):
-    """The daemon answered with an error, or with something that is not its API."""
-
-    def __init__(self, message: str, status: int | None = None, code: str = "") -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.code = code
-
-
-class UnixHTTPConnection(http.client.HTTPConnection):
-    """http.client over an AF_UNIX stream socket."""
-
-    def __init__(self, socket_path: Path, timeout: float) -> None:
-        super().__init__("nanobotd", timeout=timeout)
-        self.socket_path = socket_path
-
-    def connect(self) -> None:
-        """Connect to the socket path instead of a host and port."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(str(self.socket_path))
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
-
-
-class Client:
-    """One HTTP request per connection to the daemon, JSON in and out."""
-
-    def __init__(self, socket_path: Path, timeout: float, workspace: str | None = None) -> None:
-        self.socket_path = socket_path
-        self.timeout = timeout
-        self.workspace = workspace
-
-    def get(self, path: str, query: Mapping[str, Any] | None = None) -> dict:
-        """GET *path* with the non-empty *query* values (plus the workspace, when one was chosen)."""
-        query = {name: value for name, value in (query or {}).items() if value not in (None, "")}
-        if self.workspace:
-            query.setdefault("workspace", self.workspace)
-        if query:
-            path = f"{path}?{urlencode({name: _query_value(value) for name, value in query.items()})}"
-        return self.request("GET", path)
-
-    def post(self, path: str, body: Mapping[str, Any] | None = None) -> dict:
-        """POST a JSON *body* (plus the workspace, when one was chosen)."""
-        body = dict(body or {})
-        if self.workspace:
-            body.setdefault("workspace", self.workspace)
-        return self.request("POST", path, body)
-
-    def request(self, method: str, path: str, body: Any = None) -> dict:
-        """Send one request; CannotConnect when nobody listens, DaemonError on an error answer."""
-        connection = UnixHTTPConnection(self.socket_path, self.timeout)
-        try:
-            try:
-                connection.connect()
-            except (OSError, TimeoutError) as exc:
-                message = f"cannot connect to nanobotd at {self.socket_path}: {exc.strerror or exc}"
-                if isinstance(exc, PermissionError):
-                    raise CannotConnect(message, PERMISSION_HINT) from None
-                raise CannotConnect(message) from None
-            status, payload = self._exchange(connection, method, path, body)
-        finally:
-            connection.close()
-        if status >= 400:
-            error = payload.get("error") if isinstance(payload, dict) else None
-            if not isinstance(error, dict):
-                raise DaemonError(f"daemon answered HTTP {status}", status)
-            raise DaemonError(str(error.get("message") or error.get("code") or f"HTTP {status}"), status,
-                              str(error.get("code", "")))
-        if not isinstance(payload, dict):
-            raise DaemonError("the daemon's answer is not a JSON object", status)
-        return payload
-
-    def _exchange(self, connection: UnixHTTPConnection, method: str, path: str, body: Any) -> tuple[int, Any]:
-        encoded = None if body is None else json.dumps(body).encode("utf-8")
-        headers = {"Accept": "application/json", "Connection": "close"}
-        if encoded is not None:
-            headers["Content-Type"] = "application/json"
-        try:
-            connection.request(method, path, body=encoded, headers=headers)
-            response = connection.getresponse()
-            raw = response.read(MAX_RESPONSE_BYTES)
-        except TimeoutError:
-            raise DaemonError(f"nanobotd did not answer within {self.timeout:g}s (try --timeout)") from None
-        except (OSError, http.client.HTTPException) as exc:
-            raise DaemonError(f"connection to nanobotd lost: {exc}") from None
-        try:
-            return response.status, json.loads(raw) if raw else {}
-        except ValueError:
-            raise DaemonError(f"the daemon's answer (HTTP {response.status}) is not JSON", response.status) from None
-
-
-class Context:
-    """Everything a command needs: the client, the parsed arguments and where to write."""
-
-    def __init__(self, client: Client, args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> None:
-        self.client = client
-        self.args = args
-        self.stdout = stdout
-        self.stderr = stderr
-
-    @property
-    def as_json(self) -> bool:
-        """Whether to print raw JSON instead of the human rendering."""
-        return bool(self.args.json)
-
-    def out(self, text: str = "") -> None:
-        """Write one line to stdout."""
-        self.stdout.write(text + "\n")
-
-    def emit_json(self, data: Any) -> None:
-        """Print *data* as indented JSON."""
-        self.out(json.dumps(data, indent=2, ensure_ascii=False))
-
-
-# ---- rendering helpers -------------------------------------------------------------------------------
-
-
-def format_cell(value: Any) -> str:
-    """A table or field value as short single-line text."""
-    if value is None or value == "":
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
-    if isinstance(value, dict):
-        return ", ".join(f"{key}={format_cell(item)}" for key, item in value.items()) or "-"
-    if isinstance(value, (list, tuple)):
-        return ", ".join(format_cell(item) for item in value) or "-"
-    return " ".join(str(value).split())
-
-
-def format_table(headers: list[str], rows: list[list[Any]]) -> list[str]:
-    """Plain aligned columns; numeric columns right-aligned."""
-    cells = [[format_cell(value) for value in row] for row in rows]
-    numeric = [_is_numeric_column([row[index] for row in rows]) for index in range(len(headers))]
-    widths = [max([len(header)] + [len(row[index]) for row in cells]) for index, header in enumerate(headers)]
-    lines = []
-    for row in [headers] + cells:
-        parts = [text.rjust(width) if numeric[index] and row is not headers else text.ljust(width)
-                 for index, (text, width) in enumerate(zip(row, widths))]
-        lines.append("  ".join(parts).rstrip())
-    return lines
-
-
-def _is_numeric_column(values: list[Any]) -> bool:
-    present = [value for value in values if value not in (None, "")]
-    return bool(present) and all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in present)
-
-
-def format_fields(data: Mapping[str, Any], indent: str = "") -> list[str]:
-    """`key: value` lines, nested objects indented below their key."""
-    width = max((len(str(key)) for key in data), default=0)
-    lines = []
-    for key, value in data.items():
-        if isinstance(value, dict) and value:
-            lines.append(f"{indent}{key}:")
-            lines.extend(format_fields(value, indent + "  "))
-        else:
-            lines.append(f"{indent}{str(key) + ':':<{width + 1}} {format_cell(value)}")
-    return lines
-
-
-def format_duration(seconds: Any) -> str:
-    """3725 -> '1h 2m 5s'."""
-    if not isinstance(seconds, (int, float)):
-        return format_cell(seconds)
-    remaining, parts = int(seconds), []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if remaining >= size:
-            parts.append(f"{remaining // size}{unit}")
-            remaining %= size
-    if remaining or not parts:
-        parts.append(f"{remaining}s")
-    return " ".join(parts)
-
-
-def format_location(hit: Mapping[str, Any]) -> str:
-    """Where a search hit lives: `path:L10-14` or `session KEY #3-8`."""
-    if hit.get("session_key"):
-        return f"session {hit['session_key']}{_span(' #', hit.get('message_start'), hit.get('message_end'))}"
-    return f"{hit.get('path') or '?'}{_span(':L', hit.get('line_start'), hit.get('line_end'))}"
-
-
-def _span(prefix: str, start: Any, end: Any) -> str:
-    if start is None:
-        return ""
-    return f"{prefix}{start}" if end in (None, start) else f"{prefix}{start}-{end}"
-
-
-def _query_value(value: Any) -> str:
-    return ("true" if value else "false") if isinstance(value, bool) else str(value)
-
-
-# ---- commands ----------------------------------------------------------------------------------------
-
-
-def cmd_status(ctx: Context) -> int:
-    """Daemon and per-workspace health."""
-    status = ctx.client.get("/v1/status")
-    if ctx.as_json:
-        ctx.emit_json(status)
-        return EXIT_OK
-    ctx.out(f"nanobotd {status.get('version', '?')}  pid {status.get('pid', '?')}  "
-            f"up {format_duration(status.get('uptime_seconds'))}")
-    ctx.out(f"socket {ctx.client.socket_path}")
-    for workspace in status.get("workspaces") or []:
-        ctx.out()
-        for line in _workspace_lines(workspace):
-            ctx.out(line)
-    return EXIT_OK
-
-
-def _workspace_lines(workspace: Mapping[str, Any]) -> list[str]:
-    watcher = workspace.get("watcher") or {}
-    jobs = workspace.get("jobs") or {}
-    watcher_state = "healthy" if watcher.get("healthy") else "UNHEALTHY"
-    candidates = [
-        ("sessions", "sessions_dir", f"{format_cell(workspace.get('sessions_dir'))} "
-                                     f"({format_cell(workspace.get('sessions_watched'))} watched)"),
-        ("unarchived", "unarchived_messages", f"{format_cell(workspace.get('unarchived_messages'))} messages, "
-                                              f"{format_cell(workspace.get('unarchived_tokens'))} tokens"),
-        ("watcher", "watcher", f"{watcher_state} ({format_cell(watcher.get('mode'))}), "
-                               f"last reconcile {format_cell(watcher.get('last_reconcile'))}"),
-        ("llm", "llm_mode", format_cell(workspace.get("llm_mode"))),
-        ("git", "git", format_cell(workspace.get("git"))),
-    ]
-    rows = [(label, text) for label, key, text in candidates if key in workspace]
-    for name, job in jobs.items():
-        job = job if isinstance(job, dict) else {"state": job}
-        running = " (running)" if job.get("running") else ""
-        detail = {key: value for key, value in job.items() if key not in ("last_success", "next_run", "running")}
-        text = f"last success {format_cell(job.get('last_success'))}, next {format_cell(job.get('next_run'))}"
-        rows.append((name, text + running + (f", {format_cell(detail)}" if detail else "")))
-    if "search" in workspace:
-        rows.append(("search", format_cell(workspace["search"])))
-    width = max((len(label) for label, _ in rows), default=0)
-    header = f"workspace {workspace.get('name', '?')}  ({format_cell(workspace.get('path'))})"
-    return [header] + [f"  {label:<{width}}  {text}" for label, text in rows]
-
-
-def cmd_sessions(ctx: Context) -> int:
-    """Every tracked session, one row each."""
-    data = ctx.client.get("/v1/sessions")
-    if ctx.as_json:
-        ctx.emit_json(data)
-        return EXIT_OK
-    columns = [("WORKSPACE", "workspace"), ("KEY", "key"), ("MESSAGES", "messages"),
-               ("UNARCHIVED", "unarchived_messages"), ("TOKENS", "unarchived_tokens"),
-               ("AGENT_ARCH", "agent_archived"), ("DAEMON_ARCH", "daemon_archived"), ("CORRUPT", "corrupt_lines"),
-               ("UPDATED", "updated_at"), ("STATE", "state")]
-    _print_rows(ctx, columns, data.get("sessions") or [], "no sessions tracked")
-    return EXIT_OK
-
-
-def cmd_session(ctx: Context) -> int:
-    """One session in detail."""
-    data = ctx.client.get(f"/v1/sessions/{quote(ctx.args.key, safe='')}")
-    if ctx.as_json:
-        ctx.emit_json(data)
-        return EXIT_OK
-    for line in format_fields(data.get("session") or {}):
-        ctx.out(line)
-    return EXIT_OK
-
-
-def cmd_runs(ctx: Context) -> int:
-    """Recent runs, newest first as the daemon orders them."""
-    data = ctx.client.get("/v1/runs", {"kind": ctx.args.kind, "limit": ctx.args.limit})
-    if ctx.as_json:
-        ctx.emit_json(data)
-        return EXIT_OK
-    columns = [("RUN_ID", "run_id"), ("KIND", "kind"), ("WORKSPACE", "workspace"), ("SESSION", "session_key"),
-               ("STATE", "state"), ("OUTCOME", "outcome"), ("STARTED", "started_at"), ("FINISHED", "finished_at")]
-    _print_rows(ctx, columns, data.get("runs") or [], "no runs")
-    return EXIT_OK
-
-
-def cmd_run(ctx: Context) -> int:
-    """One run with its manifest."""
-    data = _get_run(ctx, ctx.args.run_id)
-    if ctx.as_json:
-        ctx.emit_json(data)
-    else:
-        _print_run(ctx, data.get("run") or {})
-    return EXIT_OK
-
-
-def _get_run(ctx: Context, run_id: str) -> dict:
-    return ctx.client.get(f"/v1/runs/{quote(run_id, safe='')}")
-
-
-def _print_run(ctx: Context, run: Mapping[str, Any]) -> None:
-    manifest = run.get("manifest")
-    for line in format_fields({key: value for key, value in run.items() if key != "manifest"}):
-        ctx.out(line)
-    if manifest is not None:
-        ctx.out("manifest:")
-        ctx.out(json.dumps(manifest, indent=2, ensure_ascii=False))
-
-
-def _print_rows(ctx: Context, columns: list[tuple[str, str]], items: list[Mapping[str, Any]], empty: str) -> None:
-    if not items:
-        ctx.out(empty)
-        return
-    rows = [[item.get(key) for _, key in columns] for item in items]
-    for line in format_table([title for title, _ in columns], rows):
-        ctx.out(line)
-
-
-def cmd_consolidate(ctx: Context) -> int:
-    """Archive a session's unarchived tail now."""
-    return _report_started(ctx, ctx.client.post("/v1/consolidate", {"session": ctx.args.key}))
-
-
-def cmd_flush(ctx: Context) -> int:
-    """Extract durable facts from a session into today's note now."""
-    return _report_started(ctx, ctx.client.post("/v1/flush", {"session": ctx.args.key}))
-
-
-def cmd_dream(ctx: Context) -> int:
-    """Queue a dream (with --now: regardless of the schedule)."""
-    return _report_started(ctx, ctx.client.post("/v1/dream", {"now": ctx.args.now}))
-
-
-def cmd_reindex(ctx: Context) -> int:
-    """Refresh the search indexes."""
-    return _report_started(ctx, ctx.client.post("/v1/reindex"))
-
-
-def cmd_restore(ctx: Context) -> int:
-    """Undo a run or a dream commit (with --dry-run: show the plan)."""
-    body = {"target": ctx.args.target, "dry_run": ctx.args.dry_run, "force": ctx.args.force}
-    return _report_started(ctx, ctx.client.post("/v1/restore", body))
-
-
-def cmd_lifecycle(ctx: Context) -> int:
-    """Age daily notes and compact history now or show the plan."""
-    return _report_started(ctx, ctx.client.post("/v1/lifecycle", {"now": ctx.args.now, "dry_run": ctx.args.dry_run}))
-
-
-def _report_started(ctx: Context, data: dict) -> int:
-    """Print a plan, the queued run ids, or (with --wait) the finished runs."""
-    run_ids = [data["run_id"]] if data.get("run_id") else list(data.get("run_ids") or [])
-    if not run_ids or not getattr(ctx.args, "wait", False):
-        if ctx.as_json:
-            ctx.emit_json(data)
-        elif "plan" in data:
-            for line in data.get("plan") or ["nothing to do"]:
-                ctx.out(str(line))
-        elif run_ids:
-            for run_id in run_ids:
-                ctx.out(f"queued run {run_id}")
-        else:
-            for line in format_fields(data) or ["done"]:
-                ctx.out(line)
-        return EXIT_OK
-    runs = [_wait_for_run(ctx, run_id) for run_id in run_ids]
-    if ctx.as_json:
-        ctx.emit_json({"run": runs[0]} if len(runs) == 1 else {"runs": runs})
-    else:
-        for index, run in enumerate(runs):
-            if index:
-                ctx.out()
-            _print_run(ctx, run)
-    return EXIT_DAEMON_ERROR if any(run.get("state") == FAILED_STATE for run in runs) else EXIT_OK
-
-
-def _wait_for_run(ctx: Context, run_id: str) -> dict:
-    while True:
-        run = _get_run(ctx, run_id).get("run") or {}
-        if run.get("state") not in PENDING_STATES:
-            return run
-        time.sleep(POLL_SECONDS)
-
-
-def cmd_dream_log(ctx: Context) -> int:
-    """A dream commit: message, then diff."""
-    data = ctx.client.get("/v1/dream-log", {"target": ctx.args.target})
-    if ctx.as_json:
-        ctx.emit_json(data)
-        return EXIT_OK
-    commit = data.get("commit") or {}
-    ctx.out(f"commit {commit.get('sha', '?')}")
-    ctx.out(f"Author: {format_cell(commit.get('author'))}")
-    ctx.out(f"Date:   {format_cell(commit.get('date'))}")
-    ctx.out()
-    for line in str(commit.get("message") or "").rstrip("\n").splitlines():
-        ctx.out(f"    {line}".rstrip())
-    diff = str(commit.get("diff") or "")
-    if diff:
-        ctx.out()
-        ctx.stdout.write(diff if diff.endswith("\n") else diff + "\n")
-    return EXIT_OK
-
-
-def cmd_audit(ctx: Context) -> int:
-    """Each workspace's memory layout, state and problems with their fixes."""
-    data = ctx.client.get("/v1/audit")
-    if ctx.as_json:
-        ctx.emit_json(data)
-        return EXIT_OK
-    for index, workspace in enumerate(data.get("workspaces") or []):
-        if index:
-            ctx.out()
-        ctx.out(f"workspace {workspace.get('name', '?')}")
-        for line in workspace.get("plan") or []:
-            ctx.out(f"  {line}")
-        for line in format_fields(workspace.get("state") or {}, indent="  "):
-            ctx.out(line)
-        problems = workspace.get("problems") or []
-        ctx.out(f"  problems: {len(problems) or 'none'}")
-        for problem in problems:
-            ctx.out(f"  - {format_cell(problem.get('problem'))}")
-            ctx.out(f"    fix: {format_cell(problem.get('fix'))}")
-    return EXIT_OK
-
-
-def cmd_observe(ctx: Context) -> int:
-    """Per-job outcome counts, tokens and latency over a period."""
-    data = ctx.client.get("/v1/metrics", {"since": ctx.args.since})
-    if ctx.as_json:
-        ctx.emit_json(data)
-        return EXIT_OK
-    ctx.out(f"since {format_cell(data.get('since'))}")
-    columns = [("KIND", "kind"), ("WORKSPACE", "workspace"), ("TOTAL", "total"), ("WRITTEN", "written"),
-               ("NO_CHANGE", "no_change"), ("GUARD_REJ", "guard_rejected"), ("RAW", "raw_fallback"),
-               ("ERROR", "error"), ("TOKENS", "tokens"), ("P50_MS", "latency_ms_p50"), ("P95_MS", "latency_ms_p95"),
-               ("RESTORED", "restored")]
-    _print_rows(ctx, columns, data.get("rows") or [], "no runs in this period")
-    return EXIT_OK
-
-
-def cmd_search(ctx: Context) -> int:
-    """Search memory; numbered hits with where and when."""
-    data = ctx.client.get("/v1/search", {"q": ctx.args.query, "limit": ctx.args.limit, "mode": ctx.args.mode})
-    if ctx.as_json:
-        ctx.emit_json(data)
-        return EXIT_OK
-    if data.get("degraded"):
-        ctx.stderr.write(f"nanobotctl: search degraded: {format_cell(data['degraded'])}\n")
-    hits = data.get("hits") or []
-    if not hits:
-        ctx.out("no hits")
-    for number, hit in enumerate(hits, 1):
-        score = hit.get("score")
-        score_text = f"{score:.3f}" if isinstance(score, (int, float)) else format_cell(score)
-        ctx.out(f"{number}. {format_location(hit)}  {format_cell(hit.get('when'))}  "
-                f"[{format_cell(hit.get('source'))}, score {score_text}]")
-        for line in str(hit.get("snippet") or "").strip().splitlines():
-            ctx.out(f"   {line}")
-    return EXIT_OK
-
-
-def cmd_context(ctx: Context) -> int:
-    """The budgeted memory context an agent would inject for a session and query."""
-    data = ctx.client.get("/v1/context", {"session": ctx.args.key, "query": ctx.args.query,
-                                          "budget_tokens": ctx.args.budget})
-    if ctx.as_json:
-        ctx.emit_json(data)
-        return EXIT_OK
-    text = str(data.get("text") or "")
-    ctx.stdout.write(text if text.endswith("\n") or not text else text + "\n")
-    return EXIT_OK
-
-
-# ---- argument parsing --------------------------------------------------------------------------------
+from nanobotd.cli.client import DEFAULT_TIMEOUT_SECONDS, CannotConnect, Client, DaemonError, resolve_socket
+from nanobotd.cli.commands import jobs, reports, search, sessions
+from nanobotd.cli.invocation import (EXIT_BROKEN_PIPE, EXIT_CANNOT_CONNECT, EXIT_DAEMON_ERROR, EXIT_INTERRUPTED,
+                                     EXIT_OK, Invocation)
+
+# The daemon's vocabulary and limits, repeated here because nanobotctl must not import the daemon.
+RUN_KINDS = ("consolidate", "flush", "dream", "lifecycle", "restore")
+SEARCH_MODES = ("search", "vsearch", "query")
+DEFAULT_RUNS_LIMIT, MAX_RUNS_LIMIT = 50, 1000
+DEFAULT_SEARCH_LIMIT, MAX_SEARCH_LIMIT = 10, 100
+
+Command = Callable[[Invocation], int]
+AddCommand = Callable[[str, Command, str], argparse.ArgumentParser]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -522,50 +36,77 @@ def build_parser() -> argparse.ArgumentParser:
     _add_global_options(parser, argparse_defaults=True)
     common = argparse.ArgumentParser(add_help=False)
     _add_global_options(common, argparse_defaults=False)
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, help="what to do:")
 
-    def add(name: str, handler: Callable[[Context], int], help_text: str) -> argparse.ArgumentParser:
+    def add(name: str, handler: Command, help_text: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, parents=[common], help=help_text, description=help_text)
         sub.set_defaults(handler=handler)
         return sub
 
-    add("status", cmd_status, "daemon and workspace health")
-    add("sessions", cmd_sessions, "list tracked sessions")
-    add("session", cmd_session, "show one session").add_argument("key")
-    runs = add("runs", cmd_runs, "list recent runs")
-    runs.add_argument("--kind")
-    runs.add_argument("--limit", type=int)
-    add("run", cmd_run, "show one run and its manifest").add_argument("run_id")
-    for name, handler, help_text in (("consolidate", cmd_consolidate, "archive a session's unarchived tail now"),
-                                     ("flush", cmd_flush, "flush durable facts from a session into today's note")):
-        sub = add(name, handler, help_text)
-        sub.add_argument("key")
-        _add_wait(sub)
-    dream = add("dream", cmd_dream, "queue a dream")
-    dream.add_argument("--now", action="store_true", help="run now, regardless of the schedule")
+    _add_session_commands(add)
+    _add_job_commands(add)
+    _add_report_commands(add)
+    _add_search_commands(add)
+    return parser
+
+
+def _add_session_commands(add: AddCommand) -> None:
+    add("status", sessions.status, "daemon and workspace health")
+    add("sessions", sessions.sessions, "list tracked sessions")
+    _add_session_key(add("session", sessions.session, "show one session"))
+    runs = add("runs", sessions.runs, "list recent runs, newest first")
+    runs.add_argument("--kind", choices=RUN_KINDS, help="only runs of this job kind")
+    runs.add_argument("--limit", type=int, metavar="N",
+                      help=f"show at most N runs (default {DEFAULT_RUNS_LIMIT}, at most {MAX_RUNS_LIMIT})")
+    add("run", sessions.run, "show one run and its manifest").add_argument(
+        "run_id", metavar="RUN_ID", help="the run's id, as `nanobotctl runs` lists it")
+
+
+def _add_job_commands(add: AddCommand) -> None:
+    for name, handler, help_text in (("consolidate", jobs.consolidate, "archive a session's unarchived tail now"),
+                                     ("flush", jobs.flush, "flush durable facts from a session into today's note")):
+        _add_wait(_add_session_key(add(name, handler, help_text)))
+    dream = add("dream", jobs.dream, "queue a dream now, whatever the schedule")
+    _add_deprecated_now(dream)
     _add_wait(dream)
-    add("dream-log", cmd_dream_log, "show a dream commit").add_argument("target", nargs="?", metavar="RUN_ID|SHA")
-    restore = add("restore", cmd_restore, "undo a run or a dream commit as a new change")
-    restore.add_argument("target", metavar="RUN_ID|SHA")
+    add("dream-log", jobs.dream_log, "show a dream commit").add_argument(
+        "target", nargs="?", metavar="RUN_ID|SHA", help="a dream's run id or commit (default: the newest dream)")
+    restore = add("restore", jobs.restore, "undo a run or a dream commit as a new change")
+    restore.add_argument("target", metavar="RUN_ID|SHA", help="the run id or dream commit to undo")
     restore.add_argument("--dry-run", action="store_true", help="show what would change")
     restore.add_argument("--force", action="store_true", help="restore even over later edits")
     _add_wait(restore)
-    lifecycle = add("lifecycle", cmd_lifecycle, "age daily notes and compact history")
-    lifecycle.add_argument("--now", action="store_true")
-    lifecycle.add_argument("--dry-run", action="store_true")
+    lifecycle = add("lifecycle", jobs.lifecycle, "age daily notes and compact history now")
+    _add_deprecated_now(lifecycle)
+    lifecycle.add_argument("--dry-run", action="store_true", help="show what would move or compact")
     _add_wait(lifecycle)
-    add("audit", cmd_audit, "check each workspace's memory layout")
-    add("observe", cmd_observe, "job outcome metrics").add_argument("--since", default="7d")
-    search = add("search", cmd_search, "search memory")
-    search.add_argument("query")
-    search.add_argument("--limit", type=int)
-    search.add_argument("--mode", choices=("search", "vsearch", "query"))
-    context = add("context", cmd_context, "the budgeted memory context for a session")
-    context.add_argument("key")
-    context.add_argument("--query", default="")
-    context.add_argument("--budget", type=int)
-    reindex = add("reindex", cmd_reindex, "refresh the search indexes")
-    _add_wait(reindex)
+    add("reindex", jobs.reindex, "refresh the search indexes and print what was indexed")
+
+
+def _add_report_commands(add: AddCommand) -> None:
+    add("audit", reports.audit, "check each workspace's memory layout")
+    add("observe", reports.observe, "job outcome metrics").add_argument(
+        "--since", default="7d", metavar="PERIOD",
+        help="how far back: a number and a unit, m h d or w, e.g. 30m, 12h, 2w (default 7d)")
+
+
+def _add_search_commands(add: AddCommand) -> None:
+    found = add("search", search.search, "search memory")
+    found.add_argument("query", help="the words to look for")
+    found.add_argument("--limit", type=int, metavar="N",
+                       help=f"show at most N hits (default {DEFAULT_SEARCH_LIMIT}, at most {MAX_SEARCH_LIMIT})")
+    found.add_argument("--mode", choices=SEARCH_MODES,
+                       help="how QMD searches: search by keywords (default), vsearch by meaning, query by both, "
+                            "reranked; the builtin index always searches by keywords")
+    context = _add_session_key(add("context", search.context, "the budgeted memory context for a session"))
+    context.add_argument("--query", default="", metavar="TEXT",
+                         help="what the agent is about to answer, to pick the memory that matters")
+    context.add_argument("--budget", type=int, metavar="TOKENS",
+                         help="token budget (default: the workspace's context.budget_tokens)")
+
+
+def _add_session_key(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("key", metavar="KEY", help="the session's key, as `nanobotctl sessions` lists it")
     return parser
 
 
@@ -574,26 +115,24 @@ def _add_global_options(parser: argparse.ArgumentParser, *, argparse_defaults: b
     def default(value: Any) -> Any:
         return value if argparse_defaults else argparse.SUPPRESS
 
-    parser.add_argument("--socket", default=default(None), help="control socket path")
-    parser.add_argument("--config", default=default(None), help="read [daemon] socket from this config")
-    parser.add_argument("--workspace", default=default(None), help="workspace name or path")
+    parser.add_argument("--socket", default=default(None), metavar="PATH", help="control socket path")
+    parser.add_argument("--config", default=default(None), metavar="FILE", help="read [daemon] socket from this config")
+    parser.add_argument("--workspace", default=default(None), metavar="NAME",
+                        help="workspace name or path (needed when the daemon manages several)")
     parser.add_argument("--json", action="store_true", default=default(False), help="print the raw JSON answer")
-    parser.add_argument("--timeout", type=float, default=default(DEFAULT_TIMEOUT_SECONDS),
+    parser.add_argument("--timeout", type=float, default=default(DEFAULT_TIMEOUT_SECONDS), metavar="SECONDS",
                         help=f"seconds to wait for each answer (default {DEFAULT_TIMEOUT_SECONDS:g})")
 
 
-def _add_wait(parser: argparse.ArgumentParser) -> None:
+def _add_wait(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--wait", action="store_true", help="wait for the run to finish and print it")
+    return parser
 
 
-def resolve_socket(args: argparse.Namespace, environ: Mapping[str, str]) -> Path:
-    """--socket, else $NANOBOTD_SOCKET, else the config's [daemon] socket, else the default path."""
-    if args.socket:
-        return Path(args.socket).expanduser()
-    if environ.get("NANOBOTD_SOCKET"):
-        return Path(environ["NANOBOTD_SOCKET"]).expanduser()
-    config_path = Path(args.config).expanduser() if args.config else paths.default_config_path(environ)
-    return paths.socket_from_config(config_path) or paths.default_socket_path(environ)
+def _add_deprecated_now(parser: argparse.ArgumentParser) -> None:
+    # Hidden and warned about: these jobs always start now, but the audit's fix advice and older scripts
+    # still say `--now`. Drop this once nothing spells it any more.
+    parser.add_argument("--now", action="store_true", dest="deprecated_now", help=argparse.SUPPRESS)
 
 
 def main(argv: list[str] | None = None, *, environ: Mapping[str, str] | None = None,
@@ -609,20 +148,25 @@ def main(argv: list[str] | None = None, *, environ: Mapping[str, str] | None = N
     if args.config and not Path(args.config).expanduser().is_file():
         stderr.write(f"nanobotctl: config file {args.config} not found\n")
         return EXIT_CANNOT_CONNECT
+    if getattr(args, "deprecated_now", False):
+        stderr.write(f"nanobotctl: {args.command} always starts now; --now is not needed and will go away\n")
     client = Client(resolve_socket(args, environ), args.timeout, args.workspace)
-    context = Context(client=client, args=args, stdout=stdout, stderr=stderr)
+    return _run_command(Invocation(client=client, args=args, stdout=stdout, stderr=stderr))
+
+
+def _run_command(invocation: Invocation) -> int:
     try:
-        code = args.handler(context)
-        stdout.flush()
+        code = invocation.args.handler(invocation)
+        invocation.stdout.flush()
         return code
     except CannotConnect as exc:
-        stderr.write(f"nanobotctl: {exc}\n{exc.hint}\n")
+        invocation.stderr.write(f"nanobotctl: {exc}\n{exc.hint}\n")
         return EXIT_CANNOT_CONNECT
     except DaemonError as exc:
-        stderr.write(f"nanobotctl: {exc.message}\n")
+        invocation.stderr.write(f"nanobotctl: {exc.message}\n")
         return EXIT_DAEMON_ERROR
     except BrokenPipeError:
-        _silence_stdout(stdout)
+        _silence_stdout(invocation.stdout)
         return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

@@ -13,18 +13,24 @@ from nanobotd import __version__
 from nanobotd.config.load import ConfigError, load_config
 
 EXIT_CONFIG = 2
+RUN_HELP = "run the daemon (the default)"
+CHECK_HELP = "validate the config and print the effective settings"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The daemon's command line."""
+    """The daemon's command line; without a command it runs, as a service unit expects."""
     parser = argparse.ArgumentParser(prog="nanobotd", description="Memory daemon for nanobot workspaces.")
     parser.add_argument("--version", action="version", version=f"nanobotd {__version__}")
-    parser.add_argument("--config", type=Path, help="config file (default: XDG or /etc/nanobotd/config.toml)")
-    sub = parser.add_subparsers(dest="command")
-    run = sub.add_parser("run", help="run the daemon (the default)")
-    check = sub.add_parser("check-config", help="validate the config and print the effective settings")
+    parser.add_argument("--config", type=Path, metavar="FILE",
+                        help="config file (default: XDG or /etc/nanobotd/config.toml)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", help="what to do (default: run)")
+    # `nanobotd --config F` has none of the sub-command's options: give them run's defaults.
+    parser.set_defaults(command="run", sub_config=None, workspace=[], polling=False)
+    run = sub.add_parser("run", help=RUN_HELP, description=RUN_HELP)
+    check = sub.add_parser("check-config", help=CHECK_HELP, description=CHECK_HELP)
     for command in (run, check):
-        command.add_argument("--config", type=Path, dest="sub_config", help="config file")
+        command.add_argument("--config", type=Path, dest="sub_config", metavar="FILE",
+                             help="config file (overrides a --config given before the command)")
         command.add_argument("--workspace", action="append", default=[], metavar="DIR",
                              help="manage this workspace (repeatable; works without a config file)")
     run.add_argument("--polling", action="store_true", help="use the polling observer instead of inotify")
@@ -32,16 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of `nanobotd`."""
+    """Entry point of `nanobotd`: load the config (exit 2 naming a bad key), then check it or run."""
     args = build_parser().parse_args(argv)
-    command = args.command or "run"
-    config_path = getattr(args, "sub_config", None) or args.config
     try:
-        config = load_config(config_path, workspace_args=getattr(args, "workspace", []) or None)
+        config = load_config(args.sub_config or args.config, workspace_args=args.workspace or None)
     except ConfigError as exc:
         print(f"nanobotd: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    if command == "check-config":
+    if args.command == "check-config":
         print(json.dumps(config.to_json(), indent=2))
         return 0
     return run_daemon(config, polling=args.polling)

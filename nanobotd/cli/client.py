@@ -1,0 +1,148 @@
+"""The control-socket client: one JSON request per connection, errors turned into our own.
+
+Standard library only, so `nanobotctl` stays cheap to start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import socket
+from pathlib import Path
+from typing import Any, Mapping
+from urllib.parse import urlencode
+
+from nanobotd.config import paths
+
+DEFAULT_TIMEOUT_SECONDS = 30.0
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+START_HINT = ("Is nanobotd running? Start it with `nanobotd run --workspace DIR`, or as a service with "
+              "`systemctl --user start nanobotd` (system-wide: `systemctl start nanobotd`). "
+              "Use --socket PATH if it listens elsewhere.")
+PERMISSION_HINT = "The daemon runs as another user: run nanobotctl as that user or as root."
+
+
+class CannotConnect(Exception):
+    """Nothing answers on the control socket (or we may not use it); hint says what to do."""
+
+    def __init__(self, message: str, hint: str = START_HINT) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+class DaemonError(Exception):
+    """The daemon answered with an error, or with something that is not its API."""
+
+    def __init__(self, message: str, status: int | None = None, code: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.code = code
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """http.client over an AF_UNIX stream socket, because the daemon listens on no TCP port."""
+
+    def __init__(self, socket_path: Path, timeout: float) -> None:
+        super().__init__("nanobotd", timeout=timeout)
+        self.socket_path = socket_path
+
+    def connect(self) -> None:
+        """Connect to the socket path instead of a host and port."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(str(self.socket_path))
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class Client:
+    """One HTTP request per connection to the daemon, JSON in and out; the workspace rides along."""
+
+    def __init__(self, socket_path: Path, timeout: float, workspace: str | None = None) -> None:
+        self.socket_path = socket_path
+        self.timeout = timeout
+        self.workspace = workspace
+
+    def get(self, path: str, query: Mapping[str, Any] | None = None) -> dict:
+        """GET *path* with the non-empty *query* values (plus the workspace, when one was chosen)."""
+        query = {name: value for name, value in (query or {}).items() if value not in (None, "")}
+        if self.workspace:
+            query.setdefault("workspace", self.workspace)
+        if query:
+            path = f"{path}?{urlencode({name: _query_value(value) for name, value in query.items()})}"
+        return self.request("GET", path)
+
+    def post(self, path: str, body: Mapping[str, Any] | None = None) -> dict:
+        """POST a JSON *body* (plus the workspace, when one was chosen)."""
+        body = dict(body or {})
+        if self.workspace:
+            body.setdefault("workspace", self.workspace)
+        return self.request("POST", path, body)
+
+    def request(self, method: str, path: str, body: Any = None) -> dict:
+        """Send one request; CannotConnect when nobody listens, DaemonError on an error answer."""
+        connection = UnixHTTPConnection(self.socket_path, self.timeout)
+        try:
+            self._connect(connection)
+            status, payload = self._exchange(connection, method, path, body)
+        finally:
+            connection.close()
+        if status >= 400:
+            raise _error_from_answer(status, payload)
+        if not isinstance(payload, dict):
+            raise DaemonError("the daemon's answer is not a JSON object", status)
+        return payload
+
+    def _connect(self, connection: UnixHTTPConnection) -> None:
+        try:
+            connection.connect()
+        except (OSError, TimeoutError) as exc:
+            message = f"cannot connect to nanobotd at {self.socket_path}: {exc.strerror or exc}"
+            if isinstance(exc, PermissionError):
+                raise CannotConnect(message, PERMISSION_HINT) from None
+            raise CannotConnect(message) from None
+
+    def _exchange(self, connection: UnixHTTPConnection, method: str, path: str, body: Any) -> tuple[int, Any]:
+        encoded = None if body is None else json.dumps(body).encode("utf-8")
+        headers = {"Accept": "application/json", "Connection": "close"}
+        if encoded is not None:
+            headers["Content-Type"] = "application/json"
+        try:
+            connection.request(method, path, body=encoded, headers=headers)
+            response = connection.getresponse()
+            raw = response.read(MAX_RESPONSE_BYTES)
+        except TimeoutError:
+            raise DaemonError(f"nanobotd did not answer within {self.timeout:g}s (try --timeout)") from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise DaemonError(f"connection to nanobotd lost: {exc}") from None
+        try:
+            return response.status, json.loads(raw) if raw else {}
+        except ValueError:
+            raise DaemonError(f"the daemon's answer (HTTP {response.status}) is not JSON", response.status) from None
+
+
+def resolve_socket(args: argparse.Namespace, environ: Mapping[str, str]) -> Path:
+    """--socket, else $NANOBOTD_SOCKET, else the config's [daemon] socket, else the default path."""
+    if args.socket:
+        return Path(args.socket).expanduser()
+    if environ.get("NANOBOTD_SOCKET"):
+        return Path(environ["NANOBOTD_SOCKET"]).expanduser()
+    config_path = Path(args.config).expanduser() if args.config else paths.default_config_path(environ)
+    return paths.socket_from_config(config_path) or paths.default_socket_path(environ)
+
+
+def _error_from_answer(status: int, payload: Any) -> DaemonError:
+    error = payload.get("error") if isinstance(payload, dict) else None
+    if not isinstance(error, dict):
+        return DaemonError(f"daemon answered HTTP {status}", status)
+    return DaemonError(str(error.get("message") or error.get("code") or f"HTTP {status}"), status,
+                       str(error.get("code", "")))
+
+
+def _query_value(value: Any) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)

@@ -1,0 +1,45 @@
+"""Commands that report on the daemon's work: audit (memory layout and fixes) and observe (job metrics)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from nanobotd.cli.invocation import Invocation
+from nanobotd.cli.render import format_cell, format_fields, format_rows
+
+METRIC_COLUMNS = [("KIND", "kind"), ("WORKSPACE", "workspace"), ("TOTAL", "total"), ("WRITTEN", "written"),
+                  ("NO_CHANGE", "no_change"), ("GUARD_REJ", "guard_rejected"), ("RAW", "raw_fallback"),
+                  ("ERROR", "error"), ("TOKENS", "tokens"), ("P50_MS", "latency_ms_p50"),
+                  ("P95_MS", "latency_ms_p95"), ("RESTORED", "restored")]
+
+
+def audit(invocation: Invocation) -> int:
+    """Each workspace's memory layout, state and problems with their fixes, to repair what the jobs trip over."""
+    return invocation.answer(invocation.client.get("/v1/audit"), _audit_lines)
+
+
+def observe(invocation: Invocation) -> int:
+    """Per-job outcome counts, tokens and latency over a period, to see whether the jobs earn their keep."""
+    return invocation.answer(invocation.client.get("/v1/metrics", {"since": invocation.args.since}),
+                             _metric_lines)
+
+
+def _audit_lines(data: Mapping[str, Any]) -> list[str]:
+    lines: list[str] = []
+    for index, workspace in enumerate(data.get("workspaces") or []):
+        if index:
+            lines.append("")
+        lines.append(f"workspace {workspace.get('name', '?')}")
+        lines.extend(f"  {line}" for line in workspace.get("plan") or [])
+        lines.extend(format_fields(workspace.get("state") or {}, indent="  "))
+        problems = workspace.get("problems") or []
+        lines.append(f"  problems: {len(problems) or 'none'}")
+        for problem in problems:
+            lines.append(f"  - {format_cell(problem.get('problem'))}")
+            lines.append(f"    fix: {format_cell(problem.get('fix'))}")
+    return lines
+
+
+def _metric_lines(data: Mapping[str, Any]) -> list[str]:
+    return [f"since {format_cell(data.get('since'))}",
+            *format_rows(METRIC_COLUMNS, data.get("rows") or [], "no runs in this period")]

@@ -1,0 +1,68 @@
+"""nanobotd/cli/client.py: connecting, errors, the socket path and the workspace parameter."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from nanobotd.cli import client
+from nanobotd.cli import nanobotctl as ctl
+from tests.cli.fakedaemon import FakeDaemon, run_ctl
+
+
+def test_a_daemon_error_exits_1_with_its_message(socket_path: Path, daemon: FakeDaemon) -> None:
+    code, out, err = run_ctl(socket_path, "session", "nope")
+    assert (code, out) == (1, "")
+    assert err == "nanobotctl: no session 'nope' in workspace main\n"
+
+
+def test_no_daemon_exits_2_with_a_hint_how_to_start_it(socket_path: Path) -> None:
+    code, out, err = run_ctl(socket_path, "status")
+    assert (code, out) == (2, "")
+    assert f"cannot connect to nanobotd at {socket_path}" in err
+    assert "nanobotd run --workspace DIR" in err
+    assert "systemctl --user start nanobotd" in err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another uid")
+def test_a_socket_of_another_user_gets_a_permission_hint(socket_path: Path, daemon: FakeDaemon) -> None:
+    os.chmod(socket_path.parent.parent, 0o711)  # the daemon's 0700 directory is what refuses uid 65534
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(reader)
+            os.setgid(65534)
+            os.setuid(65534)
+            code, _, err = run_ctl(socket_path, "status")
+            os.write(writer, f"{code}\n{err}".encode())
+        finally:
+            os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader) as pipe:
+        code, _, err = pipe.read().partition("\n")
+    os.waitpid(pid, 0)
+    assert code == "2"
+    assert "Permission denied" in err
+    assert "runs as another user" in err
+
+
+def test_the_socket_comes_from_env_then_config_then_the_default(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('[daemon]\nsocket = "/run/custom/nb.sock"\n')
+    parse = ctl.build_parser().parse_args
+    environ = {"NANOBOTD_SOCKET": "/tmp/env.sock", "XDG_RUNTIME_DIR": "/run/user/1000", "HOME": str(tmp_path)}
+    assert client.resolve_socket(parse(["--socket", "/tmp/a.sock", "status"]), environ) == Path("/tmp/a.sock")
+    assert client.resolve_socket(parse(["status"]), environ) == Path("/tmp/env.sock")
+    del environ["NANOBOTD_SOCKET"]
+    assert client.resolve_socket(parse(["--config", str(config), "status"]), environ) == Path("/run/custom/nb.sock")
+    assert client.resolve_socket(parse(["status"]), environ) == Path("/run/user/1000/nanobotd/nanobotd.sock")
+
+
+def test_workspace_is_sent_as_query_or_body_param(socket_path: Path, daemon: FakeDaemon) -> None:
+    run_ctl(socket_path, "--workspace", "second", "sessions")
+    assert daemon.requests[-1].query == {"workspace": "second"}
+    run_ctl(socket_path, "dream", "--workspace", "second")
+    assert daemon.requests[-1].body == {"workspace": "second"}
