@@ -61,7 +61,7 @@ def test_consolidate_then_dream_then_restore_through_the_cli(daemon, fake):
               ToolCalls([("edit_file", {"path": "USER.md",
                                         "edits": [{"old_text": "- Likes tea.", "new_text": "- Likes coffee."}]})]),
               Text("done"))
-    queued = daemon.ctl_json("dream", "--now")
+    queued = daemon.ctl_json("dream")
     dream_run = wait_run(daemon, queued["run_id"])
     assert dream_run["state"] == "finished", dream_run
     assert "Likes coffee" in (daemon.workspace / "USER.md").read_text()
@@ -113,7 +113,7 @@ def test_lifecycle_dry_run_and_audit_report_through_the_cli(daemon):
     assert (daemon.workspace / "memory" / f"{old}.md").exists()
     audit = daemon.ctl_json("audit")["workspaces"][0]
     assert "plan" in audit and "problems" in audit
-    ran = daemon.ctl_json("lifecycle", "--now")
+    ran = daemon.ctl_json("lifecycle")
     assert wait_run(daemon, ran["run_id"])["state"] == "finished"
     assert (daemon.workspace / "memory" / "archive" / f"{old}.md").exists()
     restored = daemon.ctl_json("restore", ran["run_id"])

@@ -67,7 +67,6 @@ def _add_job_commands(add: AddCommand) -> None:
                                      ("flush", jobs.flush, "flush durable facts from a session into today's note")):
         _add_wait(_add_session_key(add(name, handler, help_text)))
     dream = add("dream", jobs.dream, "queue a dream now, whatever the schedule")
-    _add_deprecated_now(dream)
     _add_wait(dream)
     add("dream-log", jobs.dream_log, "show a dream commit").add_argument(
         "target", nargs="?", metavar="RUN_ID|SHA", help="a dream's run id or commit (default: the newest dream)")
@@ -77,7 +76,6 @@ def _add_job_commands(add: AddCommand) -> None:
     restore.add_argument("--force", action="store_true", help="restore even over later edits")
     _add_wait(restore)
     lifecycle = add("lifecycle", jobs.lifecycle, "age daily notes and compact history now")
-    _add_deprecated_now(lifecycle)
     lifecycle.add_argument("--dry-run", action="store_true", help="show what would move or compact")
     _add_wait(lifecycle)
     add("reindex", jobs.reindex, "refresh the search indexes and print what was indexed")
@@ -129,11 +127,6 @@ def _add_wait(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def _add_deprecated_now(parser: argparse.ArgumentParser) -> None:
-    # Hidden and warned about: these jobs always start now, but the audit's fix advice and older scripts
-    # still say `--now`. Drop this once nothing spells it any more.
-    parser.add_argument("--now", action="store_true", dest="deprecated_now", help=argparse.SUPPRESS)
-
 
 def main(argv: list[str] | None = None, *, environ: Mapping[str, str] | None = None,
          stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
@@ -148,8 +141,6 @@ def main(argv: list[str] | None = None, *, environ: Mapping[str, str] | None = N
     if args.config and not Path(args.config).expanduser().is_file():
         stderr.write(f"nanobotctl: config file {args.config} not found\n")
         return EXIT_CANNOT_CONNECT
-    if getattr(args, "deprecated_now", False):
-        stderr.write(f"nanobotctl: {args.command} always starts now; --now is not needed and will go away\n")
     client = Client(resolve_socket(args, environ), args.timeout, args.workspace)
     return _run_command(Invocation(client=client, args=args, stdout=stdout, stderr=stderr))
 

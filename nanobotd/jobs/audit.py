@@ -13,11 +13,11 @@ from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.state.store import StateStore
 
 RUN_LIST_LIMIT = 1_000_000
-LIFECYCLE_COMMAND = "nanobotctl lifecycle --now"
+LIFECYCLE_COMMAND = "nanobotctl lifecycle"
 LINES_SHOWN = 20
 NOTE_FIXES = (
     ("symlink", "replace the symlink with a real folder or file, or move it out of memory/"),
-    ("not a folder", "move the file away and let the next `nanobotctl lifecycle --now` create the folder"),
+    ("not a folder", "move the file away and let the next `nanobotctl lifecycle` create the folder"),
     ("impossible date", "rename it to the date it is really for (YYYY-MM-DD.md)"),
     ("not valid UTF-8", "re-save it as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"),
     ("no ## sections", "add a `## Topics` section to it, or move it out of memory/"),

@@ -76,13 +76,10 @@ def test_wait_prints_the_finished_run_for_every_command_that_queues_one(socket_p
     assert daemon.requests[-1].path.startswith("/v1/runs/")
 
 
-def test_the_old_now_flag_is_hidden_and_warned_about_and_not_sent(socket_path: Path, daemon: FakeDaemon,
-                                                                  capsys: pytest.CaptureFixture) -> None:
-    for command, path in (("dream", "/v1/dream"), ("lifecycle", "/v1/lifecycle")):
-        code, out, err = run_ctl(socket_path, command, "--now")
-        assert code == 0 and out.startswith("queued run")
-        assert f"{command} always starts now; --now is not needed" in err
-        assert daemon.requests[-1].path == path and "now" not in daemon.requests[-1].body
+def test_dream_and_lifecycle_have_no_now_flag(socket_path: Path, daemon: FakeDaemon,
+                                             capsys: pytest.CaptureFixture) -> None:
+    for command in ("dream", "lifecycle"):
+        assert ctl.main([command, "--now"], environ={}) == 2
         assert ctl.main([command, "--help"], environ={}) == 0
         assert "--now" not in capsys.readouterr().out
 

@@ -119,7 +119,7 @@ def test_the_plan_is_passed_through_and_an_overdue_lifecycle_is_a_problem(ws, st
                                      "to": "memory/archive/2026-05-01.md", "bytes": 28, "age_days": 45}]
     assert report["plan"] == ["move memory/2026-05-01.md -> memory/archive/2026-05-01.md (28 bytes, 45 days old)"]
     [item] = report["problems"]
-    assert "lifecycle is behind" in item["problem"] and "nanobotctl lifecycle --now" in item["fix"]
+    assert "lifecycle is behind" in item["problem"] and "nanobotctl lifecycle" in item["fix"]
 
 
 def test_disk_used_by_run_backups_is_counted_for_the_workspace(ws, store):
