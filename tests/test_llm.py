@@ -14,11 +14,11 @@ from urllib.parse import urlsplit
 import pytest
 from loguru import logger
 
+from nanobotd.config.schema import LLMSettings
 from nanobotd.llm.client import (
     LLMBadResponse,
     LLMClient,
     LLMReply,
-    LLMSettings,
     LLMUnavailable,
     ToolCall,
     UsageMeter,
@@ -361,7 +361,8 @@ def test_the_api_key_never_reaches_the_logs_or_the_error(fake, sleeps):
 def test_offline_mode_fails_at_once_without_importing_litellm():
     script = (
         "import asyncio, sys\n"
-        "from nanobotd.llm.client import LLMClient, LLMSettings, LLMUnavailable\n"
+        "from nanobotd.config.schema import LLMSettings\n"
+        "from nanobotd.llm.client import LLMClient, LLMUnavailable\n"
         "LLMClient(LLMSettings(model='openai/gpt-4o-mini'), api_key='x')\n"
         "client = LLMClient(LLMSettings(model='None'))\n"
         "assert client.offline and client.mode == 'offline'\n"

@@ -16,7 +16,8 @@ from loguru import logger
 from nanobotd import fsio
 from nanobotd.gitstore.store import GitStore
 from nanobotd.index.builtin import BuiltinIndex
-from nanobotd.index.qmd import QmdBackend, QmdSettings
+from nanobotd.config.schema import QmdSettings
+from nanobotd.index.qmd import QmdBackend
 from nanobotd.jobs import restore
 from nanobotd.jobs.dream import run as dream
 from nanobotd.jobs.lifecycle import run as lifecycle

@@ -21,12 +21,12 @@ import os
 import re
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator, Callable, Mapping
 
 from loguru import logger
 
+from nanobotd.config.schema import QmdSettings
 from nanobotd.fsio import LockTimeout, file_lock
 from nanobotd.index.hit import SearchBackendError, SearchHit
 from nanobotd.index.qmdproc import (
@@ -52,21 +52,6 @@ EMBED_TIMEOUT_SECONDS = 900.0
 VECTOR_RETRY_SECONDS = 1800.0
 DEBOUNCE_MAX_FACTOR = 5
 VERSION_PATTERN = re.compile(r"\bqmd (\d+)\.(\d+)\.(\d+)")
-
-
-@dataclass(frozen=True)
-class QmdSettings:
-    """How the qmd executable is driven (config keys search.qmd_*).
-
-    vectors: run `qmd embed` and allow vsearch/query (they need local models); mcp_server: answer BM25
-    searches from a long-lived `qmd mcp --http` child instead of one CLI process per search.
-    """
-
-    command: str = "qmd"
-    timeout_seconds: float = 10.0
-    debounce_seconds: float = 2.0
-    vectors: bool = False
-    mcp_server: bool = True
 
 
 def collection_name(workspace: Path) -> str:

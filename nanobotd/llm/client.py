@@ -19,6 +19,8 @@ from typing import Any, Awaitable, Callable
 
 from loguru import logger
 
+from nanobotd.config.schema import LLMSettings
+
 OFFLINE_MODELS = frozenset({"", "none"})
 PLACEHOLDER_API_KEY = "sk-none"
 BACKOFF_BASE_SECONDS = 0.5
@@ -129,20 +131,6 @@ class UsageMeter:
             "retries": self.retries,
             "error_types": dict(self.error_types),
         }
-
-
-@dataclass(frozen=True)
-class LLMSettings:
-    """The [llm] config table; field names are the config keys."""
-
-    model: str = "none"
-    api_base: str = ""
-    api_key_env: str = "OPENAI_API_KEY"
-    timeout_seconds: float = 60
-    max_retries: int = 2
-    concurrency: int = 2
-    context_window: int = 200000
-    max_tokens: int = 8192
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ from nanobotd.jobs.dream.run import (
     restore_dream_commit,
     restore_dream_run,
 )
-from nanobotd.llm.client import LLMClient, LLMSettings
-from nanobotd.config.schema import DreamSettings, LifecycleSettings, WorkspaceSettings
+from nanobotd.llm.client import LLMClient
+from nanobotd.config.schema import DreamSettings, LifecycleSettings, LLMSettings, WorkspaceSettings
 from nanobotd.state.store import StateStore
 from tests.support.fakellm import FakeLLM, Garbage, HttpError, Responder, Text, ToolCalls
 
