@@ -15,14 +15,9 @@ import pytest
 from loguru import logger
 
 from nanobotd.config.schema import LLMSettings
-from nanobotd.llm.client import (
-    LLMBadResponse,
-    LLMClient,
-    LLMReply,
-    LLMUnavailable,
-    ToolCall,
-    UsageMeter,
-)
+from nanobotd.llm.client import LLMClient
+from nanobotd.llm.failures import LLMBadResponse, LLMUnavailable
+from nanobotd.llm.reply import LLMReply, ToolCall, UsageMeter
 from tests.support.fakellm import Empty, FakeLLM, Garbage, Hang, HttpError, Responder, Text, ToolCalls
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -362,7 +357,8 @@ def test_offline_mode_fails_at_once_without_importing_litellm():
     script = (
         "import asyncio, sys\n"
         "from nanobotd.config.schema import LLMSettings\n"
-        "from nanobotd.llm.client import LLMClient, LLMUnavailable\n"
+        "from nanobotd.llm.client import LLMClient\n"
+        "from nanobotd.llm.failures import LLMUnavailable\n"
         "LLMClient(LLMSettings(model='openai/gpt-4o-mini'), api_key='x')\n"
         "client = LLMClient(LLMSettings(model='None'))\n"
         "assert client.offline and client.mode == 'offline'\n"

@@ -41,7 +41,9 @@ from nanobotd.jobs.dream.restore import (
     save_backup,
 )
 from nanobotd.jobs.dream.tools import ALLOWED_FILES, TOOL_SCHEMAS, StagedFiles, ToolRefused
-from nanobotd.llm.client import LLMClient, LLMError, LLMReply, UsageMeter
+from nanobotd.llm.client import LLMClient
+from nanobotd.llm.failures import LLMError
+from nanobotd.llm.reply import LLMReply, UsageMeter
 from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.state.store import RunRecord, StateStore
 

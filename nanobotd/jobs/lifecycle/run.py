@@ -20,7 +20,9 @@ from nanobotd.memory import history
 from nanobotd.memory.dailynote import ARCHIVE_DIR_NAME, scan_notes
 # One refusal type for every kind of restore, so the restore job catches a single exception.
 from nanobotd.jobs.dream.restore import RestoreRefused
-from nanobotd.llm.client import LLMClient, LLMError, UsageMeter
+from nanobotd.llm.client import LLMClient
+from nanobotd.llm.failures import LLMError
+from nanobotd.llm.reply import UsageMeter
 from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.state.store import OPEN_RUN_STATES, RUNS_DIR, RunRecord, StateStore
 from nanobotd.tokens import count_tokens, encoding_name_for
