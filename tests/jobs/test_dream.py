@@ -428,8 +428,7 @@ def test_a_nanobot_made_dream_commit_is_tolerated_listed_and_restorable_by_sha(w
     nanobot_sha = git_cli(workspace, "rev-parse", "HEAD").strip()
     result = dream_two_files(workspace, store, git, fake)
     assert result.manifest["entries"] == [2, 5]
-    log = asyncio.run(git.call(git.log))
-    assert [entry["run_id"] for entry in log] == [result.run_id, None]
+    assert asyncio.run(git.call(dream_log, git, nanobot_sha))["run_id"] is None
     assert asyncio.run(git.call(dream_log, git))["sha"] == result.manifest["commit"]
     assert asyncio.run(git.call(dream_log, git, result.run_id))["run_id"] == result.run_id
     assert asyncio.run(git.call(dream_log, git, nanobot_sha[:8]))["sha"] == nanobot_sha

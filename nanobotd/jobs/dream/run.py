@@ -19,7 +19,8 @@ from typing import Callable
 from loguru import logger
 
 from nanobotd import fsio
-from nanobotd.gitstore.store import CURSOR_FILE, GitStore, GitStoreError
+from nanobotd.gitstore.repo import GitStoreError
+from nanobotd.gitstore.store import CURSOR_FILE, GitStore
 from nanobotd.memory.history import (
     DREAM_CURSOR_NAME,
     THINK_BLOCK,
