@@ -7,7 +7,6 @@ handlers for these live in control_upkeep.py.
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +21,7 @@ from nanobotd.jobs import restore
 from nanobotd.jobs.dream import run as dream
 from nanobotd.jobs.lifecycle import run as lifecycle
 from nanobotd.daemon.workspace import WorkspaceRuntime
+from nanobotd.timestamps import iso_local
 
 if TYPE_CHECKING:
     from nanobotd.daemon.daemon import Daemon
@@ -113,7 +113,7 @@ class Upkeep:
             last = self.daemon.store.job_last_success(kind, runtime.name)
             last_run = self.daemon.store.job_last_run(kind, runtime.name)
             result[kind] = {
-                "last_success": _iso(last) if last_run else None, "last_run_id": last_run, "next_run": self.daemon.scheduler.next_run(f"{kind}:{runtime.name}"),
+                "last_success": iso_local(last) if last_run else None, "last_run_id": last_run, "next_run": self.daemon.scheduler.next_run(f"{kind}:{runtime.name}"),
                 "running": self.daemon.queue.busy(runtime.name, kind) if self.daemon.queue else False,
             }
         return result
@@ -281,7 +281,3 @@ def ensure_skill_file(workspace: Path) -> bool:
         return False
     fsio.atomic_write(path, SKILL_TEXT)
     return True
-
-
-def _iso(stamp: float | None) -> str | None:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(stamp)) if stamp else None

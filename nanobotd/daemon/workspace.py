@@ -22,6 +22,7 @@ from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.state.store import StateStore
 from nanobotd.tokens import encoding_name_for
 from nanobotd.sessions.tracker import ScanResult, SessionTracker
+from nanobotd.timestamps import iso_local
 
 
 class WorkspaceRuntime:
@@ -137,11 +138,6 @@ class WorkspaceRuntime:
             **totals,
             "llm_mode": self.llm.mode, "llm_model": self.settings.llm.model,
             "budget": self.settings.budget, "flush_threshold": self.settings.flush_threshold,
-            "last_reconcile": _iso(self.last_reconcile), "last_reconcile_seconds": self.last_reconcile_seconds,
+            "last_reconcile": iso_local(self.last_reconcile), "last_reconcile_seconds": self.last_reconcile_seconds,
             "scan_errors": self.scan_errors,
         }
-
-
-def _iso(stamp: float | None) -> str | None:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(stamp)) if stamp else None
-

@@ -6,12 +6,12 @@ map are loaded from their own tables on first use and kept in step by the tracke
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from nanobotd.sessions.scan import MessageInfo, Tail
 from nanobotd.state.store import StateStore
+from nanobotd.timestamps import iso_local
 
 SKIPPED_PREFIXES = ("dream:",)
 SESSION_COLUMNS = ("id, key, path, inode, size, mtime_ns, agent_archived, messages, corrupt_lines, total_tokens,"
@@ -54,7 +54,7 @@ class SessionState:
             "agent_archived": self.agent_archived, "corrupt_lines": self.corrupt_lines,
             "total_tokens": self.total_tokens, "unarchived_messages": self.unarchived_messages,
             "unarchived_tokens": self.unarchived_tokens, "state": self.state,
-            "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.last_write)) if self.last_write else None,
+            "updated_at": iso_local(self.last_write),
             "compaction_cycle": self.cycle, "flushed_cycle": self.flushed_cycle,
         }
 
