@@ -20,7 +20,7 @@ from nanobotd.llm.failures import LLMBadResponse, LLMUnavailable
 from nanobotd.llm.reply import LLMReply, ToolCall, UsageMeter
 from tests.support.fakellm import Empty, FakeLLM, Garbage, Hang, HttpError, Responder, Text, ToolCalls
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "sk-test-5ecret-do-not-log-0123456789"
 USER_TURN = [{"role": "user", "content": "What did we decide about the backups?"}]
 READ_FILE_TOOL = {
