@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_tracker import BenchDaemon, cpu_seconds, memory_mb, nanobot_conversation, percentile  # noqa: E402
 from nanobotd.sessions import file as sessionfile  # noqa: E402
-from nanobotd.llm.client import LLMSettings  # noqa: E402
+from nanobotd.config.schema import LLMSettings  # noqa: E402
 from nanobotd.tokens import count_tokens  # noqa: E402
 from tests.support.fakellm import FakeLLM, Responder, Text  # noqa: E402
 from tests.support.workspace import history_entries, make_workspace, write_session  # noqa: E402

@@ -39,13 +39,6 @@ class Config:
     under_systemd: bool = False
     environ: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
-    def workspace(self, name_or_path: str) -> WorkspaceSettings | None:
-        """Find a workspace by name or by path."""
-        for workspace in self.workspaces:
-            if name_or_path in (workspace.name, str(workspace.path)):
-                return workspace
-        return None
-
     def to_json(self) -> dict:
         """The effective config as plain data (no secrets) for check-config and status."""
         def plain(obj: Any) -> Any:

@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nanobotd.llm.client import LLMSettings
-
 
 @dataclass(frozen=True)
 class DaemonSettings:
@@ -24,6 +22,20 @@ class DaemonSettings:
     timezone: str = ""
     job_stop_seconds: float = 20.0
     socket_group: str = ""
+
+
+@dataclass(frozen=True)
+class LLMSettings:
+    """The [llm] table: which model answers, and how long and how often the adapter may try."""
+
+    model: str = "none"
+    api_base: str = ""
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout_seconds: float = 60
+    max_retries: int = 2
+    concurrency: int = 2
+    context_window: int = 200000
+    max_tokens: int = 8192
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,21 @@ class SearchSettings:
     qmd_timeout_seconds: float = 10.0
     qmd_vectors: bool = False
     debounce_seconds: float = 2.0
+
+
+@dataclass(frozen=True)
+class QmdSettings:
+    """How the qmd executable is driven, derived from the search.qmd_* keys.
+
+    vectors: run `qmd embed` and allow vsearch/query (they need local models); mcp_server: answer BM25
+    searches from a long-lived `qmd mcp --http` child instead of one CLI process per search.
+    """
+
+    command: str = "qmd"
+    timeout_seconds: float = 10.0
+    debounce_seconds: float = 2.0
+    vectors: bool = False
+    mcp_server: bool = True
 
 
 @dataclass(frozen=True)

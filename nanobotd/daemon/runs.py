@@ -11,7 +11,7 @@ from typing import Callable
 
 from loguru import logger
 
-from nanobotd.clock import iso_local
+from nanobotd.timestamps import iso_local
 from nanobotd.daemon import indexing
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.workspace import Workspace

@@ -18,12 +18,11 @@ from typing import Callable
 
 from loguru import logger
 
-from nanobotd.clock import iso_local
-from nanobotd.config.schema import WorkspaceSettings
+from nanobotd.config.schema import QmdSettings, WorkspaceSettings
 from nanobotd.daemon.skill import ensure_skill_file
 from nanobotd.gitstore.store import GitStore
 from nanobotd.index.builtin import BuiltinIndex
-from nanobotd.index.qmd import QmdBackend, QmdSettings
+from nanobotd.index.qmd import QmdBackend
 from nanobotd.jobs.common import JobEnv
 from nanobotd.jobs.registry import JOB_KINDS
 from nanobotd.llm.client import LLMClient
@@ -32,6 +31,7 @@ from nanobotd.sessions.file import is_session_file
 from nanobotd.sessions.tracker import ScanResult, SessionTracker
 from nanobotd.state.store import StateStore
 from nanobotd.tokens import encoding_name_for
+from nanobotd.timestamps import iso_local
 
 ALL_FILES = Path("*")  # a pending index change that means "check every file"
 

@@ -3,7 +3,8 @@
 GitPython is not thread-safe and leaks file handles when a Repo stays open, so every operation opens one
 Repo and closes it, and every public sync method must run on the store's single git thread: call it
 through `await store.call(store.method, ...)` (tests may call the sync methods directly).
-History is never rewritten or reset: a restore is a new commit.
+History is never rewritten or reset: a restore is a new commit. Reading commits back lives in
+`gitstore.commits`, merging in `gitstore.merge`, calling git in `gitstore.repo`.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import re
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,61 +20,23 @@ from typing import Any, Callable, Iterator
 from loguru import logger
 
 from nanobotd import fsio
+from nanobotd.gitstore import commits
+from nanobotd.gitstore.commits import DREAM_PREFIX, RUN_TRAILER
+from nanobotd.gitstore.merge import merge_gitignore, three_way
+from nanobotd.gitstore.repo import GitConflict, GitStoreError, describe_error, git_options, gitpython, open_repo
 
 CONTENT_FILES = ("SOUL.md", "USER.md", "memory/MEMORY.md")
 CURSOR_FILE = "memory/.dream_cursor"
 TRACKED_FILES = (*CONTENT_FILES, CURSOR_FILE)
 GITIGNORE_NAME = ".gitignore"
-GITIGNORE_LINES = ("/*", "!memory/", "!SOUL.md", "!USER.md", "!memory/MEMORY.md", "!.gitignore")
-AUTHOR_NAME = "nanobot"
-AUTHOR_EMAIL = "nanobot@dream"
 INIT_MESSAGE = "init: nanobot memory store"
-DREAM_PREFIX = "dream:"
-RUN_TRAILER = "Nanobot-Run"
 SNAPSHOT_TRAILER = "Nanobot-Snapshot"
 SNAPSHOT_SUMMARY = "snapshot edits made outside the dream"
 DIFF_CAP = 8000
 DIFF_TRUNCATED = "... (diff truncated)"
 LOCK_RETRY_DELAYS = (0.1, 0.2, 0.4, 0.8, 1.6)
 STALE_LOCK_SECONDS = 600
-GIT_TIMEOUT_SECONDS = 60
 SHORT_SHA = 7
-GIT_ENV = {
-    "GIT_AUTHOR_NAME": AUTHOR_NAME,
-    "GIT_AUTHOR_EMAIL": AUTHOR_EMAIL,
-    "GIT_COMMITTER_NAME": AUTHOR_NAME,
-    "GIT_COMMITTER_EMAIL": AUTHOR_EMAIL,
-    "GIT_TERMINAL_PROMPT": "0",
-}
-TRAILER_PATTERN = re.compile(rf"^{RUN_TRAILER}:\s*(\S+)\s*$", re.MULTILINE)
-
-
-class GitStoreError(Exception):
-    """A git operation failed or git is unavailable for this workspace."""
-
-
-class GitConflict(GitStoreError):
-    """A revert would conflict with later edits; nothing was changed."""
-
-    def __init__(self, message: str, files: list[str]):
-        super().__init__(message)
-        self.files = files
-
-
-def _gitpython() -> Any:
-    # Imported on first use: GitPython probes for the git binary at import time.
-    import git
-
-    return git
-
-
-def run_id_of(message: str) -> str | None:
-    """The run id in a commit message's `Nanobot-Run:` trailer, or None (e.g. nanobot's own dream)."""
-    paragraphs = [part for part in message.strip().split("\n\n") if part.strip()]
-    if not paragraphs:
-        return None
-    match = TRAILER_PATTERN.search(paragraphs[-1])
-    return match.group(1) if match else None
 
 
 def cap_diff(diff: str, limit: int = DIFF_CAP) -> str:
@@ -112,7 +73,7 @@ class GitStore:
         """Use `<workspace>/.git` (creating it as nanobot does) unless a parent repository owns the folder."""
         self.opened = True
         try:
-            git = _gitpython()
+            git = gitpython()
         except ImportError as exc:
             return self._unavailable(f"git is not usable: {exc}")
         if not (self.workspace / ".git").exists():
@@ -122,7 +83,7 @@ class GitStore:
             try:
                 self._init_repository(git)
             except (git.exc.GitError, OSError) as exc:
-                return self._unavailable(f"git init failed: {_describe(exc)}")
+                return self._unavailable(f"git init failed: {describe_error(exc)}")
         self.available, self.reason = True, ""
         try:
             with self._repo() as repo:
@@ -140,7 +101,7 @@ class GitStore:
     def _parent_repository(self, git: Any) -> str | None:
         start = next(folder for folder in self.workspace.resolve().parents if folder.is_dir())
         try:
-            return git.Git(str(start)).rev_parse("--show-toplevel", **_exec()).strip() or None
+            return git.Git(str(start)).rev_parse("--show-toplevel", **git_options()).strip() or None
         except (git.exc.GitError, OSError):
             return None
 
@@ -213,27 +174,27 @@ class GitStore:
                 return None
             message = summary if raw else self._message(repo, known, summary, notes, trailer)
             repo.git(c="commit.gpgsign=false").commit(
-                "--no-verify", "--quiet", "--cleanup=verbatim", "-m", message, "--", *known, **_exec())
+                "--no-verify", "--quiet", "--cleanup=verbatim", "-m", message, "--", *known, **git_options())
             return repo.head.commit.hexsha
 
         return self._with_lock_retry(repo, attempt)
 
     def _stage(self, repo: Any, paths: list[str]) -> list[str]:
         present = [path for path in paths if (self.workspace / path).is_file() or (self.workspace / path).is_symlink()]
-        tracked = set(repo.git.ls_files("-z", "--", *paths, **_exec()).split("\0")) - {""}
+        tracked = set(repo.git.ls_files("-z", "--", *paths, **git_options()).split("\0")) - {""}
         known = [path for path in dict.fromkeys(paths) if path in present or path in tracked]
         if known:
-            repo.git.add("-A", "-f", "--", *known, **_exec())
+            repo.git.add("-A", "-f", "--", *known, **git_options())
         return known
 
     def _has_staged_changes(self, repo: Any, paths: list[str]) -> bool:
         status, _, _ = repo.git.diff("--cached", "--quiet", "--", *paths,
-                                     with_extended_output=True, with_exceptions=False, **_exec())
+                                     with_extended_output=True, with_exceptions=False, **git_options())
         return status != 0
 
     def _message(self, repo: Any, paths: list[str], summary: str, notes: str, trailer: str | None) -> str:
         stats, added_total, removed_total = [], 0, 0
-        for line in repo.git.diff("--cached", "--numstat", "--", *paths, **_exec()).splitlines():
+        for line in repo.git.diff("--cached", "--numstat", "--", *paths, **git_options()).splitlines():
             added, removed, path = line.split("\t", 2)
             if path == CURSOR_FILE:
                 continue
@@ -249,7 +210,7 @@ class GitStore:
             parts.append("\n".join(stats))
         if notes.strip():
             parts.append(notes.strip())
-        diff = repo.git.diff("--cached", "--no-color", "--", *content_paths, **_exec()) if content_paths else ""
+        diff = repo.git.diff("--cached", "--no-color", "--", *content_paths, **git_options()) if content_paths else ""
         if diff.strip():
             parts.append(f"```diff\n{cap_diff(diff)}\n```")
         if trailer:
@@ -258,13 +219,13 @@ class GitStore:
 
     def _with_lock_retry(self, repo: Any, action: Callable[[], Any]) -> Any:
         """Retry *action* while another git process holds a lock; a lock is removed only when stale."""
-        git = _gitpython()
+        git = gitpython()
         delays = list(self.lock_retry_delays)
         while True:
             try:
                 return action()
             except git.exc.GitCommandError as exc:
-                if ".lock" not in _describe(exc) or not delays:
+                if ".lock" not in describe_error(exc) or not delays:
                     raise
                 self._remove_stale_lock(Path(repo.git_dir) / "index.lock")
                 time.sleep(delays.pop(0))
@@ -280,7 +241,7 @@ class GitStore:
                 lock.unlink()
 
     def _dirty(self, repo: Any, paths: tuple[str, ...] | list[str]) -> list[str]:
-        output = repo.git.status("--porcelain", "-z", "--untracked-files=all", "--", *paths, **_exec())
+        output = repo.git.status("--porcelain", "-z", "--untracked-files=all", "--", *paths, **git_options())
         dirty = []
         for record in output.split("\0"):
             if len(record) > 3 and record[3:] in paths:
@@ -288,58 +249,24 @@ class GitStore:
         return sorted(set(dirty))
 
     # -- reading history -------------------------------------------------------------------------
-    def log(self, limit: int = 20, *, dream_only: bool = True) -> list[dict]:
-        """Newest first: commits (only `dream:` ones by default), nanobot's own included."""
-        entries: list[dict] = []
-        with self._repo() as repo:
-            if not repo.head.is_valid():
-                return entries
-            for commit in repo.iter_commits("HEAD"):
-                if dream_only and not commit.message.startswith(DREAM_PREFIX):
-                    continue
-                entries.append(_commit_info(commit))
-                if len(entries) >= limit:
-                    break
-        return entries
-
     def find_commit_for_run(self, run_id: str) -> str | None:
         """The sha of the commit whose trailer names *run_id*, or None."""
         with self._repo() as repo:
-            if not repo.head.is_valid():
-                return None
-            shas = repo.git.log("--format=%H", "--fixed-strings", f"--grep={RUN_TRAILER}: {run_id}",
-                                "HEAD", **_exec()).split()
-            for sha in shas:
-                if run_id_of(repo.commit(sha).message) == run_id:
-                    return sha
-        return None
+            return commits.find_commit_for_run(repo, run_id)
 
     def show(self, ref: str | None = None) -> dict:
         """One commit with its diff (the newest `dream:` commit when *ref* is None), for dream-log."""
         with self._repo() as repo:
-            commit = self._resolve(repo, ref) if ref else self._newest_dream_commit(repo)
-            info = _commit_info(commit)
-            info["diff"] = repo.git.show(commit.hexsha, "--format=", "--no-color", "--patch", **_exec())
-            return info
-
-    def _newest_dream_commit(self, repo: Any) -> Any:
-        if repo.head.is_valid():
-            for commit in repo.iter_commits("HEAD"):
-                if commit.message.startswith(DREAM_PREFIX):
-                    return commit
-        raise GitStoreError("there is no dream: commit yet")
+            commit = self._resolve(repo, ref) if ref else commits.newest_dream_commit(repo)
+            return commits.show_commit(repo, commit)
 
     def _resolve(self, repo: Any, ref: str) -> Any:
-        git = _gitpython()
-        try:
-            return repo.commit(ref)
-        except (git.exc.BadName, ValueError, git.exc.GitCommandError) as exc:
-            raise GitStoreError(f"no commit {ref!r} in {self.workspace}") from exc
+        return commits.resolve_commit(repo, ref, self.workspace)
 
     def file_at(self, ref: str, path: str) -> bytes | None:
         """A file's content at a commit, or None when it does not exist there."""
         with self._repo() as repo:
-            return _blob(self._resolve(repo, ref), path)
+            return commits.blob(self._resolve(repo, ref), path)
 
     # -- reverting -------------------------------------------------------------------------------
     def revert(self, sha: str, run_id: str, *, overrides: dict[str, bytes | None] | None = None,
@@ -370,14 +297,15 @@ class GitStore:
         """The paths an ordinary commit changed."""
         with self._repo() as repo:
             commit = self._resolve(repo, sha)
-            return _changed_paths(repo, commit.parents[0], commit) if len(commit.parents) == 1 else []
+            return commits.changed_paths(repo, commit.parents[0], commit) if len(commit.parents) == 1 else []
 
     def _reverted_contents(self, repo: Any, commit: Any, skip: set[str]) -> dict[str, bytes | None]:
         parent = commit.parents[0]
         merged, conflicts = {}, []
-        for path in (name for name in _changed_paths(repo, parent, commit) if name not in skip):
+        for path in (name for name in commits.changed_paths(repo, parent, commit) if name not in skip):
             self._check_inside(path)
-            result = three_way(repo, ours=self._read(path), base=_blob(commit, path), theirs=_blob(parent, path))
+            result = three_way(repo, ours=self._read(path), base=commits.blob(commit, path),
+                               theirs=commits.blob(parent, path))
             if result is False:
                 conflicts.append(path)
             else:
@@ -417,78 +345,5 @@ class GitStore:
         """One Repo for one operation, always closed; library errors become GitStoreError."""
         if not self.available:
             raise GitStoreError(f"git is unavailable: {self.reason}")
-        git = _gitpython()
-        try:
-            repo = git.Repo(str(self.workspace))
-        except (git.exc.InvalidGitRepositoryError, git.exc.NoSuchPathError) as exc:
-            raise GitStoreError(f"{self.workspace} is not a git repository: {exc}") from exc
-        with repo:
-            try:
-                yield repo
-            except (git.exc.GitError, ValueError, OSError) as exc:
-                raise GitStoreError(f"git failed in {self.workspace}: {_describe(exc)}") from exc
-
-
-def three_way(repo: Any, *, ours: bytes | None, base: bytes | None, theirs: bytes | None) -> bytes | None | bool:
-    """Merge a revert for one file (base = the commit's version, theirs = its parent's); False on conflict."""
-    if ours == base or ours == theirs:
-        return theirs
-    if base == theirs:
-        return ours
-    if ours is None or base is None or theirs is None:
-        return False
-    with tempfile.TemporaryDirectory(prefix="nanobotd-merge-") as folder:
-        names = []
-        for label, data in (("ours", ours), ("base", base), ("theirs", theirs)):
-            (Path(folder) / label).write_bytes(data)
-            names.append(str(Path(folder) / label))
-        status, output, _ = repo.git.merge_file("-p", *names, with_extended_output=True, with_exceptions=False,
-                                                stdout_as_string=False, strip_newline_in_stdout=False, **_exec())
-    return output if status == 0 else False
-
-
-def merge_gitignore(path: Path) -> None:
-    """Add nanobot's ignore rules to *path*, keeping existing lines and never duplicating one."""
-    try:
-        existing = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        existing = ""
-    lines = existing.splitlines()
-    missing = [line for line in GITIGNORE_LINES if line not in lines]
-    if not missing:
-        return
-    text = existing if not existing or existing.endswith("\n") else existing + "\n"
-    fsio.atomic_write(path, text + "".join(line + "\n" for line in missing))
-
-
-def _changed_paths(repo: Any, parent: Any, commit: Any) -> list[str]:
-    names = repo.git.diff("--name-only", "--no-renames", "-z", parent.hexsha, commit.hexsha, **_exec())
-    return [name for name in names.split("\0") if name]
-
-
-def _blob(commit: Any, path: str) -> bytes | None:
-    try:
-        return (commit.tree / path).data_stream.read()
-    except KeyError:
-        return None
-
-
-def _commit_info(commit: Any) -> dict:
-    return {
-        "sha": commit.hexsha,
-        "message": commit.message,
-        "summary": commit.summary,
-        "author": f"{commit.author.name} <{commit.author.email}>",
-        "date": commit.committed_datetime.isoformat(),
-        "run_id": run_id_of(commit.message),
-    }
-
-
-def _exec() -> dict:
-    return {"env": GIT_ENV, "kill_after_timeout": GIT_TIMEOUT_SECONDS}
-
-
-def _describe(exc: BaseException) -> str:
-    stderr = getattr(exc, "stderr", None)
-    text = stderr if isinstance(stderr, str) and stderr.strip() else str(exc)
-    return " ".join(text.split())[:500]
+        with open_repo(self.workspace) as repo:
+            yield repo

@@ -18,55 +18,28 @@ import contextlib
 import dataclasses
 import hashlib
 import os
-import re
-import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator, Callable, Mapping
 
 from loguru import logger
 
+from nanobotd.config.schema import QmdSettings
 from nanobotd.fsio import LockTimeout, file_lock
 from nanobotd.index.hit import SearchBackendError, SearchHit
-from nanobotd.index.qmdproc import (
-    McpServer,
-    QmdResult,
-    collection_fields,
-    hit_from_result,
-    iso_time,
-    json_array,
-    read_index_stats,
-    run_qmd,
-)
+from nanobotd.index.qmdoutput import collection_fields, hit_from_result, iso_time, json_array, read_index_stats
+from nanobotd.index.qmdproc import McpServer, QmdResult, check_version, child_environment, resolve_command, run_qmd
+from nanobotd.index.qmdvectors import VectorHealth
 
 COLLECTION_PREFIX = "nb-"
 # QMD takes a comma-separated list of globs; memory/*.md covers MEMORY.md and the daily notes, and
 # leaves out memory/history.jsonl and anything that is not markdown.
 COLLECTION_MASK = "SOUL.md,USER.md,memory/*.md,memory/archive/*.md"
 SEARCH_MODES = ("search", "vsearch", "query")
-MINIMUM_VERSION = (2, 8)
 UPDATE_TIMEOUT_SECONDS = 120.0
 UPDATE_RETRY_SECONDS = 30.0
 EMBED_TIMEOUT_SECONDS = 900.0
-VECTOR_RETRY_SECONDS = 1800.0
 DEBOUNCE_MAX_FACTOR = 5
-VERSION_PATTERN = re.compile(r"\bqmd (\d+)\.(\d+)\.(\d+)")
-
-
-@dataclass(frozen=True)
-class QmdSettings:
-    """How the qmd executable is driven (config keys search.qmd_*).
-
-    vectors: run `qmd embed` and allow vsearch/query (they need local models); mcp_server: answer BM25
-    searches from a long-lived `qmd mcp --http` child instead of one CLI process per search.
-    """
-
-    command: str = "qmd"
-    timeout_seconds: float = 10.0
-    debounce_seconds: float = 2.0
-    vectors: bool = False
-    mcp_server: bool = True
 
 
 def collection_name(workspace: Path) -> str:
@@ -94,7 +67,7 @@ class QmdBackend:
         self.config_path = self.home / "config" / f"{self.name}.yml"
         self._clock = clock
         # The daemon hands its configured environment down; without one, children get the process's own.
-        self._env = _child_environment(self.home, os.environ if environ is None else environ)
+        self._env = child_environment(self.home, os.environ if environ is None else environ)
         self._lock_path = self.home / f"{self.name}.update.lock"
         self._update_timeout = max(settings.timeout_seconds, UPDATE_TIMEOUT_SECONDS)
         self._executable: str | None = None
@@ -112,8 +85,7 @@ class QmdBackend:
         self._burst_started_at: float | None = None
         self._worker: asyncio.Task | None = None
         self._embedder: asyncio.Task | None = None
-        self._vector_failure: str | None = None
-        self._vector_retry_at = 0.0
+        self._vectors = VectorHealth(settings.vectors, clock, self.index_path, self.name)
         self._mcp: McpServer | None = None
         self._closed = False
 
@@ -126,8 +98,10 @@ class QmdBackend:
         """Check the qmd binary and ensure the workspace collection; on failure record why, never raise."""
         try:
             self.home.mkdir(parents=True, exist_ok=True)
-            self._executable = self._resolve_command()
-            self._version = await self._check_version()
+            self._executable = resolve_command(self.settings.command, self._env)
+            self._version = await check_version(
+                self._executable, env=self._env, cwd=self.home, timeout=self.settings.timeout_seconds
+            )
             created = await self._ensure_collection()
         except (SearchBackendError, OSError) as exc:
             self._available, self._reason = False, str(exc)
@@ -186,12 +160,12 @@ class QmdBackend:
             return []
         degraded = None
         if mode != "search":
-            degraded = self._vector_unavailable_reason(mode)
+            degraded = self._vectors.unavailable_reason(mode)
             if degraded is None:
                 try:
                     return await self._cli_search(mode, query, limit)
                 except SearchBackendError as exc:
-                    degraded = self._record_vector_failure(str(exc))
+                    degraded = self._vectors.record_failure(str(exc))
         hits = await self._lexical_search(query, limit)
         if degraded is not None:
             hits = [dataclasses.replace(hit, extra={**hit.extra, "degraded": degraded}) for hit in hits]
@@ -212,7 +186,7 @@ class QmdBackend:
             "last_error": self._last_error,
             "version": self._version,
             "update_runs": self._update_runs,
-            "vectors": self._vector_status(),
+            "vectors": self._vectors.status(),
             "mcp_server": bool(self._mcp and self._mcp.ready),
         }
 
@@ -231,30 +205,6 @@ class QmdBackend:
             await self._mcp.close()
 
     # -- start -------------------------------------------------------------------------------------
-
-    def _resolve_command(self) -> str:
-        command = self.settings.command
-        if os.sep in command:
-            path = Path(command).expanduser()
-            if path.is_file() and os.access(path, os.X_OK):
-                return str(path)
-            raise SearchBackendError(f"qmd command {command!r} is not an executable file (search.qmd_command)")
-        found = shutil.which(command, path=self._env.get("PATH"))
-        if found is None:
-            raise SearchBackendError(f"qmd command {command!r} not found on PATH (search.qmd_command)")
-        return found
-
-    async def _check_version(self) -> str:
-        result = await run_qmd(
-            [self._executable, "--version"], env=self._env, cwd=self.home, timeout=self.settings.timeout_seconds
-        )
-        match = VERSION_PATTERN.search(result.stdout)
-        if result.returncode != 0 or match is None:
-            raise SearchBackendError(f"`qmd --version` gave no qmd version: {result.error_text()}")
-        version = ".".join(match.groups())
-        if tuple(int(part) for part in match.groups()[:2]) < MINIMUM_VERSION:
-            raise SearchBackendError(f"qmd {version} is too old; need >= {'.'.join(map(str, MINIMUM_VERSION))}")
-        return version
 
     async def _ensure_collection(self) -> bool:
         """Make the collection match the workspace and mask; True when it was (re)created and indexed."""
@@ -328,7 +278,7 @@ class QmdBackend:
     def _start_embedding(self) -> None:
         # Embedding runs beside updates, not under the index lock: it can take minutes (a model
         # download, a large workspace), and BM25 freshness must not wait for it.
-        if self._vector_blocked() or (self._embedder is not None and not self._embedder.done()):
+        if self._vectors.blocked() or (self._embedder is not None and not self._embedder.done()):
             return
         if not read_index_stats(self.index_path, self.name).needs_embedding:
             return
@@ -338,12 +288,12 @@ class QmdBackend:
         try:
             result = await self._qmd("embed", timeout=EMBED_TIMEOUT_SECONDS)
         except SearchBackendError as exc:
-            self._record_vector_failure(f"qmd embed failed: {exc}")
+            self._vectors.record_failure(f"qmd embed failed: {exc}")
             return
         # `qmd embed` exits 0 when it skipped work (no model, say): trust the counts, not the status.
         pending = read_index_stats(self.index_path, self.name).needs_embedding
         if result.returncode != 0 or pending:
-            self._record_vector_failure(f"qmd embed left {pending} documents without vectors: {result.error_text()}")
+            self._vectors.record_failure(f"qmd embed left {pending} documents without vectors: {result.error_text()}")
 
     # -- search ------------------------------------------------------------------------------------
 
@@ -390,32 +340,6 @@ class QmdBackend:
                 hits.append(hit)
         return hits
 
-    def _vector_unavailable_reason(self, mode: str) -> str | None:
-        if not self.settings.vectors:
-            return f"{mode} needs vectors, which are off (search.qmd_vectors = false); answered with BM25"
-        if self._vector_blocked():
-            return f"{self._vector_failure}; answered with BM25"
-        stats = read_index_stats(self.index_path, self.name)
-        if mode == "vsearch" and stats.documents and stats.needs_embedding == stats.documents:
-            return "the index has no embeddings yet; answered with BM25"
-        return None
-
-    def _vector_blocked(self) -> bool:
-        return self._vector_failure is not None and self._clock() < self._vector_retry_at
-
-    def _record_vector_failure(self, reason: str) -> str:
-        self._vector_failure = reason
-        self._vector_retry_at = self._clock() + VECTOR_RETRY_SECONDS
-        logger.warning("qmd vectors unusable for {:g}s: {}", VECTOR_RETRY_SECONDS, reason)
-        return f"{reason}; answered with BM25"
-
-    def _vector_status(self) -> str:
-        if not self.settings.vectors:
-            return "off"
-        if self._vector_blocked():
-            return f"failing: {self._vector_failure}"
-        return "on"
-
     # -- plumbing ----------------------------------------------------------------------------------
 
     def _require_available(self) -> None:
@@ -439,15 +363,6 @@ def normalize_query(query: str) -> str:
     if text.count('"') % 2:
         text = " ".join(text.replace('"', " ").split())
     return text
-
-
-def _child_environment(home: Path, environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment of every qmd child: config, index and model cache inside *home*."""
-    env = {key: value for key, value in environ.items() if key not in ("INDEX_PATH", "QMD_CONFIG_DIR")}
-    env["QMD_CONFIG_DIR"] = str(home / "config")
-    env["XDG_CACHE_HOME"] = str(home / "cache")
-    env["NO_COLOR"] = "1"
-    return env
 
 
 def _release_if_acquired(lock: contextlib.AbstractContextManager, task: asyncio.Future) -> None:

@@ -28,7 +28,9 @@ from nanobotd.memory.dailynote import (
     remove_bullets,
 )
 from nanobotd.jobs.common import JobEnv, RestoreRefused, refuse_if_expired
-from nanobotd.llm.client import LLMClient, LLMError, UsageMeter
+from nanobotd.llm.client import LLMClient
+from nanobotd.llm.failures import LLMError
+from nanobotd.llm.reply import UsageMeter
 from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.state.store import RunRecord, StateStore
 from nanobotd.tokens import count_tokens, encoding_name_for

@@ -26,6 +26,7 @@ TAIL_BLOCK = 64 * 1024
 # from the files; nanobot ignores unknown fields.
 SPAN_FIELD = "nanobotd_span"
 LOCK_TIMEOUT = 30.0
+# Reasoning blocks some models put before their answer; every reader of a model reply strips them with this.
 THINK_BLOCK = re.compile(r"<(think|thinking|reasoning)>.*?</\1>\s*", re.DOTALL | re.IGNORECASE)
 
 

@@ -25,13 +25,6 @@ class PendingMessage:
     tokens: int
     record: dict
 
-    @classmethod
-    def from_record(cls, digest: str, record: dict, text: str, tokens: int) -> "PendingMessage":
-        """Build from a parsed session record."""
-        timestamp = record.get("timestamp")
-        return cls(digest, str(record.get("role", "?")), timestamp if isinstance(timestamp, str) else "", text,
-                   tokens, record)
-
 
 def render_message(message: PendingMessage, max_chars: int | None = None) -> str:
     """One message as a transcript line: `[YYYY-MM-DDTHH:MM] ROLE: text` (+ tool calls)."""

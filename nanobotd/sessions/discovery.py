@@ -54,16 +54,6 @@ def discover_sessions_dirs(workspace: Path, explicit: Path | None, home: Path | 
     return found
 
 
-def expected_sessions_dir(workspace: Path, explicit: Path | None, home: Path | None) -> Path:
-    """The folder to wait for when none exists yet."""
-    if explicit is not None:
-        return explicit
-    workspace_id = read_workspace_id(workspace)
-    if workspace_id:
-        return candidate_config_dirs(workspace, home)[0] / "sessions" / workspace_id
-    return workspace / "sessions"
-
-
 def _marker_matches(folder: Path, workspace: Path) -> bool:
     """The `.workspace` file names the workspace's absolute path; a missing marker is accepted."""
     try:

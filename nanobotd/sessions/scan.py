@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Any
 
 from nanobotd.sessions import file as sessionfile
 from nanobotd.tokens import count_tokens
@@ -62,10 +63,113 @@ def parse_session(path: Path, encoding: str, *, cached: list[MessageInfo] | None
                   tail: Tail | None = None, corrupt_before: int = 0) -> ParseResult:
     """Parse *path*; with the previous scan's *cached* messages and *tail*, decode only what is new."""
     if cached is not None and tail is not None:
-        result = _parse_tail(path, encoding, cached, tail, corrupt_before)
+        result = _parse_appended(path, encoding, cached, tail, corrupt_before)
         if result is not None:
             return result
     return _parse_all(path, encoding, cached or [])
+
+
+@dataclass
+class _Reading:
+    """What one pass over a file's lines has collected so far."""
+
+    header: sessionfile.SessionHeader
+    messages: list[MessageInfo]
+    taken: set[str]
+    corrupt: int = 0
+    region_start: int = 0
+    region_end: int = 0
+    leading: bool = True
+    terminated: bool = True
+    fast_ok: bool = True
+    new_records: dict[str, dict] = field(default_factory=dict)
+    cache: dict[str, list[MessageInfo]] = field(default_factory=dict)
+    line_copies: dict[str, int] = field(default_factory=dict)
+
+    def reuse(self, line: sessionfile.RawLine) -> bool:
+        """Take the cached parse of *line* when there is one; a line may repeat (same bytes twice), so
+        its k-th copy in the file reuses the k-th cached parse."""
+        copy = self.line_copies.get(line.line_digest, 0)
+        self.line_copies[line.line_digest] = copy + 1
+        infos = self.cache.get(line.line_digest, ())
+        info = infos[copy] if copy < len(infos) else None
+        if info is None or info.digest in self.taken:
+            return False
+        self.taken.add(info.digest)
+        self.messages.append(info)
+        return True
+
+
+def _parse_all(path: Path, encoding: str, cached: list[MessageInfo]) -> ParseResult:
+    reading = _Reading(sessionfile.SessionHeader(), [], set())
+    for info in cached:
+        reading.cache.setdefault(info.line_digest, []).append(info)
+    _read_lines(path, encoding, reading)
+    tail = None
+    if reading.fast_ok and reading.terminated:
+        length = reading.region_end - reading.region_start
+        tail = Tail(length, _hash_range(path, reading.region_start, length))
+    return ParseResult(_key(path, reading.header), reading.header, reading.messages, reading.corrupt,
+                       reading.new_records, tail)
+
+
+def _parse_appended(path: Path, encoding: str, cached: list[MessageInfo], tail: Tail,
+                    corrupt_before: int) -> ParseResult | None:
+    """The fast path: None when the file no longer starts (after its metadata) with the known bytes."""
+    header = sessionfile.SessionHeader()
+    known = _known_region(path, tail, header)
+    if known is None:
+        return None
+    region_start, digest = known
+    known_end = region_start + tail.length
+    reading = _Reading(header, list(cached), {info.digest for info in cached}, corrupt=corrupt_before,
+                       region_start=region_start, region_end=known_end, leading=False)
+    if not _read_lines(path, encoding, reading, offset=known_end, appending=True):
+        return None
+    new_tail = None
+    if reading.terminated:
+        # the known bytes are hashed already: continue the same hash over the new ones
+        _update_hash(digest, path, known_end, reading.region_end - known_end)
+        new_tail = Tail(reading.region_end - region_start, digest.hexdigest())
+    return ParseResult(_key(path, header), header, reading.messages, reading.corrupt, reading.new_records,
+                       new_tail, fast=True)
+
+
+def _read_lines(path: Path, encoding: str, reading: _Reading, *, offset: int = 0, appending: bool = False) -> bool:
+    """The one loop over a file's lines, from *offset*, collecting into *reading*.
+
+    *appending*: the lines follow known messages; returns False as soon as one needs the full parse.
+    """
+    for line in sessionfile.iter_raw_lines(path, offset=offset):
+        reading.terminated = line.terminated
+        reading.region_end = line.end
+        if reading.leading and sessionfile.is_metadata_line(line):
+            reading.region_start = line.end
+        else:
+            reading.leading = False
+        if reading.reuse(line):
+            continue
+        record = sessionfile.decode_record(line)
+        if record is None:
+            reading.corrupt += 1
+            continue
+        if "_type" in record:
+            if appending:
+                return False
+            if record.get("_type") == "metadata":
+                sessionfile.read_header(record, reading.header)
+            reading.fast_ok = reading.fast_ok and reading.leading
+            continue
+        if appending and sessionfile.message_fields(record) is not None and _base_digest(record) in reading.taken:
+            return False  # a copy of an earlier message: its numbering needs the full parse
+        info = _message_info(line.line_digest, record, reading.taken, encoding)
+        if info is None:
+            reading.corrupt += 1
+            continue
+        reading.messages.append(info)
+        if info.counts:
+            reading.new_records[info.digest] = record
+    return True
 
 
 def _message_info(line_digest: str, record: dict, taken: set[str], encoding: str) -> MessageInfo | None:
@@ -85,118 +189,36 @@ def _message_info(line_digest: str, record: dict, taken: set[str], encoding: str
     return MessageInfo(line_digest, digest, role, timestamp, tokens, flags)
 
 
-def _parse_all(path: Path, encoding: str, cached: list[MessageInfo]) -> ParseResult:
-    # a line may repeat (same bytes twice): its k-th copy in the file reuses the k-th cached parse
-    cache: dict[str, list[MessageInfo]] = {}
-    for info in cached:
-        cache.setdefault(info.line_digest, []).append(info)
-    line_copies: dict[str, int] = {}
-    header = sessionfile.SessionHeader()
-    messages: list[MessageInfo] = []
-    new_records: dict[str, dict] = {}
-    taken: set[str] = set()
-    corrupt = 0
-    region_start = 0
-    region_end = 0
-    terminated = True
-    leading = True
-    fast_ok = True
-    for line in sessionfile.iter_raw_lines(path):
-        terminated = line.terminated
-        region_end = line.end
-        if leading and sessionfile.is_metadata_line(line):
-            region_start = line.end
-        else:
-            leading = False
-        copy = line_copies.get(line.line_digest, 0)
-        line_copies[line.line_digest] = copy + 1
-        infos = cache.get(line.line_digest, ())
-        info = infos[copy] if copy < len(infos) else None
-        if info is not None and info.digest not in taken:
-            taken.add(info.digest)
-            messages.append(info)
-            continue
-        record = sessionfile.decode_record(line)
-        if record is None:
-            corrupt += 1
-            continue
-        if "_type" in record:
-            if record.get("_type") == "metadata":
-                sessionfile.read_header(record, header)
-            fast_ok = fast_ok and leading
-            continue
-        info = _message_info(line.line_digest, record, taken, encoding)
-        if info is None:
-            corrupt += 1
-            continue
-        messages.append(info)
-        if info.counts:
-            new_records[info.digest] = record
-    key = header.key or sessionfile.key_from_filename(path) or path.stem
-    tail = None
-    if fast_ok and terminated:
-        tail = Tail(region_end - region_start, _hash_range(path, region_start, region_end - region_start))
-    return ParseResult(key, header, messages, corrupt, new_records, tail)
+def _known_region(path: Path, tail: Tail, header: sessionfile.SessionHeader) -> tuple[int, Any] | None:
+    """Read the leading metadata into *header* and hash the known message bytes after it.
 
-
-def _parse_tail(path: Path, encoding: str, cached: list[MessageInfo], tail: Tail,
-                corrupt_before: int) -> ParseResult | None:
-    """The fast path: None when the file no longer starts (after its metadata) with the known bytes."""
-    header = sessionfile.SessionHeader()
+    Returns where the message region starts and the running hash, or None when those bytes changed.
+    """
     with open(path, "rb") as handle:
-        region_start = 0
-        while True:
-            raw = handle.readline(sessionfile.MAX_LINE_BYTES)
-            line = sessionfile.RawLine(0, raw.strip(), "", end=handle.tell())
-            if not raw or not raw.endswith(b"\n") or not sessionfile.is_metadata_line(line):
-                break
-            record = sessionfile.decode_record(line)
-            if record is not None and record.get("_type") == "metadata":
-                sessionfile.read_header(record, header)
-            region_start = handle.tell()
+        region_start = _read_leading_metadata(handle, header)
         handle.seek(region_start)
         digest = hashlib.sha1()
-        remaining = tail.length
-        while remaining:
-            block = handle.read(min(HASH_BLOCK, remaining))
-            if not block:
-                return None
-            digest.update(block)
-            remaining -= len(block)
-        if digest.hexdigest() != tail.sha1:
+        if _hash_from(handle, digest, tail.length) != tail.length or digest.hexdigest() != tail.sha1:
             return None
-    known = {info.digest for info in cached}
-    messages = list(cached)
-    new_records: dict[str, dict] = {}
-    corrupt = corrupt_before
-    region_end = region_start + tail.length
-    terminated = True
-    for line in sessionfile.iter_raw_lines(path, offset=region_end):
-        terminated = line.terminated
-        region_end = line.end
+    return region_start, digest
+
+
+def _read_leading_metadata(handle: IO[bytes], header: sessionfile.SessionHeader) -> int:
+    """Read the metadata lines at the top of the file into *header*; return where the messages start."""
+    region_start = 0
+    while True:
+        raw = handle.readline(sessionfile.MAX_LINE_BYTES)
+        line = sessionfile.RawLine(0, raw.strip(), "", end=handle.tell())
+        if not raw or not raw.endswith(b"\n") or not sessionfile.is_metadata_line(line):
+            return region_start
         record = sessionfile.decode_record(line)
-        if record is None:
-            corrupt += 1
-            continue
-        if "_type" in record:
-            return None
-        if sessionfile.message_fields(record) is not None and _base_digest(record) in known:
-            return None  # a copy of an earlier message: its numbering needs the full parse
-        info = _message_info(line.line_digest, record, known, encoding)
-        if info is None:
-            corrupt += 1
-            continue
-        messages.append(info)
-        if info.counts:
-            new_records[info.digest] = record
-    key = header.key or sessionfile.key_from_filename(path) or path.stem
-    new_tail = None
-    if terminated:
-        # the known bytes are hashed already: continue the same hash over the new ones
-        known_end = region_start + tail.length
-        _update_hash(digest, path, known_end, region_end - known_end)
-        new_tail = Tail(region_end - region_start, digest.hexdigest())
-    return ParseResult(key, header, messages, corrupt, new_records, new_tail, fast=True)
+        if record is not None and record.get("_type") == "metadata":
+            sessionfile.read_header(record, header)
+        region_start = handle.tell()
+
+
+def _key(path: Path, header: sessionfile.SessionHeader) -> str:
+    return header.key or sessionfile.key_from_filename(path) or path.stem
 
 
 def _base_digest(record: dict) -> str:
@@ -210,13 +232,19 @@ def _hash_range(path: Path, start: int, length: int) -> str:
     return digest.hexdigest()
 
 
-def _update_hash(digest, path: Path, start: int, length: int) -> None:
+def _update_hash(digest: Any, path: Path, start: int, length: int) -> None:
     with open(path, "rb") as handle:
         handle.seek(start)
-        remaining = length
-        while remaining > 0:
-            block = handle.read(min(HASH_BLOCK, remaining))
-            if not block:
-                break
-            digest.update(block)
-            remaining -= len(block)
+        _hash_from(handle, digest, length)
+
+
+def _hash_from(handle: IO[bytes], digest: Any, length: int) -> int:
+    """Feed up to *length* bytes from *handle* into *digest*; return how many there were."""
+    hashed = 0
+    while hashed < length:
+        block = handle.read(min(HASH_BLOCK, length - hashed))
+        if not block:
+            break
+        digest.update(block)
+        hashed += len(block)
+    return hashed

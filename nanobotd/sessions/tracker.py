@@ -4,6 +4,7 @@ A changed file is re-read line by line; a line whose bytes were seen before (sam
 parse and token count, so only new messages are decoded and counted. Every conversation message the
 agent has not archived and nanobotd has not archived is copied into the spool, so a rewrite that
 drops it (`/new`, fork, truncation) cannot lose it: vanished spool rows are handed to the rescue.
+Parsing lives in `sessions.scan`, the per-session record and its database row in `sessions.session`.
 """
 
 from __future__ import annotations
@@ -12,58 +13,16 @@ import json
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from loguru import logger
 
 from nanobotd.sessions import file as sessionfile
-from nanobotd.sessions.scan import MessageInfo, Tail, parse_session
+from nanobotd.sessions.scan import MessageInfo, parse_session
+from nanobotd.sessions.session import SessionState, insert_session, load_sessions, save_session
 from nanobotd.state.store import StateStore
 from nanobotd.memory.transcript import PendingMessage, record_json
-
-SKIPPED_PREFIXES = ("dream:",)
-
-
-@dataclass
-class SessionState:
-    """Everything known about one session file."""
-
-    session_id: int
-    key: str
-    path: Path
-    fingerprint: tuple[int, int, int] | None = None
-    agent_archived: int = 0
-    message_count: int = 0
-    corrupt_lines: int = 0
-    total_tokens: int = 0
-    unarchived_messages: int = 0
-    unarchived_tokens: int = 0
-    last_write: float = 0.0
-    flushed_cycle: int = -1
-    cycle: int = 0
-    state: str = "active"
-    messages: list[MessageInfo] | None = None
-    present: set[str] = field(default_factory=set)
-    tail: Tail | None = None
-    spool: dict[str, int] | None = None
-    archived: set[str] | None = None
-
-    @property
-    def skipped(self) -> bool:
-        """nanobot's own dream turns are not conversation to archive."""
-        return self.key.startswith(SKIPPED_PREFIXES)
-
-    def to_json(self) -> dict:
-        """Plain data for the control API."""
-        return {
-            "key": self.key, "path": str(self.path), "messages": self.message_count,
-            "agent_archived": self.agent_archived, "corrupt_lines": self.corrupt_lines,
-            "total_tokens": self.total_tokens, "unarchived_messages": self.unarchived_messages,
-            "unarchived_tokens": self.unarchived_tokens, "state": self.state,
-            "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.last_write)) if self.last_write else None,
-            "compaction_cycle": self.cycle, "flushed_cycle": self.flushed_cycle,
-        }
 
 
 @dataclass(frozen=True)
@@ -93,18 +52,9 @@ class SessionTracker:
 
     # -- loading -----------------------------------------------------------------------------------
     def _load_sessions(self) -> None:
-        rows = self.store.query(
-            "SELECT id, key, path, inode, size, mtime_ns, agent_archived, messages, corrupt_lines, total_tokens,"
-            " unarchived_messages, unarchived_tokens, last_write, flushed_cycle, cycle, state"
-            " FROM sessions WHERE workspace=?", (self.workspace_name,))
-        for row in rows:
-            (session_id, key, path, inode, size, mtime_ns, agent_archived, messages, corrupt, total, un_msgs,
-             un_tokens, last_write, flushed_cycle, cycle, state) = row
-            fingerprint = (inode, size, mtime_ns) if inode is not None else None
-            self.sessions[key] = SessionState(
-                session_id, key, Path(path), fingerprint, agent_archived, messages, corrupt, total, un_msgs,
-                un_tokens, last_write, flushed_cycle, cycle, state)
-            self._keys_by_path[Path(path)] = key
+        for session in load_sessions(self.store, self.workspace_name):
+            self.sessions[session.key] = session
+            self._keys_by_path[session.path] = session.key
 
     def _session_for(self, key: str, path: Path) -> SessionState:
         session = self.sessions.get(key)
@@ -115,12 +65,7 @@ class SessionTracker:
                 self._keys_by_path[path] = key
             session.path = path
             return session
-        with self.store.transaction() as db:
-            db.execute("INSERT OR IGNORE INTO sessions (workspace, key, path, updated_at) VALUES (?, ?, ?, ?)",
-                       (self.workspace_name, key, str(path), self.clock()))
-            session_id = db.execute("SELECT id FROM sessions WHERE workspace=? AND key=?",
-                                    (self.workspace_name, key)).fetchone()[0]
-        session = SessionState(session_id, key, path)
+        session = insert_session(self.store, self.workspace_name, key, path, self.clock())
         self.sessions[key] = session
         return session
 
@@ -189,7 +134,6 @@ class SessionTracker:
         old = session.messages or []
         appended = (appended and session.messages is not None and bool(session.present or not old)
                     and session.agent_archived == agent_archived)
-        archived = self._archived_set(session)
         spooled = self._spool_map(session)
         fresh = messages[len(old):] if appended else messages
         if appended:
@@ -197,31 +141,10 @@ class SessionTracker:
         else:
             current = {info.digest for info in messages}
         below = {info.digest for info in messages[:agent_archived]} if agent_archived and spooled else set()
-        now = self.clock()
-        to_spool = []
-        for index, info in enumerate(fresh, start=len(messages) - len(fresh)):
-            record = new_records.get(info.digest)
-            if (record is None or info.flags or index < agent_archived or info.digest in archived
-                    or info.digest in spooled):
-                continue
-            to_spool.append((info.digest, info.role, info.timestamp, info.tokens, record_json(record)))
+        to_spool = self._spool_rows(session, fresh, len(messages) - len(fresh), new_records, agent_archived)
         agent_done = [digest for digest in spooled if digest in below]
         vanished = 0 if appended else sum(1 for digest in spooled if digest not in current)
-        with self.store.transaction() as db:
-            next_seq = (db.execute("SELECT COALESCE(MAX(seq), 0) FROM spool WHERE session_id=?",
-                                   (session.session_id,)).fetchone()[0]) + 1
-            db.executemany(
-                "INSERT OR IGNORE INTO spool (session_id, digest, seq, role, timestamp, tokens, record, seen_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [(session.session_id, digest, next_seq + index, role, stamp, tokens, rec, now)
-                 for index, (digest, role, stamp, tokens, rec) in enumerate(to_spool)])
-            db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
-                           [(session.session_id, digest) for digest in agent_done])
-            self._store_messages(db, session.session_id, old, messages, known_prefix=len(old) if appended else 0)
-        for digest, _, _, tokens, _ in to_spool:
-            spooled[digest] = tokens
-        for digest in agent_done:
-            spooled.pop(digest, None)
+        self._write_spool(session, to_spool, agent_done, old, messages, known_prefix=len(old) if appended else 0)
         session.total_tokens = (session.total_tokens if appended else 0) + sum(info.tokens for info in fresh)
         session.messages = messages
         session.present = current
@@ -232,6 +155,40 @@ class SessionTracker:
         session.last_write = mtime
         self._recount(session)
         return vanished
+
+    def _spool_rows(self, session: SessionState, fresh: list[MessageInfo], first_index: int,
+                    new_records: dict[str, dict], agent_archived: int) -> list[tuple]:
+        """Spool rows for the *fresh* conversation messages that neither the agent nor nanobotd archived."""
+        archived, spooled = self._archived_set(session), self._spool_map(session)
+        rows = []
+        for index, info in enumerate(fresh, start=first_index):
+            record = new_records.get(info.digest)
+            if (record is None or info.flags or index < agent_archived or info.digest in archived
+                    or info.digest in spooled):
+                continue
+            rows.append((info.digest, info.role, info.timestamp, info.tokens, record_json(record)))
+        return rows
+
+    def _write_spool(self, session: SessionState, to_spool: list[tuple], agent_done: list[str],
+                     old: list[MessageInfo], messages: list[MessageInfo], *, known_prefix: int) -> None:
+        """Spool the new rows, drop those the agent archived, store the message cache: one transaction."""
+        now = self.clock()
+        with self.store.transaction() as db:
+            next_seq = (db.execute("SELECT COALESCE(MAX(seq), 0) FROM spool WHERE session_id=?",
+                                   (session.session_id,)).fetchone()[0]) + 1
+            db.executemany(
+                "INSERT OR IGNORE INTO spool (session_id, digest, seq, role, timestamp, tokens, record, seen_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(session.session_id, digest, next_seq + index, role, stamp, tokens, rec, now)
+                 for index, (digest, role, stamp, tokens, rec) in enumerate(to_spool)])
+            db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
+                           [(session.session_id, digest) for digest in agent_done])
+            self._store_messages(db, session.session_id, old, messages, known_prefix=known_prefix)
+        spooled = self._spool_map(session)
+        for digest, _, _, tokens, _ in to_spool:
+            spooled[digest] = tokens
+        for digest in agent_done:
+            spooled.pop(digest, None)
 
     @staticmethod
     def _store_messages(db, session_id: int, old: list[MessageInfo], new: list[MessageInfo], *,
@@ -283,16 +240,7 @@ class SessionTracker:
             (session.session_id,))[0][0]
 
     def _save_session(self, session: SessionState) -> None:
-        inode, size, mtime_ns = session.fingerprint or (None, None, None)
-        with self.store.transaction() as db:
-            db.execute(
-                "UPDATE sessions SET path=?, inode=?, size=?, mtime_ns=?, agent_archived=?, messages=?,"
-                " corrupt_lines=?, total_tokens=?, unarchived_messages=?, unarchived_tokens=?, last_write=?,"
-                " flushed_cycle=?, cycle=?, state=?, updated_at=? WHERE id=?",
-                (str(session.path), inode, size, mtime_ns, session.agent_archived, session.message_count,
-                 session.corrupt_lines, session.total_tokens, session.unarchived_messages,
-                 session.unarchived_tokens, session.last_write, session.flushed_cycle, session.cycle,
-                 session.state, self.clock(), session.session_id))
+        save_session(self.store, session, self.clock())
 
     def forget_path(self, path: Path) -> ScanResult | None:
         """A session file disappeared: everything it still had in the spool is now vanished."""

@@ -10,9 +10,9 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
 
 from nanobotd.state.store import StateStore
+from nanobotd.timestamps import iso_local
 
 OUTCOMES = ("written", "no_change", "guard_rejected", "raw_fallback", "error")
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -101,8 +101,8 @@ def summarize_outcomes(store: StateStore, *, since: float, now: float) -> dict:
     for key, count in _restores(store, since, now).items():
         groups.setdefault(key, _Group()).restored = count
     return {
-        "since": _iso(since),
-        "now": _iso(now),
+        "since": iso_local(since),
+        "now": iso_local(now),
         "rows": [group.to_json(kind, workspace) for (kind, workspace), group in sorted(groups.items())],
     }
 
@@ -136,7 +136,3 @@ def _target_kind(store: StateStore, manifest: dict) -> str | None:
             if run is not None:
                 return run.kind
     return None
-
-
-def _iso(stamp: float) -> str:
-    return datetime.fromtimestamp(stamp).isoformat(timespec="seconds")

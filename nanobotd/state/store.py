@@ -20,6 +20,8 @@ from typing import Iterator
 
 from loguru import logger
 
+from nanobotd.timestamps import iso_local
+
 DB_NAME = "state.db"
 RUNS_DIR = "runs"
 OPEN_RUN_STATES = ("queued", "started")
@@ -134,17 +136,11 @@ class RunRecord:
         data = {
             "run_id": self.run_id, "kind": self.kind, "workspace": self.workspace,
             "session_key": self.session_key, "state": self.state, "outcome": self.outcome,
-            "started_at": _iso(self.started_at), "finished_at": _iso(self.finished_at),
+            "started_at": iso_local(self.started_at), "finished_at": iso_local(self.finished_at),
         }
         if with_manifest:
             data["manifest"] = self.manifest
         return data
-
-
-def _iso(stamp: float | None) -> str | None:
-    if stamp is None:
-        return None
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(stamp))
 
 
 def new_run_id(kind: str, now: float) -> str:

@@ -11,8 +11,8 @@ import pytest
 from nanobotd.memory import history
 from nanobotd.jobs.consolidate import archive as consolidate
 from nanobotd.jobs.common import JobEnv
-from nanobotd.llm.client import LLMClient, LLMSettings
-from nanobotd.config.schema import ConsolidationSettings, WorkspaceSettings
+from nanobotd.llm.client import LLMClient
+from nanobotd.config.schema import ConsolidationSettings, LLMSettings, WorkspaceSettings
 from nanobotd.state.store import StateStore
 from nanobotd.sessions.tracker import SessionTracker
 from tests.support.fakellm import Empty, FakeLLM, Garbage, Hang, HttpError, Text, ToolCalls

@@ -24,8 +24,8 @@ from nanobotd.jobs.dream.run import (
     restore_dream_commit,
     restore_dream_run,
 )
-from nanobotd.llm.client import LLMClient, LLMSettings
-from nanobotd.config.schema import DreamSettings, LifecycleSettings, WorkspaceSettings
+from nanobotd.llm.client import LLMClient
+from nanobotd.config.schema import DreamSettings, LifecycleSettings, LLMSettings, WorkspaceSettings
 from nanobotd.state.store import StateStore
 from tests.support.fakellm import FakeLLM, Garbage, HttpError, Responder, Text, ToolCalls
 
@@ -428,8 +428,7 @@ def test_a_nanobot_made_dream_commit_is_tolerated_listed_and_restorable_by_sha(w
     nanobot_sha = git_cli(workspace, "rev-parse", "HEAD").strip()
     result = dream_two_files(workspace, store, git, fake)
     assert result.manifest["entries"] == [2, 5]
-    log = asyncio.run(git.call(git.log))
-    assert [entry["run_id"] for entry in log] == [result.run_id, None]
+    assert asyncio.run(git.call(dream_log, git, nanobot_sha))["run_id"] is None
     assert asyncio.run(git.call(dream_log, git))["sha"] == result.manifest["commit"]
     assert asyncio.run(git.call(dream_log, git, result.run_id))["run_id"] == result.run_id
     assert asyncio.run(git.call(dream_log, git, nanobot_sha[:8]))["sha"] == nanobot_sha

@@ -10,8 +10,8 @@ import pytest
 
 from nanobotd.jobs.flush import FlushReplyError, flush_session, parse_facts, restore_flush_run
 from nanobotd.jobs.common import RestoreRefused
-from nanobotd.llm.client import LLMClient, LLMSettings
-from nanobotd.config.schema import WorkspaceSettings
+from nanobotd.llm.client import LLMClient
+from nanobotd.config.schema import LLMSettings, WorkspaceSettings
 from nanobotd.state.store import StateStore
 from nanobotd.memory.transcript import PendingMessage
 from tests.support.fakellm import FakeLLM, HttpError, Text

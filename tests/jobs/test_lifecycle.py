@@ -18,8 +18,8 @@ from nanobotd.jobs.lifecycle.run import (
     run_lifecycle,
     summary_entries,
 )
-from nanobotd.llm.client import LLMClient, LLMSettings
-from nanobotd.config.schema import LifecycleSettings, WorkspaceSettings
+from nanobotd.llm.client import LLMClient
+from nanobotd.config.schema import LifecycleSettings, LLMSettings, WorkspaceSettings
 from nanobotd.state.store import StateStore
 from tests.support.fakellm import FakeLLM, HttpError, Responder, Text
 

@@ -19,7 +19,8 @@ from nanobotd import fsio
 from nanobotd.memory import history
 from nanobotd.jobs.consolidate.prompt import NOTHING, archive_messages, parse_summary
 from nanobotd.jobs.common import JobEnv
-from nanobotd.llm.client import LLMError, UsageMeter
+from nanobotd.llm.failures import LLMError
+from nanobotd.llm.reply import UsageMeter
 from nanobotd.state.store import RunRecord
 from nanobotd.memory.transcript import PendingMessage, raw_entries, transcript
 

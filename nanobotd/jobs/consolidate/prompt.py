@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from nanobotd.memory.history import THINK_BLOCK
+
 NOTHING = "(nothing)"
 MARKS = ("permanent", "durable", "ephemeral", "correction")
 FACT_LINE = re.compile(r"^\s*[-*]\s*\[(permanent|durable|ephemeral|correction|skip)\]\s*(.+?)\s*$", re.IGNORECASE)
@@ -39,7 +41,7 @@ def archive_messages(transcript_text: str, session_key: str) -> list[dict]:
 
 def parse_summary(content: str, max_chars: int) -> str | None:
     """Fact lines from the model's answer; NOTHING when it kept nothing; None when it is unusable."""
-    text = re.sub(r"<(think|thinking|reasoning)>.*?</\1>", "", content or "", flags=re.DOTALL | re.IGNORECASE)
+    text = THINK_BLOCK.sub("", content or "")
     text = text.strip()
     if not text:
         return None

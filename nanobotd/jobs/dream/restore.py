@@ -18,7 +18,9 @@ from loguru import logger
 
 from nanobotd import fsio
 from nanobotd.jobs.common import RestoreRefused
-from nanobotd.gitstore.store import CURSOR_FILE, DREAM_PREFIX, SHORT_SHA, GitConflict, GitStore, GitStoreError
+from nanobotd.gitstore.commits import DREAM_PREFIX
+from nanobotd.gitstore.repo import GitConflict, GitStoreError
+from nanobotd.gitstore.store import CURSOR_FILE, SHORT_SHA, GitStore
 from nanobotd.memory.history import HistoryEntry, insert_entries, iter_lines, parse_entry, read_dream_cursor, read_history
 from nanobotd.state.store import RunRecord, StateStore
 

@@ -19,7 +19,8 @@ from typing import Callable
 from loguru import logger
 
 from nanobotd import fsio
-from nanobotd.gitstore.store import CURSOR_FILE, GitStore, GitStoreError
+from nanobotd.gitstore.repo import GitStoreError
+from nanobotd.gitstore.store import CURSOR_FILE, GitStore
 from nanobotd.memory.history import (
     DREAM_CURSOR_NAME,
     THINK_BLOCK,
@@ -41,7 +42,9 @@ from nanobotd.jobs.dream.restore import (
     save_backup,
 )
 from nanobotd.jobs.dream.tools import ALLOWED_FILES, TOOL_SCHEMAS, StagedFiles, ToolRefused
-from nanobotd.llm.client import LLMClient, LLMError, LLMReply, UsageMeter
+from nanobotd.llm.client import LLMClient
+from nanobotd.llm.failures import LLMError
+from nanobotd.llm.reply import LLMReply, UsageMeter
 from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.state.store import RunRecord, StateStore
 

@@ -27,7 +27,9 @@ from nanobotd.jobs.common import (
     refuse_if_expired,
     run_backup_dir,
 )
-from nanobotd.llm.client import LLMClient, LLMError, UsageMeter
+from nanobotd.llm.client import LLMClient
+from nanobotd.llm.failures import LLMError
+from nanobotd.llm.reply import UsageMeter
 from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.state.store import OPEN_RUN_STATES, RUNS_DIR, RunRecord, StateStore
 from nanobotd.tokens import count_tokens, encoding_name_for

@@ -135,8 +135,8 @@ def test_archive_marks_are_rebuilt_from_history_spans_after_the_db_is_lost(tmp_p
     from nanobotd.memory import history
     from nanobotd.jobs.consolidate import archive as consolidate
     from nanobotd.jobs.common import JobEnv
-    from nanobotd.llm.client import LLMClient, LLMSettings
-    from nanobotd.config.schema import WorkspaceSettings
+    from nanobotd.llm.client import LLMClient
+    from nanobotd.config.schema import LLMSettings, WorkspaceSettings
 
     workspace, sessions = make_workspace(tmp_path)
     store, tracker = make_tracker(tmp_path)

@@ -11,16 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from nanobotd.gitstore.store import (
-    DIFF_TRUNCATED,
-    GITIGNORE_LINES,
-    INIT_MESSAGE,
-    GitConflict,
-    GitStore,
-    GitStoreError,
-    cap_diff,
-    run_id_of,
-)
+from nanobotd.gitstore.commits import run_id_of
+from nanobotd.gitstore.merge import GITIGNORE_LINES
+from nanobotd.gitstore.repo import GitConflict, GitStoreError
+from nanobotd.gitstore.store import DIFF_TRUNCATED, INIT_MESSAGE, GitStore, cap_diff
 
 USER = "# User\n\n## Identity\n- Name: Ada\n- Lives in Berlin\n- Works remotely\n\n## Preferences\n- Likes tea\n"
 MEMORY = "# Memory\n\n## Project Context\n- Billing uses MySQL 8.\n"
@@ -114,7 +108,7 @@ def test_a_workspace_inside_another_repository_gets_no_repository_of_its_own(tmp
     assert health["reason"] == f"workspace is inside the git repository at {parent.resolve()}"
     assert not (workspace / ".git").exists() and not (workspace / ".gitignore").exists()
     with pytest.raises(GitStoreError):
-        git_store.log()
+        git_store.show()
 
 
 def test_a_commit_carries_stats_notes_a_capped_diff_and_the_trailer_last(store, workspace):
@@ -175,22 +169,21 @@ def test_a_stale_index_lock_is_removed(store, workspace):
     assert not lock.exists()
 
 
-def test_log_lists_nanobots_own_dream_commits_next_to_ours(store, workspace):
+def test_show_reads_nanobots_own_dream_commits_next_to_ours(store, workspace):
     edit(workspace / "memory" / "MEMORY.md", "MySQL 8", "MySQL 8.4")
     (workspace / "memory" / ".dream_cursor").write_text("3")
     git(workspace, "add", "memory/MEMORY.md", "memory/.dream_cursor")
     git(workspace, "commit", "-q", "-m", "dream: manual run\n\nmemory/MEMORY.md: +1 -1")
+    theirs = git(workspace, "rev-parse", "HEAD").strip()
     edit(workspace / "USER.md", "- Likes tea", "- Likes coffee")
     ours = store.commit(["USER.md"], "update USER.md", "r-2")
-    log = store.log()
-    assert [entry["run_id"] for entry in log] == ["r-2", None]
-    assert log[0]["sha"] == ours and log[1]["message"].startswith("dream: manual run")
-    assert all(entry["author"] == "nanobot <nanobot@dream>" and entry["date"] for entry in log)
-    assert [entry["summary"] for entry in store.log(dream_only=False)][-1] == INIT_MESSAGE
+    shown, manual = store.show(), store.show(theirs[:7])
+    assert [entry["run_id"] for entry in (shown, manual)] == ["r-2", None]
+    assert shown["sha"] == ours and manual["sha"] == theirs and manual["message"].startswith("dream: manual run")
+    assert all(entry["author"] == "nanobot <nanobot@dream>" and entry["date"] for entry in (shown, manual))
+    assert git(workspace, "log", "--format=%s").splitlines()[-1] == INIT_MESSAGE
     assert store.find_commit_for_run("r-2") == ours and store.find_commit_for_run("r-9") is None
-    shown = store.show()
-    assert shown["sha"] == ours and "+- Likes coffee" in shown["diff"]
-    assert store.show(log[1]["sha"][:7])["run_id"] is None
+    assert "+- Likes coffee" in shown["diff"]
     with pytest.raises(GitStoreError):
         store.show("0123456789abcdef")
 

@@ -14,18 +14,13 @@ from urllib.parse import urlsplit
 import pytest
 from loguru import logger
 
-from nanobotd.llm.client import (
-    LLMBadResponse,
-    LLMClient,
-    LLMReply,
-    LLMSettings,
-    LLMUnavailable,
-    ToolCall,
-    UsageMeter,
-)
+from nanobotd.config.schema import LLMSettings
+from nanobotd.llm.client import LLMClient
+from nanobotd.llm.failures import LLMBadResponse, LLMUnavailable
+from nanobotd.llm.reply import LLMReply, ToolCall, UsageMeter
 from tests.support.fakellm import Empty, FakeLLM, Garbage, Hang, HttpError, Responder, Text, ToolCalls
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "sk-test-5ecret-do-not-log-0123456789"
 USER_TURN = [{"role": "user", "content": "What did we decide about the backups?"}]
 READ_FILE_TOOL = {
@@ -361,7 +356,9 @@ def test_the_api_key_never_reaches_the_logs_or_the_error(fake, sleeps):
 def test_offline_mode_fails_at_once_without_importing_litellm():
     script = (
         "import asyncio, sys\n"
-        "from nanobotd.llm.client import LLMClient, LLMSettings, LLMUnavailable\n"
+        "from nanobotd.config.schema import LLMSettings\n"
+        "from nanobotd.llm.client import LLMClient\n"
+        "from nanobotd.llm.failures import LLMUnavailable\n"
         "LLMClient(LLMSettings(model='openai/gpt-4o-mini'), api_key='x')\n"
         "client = LLMClient(LLMSettings(model='None'))\n"
         "assert client.offline and client.mode == 'offline'\n"

@@ -1,0 +1,150 @@
+"""What a completion gives back: the reply and its tool calls, parsed and checked, and the usage meter.
+
+Parsing is strict: a reply we cannot use raises LLMBadResponse here, so jobs only ever see well-formed
+content and tool calls whose arguments are a JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from nanobotd.llm.failures import BAD_RESPONSE, LLMBadResponse
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call of an assistant reply, arguments already parsed into a JSON object."""
+
+    id: str
+    name: str
+    arguments: dict
+    raw_arguments: str
+
+
+@dataclass(frozen=True)
+class LLMReply:
+    """What a completion gave us, plus the cost of getting it."""
+
+    content: str
+    tool_calls: tuple[ToolCall, ...]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: float
+    attempts: int
+
+    def assistant_message(self) -> dict:
+        """The OpenAI-format assistant message to append to the conversation before tool results."""
+        if not self.tool_calls:
+            return {"role": "assistant", "content": self.content}
+        return {
+            "role": "assistant",
+            "content": self.content or None,
+            "tool_calls": [
+                {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.raw_arguments}}
+                for call in self.tool_calls
+            ],
+        }
+
+
+@dataclass
+class UsageMeter:
+    """Token, latency and error totals of one run, for its manifest and for status."""
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+    errors: int = 0
+    retries: int = 0
+    error_types: dict[str, int] = field(default_factory=dict)
+
+    def add(self, reply: LLMReply) -> None:
+        """Count a successful completion."""
+        self.calls += 1
+        self.prompt_tokens += reply.prompt_tokens
+        self.completion_tokens += reply.completion_tokens
+        self.latencies_ms.append(reply.latency_ms)
+        self.retries += max(reply.attempts - 1, 0)
+
+    def add_error(self, error: Exception) -> None:
+        """Count a call that ended in an error."""
+        self.errors += 1
+        name = type(error).__name__
+        self.error_types[name] = self.error_types.get(name, 0) + 1
+        self.retries += max(getattr(error, "attempts", 0) - 1, 0)
+
+    def to_json(self) -> dict:
+        """A JSON-ready summary."""
+        return {
+            "calls": self.calls,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "latencies_ms": [round(latency, 1) for latency in self.latencies_ms],
+            "errors": self.errors,
+            "retries": self.retries,
+            "error_types": dict(self.error_types),
+        }
+
+
+def response_dict(response: Any) -> dict:
+    """litellm's ModelResponse as a plain dict."""
+    if isinstance(response, dict):
+        return response
+    dump = getattr(response, "model_dump", None)
+    if dump is None:
+        raise LLMBadResponse(f"unexpected response type {type(response).__name__}", kind=BAD_RESPONSE)
+    return dump()
+
+
+def parse_reply(data: dict, *, latency_ms: float, attempts: int) -> LLMReply:
+    """Turn an OpenAI-format completion into an LLMReply, or raise LLMBadResponse."""
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise LLMBadResponse("response has no choices", kind=BAD_RESPONSE)
+    choice = choices[0]
+    message = choice.get("message") or {}
+    if not isinstance(message, dict):
+        raise LLMBadResponse("response message is not an object", kind=BAD_RESPONSE)
+    usage = data.get("usage") or {}
+    return LLMReply(
+        content=message_text(message.get("content")),
+        tool_calls=tuple(parse_tool_call(call, index) for index, call in enumerate(message.get("tool_calls") or ())),
+        finish_reason=str(choice.get("finish_reason") or ""),
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        completion_tokens=int(usage.get("completion_tokens") or 0),
+        latency_ms=latency_ms,
+        attempts=attempts,
+    )
+
+
+def message_text(content: Any) -> str:
+    """Message content as text: None is "", a list of content parts is joined."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text") or "" for part in content if isinstance(part, dict))
+    raise LLMBadResponse(f"message content of type {type(content).__name__}", kind=BAD_RESPONSE)
+
+
+def parse_tool_call(call: Any, index: int) -> ToolCall:
+    """One tool call; arguments must be a JSON object (an empty string counts as {})."""
+    function = call.get("function") if isinstance(call, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not name:
+        raise LLMBadResponse(f"tool call {index} has no function name", kind=BAD_RESPONSE)
+    raw_arguments = function.get("arguments")
+    if isinstance(raw_arguments, dict):
+        raw_arguments = json.dumps(raw_arguments)
+    raw_arguments = raw_arguments if isinstance(raw_arguments, str) else ""
+    try:
+        arguments = json.loads(raw_arguments) if raw_arguments.strip() else {}
+    except ValueError as error:
+        raise LLMBadResponse(f"tool call {name!r} arguments are not valid JSON: {error}", kind=BAD_RESPONSE) from error
+    if not isinstance(arguments, dict):
+        raise LLMBadResponse(f"tool call {name!r} arguments are not a JSON object", kind=BAD_RESPONSE)
+    return ToolCall(id=call.get("id") or f"call_{index}", name=name, arguments=arguments, raw_arguments=raw_arguments)

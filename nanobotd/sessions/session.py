@@ -1,0 +1,97 @@
+"""One tracked session file: what is known about it, and its row in the state database's sessions table.
+
+The row keeps the counters and the file identity across restarts; the message cache, digests and spool
+map are loaded from their own tables on first use and kept in step by the tracker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nanobotd.sessions.scan import MessageInfo, Tail
+from nanobotd.state.store import StateStore
+from nanobotd.timestamps import iso_local
+
+SKIPPED_PREFIXES = ("dream:",)
+SESSION_COLUMNS = ("id, key, path, inode, size, mtime_ns, agent_archived, messages, corrupt_lines, total_tokens,"
+                   " unarchived_messages, unarchived_tokens, last_write, flushed_cycle, cycle, state")
+
+
+@dataclass
+class SessionState:
+    """Everything known about one session file."""
+
+    session_id: int
+    key: str
+    path: Path
+    fingerprint: tuple[int, int, int] | None = None
+    agent_archived: int = 0
+    message_count: int = 0
+    corrupt_lines: int = 0
+    total_tokens: int = 0
+    unarchived_messages: int = 0
+    unarchived_tokens: int = 0
+    last_write: float = 0.0
+    flushed_cycle: int = -1
+    cycle: int = 0
+    state: str = "active"
+    messages: list[MessageInfo] | None = None
+    present: set[str] = field(default_factory=set)
+    tail: Tail | None = None
+    spool: dict[str, int] | None = None
+    archived: set[str] | None = None
+
+    @property
+    def skipped(self) -> bool:
+        """nanobot's own dream turns are not conversation to archive."""
+        return self.key.startswith(SKIPPED_PREFIXES)
+
+    def to_json(self) -> dict:
+        """Plain data for the control API."""
+        return {
+            "key": self.key, "path": str(self.path), "messages": self.message_count,
+            "agent_archived": self.agent_archived, "corrupt_lines": self.corrupt_lines,
+            "total_tokens": self.total_tokens, "unarchived_messages": self.unarchived_messages,
+            "unarchived_tokens": self.unarchived_tokens, "state": self.state,
+            "updated_at": iso_local(self.last_write),
+            "compaction_cycle": self.cycle, "flushed_cycle": self.flushed_cycle,
+        }
+
+
+def load_sessions(store: StateStore, workspace_name: str) -> list[SessionState]:
+    """Every session of *workspace_name* the database remembers, without their message caches."""
+    rows = store.query(f"SELECT {SESSION_COLUMNS} FROM sessions WHERE workspace=?", (workspace_name,))
+    sessions = []
+    for row in rows:
+        (session_id, key, path, inode, size, mtime_ns, agent_archived, messages, corrupt, total, un_msgs,
+         un_tokens, last_write, flushed_cycle, cycle, state) = row
+        fingerprint = (inode, size, mtime_ns) if inode is not None else None
+        sessions.append(SessionState(
+            session_id, key, Path(path), fingerprint, agent_archived, messages, corrupt, total, un_msgs,
+            un_tokens, last_write, flushed_cycle, cycle, state))
+    return sessions
+
+
+def insert_session(store: StateStore, workspace_name: str, key: str, path: Path, now: float) -> SessionState:
+    """A new session's row (or the existing one of that key), as a fresh SessionState."""
+    with store.transaction() as db:
+        db.execute("INSERT OR IGNORE INTO sessions (workspace, key, path, updated_at) VALUES (?, ?, ?, ?)",
+                   (workspace_name, key, str(path), now))
+        session_id = db.execute("SELECT id FROM sessions WHERE workspace=? AND key=?",
+                                (workspace_name, key)).fetchone()[0]
+    return SessionState(session_id, key, path)
+
+
+def save_session(store: StateStore, session: SessionState, now: float) -> None:
+    """Write *session*'s counters and file identity back to its row."""
+    inode, size, mtime_ns = session.fingerprint or (None, None, None)
+    with store.transaction() as db:
+        db.execute(
+            "UPDATE sessions SET path=?, inode=?, size=?, mtime_ns=?, agent_archived=?, messages=?,"
+            " corrupt_lines=?, total_tokens=?, unarchived_messages=?, unarchived_tokens=?, last_write=?,"
+            " flushed_cycle=?, cycle=?, state=?, updated_at=? WHERE id=?",
+            (str(session.path), inode, size, mtime_ns, session.agent_archived, session.message_count,
+             session.corrupt_lines, session.total_tokens, session.unarchived_messages,
+             session.unarchived_tokens, session.last_write, session.flushed_cycle, session.cycle,
+             session.state, now, session.session_id))
