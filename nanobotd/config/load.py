@@ -20,6 +20,7 @@ from nanobotd.config.schema import WORKSPACE_TABLES, DaemonSettings, WorkspaceSe
 
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
 SEARCH_BACKENDS = ("builtin", "qmd", "both")
+CONSOLIDATION_MODES = ("auto", "companion", "owner")
 WORKSPACE_KEYS = {"path", "sessions_dir", "name"}
 
 
@@ -233,6 +234,9 @@ def _check_workspace_tables(tables: dict, prefix: str) -> None:
         raise ConfigError(f"{where}llm.context_window: must exceed llm.max_tokens + 1024")
     if llm.concurrency < 1:
         raise ConfigError(f"{where}llm.concurrency: must be at least 1")
+    if consolidation.mode not in CONSOLIDATION_MODES:
+        raise ConfigError(f"{where}consolidation.mode: expected one of {', '.join(CONSOLIDATION_MODES)}, "
+                          f"got {consolidation.mode!r}")
     if tables["search"].backend not in SEARCH_BACKENDS:
         raise ConfigError(f"{where}search.backend: expected one of {', '.join(SEARCH_BACKENDS)}")
     for table_name in ("dream", "lifecycle"):

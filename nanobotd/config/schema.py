@@ -52,6 +52,10 @@ class ConsolidationSettings:
     summary_max_chars: int = 8000
     raw_max_chars: int = 16000
     flush: bool = True
+    mode: str = "auto"  # "companion" beside an agent that archives by itself, "owner" otherwise (DESIGN.md §8)
+    agent_grace_seconds: float = 180.0
+    agent_base_tokens: int = 8000  # the agent's system prompt and tool schemas, counted into its prompt
+    flush_idle_margin_seconds: float = 120.0
 
 
 @dataclass(frozen=True)

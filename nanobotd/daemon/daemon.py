@@ -19,7 +19,7 @@ from nanobotd import __version__, tokens
 from nanobotd.api.server import ControlServer
 from nanobotd.config.load import Config, ConfigError, load_config, socket_group_id
 from nanobotd.config.schema import WorkspaceSettings
-from nanobotd.daemon import runs, triggers
+from nanobotd.daemon import companion, runs, triggers
 from nanobotd.daemon.core import Core, config_timezone
 from nanobotd.daemon.handlers import build_router
 from nanobotd.daemon.jobqueue import JobQueue
@@ -106,6 +106,7 @@ class Daemon:
         if core.queue is not None:
             await core.queue.drain(self.config.daemon.job_stop_seconds)
         for workspace in core.workspaces.values():
+            companion.close(workspace)
             await workspace.close()
         if self.server is not None:
             await self.server.stop()
@@ -159,9 +160,10 @@ class Daemon:
                 logger.opt(exception=exc).error("tick: {}", exc)
 
     def _idle_check_seconds(self) -> float:
-        """Check for idle sessions often enough for the shortest idle_minutes, at most every 30 s."""
-        shortest = min(settings.consolidation.idle_minutes * 60 for settings in self.config.workspaces)
-        return max(TICK_SECONDS, min(IDLE_CHECK_SECONDS, shortest / 4))
+        """Check for idle sessions often enough for the most pressing workspace, at most every 30 s."""
+        shortest = min((workspace.idle_check_seconds() for workspace in self.core.workspaces.values()),
+                       default=IDLE_CHECK_SECONDS)
+        return max(TICK_SECONDS, min(IDLE_CHECK_SECONDS, shortest))
 
     def healthy(self) -> bool:
         """Watchdog pings only while the watcher and the scheduler work."""
@@ -197,6 +199,7 @@ class Daemon:
             if settings is not None and settings == workspace.settings and settings.api_key == workspace.settings.api_key:
                 continue
             logger.info("workspace {} {} the config", name, "changed in" if settings else "removed from")
+            companion.close(workspace)
             await workspace.close()
             del workspaces[name]
         for name, settings in wanted.items():

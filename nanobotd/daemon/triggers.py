@@ -7,7 +7,7 @@ from pathlib import Path
 
 from loguru import logger
 
-from nanobotd.daemon import indexing, runs
+from nanobotd.daemon import companion, indexing, runs
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.workspace import Workspace
 from nanobotd.memory import history
@@ -18,7 +18,7 @@ async def scan_and_trigger(core: Core, workspace: Workspace, path: Path) -> None
     loop = asyncio.get_running_loop()
     result = await loop.run_in_executor(core.executor, workspace.scan_path, path)
     if result is not None and result.changed:
-        trigger(core, workspace, result.key, vanished=result.vanished)
+        scanned(core, workspace, result.key, vanished=result.vanished, mark_moved=result.mark_moved)
         indexing.session_changed(core, workspace, path)
 
 
@@ -39,9 +39,11 @@ async def reconcile_all(core: Core, *, startup: bool = False) -> None:
                 core.executor, lambda: {key: workspace.tracker.vanished_count(key) for key in unchanged})
         for result in results:
             if result.changed:
-                trigger(core, workspace, result.key, vanished=result.vanished)
+                scanned(core, workspace, result.key, vanished=result.vanished, mark_moved=result.mark_moved)
             elif startup:
-                trigger(core, workspace, result.key, vanished=counts.get(result.key, 0))
+                scanned(core, workspace, result.key, vanished=counts.get(result.key, 0))
+        if workspace.mode == "companion":
+            companion.poll_agent_history(core, workspace)
         if startup and core.store.rebuilt:
             await loop.run_in_executor(core.executor, rebuild_archive_marks, workspace)
         if startup:
@@ -65,6 +67,13 @@ def rebuild_archive_marks(workspace: Workspace) -> None:
         logger.warning("workspace {}: rebuilt {} archive marks from history.jsonl", workspace.name, marked)
 
 
+def scanned(core: Core, workspace: Workspace, key: str, *, vanished: int = 0, mark_moved: bool = False) -> None:
+    """A session's counters changed: beside an agent, attribute its archive entries first; then trigger."""
+    if workspace.mode == "companion" and (vanished or mark_moved):
+        companion.session_scanned(core, workspace, key, mark_moved=mark_moved, vanished=vanished)
+    trigger(core, workspace, key, vanished=vanished)
+
+
 def trigger(core: Core, workspace: Workspace, key: str, *, vanished: int = 0) -> None:
     """Submit the runs a session needs now (coalesced by the queue)."""
     if core.queue is None or not core.queue.accepting:
@@ -77,15 +86,19 @@ def trigger(core: Core, workspace: Workspace, key: str, *, vanished: int = 0) ->
 
 
 def trigger_idle(core: Core) -> None:
-    """Archive sessions that have been quiet for idle_minutes."""
+    """Sessions quiet long enough: archive them (owner), or flush them before the agent compacts (companion)."""
     now = core.clock()
     for workspace in core.workspaces.values():
-        for key in workspace.idle_sessions(now):
-            if not core.queue.busy(workspace.name, f"session:{key}"):
+        for kind, key in workspace.idle_sessions(now):
+            if core.queue.busy(workspace.name, f"session:{key}"):
+                continue
+            if kind == "flush":
+                runs.submit(core, workspace, "flush", session_key=key)
+            else:
                 submit_consolidate(core, workspace, key, reason="idle")
 
 
 def submit_consolidate(core: Core, workspace: Workspace, key: str, *, reason: str) -> str:
     """Queue a consolidation of session *key*; when it ends, the session's counters are checked again."""
     return runs.submit(core, workspace, "consolidate", session_key=key, reason=reason,
-                       on_done=lambda: trigger(core, workspace, key))
+                       vanished_only=workspace.mode == "companion", on_done=lambda: trigger(core, workspace, key))

@@ -27,6 +27,7 @@ from nanobotd.jobs.common import JobEnv
 from nanobotd.jobs.registry import JOB_KINDS
 from nanobotd.llm.client import LLMClient
 from nanobotd.sessions import discovery
+from nanobotd.sessions.agent_config import AgentSettings, find_agent_config, read_agent_settings
 from nanobotd.sessions.file import is_session_file
 from nanobotd.sessions.tracker import ScanResult, SessionTracker
 from nanobotd.state.store import StateStore
@@ -34,6 +35,8 @@ from nanobotd.tokens import encoding_name_for
 from nanobotd.timestamps import iso_local
 
 ALL_FILES = Path("*")  # a pending index change that means "check every file"
+AGENT_ENCODING = "cl100k_base"  # what nanobot counts its prompt in
+AGENT_TOKENS_PER_MESSAGE = 4  # nanobot adds this per message to its estimate
 
 
 class Workspace:
@@ -45,8 +48,12 @@ class Workspace:
         self.store = store
         self.home = home
         self.clock = clock
-        self.tracker = SessionTracker(settings.name, store, encoding=encoding_name_for(settings.llm.model),
-                                      clock=clock)
+        # beside nanobot, count as nanobot counts (cl100k); an owner counts for its own model
+        encoding = (encoding_name_for(settings.llm.model) if settings.consolidation.mode == "owner"
+                    else AGENT_ENCODING)
+        self.tracker = SessionTracker(settings.name, store, encoding=encoding, clock=clock)
+        self.agent = AgentSettings(path=None)
+        self.agent_archive = None  # companion mode's state (daemon.companion), made on first use
         self.llm = LLMClient(settings.llm, settings.api_key)
         self.git = GitStore(settings.path)
         self.env = JobEnv(settings, store, self.tracker, self.llm, now, git=self.git, clock=clock, kinds=JOB_KINDS)
@@ -74,6 +81,14 @@ class Workspace:
     @property
     def name(self) -> str:
         return self.settings.name
+
+    @property
+    def mode(self) -> str:
+        """companion or owner: the configured mode, or in auto the one the session files call for."""
+        configured = self.settings.consolidation.mode
+        if configured != "auto":
+            return configured
+        return "companion" if self.tracker.agent_marks() else "owner"
 
     @property
     def exists(self) -> bool:
@@ -106,9 +121,11 @@ class Workspace:
 
     # -- session files -------------------------------------------------------------------------------
     def discover(self) -> list[Path]:
-        """(Re)discover the sessions folders; cheap, called at every reconcile."""
+        """(Re)discover the sessions folders and re-read the agent's settings; cheap, called at every reconcile."""
         self.sessions_dirs = discovery.discover_sessions_dirs(self.settings.path, self.settings.sessions_dir,
                                                               self.home)
+        candidates = discovery.candidate_config_dirs(self.settings.path, self.home)
+        self.agent = read_agent_settings(find_agent_config(self.sessions_dirs, candidates))
         return self.sessions_dirs
 
     def owns(self, path: Path) -> bool:
@@ -152,27 +169,63 @@ class Workspace:
 
     # -- triggers ------------------------------------------------------------------------------------
     def due_jobs(self, key: str, vanished: int = 0) -> list[tuple[str, str]]:
-        """(kind, reason) jobs a session needs now, from its counters and the messages that vanished."""
+        """(kind, reason) jobs a session needs now, from its counters and the messages that vanished.
+
+        Beside an agent that archives by itself (companion) only the flush is due here: what vanished waits
+        for the agent's own entry (daemon.companion), and nothing still in the file is archived.
+        """
         session = self.tracker.sessions.get(key)
         if session is None or session.skipped:
             return []
+        if self.mode == "companion":
+            flush_due = self.agent_prompt_tokens(key) >= self.agent.budget - self.settings.consolidation.soft_threshold
+            return [("flush", "agent_budget")] if flush_due and self._may_flush(session) else []
         jobs = []
         if vanished:
             jobs.append(("consolidate", "rescue"))
         tokens = session.unarchived_tokens
-        if (self.settings.consolidation.flush and tokens >= self.settings.flush_threshold
-                and session.flushed_cycle != session.cycle and not self.llm.offline):
+        if tokens >= self.settings.flush_threshold and self._may_flush(session):
             jobs.append(("flush", "threshold"))
         if tokens >= self.settings.budget:
             jobs.append(("consolidate", "budget"))
         return jobs
 
-    def idle_sessions(self, now: float) -> list[str]:
-        """Sessions with unarchived messages and no writes for idle_minutes."""
+    def _may_flush(self, session) -> bool:
+        """Flush once per compaction cycle, with an LLM, when there is something unarchived to read."""
+        return (self.settings.consolidation.flush and not self.llm.offline and session.unarchived_messages > 0
+                and session.flushed_cycle != session.cycle)
+
+    def agent_prompt_tokens(self, key: str) -> int:
+        """The agent's prompt as it counts it: its base (system prompt, tools) plus the unarchived tail."""
+        session = self.tracker.sessions[key]
+        return (self.settings.consolidation.agent_base_tokens + session.unarchived_tokens
+                + AGENT_TOKENS_PER_MESSAGE * session.unarchived_messages)
+
+    def idle_sessions(self, now: float) -> list[tuple[str, str]]:
+        """(kind, key) for sessions quiet long enough: consolidate (owner), or flush before the agent compacts."""
+        if self.mode == "companion":
+            limit = self.agent_idle_flush_seconds()
+            if limit is None:
+                return []
+            return [("flush", key) for key, session in self.tracker.sessions.items()
+                    if not session.skipped and session.last_write and now - session.last_write >= limit
+                    and self._may_flush(session)]
         limit = self.settings.consolidation.idle_minutes * 60
-        return [key for key, session in self.tracker.sessions.items()
+        return [("consolidate", key) for key, session in self.tracker.sessions.items()
                 if not session.skipped and session.unarchived_messages > 0 and session.last_write
                 and now - session.last_write >= limit]
+
+    def agent_idle_flush_seconds(self) -> float | None:
+        """How long after the last write the flush runs, ahead of the agent's own idle compaction."""
+        idle = self.agent.idle_compact_minutes * 60
+        if idle <= 0:
+            return None
+        return idle - min(self.settings.consolidation.flush_idle_margin_seconds, idle / 2)
+
+    def idle_check_seconds(self) -> float:
+        """How often the idle check must look for this workspace to be on time."""
+        limit = self.agent_idle_flush_seconds() if self.mode == "companion" else None
+        return (limit if limit is not None else self.settings.consolidation.idle_minutes * 60) / 4
 
     def status(self) -> dict:
         """Per-workspace figures for GET /v1/status."""
@@ -183,6 +236,8 @@ class Workspace:
             "sessions_dirs": [str(folder) for folder in self.sessions_dirs],
             **totals,
             "llm_mode": self.llm.mode, "llm_model": self.settings.llm.model,
+            "consolidation_mode": self.mode, "scanning": self.last_reconcile is None,
+            "agent": self.agent.to_json(),
             "budget": self.settings.budget, "flush_threshold": self.settings.flush_threshold,
             "last_reconcile": iso_local(self.last_reconcile), "last_reconcile_seconds": self.last_reconcile_seconds,
             "scan_errors": self.scan_errors,

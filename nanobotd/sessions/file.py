@@ -26,6 +26,7 @@ class SessionHeader:
 
     key: str | None = None
     last_archived: int = 0
+    marked: bool = False  # the agent keeps its own archive mark: it consolidates by itself
     created_at: str = ""
     updated_at: str = ""
 
@@ -160,6 +161,7 @@ def read_header(record: dict, header: SessionHeader) -> None:
     for name in ("created_at", "updated_at"):
         if isinstance(record.get(name), str):
             setattr(header, name, record[name])
+    header.marked = header.marked or "last_archived" in record or "last_consolidated" in record
     mark = record.get("last_archived", record.get("last_consolidated", 0))
     header.last_archived = mark if isinstance(mark, int) and not isinstance(mark, bool) and mark > 0 else 0
 

@@ -15,7 +15,7 @@ from nanobotd.timestamps import iso_local
 
 SKIPPED_PREFIXES = ("dream:",)
 SESSION_COLUMNS = ("id, key, path, inode, size, mtime_ns, agent_archived, messages, corrupt_lines, total_tokens,"
-                   " unarchived_messages, unarchived_tokens, last_write, flushed_cycle, cycle, state")
+                   " unarchived_messages, unarchived_tokens, last_write, flushed_cycle, cycle, state, agent_marked")
 
 
 @dataclass
@@ -36,6 +36,7 @@ class SessionState:
     flushed_cycle: int = -1
     cycle: int = 0
     state: str = "active"
+    agent_marked: bool = False
     messages: list[MessageInfo] | None = None
     present: set[str] = field(default_factory=set)
     tail: Tail | None = None
@@ -65,11 +66,11 @@ def load_sessions(store: StateStore, workspace_name: str) -> list[SessionState]:
     sessions = []
     for row in rows:
         (session_id, key, path, inode, size, mtime_ns, agent_archived, messages, corrupt, total, un_msgs,
-         un_tokens, last_write, flushed_cycle, cycle, state) = row
+         un_tokens, last_write, flushed_cycle, cycle, state, agent_marked) = row
         fingerprint = (inode, size, mtime_ns) if inode is not None else None
         sessions.append(SessionState(
             session_id, key, Path(path), fingerprint, agent_archived, messages, corrupt, total, un_msgs,
-            un_tokens, last_write, flushed_cycle, cycle, state))
+            un_tokens, last_write, flushed_cycle, cycle, state, bool(agent_marked)))
     return sessions
 
 
@@ -90,8 +91,25 @@ def save_session(store: StateStore, session: SessionState, now: float) -> None:
         db.execute(
             "UPDATE sessions SET path=?, inode=?, size=?, mtime_ns=?, agent_archived=?, messages=?,"
             " corrupt_lines=?, total_tokens=?, unarchived_messages=?, unarchived_tokens=?, last_write=?,"
-            " flushed_cycle=?, cycle=?, state=?, updated_at=? WHERE id=?",
+            " flushed_cycle=?, cycle=?, state=?, agent_marked=?, updated_at=? WHERE id=?",
             (str(session.path), inode, size, mtime_ns, session.agent_archived, session.message_count,
              session.corrupt_lines, session.total_tokens, session.unarchived_messages,
              session.unarchived_tokens, session.last_write, session.flushed_cycle, session.cycle,
-             session.state, now, session.session_id))
+             session.state, int(session.agent_marked), now, session.session_id))
+
+
+def record_archived_twice(store: StateStore, session_id: int, digests: list[str], now: float) -> int:
+    """Remember messages that both the agent and nanobotd archived (each counted once); returns how many are new."""
+    if not digests:
+        return 0
+    with store.transaction() as db:
+        before = db.total_changes
+        db.executemany("INSERT OR IGNORE INTO archived_twice (session_id, digest, at) VALUES (?, ?, ?)",
+                       [(session_id, digest, now) for digest in digests])
+        return db.total_changes - before
+
+
+def archived_twice_count(store: StateStore, workspace_name: str) -> int:
+    """Messages of a workspace archived both by the agent and by nanobotd (the goal is 0)."""
+    return store.query("SELECT count(*) FROM archived_twice t JOIN sessions s ON s.id = t.session_id"
+                       " WHERE s.workspace=?", (workspace_name,))[0][0]

@@ -20,7 +20,14 @@ from loguru import logger
 
 from nanobotd.sessions import file as sessionfile
 from nanobotd.sessions.scan import MessageInfo, parse_session
-from nanobotd.sessions.session import SessionState, insert_session, load_sessions, save_session
+from nanobotd.sessions.session import (
+    SessionState,
+    archived_twice_count,
+    insert_session,
+    load_sessions,
+    record_archived_twice,
+    save_session,
+)
 from nanobotd.state.store import StateStore
 from nanobotd.memory.transcript import PendingMessage, record_json
 
@@ -35,6 +42,7 @@ class ScanResult:
     vanished: int = 0
     corrupt_lines: int = 0
     seconds: float = 0.0
+    mark_moved: bool = False  # the agent archived in place (its mark advanced over messages still in the file)
 
 
 class SessionTracker:
@@ -95,8 +103,10 @@ class SessionTracker:
             if parsed is None:
                 return None
             session = self._session_for(parsed.key, path)
+            mark_before = session.agent_archived
             vanished = self._apply(session, parsed.header, parsed.messages, parsed.new_records, fingerprint,
                                    stat.st_mtime, appended=parsed.fast and known is session)
+            mark_moved = session.agent_archived > mark_before
             session.corrupt_lines = corrupt = parsed.corrupt
             session.tail = parsed.tail
             parsed_records = parsed.new_records
@@ -104,7 +114,8 @@ class SessionTracker:
             self._save_session(session)
             if corrupt:
                 logger.warning("session {}: skipped {} corrupt line(s)", key, corrupt)
-            return ScanResult(key, True, len(parsed_records), vanished, corrupt, time.perf_counter() - started)
+            return ScanResult(key, True, len(parsed_records), vanished, corrupt, time.perf_counter() - started,
+                              mark_moved)
 
     def _session_by_path(self, path: Path) -> SessionState | None:
         key = self._keys_by_path.get(path)
@@ -144,6 +155,9 @@ class SessionTracker:
         to_spool = self._spool_rows(session, fresh, len(messages) - len(fresh), new_records, agent_archived)
         agent_done = [digest for digest in spooled if digest in below]
         vanished = 0 if appended else sum(1 for digest in spooled if digest not in current)
+        if not appended and agent_archived:
+            self._count_overlap(session, messages[:agent_archived])
+        session.agent_marked = header.marked
         self._write_spool(session, to_spool, agent_done, old, messages, known_prefix=len(old) if appended else 0)
         session.total_tokens = (session.total_tokens if appended else 0) + sum(info.tokens for info in fresh)
         session.messages = messages
@@ -164,7 +178,7 @@ class SessionTracker:
         for index, info in enumerate(fresh, start=first_index):
             record = new_records.get(info.digest)
             if (record is None or info.flags or index < agent_archived or info.digest in archived
-                    or info.digest in spooled):
+                    or info.digest in spooled or session.skipped):
                 continue
             rows.append((info.digest, info.role, info.timestamp, info.tokens, record_json(record)))
         return rows
@@ -204,6 +218,14 @@ class SessionTracker:
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             [(session_id, seq, info.line_digest, info.digest, info.role, info.timestamp, info.tokens, info.flags)
              for seq, info in enumerate(new[prefix:], start=prefix)])
+
+    def _count_overlap(self, session: SessionState, agent_archived: list[MessageInfo]) -> None:
+        """Messages under the agent's mark that nanobotd archived too: counted as archived twice."""
+        archived = self._archived_set(session)
+        twice = [info.digest for info in agent_archived if info.digest in archived]
+        if twice and record_archived_twice(self.store, session.session_id, twice, self.clock()):
+            logger.warning("session {}: the agent archived {} message(s) nanobotd had archived already",
+                           session.key, len(twice))
 
     def _archived_set(self, session: SessionState) -> set[str]:
         """Digests nanobotd archived (loaded once, then kept in step with the database)."""
@@ -297,6 +319,24 @@ class SessionTracker:
             self._forget_spooled(session, digests)
             self._save_session(session)
 
+    def drop_agent_archived(self, key: str, digests: list[str]) -> None:
+        """Messages that left the file and that the agent archived itself: out of the spool, not archived again."""
+        session = self.sessions[key]
+        with self.store.transaction() as db:
+            db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
+                           [(session.session_id, digest) for digest in digests])
+        with self._lock:
+            spool = self._spool_map(session)
+            for digest in digests:
+                spool.pop(digest, None)
+            self._recount(session)
+            self._save_session(session)
+
+    def count_archived_twice(self, key: str, digests: list[str]) -> int:
+        """The agent archived messages nanobotd had already archived (its entry came after ours)."""
+        session = self.sessions[key]
+        return record_archived_twice(self.store, session.session_id, digests, self.clock())
+
     def apply_history_spans(self, key: str, spans: list[dict]) -> int:
         """Rebuild nanobotd's archive marks from the spans its history entries carry (after a lost DB)."""
         session = self.sessions.get(key)
@@ -368,10 +408,16 @@ class SessionTracker:
 
     def totals(self) -> dict:
         """Workspace totals for status."""
-        live = [session for session in self.sessions.values() if session.state != "deleted"]
+        sessions = [session for session in self.sessions.values() if not session.skipped]
+        live = [session for session in sessions if session.state != "deleted"]
         return {
             "sessions_watched": len(live),
-            "unarchived_messages": sum(session.unarchived_messages for session in self.sessions.values()),
-            "unarchived_tokens": sum(session.unarchived_tokens for session in self.sessions.values()),
+            "unarchived_messages": sum(session.unarchived_messages for session in sessions),
+            "unarchived_tokens": sum(session.unarchived_tokens for session in sessions),
             "corrupt_lines": sum(session.corrupt_lines for session in live),
+            "archived_twice": archived_twice_count(self.store, self.workspace_name),
         }
+
+    def agent_marks(self) -> bool:
+        """Some session file carries the agent's own archive mark: the agent consolidates by itself."""
+        return any(session.agent_marked for session in self.sessions.values() if session.state != "deleted")

@@ -114,6 +114,20 @@ MIGRATIONS: list[str] = [
     CREATE INDEX messages_by_digest ON messages (session_id, digest);
     CREATE INDEX spool_by_seq ON spool (session_id, seq);
     """,
+    # 3: beside an agent that archives by itself: its mark seen, messages both archived, its history read
+    """
+    ALTER TABLE sessions ADD COLUMN agent_marked INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE archived_twice (
+        session_id INTEGER NOT NULL,
+        digest TEXT NOT NULL,
+        at REAL NOT NULL,
+        PRIMARY KEY (session_id, digest)
+    );
+    CREATE TABLE agent_history (
+        workspace TEXT PRIMARY KEY,
+        last_cursor INTEGER NOT NULL
+    );
+    """,
 ]
 
 

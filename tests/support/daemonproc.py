@@ -15,10 +15,15 @@ CTL = "import sys; from nanobotd.cli.nanobotctl import main; sys.exit(main())"
 
 
 class DaemonProcess:
-    """`nanobotd run` in a subprocess with its own config, state dir and socket."""
+    """`nanobotd run` in a subprocess with its own config, state dir and socket.
+
+    The test files are written as nanobot 0.3.5 writes them (with `last_archived`), which "auto" would take
+    for an agent that archives by itself; scenarios of nanobotd archiving say `mode="owner"` (the default here).
+    """
 
     def __init__(self, tmp_path: Path, workspace: Path, *, sessions_dir: Path | None = None,
-                 extra_config: str = "", env: dict | None = None, args: tuple[str, ...] = ()):
+                 extra_config: str = "", env: dict | None = None, args: tuple[str, ...] = (),
+                 mode: str = "owner"):
         self.tmp_path = tmp_path
         self.socket = tmp_path / "sock" / "nanobotd.sock"
         self.state_dir = tmp_path / "state"
@@ -37,6 +42,7 @@ log_level = "DEBUG"
 [[workspaces]]
 path = "{workspace}"
 name = "ws"
+consolidation = {{ mode = "{mode}" }}
 {sessions_line}
 """)
         self.env = dict(os.environ, **(env or {}))

@@ -28,15 +28,19 @@ class SessionHandlers:
 
     async def sessions(self, request: Request) -> dict:
         rows = []
+        scanning = []
         name = request.query.get("workspace")
         for workspace in self.core.workspaces.values():
             if name and name != workspace.name:
                 continue
-            for session in workspace.tracker.sessions.values():
-                rows.append(dict(session.to_json(), workspace=workspace.name,
-                                 daemon_archived=self._daemon_archived(session.session_id)))
+            if workspace.last_reconcile is None:
+                scanning.append(workspace.name)
+            for session in list(workspace.tracker.sessions.values()):
+                if not session.skipped:
+                    rows.append(dict(session.to_json(), workspace=workspace.name,
+                                     daemon_archived=self._daemon_archived(session.session_id)))
         rows.sort(key=lambda row: (row["workspace"], row["key"]))
-        return {"sessions": rows}
+        return {"sessions": rows, "scanning": scanning}
 
     def _daemon_archived(self, session_id: int) -> int:
         return self.core.store.query("SELECT count(*) FROM archived WHERE session_id=?", (session_id,))[0][0]

@@ -14,9 +14,12 @@ from nanobotd.state.store import RunRecord
 KIND = "consolidate"
 
 
-async def run(env: JobEnv, run_id: str, *, session_key: str, reason: str) -> dict:
-    """Archive session *session_key* as run *run_id*; *reason* decides how much (budget, idle, manual, rescue)."""
-    return await consolidate_session(env, session_key, run_id, reason=reason)
+async def run(env: JobEnv, run_id: str, *, session_key: str, reason: str, vanished_only: bool = False) -> dict:
+    """Archive session *session_key* as run *run_id*; *reason* decides how much (budget, idle, manual, rescue).
+
+    *vanished_only*: only messages that left the session file (companion mode: the agent archives the rest).
+    """
+    return await consolidate_session(env, session_key, run_id, reason=reason, vanished_only=vanished_only)
 
 
 def recover(env: JobEnv, run: RunRecord) -> str:

@@ -54,8 +54,14 @@ def chunk_ratio(ctx: JobEnv, messages: list[PendingMessage]) -> float:
     return settings.chunk_ratio_max - (settings.chunk_ratio_max - settings.chunk_ratio_min) * pressure
 
 
-def select_messages(ctx: JobEnv, pending: list[tuple[int, PendingMessage, bool]], reason: str):
-    """What this run archives: vanished messages always; then the oldest until the tail fits the target."""
+def select_messages(ctx: JobEnv, pending: list[tuple[int, PendingMessage, bool]], reason: str, *,
+                    vanished_only: bool = False):
+    """What this run archives: vanished messages always; then the oldest until the tail fits the target.
+
+    *vanished_only* (beside an agent that archives by itself): never a message still in the session file.
+    """
+    if vanished_only:
+        return [(seq, message) for seq, message, present in pending if not present]
     if reason != "budget":
         return [(seq, message) for seq, message, _ in pending]
     target = ctx.settings.budget * ctx.settings.consolidation.ratio
@@ -148,11 +154,14 @@ def content_hash(content: str) -> str:
     return hashlib.sha1(history.clean_content(content).encode("utf-8")).hexdigest()[:16]
 
 
-async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, reason: str) -> dict:
+async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, reason: str,
+                              vanished_only: bool = False) -> dict:
     """Archive a session's unarchived messages (all of them, or down to the target for "budget")."""
     pending = ctx.tracker.pending(session_key)
-    items = select_messages(ctx, pending, reason)
+    items = select_messages(ctx, pending, reason, vanished_only=vanished_only)
     manifest: dict = {"session": session_key, "reason": reason, "chunks": [], "cursors": []}
+    if vanished_only:
+        manifest["vanished_only"] = True
     usage = UsageMeter()
     if not items:
         ctx.store.finish_run(run_id, state="finished", outcome="nothing", manifest=manifest)

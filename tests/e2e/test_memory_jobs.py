@@ -8,7 +8,6 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from tests.support.daemonproc import DaemonProcess
 from tests.support.fakellm import FakeLLM, Text, ToolCalls
 from tests.support.workspace import conversation, make_workspace, write_session
 
@@ -26,10 +25,10 @@ def fake():
 
 
 @pytest.fixture
-def daemon(tmp_path, fake):
+def daemon(tmp_path, fake, daemon_process):
     workspace, sessions = make_workspace(tmp_path, layout="current")
     (workspace / "USER.md").write_text(USER)
-    proc = DaemonProcess(tmp_path, workspace, extra_config=f"""
+    proc = daemon_process(workspace, extra_config=f"""
 [llm]
 model = "{fake.model}"
 api_base = "{fake.base_url}"

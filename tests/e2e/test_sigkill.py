@@ -8,7 +8,6 @@ import re
 import time
 
 from nanobotd.memory import history
-from tests.support.daemonproc import DaemonProcess
 from tests.support.fakellm import FakeLLM, Responder, Text
 from tests.support.workspace import make_workspace, write_session
 
@@ -29,14 +28,14 @@ def session_messages(session: int, count: int) -> list[dict]:
              "timestamp": f"2026-11-01T10:{i // 60:02d}:{i % 60:02d}"} for i in range(count)]
 
 
-def test_sigkill_during_consolidation_never_loses_or_duplicates_a_message(tmp_path):
+def test_sigkill_during_consolidation_never_loses_or_duplicates_a_message(tmp_path, daemon_process):
     rng = random.Random(20261122)
     workspace, sessions = make_workspace(tmp_path, layout="current")
     counts = {session: 6 for session in range(SESSIONS)}
     for session in range(SESSIONS):
         write_session(sessions, f"cli:s{session}", session_messages(session, counts[session]))
     with FakeLLM(latency=0.05, default=Responder(echo_markers)) as fake:
-        proc = DaemonProcess(tmp_path, workspace, extra_config=f"""
+        proc = daemon_process(workspace, extra_config=f"""
 [llm]
 model = "{fake.model}"
 api_base = "{fake.base_url}"

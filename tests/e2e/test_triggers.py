@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from tests.support.daemonproc import DaemonProcess
 from tests.support.fakellm import FakeLLM, Responder, Text
 from tests.support.workspace import conversation, make_workspace, write_session
 
@@ -14,10 +13,10 @@ def reply(request):
     return Text("- [durable] discussed disk usage")
 
 
-def test_flush_then_consolidation_fire_at_their_thresholds_and_idle_sessions_get_archived(tmp_path):
+def test_flush_then_consolidation_fire_at_their_thresholds_and_idle_sessions_get_archived(tmp_path, daemon_process):
     workspace, sessions = make_workspace(tmp_path, layout="current")
     with FakeLLM(default=Responder(reply)) as fake:
-        proc = DaemonProcess(tmp_path, workspace, extra_config=f"""
+        proc = daemon_process(workspace, extra_config=f"""
 [llm]
 model = "{fake.model}"
 api_base = "{fake.base_url}"

@@ -8,14 +8,13 @@ import time
 
 import pytest
 
-from tests.support.daemonproc import DaemonProcess
 from tests.support.workspace import conversation, make_workspace, write_session
 
 
 @pytest.fixture
-def daemon(tmp_path):
+def daemon(tmp_path, daemon_process):
     workspace, sessions = make_workspace(tmp_path, layout="current")
-    proc = DaemonProcess(tmp_path, workspace)
+    proc = daemon_process(workspace)
     proc.workspace, proc.sessions = workspace, sessions
     yield proc
     proc.kill()
@@ -69,9 +68,9 @@ def test_events_missed_while_not_running_are_caught_at_start(daemon):
     daemon.wait_for(lambda: (daemon.session("cli:a") or {}).get("unarchived_messages") == 12)
 
 
-def test_a_workspace_that_does_not_exist_yet_is_waited_for(tmp_path):
+def test_a_workspace_that_does_not_exist_yet_is_waited_for(tmp_path, daemon_process):
     workspace = tmp_path / "later"
-    proc = DaemonProcess(tmp_path, workspace)
+    proc = daemon_process(workspace)
     try:
         proc.start()
         assert proc.ctl_json("status")["workspaces"][0]["exists"] is False
@@ -83,9 +82,9 @@ def test_a_workspace_that_does_not_exist_yet_is_waited_for(tmp_path):
         proc.kill()
 
 
-def test_a_second_daemon_on_the_same_socket_exits_with_a_clear_error(daemon, tmp_path):
+def test_a_second_daemon_on_the_same_socket_exits_with_a_clear_error(daemon, tmp_path, daemon_process):
     daemon.start()
-    second = DaemonProcess(tmp_path / "second", daemon.workspace) if (tmp_path / "second").mkdir() is None else None
+    second = daemon_process(daemon.workspace, base=tmp_path / "second") if (tmp_path / "second").mkdir() is None else None
     second.socket = daemon.socket
     second.config_path.write_text(daemon.config_path.read_text().replace(str(daemon.state_dir),
                                                                           str(tmp_path / "second" / "state")))
@@ -95,13 +94,13 @@ def test_a_second_daemon_on_the_same_socket_exits_with_a_clear_error(daemon, tmp
     assert daemon.ctl("status").returncode == 0
 
 
-def test_notify_socket_receives_ready_watchdog_status_reloading_stopping_in_order(tmp_path):
+def test_notify_socket_receives_ready_watchdog_status_reloading_stopping_in_order(tmp_path, daemon_process):
     workspace, _ = make_workspace(tmp_path)
     address = str(tmp_path / "notify.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     listener.bind(address)
     listener.settimeout(0.5)
-    proc = DaemonProcess(tmp_path, workspace, env={"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "1000000"})
+    proc = daemon_process(workspace, env={"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "1000000"})
     messages: list[str] = []
 
     def drain(until: str, timeout: float = 20, since: int = 0) -> None:
@@ -137,9 +136,9 @@ def test_notify_socket_receives_ready_watchdog_status_reloading_stopping_in_orde
     assert any(message.startswith("STATUS=") and message.isascii() for message in messages)
 
 
-def test_the_polling_observer_tracks_changes_too(tmp_path):
+def test_the_polling_observer_tracks_changes_too(tmp_path, daemon_process):
     workspace, sessions = make_workspace(tmp_path)
-    proc = DaemonProcess(tmp_path, workspace, args=("--polling",))
+    proc = daemon_process(workspace, args=("--polling",))
     try:
         proc.start()
         write_session(sessions, "cli:p", conversation(3))

@@ -1,40 +1,18 @@
-"""Cron scheduling: previous fire times, missed runs after downtime, and the daemon's catch-up."""
+"""The daemon's catch-up of a nightly run missed while it was down."""
 
 from __future__ import annotations
 
 import sqlite3
 import time
-from datetime import datetime
-from zoneinfo import ZoneInfo
 
-from nanobotd.daemon.scheduler import make_trigger, missed_run, previous_fire_time
-from tests.support.daemonproc import DaemonProcess
 from tests.support.fakellm import FakeLLM, Text
 from tests.support.workspace import make_workspace
 
-TZ = ZoneInfo("Europe/Paris")
 
-
-def test_previous_fire_time_of_a_nightly_and_a_weekly_job():
-    now = datetime(2026, 11, 22, 10, 0, tzinfo=TZ)
-    assert previous_fire_time(make_trigger("15 4 * * *", TZ), now) == datetime(2026, 11, 22, 4, 15, tzinfo=TZ)
-    assert previous_fire_time(make_trigger("0 5 * * mon", TZ), now) == datetime(2026, 11, 16, 5, 0, tzinfo=TZ)
-
-
-def test_a_run_missed_while_down_is_detected_once():
-    trigger = make_trigger("15 4 * * *", TZ)
-    now = datetime(2026, 11, 22, 10, 0, tzinfo=TZ)
-    two_days_ago = datetime(2026, 11, 20, 4, 16, tzinfo=TZ).timestamp()
-    this_morning = datetime(2026, 11, 22, 4, 16, tzinfo=TZ).timestamp()
-    assert missed_run(trigger, two_days_ago, now) is True
-    assert missed_run(trigger, this_morning, now) is False
-    assert missed_run(trigger, None, now) is False
-
-
-def test_nightly_dream_missed_during_downtime_runs_once_at_start(tmp_path):
+def test_nightly_dream_missed_during_downtime_runs_once_at_start(tmp_path, daemon_process):
     workspace, _ = make_workspace(tmp_path)
     with FakeLLM(default=Text("[SKIP]")) as fake:
-        proc = DaemonProcess(tmp_path, workspace, extra_config=f"""
+        proc = daemon_process(workspace, extra_config=f"""
 [llm]
 model = "{fake.model}"
 api_base = "{fake.base_url}"

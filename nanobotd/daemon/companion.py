@@ -1,0 +1,131 @@
+"""Companion mode: beside an agent that archives by itself, nanobotd archives only what the agent lost.
+
+The agent (nanobot 0.3.x) writes its own history entries. An entry it writes while compacting in place
+comes just before its save moves `last_archived`; an entry for `/new` comes just after the file is cut.
+So each new agent entry of a session waits, unclaimed, until the tracker sees that session's mark move
+(the entry belonged to that compaction) or its messages vanish (the entry archived them). Messages that
+vanished with no agent entry within the grace period are archived by nanobotd from the spool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from loguru import logger
+
+from nanobotd.daemon import runs
+from nanobotd.daemon.core import Core
+from nanobotd.daemon.workspace import Workspace
+from nanobotd.memory.agent_history import HistoryFollower, is_agent_entry, is_truncated_raw, kept_by_raw
+from nanobotd.memory.history import HistoryEntry, largest_cursor_in_file, history_path
+
+RESCUE_MEMORY_SECONDS = 3600.0  # how long a rescue is remembered, to count a late agent entry as twice
+
+
+@dataclass
+class AgentArchive:
+    """What one workspace's agent archived itself, and the cut sessions waiting for its entry."""
+
+    follower: HistoryFollower
+    unclaimed: dict[str, list[HistoryEntry]] = field(default_factory=dict)
+    waiting: dict[str, float] = field(default_factory=dict)
+    rescued: dict[str, tuple[float, list[str]]] = field(default_factory=dict)
+    checks: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
+
+
+def agent_archive(core: Core, workspace: Workspace) -> AgentArchive:
+    """The workspace's companion state, created on first use from the cursor remembered in the state DB."""
+    if workspace.agent_archive is None:
+        rows = core.store.query("SELECT last_cursor FROM agent_history WHERE workspace=?", (workspace.name,))
+        after = rows[0][0] if rows else largest_cursor_in_file(history_path(workspace.env.memory_dir))
+        workspace.agent_archive = AgentArchive(HistoryFollower(workspace.env.memory_dir, after))
+    return workspace.agent_archive
+
+
+def poll_agent_history(core: Core, workspace: Workspace) -> None:
+    """Read the agent's new history entries; a late one for a session nanobotd rescued counts as twice."""
+    archive = agent_archive(core, workspace)
+    entries = [entry for entry in archive.follower.poll() if is_agent_entry(entry) and entry.session_key]
+    for entry in entries:
+        key = entry.session_key
+        rescued = archive.rescued.pop(key, None)
+        if rescued is not None and key not in archive.waiting and key in workspace.tracker.sessions:
+            count = workspace.tracker.count_archived_twice(key, rescued[1])
+            logger.warning("workspace {}: the agent archived session {} after nanobotd's rescue of {} message(s)",
+                           workspace.name, key, count)
+            continue
+        archive.unclaimed.setdefault(key, []).append(entry)
+    if entries:
+        with core.store.transaction() as db:
+            db.execute("INSERT OR REPLACE INTO agent_history (workspace, last_cursor) VALUES (?, ?)",
+                       (workspace.name, archive.follower.last_cursor))
+
+
+def session_scanned(core: Core, workspace: Workspace, key: str, *, mark_moved: bool, vanished: int) -> None:
+    """A scan of session *key* in companion mode: attribute the agent's entries, wait for cut messages."""
+    archive = agent_archive(core, workspace)
+    poll_agent_history(core, workspace)
+    if mark_moved:
+        archive.unclaimed.pop(key, None)  # those entries were the agent's in-place compaction
+        archive.rescued.pop(key, None)
+        workspace.tracker.set_cycle(key, next_cycle=True)
+    if vanished:
+        if key not in archive.waiting:
+            archive.waiting[key] = core.clock()
+            workspace.tracker.set_cycle(key, next_cycle=True)
+        settle(core, workspace, key)
+
+
+def settle(core: Core, workspace: Workspace, key: str) -> None:
+    """Decide about session *key*'s vanished messages now, or look again when the grace period ends."""
+    archive = agent_archive(core, workspace)
+    if key not in archive.waiting:
+        return
+    poll_agent_history(core, workspace)
+    entries = archive.unclaimed.pop(key, [])
+    vanished = [message for _, message, _ in workspace.tracker.pending(key, vanished_only=True)]
+    if entries or not vanished:
+        archive.waiting.pop(key, None)
+        _agent_archived(core, workspace, key, entries, vanished)
+        return
+    waited = core.clock() - archive.waiting[key]
+    grace = workspace.settings.consolidation.agent_grace_seconds
+    if waited < grace:
+        _check_again(core, workspace, key, grace - waited)
+        return
+    archive.waiting.pop(key, None)
+    run_id = runs.submit(core, workspace, "consolidate", session_key=key, reason="rescue", vanished_only=True)
+    archive.rescued[key] = (core.clock(), [message.digest for message in vanished])
+    logger.info("workspace {}: no archive entry of the agent for {} within {:g}s; {} message(s) rescued by run {}",
+                workspace.name, key, grace, len(vanished), run_id)
+
+
+def _agent_archived(core: Core, workspace: Workspace, key: str, entries: list[HistoryEntry], vanished: list) -> None:
+    """The agent archived the cut messages; only what its cut [RAW] entry dropped is archived by nanobotd."""
+    if not vanished:
+        return
+    cut = next((entry for entry in entries if is_truncated_raw(entry.content)), None)
+    kept = len(vanished) if cut is None else kept_by_raw(cut.content, [message.text for message in vanished])
+    workspace.tracker.drop_agent_archived(key, [message.digest for message in vanished[:kept]])
+    if kept < len(vanished):
+        dropped = [message.digest for message in vanished[kept:]]
+        run_id = runs.submit(core, workspace, "consolidate", session_key=key, reason="mend", vanished_only=True)
+        logger.info("workspace {}: the agent's [RAW] entry for {} was cut; run {} archives the {} message(s) "
+                    "it dropped", workspace.name, key, run_id, len(dropped))
+
+
+def _check_again(core: Core, workspace: Workspace, key: str, delay: float) -> None:
+    archive = agent_archive(core, workspace)
+    handle = archive.checks.pop(key, None)
+    if handle is not None:
+        handle.cancel()
+    loop = asyncio.get_running_loop()
+    archive.checks[key] = loop.call_later(max(0.1, delay), settle, core, workspace, key)
+
+
+def close(workspace: Workspace) -> None:
+    """Cancel the pending grace checks of a workspace that is closing."""
+    if workspace.agent_archive is not None:
+        for handle in workspace.agent_archive.checks.values():
+            handle.cancel()
