@@ -1,0 +1,153 @@
+"""Beside an agent that archives by itself (companion mode), through a real daemon in auto mode.
+
+The agent is played by the test, writing exactly what nanobot 0.3.5 writes: session files with
+`last_archived`, its own history entries (with `session_key`, no nanobotd span), `/new` cutting the file
+to its metadata line before the archive entry arrives.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.support.workspace import conversation, history_entries, make_workspace, write_session
+
+GRACE = 2.0
+CONFIG = f"""
+[consolidation]
+agent_grace_seconds = {GRACE}
+"""
+
+
+def agent_entry(workspace, key: str, content: str) -> None:
+    """Append an entry the way nanobot does (its own cursor, no nanobotd span)."""
+    memory = workspace / "memory"
+    cursor = max([entry["cursor"] for entry in history_entries(workspace)] + [0]) + 1
+    record = {"cursor": cursor, "timestamp": time.strftime("%Y-%m-%d %H:%M"), "content": content,
+              "session_key": key}
+    with open(memory / "history.jsonl", "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    (memory / ".cursor").write_text(str(cursor))
+
+
+def nanobotd_entries(workspace) -> list[dict]:
+    return [entry for entry in history_entries(workspace) if "nanobotd_span" in entry]
+
+
+def workspace_status(daemon) -> dict:
+    return daemon.ctl_json("status")["workspaces"][0]
+
+
+@pytest.fixture
+def companion(tmp_path, daemon_process):
+    workspace, sessions = make_workspace(tmp_path, layout="current")
+    proc = daemon_process(workspace, extra_config=CONFIG, mode="auto")
+    proc.workspace, proc.sessions = workspace, sessions
+    return proc
+
+
+def start_with_session(daemon, key: str, count: int) -> list[dict]:
+    messages = conversation(count, tag=key[-1])
+    write_session(daemon.sessions, key, messages)
+    daemon.start()
+    daemon.wait_for(lambda: (daemon.session(key) or {}).get("unarchived_messages") == count)
+    assert workspace_status(daemon)["consolidation_mode"] == "companion"
+    return messages
+
+
+def test_auto_picks_owner_for_files_without_the_agents_mark(tmp_path, daemon_process):
+    workspace, sessions = make_workspace(tmp_path, layout="current")
+    path = write_session(sessions, "cli:plain", conversation(2))
+    lines = path.read_text().splitlines()
+    meta = json.loads(lines[0])
+    del meta["last_archived"], meta["last_consolidated"]
+    path.write_text("\n".join([json.dumps(meta)] + lines[1:]) + "\n")
+    daemon = daemon_process(workspace, mode="auto").start()
+    daemon.wait_for(lambda: daemon.session("cli:plain"))
+    assert workspace_status(daemon)["consolidation_mode"] == "owner"
+
+
+def test_a_cut_session_whose_agent_entry_comes_within_the_grace_is_archived_once_by_the_agent(companion):
+    start_with_session(companion, "cli:a", 6)
+    write_session(companion.sessions, "cli:a", [])  # /new: the file is cut first ...
+    time.sleep(0.5)
+    agent_entry(companion.workspace, "cli:a", "- [durable] the user talked about a")  # ... then the archive
+    companion.wait_for(lambda: (companion.session("cli:a") or {}).get("vanished_messages") == 0, timeout=GRACE + 8)
+    time.sleep(GRACE + 1.5)
+    assert nanobotd_entries(companion.workspace) == []
+    assert companion.ctl_json("runs", "--kind", "consolidate")["runs"] == []
+    assert workspace_status(companion)["archived_twice"] == 0
+
+
+def test_a_cut_session_with_no_agent_entry_is_archived_by_nanobotd_after_the_grace(companion):
+    messages = start_with_session(companion, "cli:b", 4)
+    cut_at = time.monotonic()
+    write_session(companion.sessions, "cli:b", [])
+    companion.wait_for(lambda: nanobotd_entries(companion.workspace), timeout=GRACE + 10)
+    assert time.monotonic() - cut_at >= GRACE
+    text = "\n".join(entry["content"] for entry in nanobotd_entries(companion.workspace))
+    assert all(message["content"].split(" ")[0] + " " in text for message in messages)
+    time.sleep(1)
+    assert len(companion.ctl_json("runs", "--kind", "consolidate")["runs"]) == 1
+    assert workspace_status(companion)["archived_twice"] == 0
+
+
+def test_what_a_cut_raw_entry_of_the_agent_dropped_is_archived_by_nanobotd(companion):
+    messages = start_with_session(companion, "cli:c", 6)
+    write_session(companion.sessions, "cli:c", [])
+    lines = [f"[{m['timestamp'][:16]}] {m['role'].upper()}: {m['content']}" for m in messages]
+    body = "[RAW] 6 messages\n" + "\n".join(lines)
+    cut = body[:body.index(messages[3]["content"]) + 20] + "\n... (truncated)"
+    agent_entry(companion.workspace, "cli:c", cut)
+    companion.wait_for(lambda: nanobotd_entries(companion.workspace), timeout=GRACE + 10)
+    mended = "\n".join(entry["content"] for entry in nanobotd_entries(companion.workspace))
+    for message in messages[3:]:
+        assert message["content"] in mended
+    for message in messages[:3]:
+        assert message["content"] not in mended
+    [run] = companion.ctl_json("runs", "--kind", "consolidate")["runs"]
+    assert run["state"] == "finished"
+
+
+def test_the_agents_in_place_compaction_is_never_archived_again(companion):
+    messages = start_with_session(companion, "cli:d", 6)
+    agent_entry(companion.workspace, "cli:d", "- [durable] checkpoint of the first four messages")
+    hidden = {"role": "user", "content": "Continue the active task from the working-memory checkpoint above.",
+              "_hidden_history": True, "timestamp": "2026-11-01T09:10:00"}
+    write_session(companion.sessions, "cli:d", messages[:4] + [hidden] + messages[4:] + conversation(2, tag="e"),
+                  last_archived=4)
+    companion.wait_for(lambda: (companion.session("cli:d") or {}).get("agent_archived") == 4)
+    time.sleep(GRACE + 1.5)
+    assert nanobotd_entries(companion.workspace) == []
+    session = companion.session("cli:d")
+    assert session["unarchived_messages"] == 4  # two old after the mark and two new; the checkpoint is not conversation
+    assert workspace_status(companion)["archived_twice"] == 0
+
+
+def test_a_manual_consolidate_in_companion_mode_leaves_what_is_still_in_the_file(companion):
+    start_with_session(companion, "cli:f", 4)
+    run = companion.ctl_json("consolidate", "cli:f", "--wait")
+    assert nanobotd_entries(companion.workspace) == []
+    assert companion.session("cli:f")["unarchived_messages"] == 4
+    assert run
+
+
+def test_archived_twice_counts_messages_the_agent_marked_after_nanobotd_archived_them(tmp_path, daemon_process):
+    workspace, sessions = make_workspace(tmp_path, layout="current")
+    messages = conversation(4)
+    write_session(sessions, "cli:g", messages)
+    owner = daemon_process(workspace, mode="owner").start()
+    owner.wait_for(lambda: owner.session("cli:g"))
+    owner.ctl_json("consolidate", "cli:g", "--wait")
+    write_session(sessions, "cli:g", messages + conversation(2, tag="h"), last_archived=4)
+    owner.wait_for(lambda: workspace_status(owner)["archived_twice"] == 4)
+
+
+def test_nanobots_own_dream_sessions_are_not_listed(companion):
+    write_session(companion.sessions, "dream:20261122", conversation(2))
+    start_with_session(companion, "cli:i", 2)
+    keys = [row["key"] for row in companion.ctl_json("sessions")["sessions"]]
+    assert keys == ["cli:i"]
+    assert workspace_status(companion)["sessions_watched"] == 1
