@@ -143,6 +143,8 @@ def test_archived_twice_counts_messages_the_agent_marked_after_nanobotd_archived
     owner.ctl_json("consolidate", "cli:g", "--wait")
     write_session(sessions, "cli:g", messages + conversation(2, tag="h"), last_archived=4)
     owner.wait_for(lambda: workspace_status(owner)["archived_twice"] == 4)
+    assert owner.ctl_json("observe")["archived_twice"] == {"ws": 4}
+    assert "archived twice in ws: 4 message(s)" in owner.ctl("observe").stdout
 
 
 def test_nanobots_own_dream_sessions_are_not_listed(companion):

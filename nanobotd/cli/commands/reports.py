@@ -41,5 +41,7 @@ def _audit_lines(data: Mapping[str, Any]) -> list[str]:
 
 
 def _metric_lines(data: Mapping[str, Any]) -> list[str]:
+    twice = data.get("archived_twice") or {}
     return [f"since {format_cell(data.get('since'))}",
-            *format_rows(METRIC_COLUMNS, data.get("rows") or [], "no runs in this period")]
+            *format_rows(METRIC_COLUMNS, data.get("rows") or [], "no runs in this period"),
+            *(f"archived twice in {name}: {count} message(s) (goal: 0)" for name, count in twice.items())]

@@ -24,9 +24,15 @@ def status(invocation: Invocation) -> int:
 
 def sessions(invocation: Invocation) -> int:
     """Every tracked session, one row each, to see which ones are behind on archiving."""
-    return invocation.answer(invocation.client.get("/v1/sessions"),
-                             lambda data: format_rows(SESSION_COLUMNS, data.get("sessions") or [],
-                                                      "no sessions tracked"))
+    return invocation.answer(invocation.client.get("/v1/sessions"), _session_lines)
+
+
+def _session_lines(data: Mapping[str, Any]) -> list[str]:
+    scanning = data.get("scanning") or []
+    notes = [f"scanning: the first scan of {', '.join(scanning)} is not done yet; more sessions may appear"
+             ] if scanning else []
+    return notes + format_rows(SESSION_COLUMNS, data.get("sessions") or [],
+                               "no sessions found yet" if scanning else "no sessions tracked")
 
 
 def session(invocation: Invocation) -> int:
@@ -68,6 +74,8 @@ def _workspace_lines(workspace: Mapping[str, Any]) -> list[str]:
         rows.append(("search", format_cell(workspace["search"])))
     width = max((len(label) for label, _ in rows), default=0)
     header = f"workspace {workspace.get('name', '?')}  ({format_cell(workspace.get('path'))})"
+    if workspace.get("scanning"):
+        header += "  [scanning: first scan not done yet]"
     return [header] + [f"  {label:<{width}}  {text}" for label, text in rows]
 
 
@@ -82,6 +90,8 @@ def _health_rows(workspace: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("watcher", "watcher", f"{watcher_state} ({format_cell(watcher.get('mode'))}), "
                                f"last reconcile {format_cell(watcher.get('last_reconcile'))}"),
         ("llm", "llm_mode", format_cell(workspace.get("llm_mode"))),
+        ("mode", "consolidation_mode", _mode_text(workspace)),
+        ("agent", "agent", _agent_text(workspace.get("agent") or {})),
         ("git", "git", format_cell(workspace.get("git"))),
     ]
     return [(label, text) for label, key, text in candidates if key in workspace]
@@ -96,3 +106,24 @@ def _job_rows(jobs: Mapping[str, Any]) -> list[tuple[str, str]]:
         text = f"last success {format_cell(job.get('last_success'))}, next {format_cell(job.get('next_run'))}"
         rows.append((name, text + running + (f", {format_cell(detail)}" if detail else "")))
     return rows
+
+
+def _mode_text(workspace: Mapping[str, Any]) -> str:
+    mode = workspace.get("consolidation_mode")
+    twice = workspace.get("archived_twice", 0)
+    if mode == "companion":
+        return f"companion: the agent archives, nanobotd mends what it loses (archived twice: {twice})"
+    return f"{format_cell(mode)}: nanobotd archives by budget and idle time (archived twice: {twice})"
+
+
+def _agent_text(agent: Mapping[str, Any]) -> str:
+    if not agent.get("config"):
+        return "no nanobot config.json found (its defaults assumed)"
+    if agent.get("error"):
+        return f"config.json unusable: {agent['error']}"
+    dream = (f"own dream every {agent.get('dream_interval_hours')} h" if agent.get("dream_enabled")
+             else "own dream disabled")
+    mcp = agent.get("nanobotd_mcp_server")
+    return (f"window {agent.get('context_window')}, budget {agent.get('budget')}, idle compaction "
+            f"{agent.get('idle_compact_minutes')} min, {dream}, "
+            f"{'MCP server ' + mcp if mcp else 'nanobotd MCP server not registered'} ({agent.get('config')})")

@@ -27,6 +27,9 @@ def routes(core: Core) -> list:
         except ValueError as exc:
             raise ApiError(400, "bad_param", str(exc)) from None
         now = core.clock()
-        return metrics.summarize_outcomes(core.store, since=now - since, now=now)
+        summary = metrics.summarize_outcomes(core.store, since=now - since, now=now)
+        summary["archived_twice"] = {workspace.name: workspace.tracker.totals()["archived_twice"]
+                                     for workspace in core.workspaces.values()}
+        return summary
 
     return [("GET", "/v1/audit", audit_report), ("GET", "/v1/metrics", outcome_metrics)]
