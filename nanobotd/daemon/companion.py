@@ -62,11 +62,14 @@ def poll_agent_history(core: Core, workspace: Workspace) -> None:
                        (workspace.name, archive.follower.last_cursor))
 
 
-def session_scanned(core: Core, workspace: Workspace, key: str, *, mark_moved: bool, vanished: int) -> None:
+def session_scanned(core: Core, workspace: Workspace, key: str, *, mark_moved: bool, vanished: int,
+                    tail_before: int = 0) -> None:
     """A scan of session *key* in companion mode: attribute the agent's entries, wait for cut messages."""
     archive = agent_archive(core, workspace)
     poll_agent_history(core, workspace)
     if mark_moved:
+        if tail_before:
+            workspace.learn_agent_base(tail_before)
         archive.unclaimed.pop(key, None)  # those entries were the agent's in-place compaction
         archive.rescued.pop(key, None)
         workspace.tracker.set_cycle(key, next_cycle=True)

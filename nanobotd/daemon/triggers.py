@@ -18,7 +18,8 @@ async def scan_and_trigger(core: Core, workspace: Workspace, path: Path) -> None
     loop = asyncio.get_running_loop()
     result = await loop.run_in_executor(core.executor, workspace.scan_path, path)
     if result is not None and result.changed:
-        scanned(core, workspace, result.key, vanished=result.vanished, mark_moved=result.mark_moved)
+        scanned(core, workspace, result.key, vanished=result.vanished, mark_moved=result.mark_moved,
+                tail_before=result.tail_before)
         indexing.session_changed(core, workspace, path)
 
 
@@ -39,7 +40,8 @@ async def reconcile_all(core: Core, *, startup: bool = False) -> None:
                 core.executor, lambda: {key: workspace.tracker.vanished_count(key) for key in unchanged})
         for result in results:
             if result.changed:
-                scanned(core, workspace, result.key, vanished=result.vanished, mark_moved=result.mark_moved)
+                scanned(core, workspace, result.key, vanished=result.vanished, mark_moved=result.mark_moved,
+                        tail_before=result.tail_before)
             elif startup:
                 scanned(core, workspace, result.key, vanished=counts.get(result.key, 0))
         if workspace.mode == "companion":
@@ -67,10 +69,12 @@ def rebuild_archive_marks(workspace: Workspace) -> None:
         logger.warning("workspace {}: rebuilt {} archive marks from history.jsonl", workspace.name, marked)
 
 
-def scanned(core: Core, workspace: Workspace, key: str, *, vanished: int = 0, mark_moved: bool = False) -> None:
+def scanned(core: Core, workspace: Workspace, key: str, *, vanished: int = 0, mark_moved: bool = False,
+            tail_before: int = 0) -> None:
     """A session's counters changed: beside an agent, attribute its archive entries first; then trigger."""
     if workspace.mode == "companion" and (vanished or mark_moved):
-        companion.session_scanned(core, workspace, key, mark_moved=mark_moved, vanished=vanished)
+        companion.session_scanned(core, workspace, key, mark_moved=mark_moved, vanished=vanished,
+                                  tail_before=tail_before)
     trigger(core, workspace, key, vanished=vanished)
 
 

@@ -53,6 +53,7 @@ class Workspace:
                     else AGENT_ENCODING)
         self.tracker = SessionTracker(settings.name, store, encoding=encoding, clock=clock)
         self.agent = AgentSettings(path=None)
+        self.agent_base_tokens = settings.consolidation.agent_base_tokens  # learned at each agent compaction
         self.agent_archive = None  # companion mode's state (daemon.companion), made on first use
         self.llm = LLMClient(settings.llm, settings.api_key)
         self.git = GitStore(settings.path)
@@ -178,7 +179,7 @@ class Workspace:
         if session is None or session.skipped:
             return []
         if self.mode == "companion":
-            flush_due = self.agent_prompt_tokens(key) >= self.agent.budget - self.settings.consolidation.soft_threshold
+            flush_due = self.agent_prompt_tokens(key) >= self.agent_flush_threshold()
             return [("flush", "agent_budget")] if flush_due and self._may_flush(session) else []
         jobs = []
         if vanished:
@@ -197,9 +198,27 @@ class Workspace:
 
     def agent_prompt_tokens(self, key: str) -> int:
         """The agent's prompt as it counts it: its base (system prompt, tools) plus the unarchived tail."""
+        return self.agent_base_tokens + self.agent_tail_tokens(key)
+
+    def agent_tail_tokens(self, key: str) -> int:
+        """The unarchived tail as the agent counts it (cl100k tokens plus a few per message)."""
         session = self.tracker.sessions[key]
-        return (self.settings.consolidation.agent_base_tokens + session.unarchived_tokens
-                + AGENT_TOKENS_PER_MESSAGE * session.unarchived_messages)
+        return session.unarchived_tokens + AGENT_TOKENS_PER_MESSAGE * session.unarchived_messages
+
+    def agent_flush_threshold(self) -> int:
+        """Flush when the agent's prompt is this large: short of its budget by soft_threshold, or by a quarter
+        of the room its base leaves for the conversation when that room is small."""
+        room = max(0, self.agent.budget - self.agent_base_tokens)
+        return self.agent.budget - min(self.settings.consolidation.soft_threshold, room // 4)
+
+    def learn_agent_base(self, tail_before: int) -> None:
+        """The agent just compacted: its prompt had reached its budget, so its base is what the tail did not fill.
+
+        nanobot's base (system prompt, bootstrap files, tool schemas) cannot be read from its files; this keeps
+        the estimate honest after the first compaction seen (it errs large: the new message is not counted).
+        """
+        budget = self.agent.budget
+        self.agent_base_tokens = min(int(budget * 0.95), max(0, budget - tail_before))
 
     def idle_sessions(self, now: float) -> list[tuple[str, str]]:
         """(kind, key) for sessions quiet long enough: consolidate (owner), or flush before the agent compacts."""

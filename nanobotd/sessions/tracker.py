@@ -43,6 +43,7 @@ class ScanResult:
     corrupt_lines: int = 0
     seconds: float = 0.0
     mark_moved: bool = False  # the agent archived in place (its mark advanced over messages still in the file)
+    tail_before: int = 0  # the unarchived tail (tokens + 4 a message, as nanobot counts) before this scan
 
 
 class SessionTracker:
@@ -104,9 +105,10 @@ class SessionTracker:
                 return None
             session = self._session_for(parsed.key, path)
             mark_before = session.agent_archived
+            tail_before = session.unarchived_tokens + 4 * session.unarchived_messages
             vanished = self._apply(session, parsed.header, parsed.messages, parsed.new_records, fingerprint,
                                    stat.st_mtime, appended=parsed.fast and known is session)
-            mark_moved = session.agent_archived > mark_before
+            mark_moved = known is session and session.agent_archived > mark_before
             session.corrupt_lines = corrupt = parsed.corrupt
             session.tail = parsed.tail
             parsed_records = parsed.new_records
@@ -115,7 +117,7 @@ class SessionTracker:
             if corrupt:
                 logger.warning("session {}: skipped {} corrupt line(s)", key, corrupt)
             return ScanResult(key, True, len(parsed_records), vanished, corrupt, time.perf_counter() - started,
-                              mark_moved)
+                              mark_moved, tail_before)
 
     def _session_by_path(self, path: Path) -> SessionState | None:
         key = self._keys_by_path.get(path)
