@@ -1,400 +1,257 @@
 #!/usr/bin/env python3
-"""A scripted day of the real nanobot 0.3.5 against the project's fake LLM: what nanobot itself archives.
+"""A scripted day of the real nanobot 0.3.5 with nanobotd beside it (defaults, auto mode): who archived what.
 
-Two sessions take long-ish turns under a small context window, so nanobot's own in-turn consolidation runs
-several times; one session gets `/new`; then everything goes idle long enough for nanobot's idle compaction
-(`idleCompactAfterMinutes`, 1 minute at the least). With --mcp-command, nanobot loads that MCP server as
-"nanobotd" and one turn has the fake model call `mcp_nanobotd_memory_search` and answer from the result.
+nanobot (installed in its own venv by scripts/install-nanobot.sh) takes long-ish turns under a small context
+window, so its own in-turn consolidation runs several times; one session gets `/new`; then everything idles
+past nanobot's idle compaction. nanobotd watches the same workspace with its defaults (auto mode) and the
+project's fake LLM; nanobot loads `nanobotctl mcp` as its MCP server "nanobotd", and one turn has the fake
+model call `mcp_nanobotd_memory_search`. Printed at the end:
 
-    scripts/nanobot_day.py --nanobot-python "$(scripts/install-nanobot.sh)" --workdir /tmp/day \
-        [--mcp-command nanobotctl mcp] [--search-expect TEXT] [--idle-minutes 0]
+- messages archived by nanobot, by nanobotd, and by both (archived twice: must be 0);
+- nanobotd's flushes, and how many landed before nanobot's compaction of the same turns;
+- whether the session files were left as nanobot wrote them (sha256 after nanobot's last write and at the end);
+- the memory_search result nanobot sent back to the model, and whether it holds the known fact.
 
-Callers that run something beside nanobot (nanobotd) use setup_nanobot() and run_day(..., on_step=...):
-each step hands over what nanobot's files looked like right after it.
+    scripts/nanobot_day.py --workdir /tmp/day [--nanobot-python PATH] [--turns 14] [--idle-minutes 1]
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import hashlib
-import importlib.util
 import json
 import os
-import queue
 import re
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tests.support.fakellm import FakeLLM, Text, ToolCalls  # noqa: E402
+from nanobot_agent import (  # noqa: E402
+    SESSIONS,
+    ScriptedModel,
+    Step,
+    history_entries,
+    litellm_tiktoken_dir,
+    run_day,
+    session_files,
+    setup_nanobot,
+)
 
-RUNNER = Path(__file__).resolve().parent / "nanobot_runner.py"
-SESSIONS = ("cli:alpha", "cli:beta")
-SEARCH_TOOL = "mcp_nanobotd_memory_search"
-SEARCH_TAG = "[memory-search]"
-ARCHIVE_PROMPT = "Create a compact replacement checkpoint"
-MARKER = re.compile(r"MSG-[a-z]+-\d+")
-WORDS = ("kestrel staging server backup bucket restore drill friday quarterly report draft postgres "
-         "replica lag alert threshold nightly cron rotation keys vault terraform module review").split()
-START_SECONDS, STEP_SECONDS, CLOSE_SECONDS = 60, 150, 60
+from tests.support.fakellm import FakeLLM, Text  # noqa: E402
+
+FLUSH_MARK = "You keep an agent's daily notes"
+FLUSH_REPLY = ("## Topics\n- Reviewing the kestrel backup rotation.\n## Decisions\n"
+               "- Kestrel backups go to the cold bucket; restore drills run on Fridays.\n"
+               "## Tool Activity\n## Open Questions\n")
+KNOWN_FACT = "kestrel backup rotation"
+MARKER = re.compile(r"MSG-([a-z]+)-(\d+)")
+RANGE = re.compile(r"\((MSG-[a-z]+-\d+) \.\. (MSG-[a-z]+-\d+)\)")
+SETTLE_SECONDS = 60
+
+
+class DayModel(ScriptedModel):
+    """nanobot's scripted words, plus what nanobotd's flush asks for (daily-note facts)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.flush_requests = 0
+
+    def __call__(self, request: dict):
+        system = " ".join(str(message.get("content")) for message in request.get("messages") or []
+                          if message.get("role") == "system")
+        if FLUSH_MARK in system:
+            self.flush_requests += 1
+            return Text(FLUSH_REPLY)
+        return super().__call__(request)
 
 
 @dataclass
-class NanobotSetup:
-    """Where one nanobot instance lives and how to start it."""
+class Timeline:
+    """What the files looked like after each nanobot step, and when nanobot compacted each session."""
 
-    workdir: Path
-    config_path: Path
-    workspace: Path
-    nanobot_python: Path
-    env: dict
+    started: float = field(default_factory=time.time)
+    compactions: list = field(default_factory=list)  # (wall time, session, step name)
+    last_marks: dict = field(default_factory=dict)
+    last_sha256: dict = field(default_factory=dict)
+    setup: object = None
 
-
-@dataclass
-class Step:
-    """What nanobot's files looked like after one step of the day."""
-
-    name: str
-    session: str
-    ok: bool
-    seconds: float
-    sessions: dict  # key -> read_session() of its file
-    history_entries: int
-    detail: str = ""
+    def on_step(self, step: Step) -> None:
+        now = time.time()
+        for key, state in step.sessions.items():
+            before = self.last_marks.get(key)
+            if before is not None and (state["last_archived"] > before or step.name == "/new" and step.session == key):
+                self.compactions.append((now, key, step.name))
+            self.last_marks[key] = state["last_archived"]
+        self.last_sha256 = {key: sha256(path) for key, path in session_files(self.setup).items()}
 
 
-@dataclass
-class DayReport:
-    """Everything run_day observed."""
-
-    steps: list = field(default_factory=list)
-    history: list = field(default_factory=list)
-    session_sha256: dict = field(default_factory=dict)
-    consolidation_requests: int = 0
-    search_result: str | None = None
-    search_result_has_expected: bool | None = None
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-class ScriptedModel:
-    """The fake model's words: replies to turns, fact-line checkpoints, and one memory_search call."""
+class Nanobotd:
+    """nanobotd as a user runs it: its own config (defaults, auto mode), a subprocess, nanobotctl."""
 
-    def __init__(self, search_query: str, search_expect: str | None):
-        self.search_query = search_query
-        self.search_expect = search_expect
-        self.checkpoints = 0
-        self.tool_results: list[str] = []
+    def __init__(self, workdir: Path, workspace: Path, home: Path, fake: FakeLLM):
+        self.socket = workdir / "nanobotd-run" / "nanobotd.sock"
+        self.config = workdir / "nanobotd.toml"
+        self.log = workdir / "nanobotd.log"
+        self.config.write_text(f'[daemon]\nsocket = "{self.socket}"\nstate_dir = "{workdir / "nanobotd-state"}"\n\n'
+                               f'[llm]\nmodel = "{fake.model}"\napi_base = "{fake.base_url}"\n\n'
+                               f'[[workspaces]]\npath = "{workspace}"\nname = "day"\n')
+        self.env = dict(os.environ, HOME=str(home))
+        self.bin = Path(sys.executable).with_name("nanobotctl")
+        self.process: subprocess.Popen | None = None
 
-    def __call__(self, request: dict) -> Any:
-        messages = request.get("messages") or [{}]
-        last = messages[-1]
-        text = content_text(last.get("content"))
-        if ARCHIVE_PROMPT in text:
-            self.checkpoints += 1
-            return Text(self.checkpoint(messages))
-        if last.get("role") == "tool":
-            self.tool_results.append(text)
-            return Text(f"From memory: {text[:200]}")
-        offered = {tool.get("function", {}).get("name") for tool in request.get("tools") or []}
-        if SEARCH_TAG in text and SEARCH_TOOL in offered:
-            return ToolCalls([(SEARCH_TOOL, {"query": self.search_query})])
-        markers = MARKER.findall(text)
-        return Text(f"Noted {markers[-1] if markers else 'that'}. " + filler(60, seed=len(text)))
+    def start(self) -> "Nanobotd":
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen([str(Path(sys.executable).with_name("nanobotd")), "run", "--config",
+                                             str(self.config)], stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"nanobotd exited, see {self.log}")
+            if self.socket.exists() and self.ctl("status").returncode == 0:
+                return self
+            time.sleep(0.2)
+        raise RuntimeError(f"nanobotd did not answer, see {self.log}")
 
-    def checkpoint(self, messages: list) -> str:
-        texts = (content_text(message.get("content")) for message in messages if message.get("role") != "system")
-        markers = sorted(set(MARKER.findall(" ".join(texts))), key=lambda marker: int(marker.rsplit("-", 1)[1]))
-        span = f"{markers[0]} .. {markers[-1]}" if markers else "no markers"
-        return (f"- [durable] Checkpoint {self.checkpoints} covers {len(markers)} marked messages ({span}).\n"
-                "- [ephemeral] The user is reviewing the kestrel backup rotation.")
+    def ctl(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(self.bin), "--socket", str(self.socket), *args], capture_output=True, text=True,
+                              timeout=60, env=self.env)
 
+    def json(self, *args: str) -> dict:
+        answer = self.ctl("--json", *args)
+        if answer.returncode != 0:
+            raise RuntimeError(f"nanobotctl {' '.join(args)} failed: {answer.stderr.strip()}")
+        return json.loads(answer.stdout)
 
-def content_text(content: Any) -> str:
-    """A message's text whether content is a string or a list of blocks."""
-    if isinstance(content, list):
-        return " ".join(str(block.get("text", "")) for block in content if isinstance(block, dict))
-    return content if isinstance(content, str) else ""
+    def settle(self) -> None:
+        """Wait until no run is queued or running (bounded)."""
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while time.monotonic() < deadline:
+            runs = self.json("runs", "--limit", "200")["runs"]
+            if not any(run["state"] in ("queued", "started") for run in runs):
+                return
+            time.sleep(1)
 
-
-def filler(count: int, seed: int) -> str:
-    """*count* deterministic words about the same small project."""
-    return " ".join(WORDS[(seed + index * 7) % len(WORDS)] for index in range(count)) + "."
-
-
-def litellm_tiktoken_dir() -> str | None:
-    """The tiktoken encodings litellm ships: nanobot counts with cl100k_base offline instead of UTF-8 bytes."""
-    spec = importlib.util.find_spec("litellm")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    folder = Path(list(spec.submodule_search_locations)[0]) / "litellm_core_utils" / "tokenizers"
-    return str(folder) if folder.is_dir() else None
-
-
-def nanobot_config(workspace: Path, api_base: str, *, context_window: int, max_tokens: int,
-                   idle_minutes: int, mcp_command: list | None, mcp_env: dict | None) -> dict:
-    """nanobot's config.json (camelCase keys): a custom OpenAI-compatible provider, small window, no dream."""
-    defaults = {
-        "workspace": str(workspace), "model": "fake-model", "provider": "custom",
-        "maxTokens": max_tokens, "contextWindowTokens": context_window,
-        "idleCompactAfterMinutes": idle_minutes, "idleCompactCheckIntervalSeconds": 1,
-        "dream": {"intervalH": 8760},
-    }
-    config: dict = {"agents": {"defaults": defaults},
-                    "providers": {"custom": {"apiKey": "sk-fake", "apiBase": api_base}}}
-    if mcp_command:
-        server = {"command": mcp_command[0], "args": list(mcp_command[1:]), "env": dict(mcp_env or {})}
-        config["tools"] = {"mcpServers": {"nanobotd": server}}
-    return config
+    def stop(self) -> int:
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else 0
+        self.process.terminate()
+        return self.process.wait(timeout=60)
 
 
-def setup_nanobot(nanobot_python: Path, workdir: Path, api_base: str, *, context_window: int = 12000,
-                  max_tokens: int = 1024, idle_minutes: int = 1, mcp_command: list | None = None,
-                  mcp_env: dict | None = None) -> NanobotSetup:
-    """Write a nanobot config dir and workspace under *workdir* (HOME too, so ~/.nanobot stays untouched)."""
-    workdir = workdir.resolve()
-    config_dir, workspace, home = workdir / "nanobot", workdir / "workspace", workdir / "home"
-    for folder in (config_dir, workspace, home):
-        folder.mkdir(parents=True, exist_ok=True)
-    config = nanobot_config(workspace, api_base, context_window=context_window, max_tokens=max_tokens,
-                            idle_minutes=idle_minutes, mcp_command=mcp_command, mcp_env=mcp_env)
-    config_path = config_dir / "config.json"
-    config_path.write_text(json.dumps(config, indent=2))
-    env = {"HOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NO_COLOR": "1", "LANG": "C.UTF-8"}
-    if litellm_tiktoken_dir():
-        env["TIKTOKEN_CACHE_DIR"] = litellm_tiktoken_dir()
-    return NanobotSetup(workdir, config_path, workspace, Path(nanobot_python), env)
+def markers_in(text: str) -> set[str]:
+    """The MSG markers a history entry covers: listed in raw transcripts, or as a range in a checkpoint."""
+    found = {match.group(0) for match in MARKER.finditer(text)}
+    for first, last in RANGE.findall(text):
+        name, low = MARKER.match(first).groups()
+        high = int(MARKER.match(last).group(2))
+        found |= {f"MSG-{name}-{number}" for number in range(int(low), high + 1)}
+    return found
 
 
-class NanobotProcess:
-    """scripts/nanobot_runner.py under nanobot's python; every answer is awaited with a deadline."""
-
-    def __init__(self, setup: NanobotSetup):
-        self.log_path = setup.workdir / "nanobot-runner.log"
-        self._log = open(self.log_path, "a", encoding="utf-8")
-        self._process = subprocess.Popen(
-            [str(setup.nanobot_python), str(RUNNER), "--config", str(setup.config_path)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True, env=setup.env,
-            cwd=setup.workdir,
-        )
-        self._answers: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-        self.ready = self._wait(START_SECONDS)
-
-    def _read(self) -> None:
-        for line in self._process.stdout:
-            self._answers.put(json.loads(line))
-        self._answers.put({"ok": False, "error": f"runner exited ({self._process.wait()}), see {self.log_path}"})
-
-    def _wait(self, seconds: float) -> dict:
-        try:
-            return self._answers.get(timeout=seconds)
-        except queue.Empty:
-            return {"ok": False, "error": f"no answer within {seconds:.0f} s"}
-
-    def ask(self, command: dict, seconds: float = STEP_SECONDS) -> dict:
-        """Send one command and wait for its answer (at once an error if the runner is gone)."""
-        if self._process.poll() is not None:
-            return {"ok": False, "error": f"runner exited ({self._process.returncode}), see {self.log_path}"}
-        try:
-            self._process.stdin.write(json.dumps(command) + "\n")
-            self._process.stdin.flush()
-        except OSError as exc:
-            return {"ok": False, "error": f"runner unreachable: {exc}"}
-        return self._wait(seconds)
-
-    def close(self) -> None:
-        """Ask the runner to quit (it drains background archives), then make sure it is gone."""
-        try:
-            if self._process.poll() is None:
-                self.ask({"op": "quit"}, CLOSE_SECONDS)
-            self._process.wait(timeout=CLOSE_SECONDS)
-        except (subprocess.TimeoutExpired, BrokenPipeError, OSError):
-            self._process.kill()
-            self._process.wait()
-        self._log.close()
+def archived_markers(entries: list[dict]) -> tuple[set[str], set[str]]:
+    """(markers archived by nanobot, markers archived by nanobotd), from history.jsonl."""
+    by_agent, by_daemon = set(), set()
+    for entry in entries:
+        (by_daemon if "nanobotd_span" in entry else by_agent).update(markers_in(entry.get("content", "")))
+    return by_agent, by_daemon
 
 
-def session_files(setup: NanobotSetup) -> dict:
-    """Session key -> its file in <config dir>/sessions/<workspace-id>/, for the day's sessions that exist."""
-    marker = setup.workspace / ".nanobot" / "workspace-id"
-    if not marker.is_file():
-        return {}
-    folder = setup.config_path.parent / "sessions" / marker.read_text().strip()
-    paths = {key: folder / (base64.urlsafe_b64encode(key.encode()).decode().rstrip("=") + ".jsonl") for key in SESSIONS}
-    return {key: path for key, path in paths.items() if path.is_file()}
-
-
-def read_session(path: Path) -> dict:
-    """last_archived, messages, hidden checkpoints and unarchived conversation messages of one session file."""
-    metadata, messages = {}, []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        record = json.loads(line)
-        if record.get("_type") == "metadata":
-            metadata = record
-        elif "role" in record:
-            messages.append(record)
-    archived = metadata.get("last_archived", metadata.get("last_consolidated", 0))
-    tail = messages[archived:]
-    return {"last_archived": archived, "messages": len(messages),
-            "hidden": sum(bool(m.get("_hidden_history")) for m in messages),
-            "unarchived": sum(not m.get("_hidden_history") and not m.get("_command") for m in tail)}
-
-
-def history_entries(setup: NanobotSetup) -> list:
-    """nanobot's memory/history.jsonl records."""
-    path = setup.workspace / "memory" / "history.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-def observe(setup: NanobotSetup, name: str, session: str, answer: dict, started: float) -> Step:
-    """A Step from the runner's answer and the files as they are now."""
-    sessions = {key: read_session(path) for key, path in session_files(setup).items()}
-    detail = answer.get("error", "") if not answer.get("ok") else ""
-    return Step(name, session, bool(answer.get("ok")), round(time.monotonic() - started, 2), sessions,
-                len(history_entries(setup)), detail)
-
-
-def user_message(session: str, index: int) -> str:
-    """A long-ish user message (about 260 cl100k tokens) with a unique marker."""
-    marker = f"MSG-{session.split(':')[1]}-{index}"
-    return f"{marker}: please keep this in mind. " + filler(220, seed=index * 13 + len(session))
-
-
-class Day:
-    """One scripted day: each method is a step that records what the files looked like after it."""
-
-    def __init__(self, setup: NanobotSetup, runner: NanobotProcess, on_step: Callable[[Step], None] | None):
-        self.setup, self.runner, self.on_step = setup, runner, on_step
-        self.report = DayReport()
-
-    def record(self, name: str, session: str, answer: dict, started: float) -> Step:
-        step = observe(self.setup, name, session, answer, started)
-        self.report.steps.append(step)
-        if self.on_step is not None:
-            self.on_step(step)
-        return step
-
-    def turn(self, session: str, message: str, name: str = "turn") -> Step:
-        started = time.monotonic()
-        answer = self.runner.ask({"op": "turn", "session": session, "message": message})
-        return self.record(name, session, answer, started)
-
-    def new(self, session: str) -> Step:
-        """/new, then wait (bounded) for its background archive to reach history.jsonl."""
-        started, before = time.monotonic(), len(history_entries(self.setup))
-        answer = self.runner.ask({"op": "turn", "session": session, "message": "/new"})
-        deadline = time.monotonic() + 30
-        while len(history_entries(self.setup)) <= before and time.monotonic() < deadline:
-            time.sleep(0.5)
-        return self.record("/new", session, answer, started)
-
-    def idle(self, minutes: int) -> Step:
-        """Stay idle past idleCompactAfterMinutes, in slices, until no session has unarchived messages."""
-        started = time.monotonic()
-        deadline = started + minutes * 60 + 45
-        answer: dict = {"ok": True}
-        while time.monotonic() < deadline and answer.get("ok"):
-            answer = self.runner.ask({"op": "sleep", "seconds": 5})
-            files = session_files(self.setup).values()
-            if all(read_session(path)["unarchived"] == 0 for path in files):
-                break
-        return self.record(f"idle {minutes} min", "*", answer, started)
-
-
-def run_day(setup: NanobotSetup, model: ScriptedModel, *, turns_per_session: int = 14, idle_minutes: int = 1,
-            search: bool = False, on_step: Callable[[Step], None] | None = None) -> DayReport:
-    """Run the day's steps against a started fake LLM and return what nanobot did."""
-    runner = NanobotProcess(setup)
-    if not runner.ready.get("ok"):
-        runner.close()
-        raise RuntimeError(f"nanobot did not start: {runner.ready.get('error')}")
-    day = Day(setup, runner, on_step)
-    try:
-        for index in range(1, turns_per_session + 1):
-            for session in SESSIONS:
-                day.turn(session, user_message(session, index))
-        if search:
-            day.turn(SESSIONS[0], f"{SEARCH_TAG} What did we decide about the backups? MSG-alpha-search", "search")
-        day.new(SESSIONS[1])
-        day.turn(SESSIONS[1], user_message(SESSIONS[1], turns_per_session + 1))
-        if idle_minutes > 0:
-            day.idle(idle_minutes)
-    finally:
-        runner.close()
-    return finish_report(day.report, setup, model)
-
-
-def finish_report(report: DayReport, setup: NanobotSetup, model: ScriptedModel) -> DayReport:
-    report.history = history_entries(setup)
-    report.session_sha256 = {key: hashlib.sha256(path.read_bytes()).hexdigest()
-                             for key, path in session_files(setup).items()}
-    report.consolidation_requests = model.checkpoints
-    if model.tool_results:
-        report.search_result = model.tool_results[-1]
-        if model.search_expect is not None:
-            report.search_result_has_expected = model.search_expect in report.search_result
-    return report
-
-
-def print_report(report: DayReport) -> None:
-    """The day as text: one line per step, then history and final file hashes."""
-    turns = [step for step in report.steps if step.name in ("turn", "search")]
-    print(f"turns run: {len(turns)} ({sum(step.ok for step in turns)} ok)")
-    print(f"{'step':<15} {'session':<10} ok {'secs':>6} history  "
-          + "  ".join(f"{key}: last_archived/messages/hidden/unarchived" for key in SESSIONS))
-    empty = {"last_archived": 0, "messages": 0, "hidden": 0, "unarchived": 0}
-    for step in report.steps:
-        states = [step.sessions.get(key, empty) for key in SESSIONS]
-        marks = "  ".join(f"{s['last_archived']:>4} /{s['messages']:>4} /{s['hidden']:>3} /{s['unarchived']:>3}"
-                          .ljust(45) for s in states)
-        print(f"{step.name:<15} {step.session:<10} {'y ' if step.ok else 'n '} {step.seconds:>6} "
-              f"{step.history_entries:>7}  {marks}{step.detail}")
-    raw = sum(entry.get("content", "").startswith("[RAW]") for entry in report.history)
-    print(f"history entries: {len(report.history)} ({raw} [RAW]); checkpoint requests: {report.consolidation_requests}")
-    for entry in report.history:
-        first_line = (entry.get("content") or "").split("\n")[0][:80]
-        print(f"  cursor {entry.get('cursor')} {entry.get('timestamp')} {entry.get('session_key')}: {first_line}")
-    if report.search_result is not None:
-        verdict = {True: "contains", False: "lacks", None: "unchecked"}[report.search_result_has_expected]
-        print(f"memory_search result nanobot sent back ({verdict} the expected text): {report.search_result[:160]!r}")
-    for key, digest in report.session_sha256.items():
-        print(f"sha256 {key}: {digest}")
+def flush_timing(daemon: Nanobotd, timeline: Timeline) -> tuple[list, int]:
+    """Each written flush and whether it finished before nanobot's next compaction of that session."""
+    flushes = [run for run in daemon.json("runs", "--kind", "flush", "--limit", "200")["runs"]
+               if run["state"] == "finished"]
+    rows, before = [], 0
+    for run in flushes:
+        full = daemon.json("run", run["run_id"])["run"]
+        finished = full.get("finished_at_epoch") or time.mktime(time.strptime(run["finished_at"], "%Y-%m-%dT%H:%M:%S"))
+        started = time.mktime(time.strptime(run["started_at"], "%Y-%m-%dT%H:%M:%S"))
+        later = [moment for moment, key, _ in timeline.compactions if key == run["session_key"] and moment >= started]
+        landed = bool(later) and finished <= min(later) + 1.0  # the ledger keeps whole seconds
+        before += landed and run["outcome"] == "written"
+        rows.append((run["run_id"], run["session_key"], run["outcome"], landed))
+    return rows, before
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nanobot-python", required=True, type=Path, help="printed by scripts/install-nanobot.sh")
-    parser.add_argument("--workdir", required=True, type=Path, help="nanobot config dir, workspace and HOME go here")
-    parser.add_argument("--mcp-command", nargs="+", help="MCP server nanobot loads as 'nanobotd' (last option)")
-    parser.add_argument("--search-query", default="kestrel backups")
-    parser.add_argument("--search-expect", help="text the memory_search result nanobot sends back must contain")
+    parser.add_argument("--workdir", required=True, type=Path, help="nanobot and nanobotd keep everything here")
+    parser.add_argument("--nanobot-python", type=Path, help="default: what scripts/install-nanobot.sh prints")
     parser.add_argument("--turns", type=int, default=14, help="turns per session before /new")
     parser.add_argument("--context-window", type=int, default=12000)
-    parser.add_argument("--max-tokens", type=int, default=1024)
-    parser.add_argument("--idle-minutes", type=int, default=1, help="idleCompactAfterMinutes; 0 skips idling")
+    parser.add_argument("--idle-minutes", type=int, default=1, help="nanobot's idleCompactAfterMinutes")
     args = parser.parse_args(argv)
+    nanobot_python = args.nanobot_python or Path(subprocess.run(
+        ["bash", str(REPO_ROOT / "scripts" / "install-nanobot.sh")], check=True, capture_output=True,
+        text=True).stdout.strip())
     if litellm_tiktoken_dir() is None:
-        print("litellm's tiktoken files not found: offline nanobot counts UTF-8 bytes, raise --context-window",
-              file=sys.stderr)
-    model = ScriptedModel(args.search_query, args.search_expect)
+        print("litellm's tiktoken files not found: nanobot would count UTF-8 bytes", file=sys.stderr)
+    workdir = args.workdir.resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    model = DayModel("kestrel backups", KNOWN_FACT)
+    timeline = Timeline()
     with FakeLLM(default=model) as fake:
-        setup = setup_nanobot(args.nanobot_python, args.workdir, fake.base_url, context_window=args.context_window,
-                              max_tokens=args.max_tokens, idle_minutes=args.idle_minutes,
-                              mcp_command=args.mcp_command)
-        report = run_day(setup, model, turns_per_session=args.turns, idle_minutes=args.idle_minutes,
-                         search=bool(args.mcp_command))
-    print_report(report)
-    failed = [step for step in report.steps if not step.ok]
-    return 1 if failed or report.search_result_has_expected is False else 0
+        nanobotctl = Path(sys.executable).with_name("nanobotctl")
+        socket = workdir / "nanobotd-run" / "nanobotd.sock"
+        setup = setup_nanobot(nanobot_python, workdir, fake.base_url, context_window=args.context_window,
+                              idle_minutes=args.idle_minutes, mcp_command=[str(nanobotctl), "mcp", "--socket",
+                                                                            str(socket)])
+        timeline.setup = setup
+        daemon = Nanobotd(workdir, setup.workspace, workdir / "home", fake).start()
+        try:
+            report = run_day(setup, model, turns_per_session=args.turns, idle_minutes=args.idle_minutes,
+                             search=True, on_step=timeline.on_step)
+            daemon.settle()
+            figures = collect(daemon, setup, timeline, report)
+        finally:
+            code = daemon.stop()
+    figures["nanobotd exit code"] = code
+    print_figures(report, figures)
+    return 0 if figures["archived twice"] == 0 and all(step.ok for step in report.steps) else 1
+
+
+def collect(daemon: Nanobotd, setup, timeline: Timeline, report) -> dict:
+    """Every figure the day is judged by, read from the files and through nanobotctl."""
+    by_agent, by_daemon = archived_markers(history_entries(setup))
+    status = daemon.json("status")["workspaces"][0]
+    flushes, before = flush_timing(daemon, timeline)
+    final = {key: sha256(path) for key, path in session_files(setup).items()}
+    return {
+        "consolidation mode": status.get("consolidation_mode"),
+        "user messages archived by nanobot": len(by_agent),
+        "user messages archived by nanobotd": len(by_daemon),
+        "archived twice": len(by_agent & by_daemon) + status.get("archived_twice", 0),
+        "nanobotd archived_twice metric": status.get("archived_twice"),
+        "nanobot compactions": len(timeline.compactions),
+        "flushes written": sum(row[2] == "written" for row in flushes),
+        "flushes landed before nanobot's compaction of those turns": before,
+        "flush runs": flushes,
+        "session files untouched": all(final.get(key) == digest for key, digest in timeline.last_sha256.items()),
+        "session sha256 after nanobot's last write": timeline.last_sha256,
+        "session sha256 at the end": final,
+    }
+
+
+def print_figures(report, figures: dict) -> None:
+    turns = [step for step in report.steps if step.name in ("turn", "search")]
+    print(f"nanobot turns: {len(turns)} ({sum(step.ok for step in turns)} ok); history entries: {len(report.history)}")
+    for name, value in figures.items():
+        if name == "flush runs":
+            for run_id, key, outcome, landed in value:
+                print(f"  flush {run_id} {key}: {outcome}, {'before' if landed else 'NOT before'} nanobot's compaction")
+            continue
+        print(f"{name}: {value}")
+    print(f"memory_search result nanobot sent back to the model: {report.search_result!r}"[:400])
+    print(f"it holds the known fact ({KNOWN_FACT!r}): {report.search_result_has_expected}")
 
 
 if __name__ == "__main__":
