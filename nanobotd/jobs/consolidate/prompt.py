@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 NOTHING = "(nothing)"
-MARKS = ("permanent", "durable", "ephemeral", "correction")
 FACT_LINE = re.compile(r"^\s*[-*]\s*\[(permanent|durable|ephemeral|correction|skip)\]\s*(.+?)\s*$", re.IGNORECASE)
 
 ARCHIVE_SYSTEM_PROMPT = """You archive an assistant's conversation into long-term memory.
