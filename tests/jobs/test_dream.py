@@ -20,7 +20,6 @@ from nanobotd.jobs.dream.run import (
     dream_log,
     dream_workspace,
     recover_dream_run,
-    recover_dream_run_sync,
     restore_dream_commit,
     restore_dream_run,
 )
@@ -355,7 +354,7 @@ def test_a_crash_after_writing_is_rolled_back_and_the_next_dream_takes_the_same_
     assert tree(workspace) != before
     run = store.list_runs(kind="dream")[0]
     assert (run.state, run.manifest["stage"]) == ("started", "applying")
-    assert asyncio.run(recover_dream_run(run, store=store, git=git)) == "rolled_back"
+    assert recover_dream_run(run, store=store, git=git) == "rolled_back"
     assert tree(workspace) == before and store.get_run(run.run_id).state == "rolled_back"
     assert git_cli(workspace, "log", "--format=%s").splitlines()[-1] == "init: nanobot memory store"
     assert "dream: update" not in git_cli(workspace, "log", "--format=%s")
@@ -376,7 +375,7 @@ def test_a_crash_after_the_commit_is_recovered_as_finished(workspace, store, git
     assert run.manifest["stage"] == "applying"
     restarted = GitStore(workspace)
     try:
-        assert recover_dream_run_sync(run, store=store, git=restarted) == "finished"
+        assert recover_dream_run(run, store=store, git=restarted) == "finished"
     finally:
         restarted.close()
     assert read_dream_cursor(workspace / "memory") == 5 and store.get_run(run.run_id).outcome == "written"
@@ -414,7 +413,7 @@ def test_a_real_sigkill_while_applying_is_rolled_back(workspace, store, git, tmp
                              env=env, capture_output=True, text=True, timeout=30)
     assert process.returncode == -9, process.stderr
     assert "- Likes rum" in (workspace / "USER.md").read_text()
-    assert asyncio.run(recover_dream_run(store.get_run(run_id), store=store, git=git)) == "rolled_back"
+    assert recover_dream_run(store.get_run(run_id), store=store, git=git) == "rolled_back"
     assert tree(workspace) == before
 
 
@@ -485,5 +484,5 @@ def test_history_is_compacted_after_a_dream_and_restore_puts_the_entries_back(wo
 def test_an_interrupted_run_that_wrote_nothing_is_closed_as_failed(workspace, store, git):
     run_id = store.create_run("dream", "ws", manifest={"stage": "editing"})
     before = tree(workspace)
-    assert asyncio.run(recover_dream_run(store.get_run(run_id), store=store, git=git)) == "failed"
+    assert recover_dream_run(store.get_run(run_id), store=store, git=git) == "failed"
     assert tree(workspace) == before and store.get_run(run_id).outcome == "interrupted"

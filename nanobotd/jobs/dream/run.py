@@ -357,13 +357,11 @@ def compact_history(memory_dir: Path, run_dir: Path, max_entries: int, manifest:
     manifest["history_compacted"]["removed"] = len(removed)
 
 
-async def recover_dream_run(run: RunRecord, *, store: StateStore, git: GitStore) -> str:
-    """Close a dream run left "started" by a crash: finish it if committed, else roll it back."""
-    return await git.call(recover_dream_run_sync, run, store=store, git=git)
+def recover_dream_run(run: RunRecord, *, store: StateStore, git: GitStore) -> str:
+    """Close a dream run left "started" by a crash: finish it if committed, else roll it back.
 
-
-def recover_dream_run_sync(run: RunRecord, *, store: StateStore, git: GitStore) -> str:
-    """`recover_dream_run` on the calling thread (at start-up, before any other git work)."""
+    Runs on the calling thread: recovery happens at start-up, before any other git work.
+    """
     if not git.opened:
         # Whether the run's commit exists decides between finishing and rolling back.
         git.open()
