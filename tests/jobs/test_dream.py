@@ -14,15 +14,9 @@ import pytest
 
 from nanobotd.gitstore.store import GitStore
 from nanobotd.memory.history import read_dream_cursor, read_history
-from nanobotd.jobs.dream.run import (
-    DreamResult,
-    RestoreRefused,
-    dream_log,
-    dream_workspace,
-    recover_dream_run,
-    restore_dream_commit,
-    restore_dream_run,
-)
+from nanobotd.jobs.common import RestoreRefused
+from nanobotd.jobs.dream.restore import dream_log, restore_dream_commit, restore_dream_run
+from nanobotd.jobs.dream.run import DreamResult, dream_workspace, recover_dream_run
 from nanobotd.llm.client import LLMClient, LLMSettings
 from nanobotd.config.schema import DreamSettings, LifecycleSettings, WorkspaceSettings
 from nanobotd.state.store import StateStore

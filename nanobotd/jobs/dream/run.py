@@ -3,7 +3,7 @@
 Phase 2 edits staged copies; only a normally completed tool loop reaches the disk, in one journalled step
 on the git thread: back up, write, advance `.dream_cursor`, commit `dream: ...` with the run trailer. A run
 cut short at any instant is rolled back at the next start (`recover_dream_run`), so the same batch is
-dreamt again. Restore and dream-log are implemented in `dream_restore.py` and exported from here.
+dreamt again. Restore and dream-log live in `restore.py`, which also holds the backup helpers used here.
 """
 
 from __future__ import annotations
@@ -29,26 +29,13 @@ from nanobotd.memory.history import (
     rewrite_history,
 )
 from nanobotd.jobs.dream import prompts
-from nanobotd.jobs.dream.restore import (
-    BACKUP_DIR,
-    RestoreRefused,
-    digest,
-    dream_log,
-    line_counts,
-    restore_dream_commit,
-    restore_dream_run,
-    roll_back,
-    save_backup,
-)
+from nanobotd.jobs.dream.restore import BACKUP_DIR, digest, line_counts, roll_back, save_backup
 from nanobotd.jobs.dream.tools import ALLOWED_FILES, TOOL_SCHEMAS, StagedFiles, ToolRefused
 from nanobotd.llm.client import LLMClient, LLMError, LLMReply, UsageMeter
 from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.state.store import RunRecord, StateStore
 
-__all__ = [
-    "DreamError", "DreamResult", "DreamRun", "RestoreRefused", "dream_log", "dream_workspace",
-    "recover_dream_run", "restore_dream_commit", "restore_dream_run",
-]
+__all__ = ["DreamError", "DreamResult", "DreamRun", "dream_workspace", "recover_dream_run"]
 
 KIND = "dream"
 FINDING = re.compile(r"^\[(USER|SOUL|MEMORY)\]\s*(\S.*)$")
