@@ -7,7 +7,6 @@ executes it step by step, journaling before each step so a crash can be finished
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from datetime import datetime
@@ -22,6 +21,9 @@ from nanobotd.memory.dailynote import ARCHIVE_DIR_NAME, scan_notes
 from nanobotd.jobs.common import (
     EXPIRED,
     RestoreRefused,
+    compact_history,
+    compacted_entries_missing,
+    compaction_candidates,
     describe_step,
     folder_size,
     refuse_if_expired,
@@ -35,7 +37,6 @@ from nanobotd.memory.transcript import PendingMessage, raw_entries
 
 LIFECYCLE_KIND = "lifecycle"
 SECONDS_PER_DAY = 86400
-HISTORY_BACKUP_NAME = "history-removed.jsonl"
 NOTES_BACKUP_DIR = "notes"
 RUN_LIST_LIMIT = 1_000_000
 SUMMARY_INPUT_RATIO = 0.4
@@ -97,13 +98,7 @@ def plan_lifecycle(ws: WorkspaceSettings, *, store: StateStore, now: datetime,
 
 
 def _plan_compaction(memory_dir: Path, max_entries: int) -> list[dict]:
-    entries = history.read_history(memory_dir).entries
-    excess = len(entries) - max_entries
-    if excess <= 0:
-        return []
-    dream_cursor = history.read_dream_cursor(memory_dir)
-    # Entries the dream has not read yet stay, even when that leaves more than max_entries.
-    cursors = [entry.cursor for entry in entries[:excess] if entry.cursor <= dream_cursor]
+    cursors = compaction_candidates(memory_dir, max_entries)
     if not cursors:
         return []
     return [{"action": "compact_history", "count": len(cursors), "first": cursors[0], "last": cursors[-1],
@@ -362,16 +357,12 @@ class _StepExecutor:
 
     def compact_history(self, step: dict) -> None:
         """Remove the planned, already dreamt entries, saving them in the run folder first."""
-        planned = set(step["cursors"])
-        # Re-read: the dream cursor can only have moved on, but never remove what it has not read.
-        dream_cursor = history.read_dream_cursor(self.memory_dir)
-        removable = {cursor for cursor in planned if cursor <= dream_cursor}
-        entries = [entry for entry in history.read_history(self.memory_dir).entries if entry.cursor in removable]
-        backup = self.store.run_dir(self.run_id) / HISTORY_BACKUP_NAME
-        fsio.atomic_write(backup, "".join(history_line(entry) for entry in entries), mode=0o600)
-        self.manifest["history_removed"] = {"backup": str(backup), "cursors": sorted(removable)}
-        self.store.journal(self.run_id, self.manifest)
-        history.rewrite_history(self.memory_dir, lambda entry: entry.cursor not in removable)
+
+        def journal_removal(removal: dict) -> None:
+            self.manifest["history_removed"] = removal
+            self.store.journal(self.run_id, self.manifest)
+
+        compact_history(self.memory_dir, self.store.run_dir(self.run_id), step["cursors"], journal_removal)
 
     def prune_backups(self, step: dict) -> None:
         """Delete an old run's backup folder, marking that run expired first."""
@@ -381,11 +372,6 @@ class _StepExecutor:
         if target is not None:
             self.store.journal(target.run_id, {**target.manifest, EXPIRED: True, "expired_by": self.run_id})
         shutil.rmtree(step["path"], ignore_errors=True)
-
-
-def history_line(entry: history.HistoryEntry) -> str:
-    """One entry as a history.jsonl line."""
-    return json.dumps(entry.to_record(), ensure_ascii=False) + "\n"
 
 
 # -- restore -------------------------------------------------------------------------------------------
@@ -454,11 +440,9 @@ class _Undo:
 
     def undo_compact_history(self, step: dict) -> None:
         """Put the compacted entries back in cursor order."""
-        removed = self.manifest.get("history_removed")
-        if not removed:
+        entries = compacted_entries_missing(self.memory_dir, self.manifest.get("history_removed"))
+        if not entries:
             return
-        entries = [entry for entry in (history.parse_entry(line) for line in
-                                       Path(removed["backup"]).read_bytes().splitlines() if line.strip()) if entry]
         self.plan.append(f"put {len(entries)} compacted entries back into memory/history.jsonl")
         self.files.append(str(history.history_path(self.memory_dir)))
         self.actions.append(lambda: history.insert_entries(self.memory_dir, entries))
