@@ -11,13 +11,10 @@ from pathlib import Path
 import pytest
 
 from nanobotd.memory import history
-from nanobotd.jobs.lifecycle.run import (
-    RestoreRefused,
-    describe_step,
-    restore_lifecycle_run,
-    run_lifecycle,
-    summary_entries,
-)
+from nanobotd.jobs.common import RestoreRefused, describe_step
+from nanobotd.jobs.lifecycle.run import run_lifecycle
+from nanobotd.jobs.lifecycle.summary import summary_entries
+from nanobotd.jobs.lifecycle.undo import restore_lifecycle_run
 from nanobotd.llm.client import LLMClient, LLMSettings
 from nanobotd.config.schema import LifecycleSettings, WorkspaceSettings
 from nanobotd.state.store import StateStore
