@@ -1,24 +1,29 @@
-"""What every job shares: the environment a job runs in, the restore refusal, run backups.
+"""What every job shares: the environment a job runs in, the restore refusal, run backups, and the
+compaction of history.jsonl (both the dream and the lifecycle compact it).
 
 Jobs import this module and never each other; the daemon hands each job a `JobEnv`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
+from nanobotd import fsio
 from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.gitstore.store import GitStore
 from nanobotd.llm.client import LLMClient
+from nanobotd.memory import history
 from nanobotd.sessions.tracker import SessionTracker
 from nanobotd.state.store import RUNS_DIR, RunRecord, StateStore
 
 EXPIRED = "expired"
+HISTORY_BACKUP_NAME = "history-removed.jsonl"  # in the run folder: the entries a compaction removed
 
 
 @dataclass
@@ -77,6 +82,53 @@ def folder_size(folder: Path) -> int:
             except FileNotFoundError:
                 continue
     return total
+
+
+def compaction_candidates(memory_dir: Path, max_entries: int) -> list[int]:
+    """Cursors of the oldest entries beyond *max_entries* that the dream has read.
+
+    An entry the dream has not read stays, even when that leaves more than *max_entries*.
+    """
+    entries = sorted(history.read_history(memory_dir).entries, key=lambda entry: entry.cursor)
+    excess = max(len(entries) - max(max_entries, 0), 0)
+    dream_cursor = history.read_dream_cursor(memory_dir)
+    return [entry.cursor for entry in entries[:excess] if entry.cursor <= dream_cursor]
+
+
+def compact_history(memory_dir: Path, run_dir: Path, cursors: Iterable[int],
+                    journal: Callable[[dict], None]) -> dict | None:
+    """Remove the entries at *cursors* that the dream has read, saved in *run_dir* and journalled first.
+
+    *journal* receives the record ({"removed", "backup", "cursors"}) before history.jsonl changes, so a run
+    cut short can still put the entries back; returns that record, or None when nothing was removed.
+    """
+    # Re-read: the dream cursor can only have moved on since planning, and never remove what it has not read.
+    dream_cursor = history.read_dream_cursor(memory_dir)
+    wanted = {cursor for cursor in cursors if cursor <= dream_cursor}
+    entries = sorted((entry for entry in history.read_history(memory_dir).entries if entry.cursor in wanted),
+                     key=lambda entry: entry.cursor)
+    if not entries:
+        return None
+    backup = run_dir / HISTORY_BACKUP_NAME
+    lines = "".join(json.dumps(entry.to_record(), ensure_ascii=False) + "\n" for entry in entries)
+    fsio.atomic_write(backup, lines, mode=0o600)
+    removal = {"removed": len(entries), "backup": str(backup), "cursors": [entry.cursor for entry in entries]}
+    journal(removal)
+    doomed = {entry.cursor for entry in entries}
+    removal["removed"] = len(history.rewrite_history(memory_dir, keep=lambda entry: entry.cursor not in doomed))
+    return removal
+
+
+def compacted_entries_missing(memory_dir: Path, removal: dict | None) -> list[history.HistoryEntry]:
+    """The entries a compaction saved (its *removal* record) that history.jsonl lacks: what its undo puts back."""
+    backup = (removal or {}).get("backup")
+    if not backup:
+        return []
+    saved = (history.parse_entry(line) for _, line in history.iter_lines(Path(backup)))
+    present = {entry.cursor for entry in history.read_history(memory_dir).entries}
+    return sorted((entry for entry in saved if entry is not None and entry.cursor not in present),
+                  key=lambda entry: entry.cursor)
+
 
 def describe_step(step: dict) -> str:
     """One lifecycle plan step as a line for people (the lifecycle dry run and the audit both show plans)."""

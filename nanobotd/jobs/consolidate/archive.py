@@ -170,43 +170,50 @@ async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, rea
     chunks = plan_chunks(ctx, items)
     outcomes = []
     for number, chunk in enumerate(chunks[:rounds] if reason == "budget" else chunks):
-        outcome, contents = await summarize_chunk(ctx, chunk, session_key, usage)
-        record = {
-            "seq": [chunk.items[0][0], chunk.items[-1][0]], "count": len(chunk.items),
-            "first_digest": chunk.items[0][1].digest, "last_digest": chunk.items[-1][1].digest,
-            "tokens": chunk.tokens, "outcome": outcome, "oversized": chunk.oversized,
-            "backup": str(_backup_chunk(ctx, run_id, number, chunk)), "done": False,
-        }
-        manifest["chunks"].append(record)
-        manifest["tokens"] = usage.to_json()
-        ctx.store.journal(run_id, manifest)
-        hashes = [content_hash(content) for content in contents]
-
-        def journal_cursors(cursors: list[int]) -> None:
-            record["cursors"] = cursors
-            record["hashes"] = hashes
-            ctx.store.journal(run_id, manifest)
-
-        span = {"run": run_id, "first": chunk.items[0][1].digest, "last": chunk.items[-1][1].digest,
-                "count": len(chunk.items)}
-        written = history.append_entries(ctx.memory_dir, [(c, session_key) for c in contents], ctx.now(),
-                                         before_write=journal_cursors, span=span)
-        ctx.tracker.mark_archived(session_key, [m.digest for m in chunk.messages], run_id)
-        record["cursors"] = [entry.cursor for entry in written]
-        record["done"] = True
-        manifest["cursors"].extend(record["cursors"])
-        ctx.store.journal(run_id, manifest)
-        outcomes.append(outcome)
-        row = {"summarized": "written", "nothing": "no_change"}.get(outcome, outcome)
-        ctx.store.record_outcome("consolidate", ctx.settings.name, row, run_id=run_id,
-                                 tokens=usage.prompt_tokens + usage.completion_tokens,
-                                 latency_ms=usage.latencies_ms[-1] if usage.latencies_ms else None)
+        outcomes.append(await archive_chunk(ctx, session_key, run_id, number, chunk, manifest, usage))
     ctx.tracker.set_cycle(session_key, next_cycle=True)
     overall = ("raw_fallback" if "raw_fallback" in outcomes else "summarized" if "summarized" in outcomes
                else "nothing")
     manifest["tokens"] = usage.to_json()
     ctx.store.finish_run(run_id, state="finished", outcome=overall, manifest=manifest)
     return manifest
+
+
+async def archive_chunk(ctx: JobEnv, session_key: str, run_id: str, number: int, chunk: Chunk, manifest: dict,
+                        usage: UsageMeter) -> str:
+    """Summarise one chunk and append its entries, journalling the chunk's backup and cursors before the append,
+    so recovery can finish or roll back a chunk a crash cut short; returns the chunk's outcome."""
+    outcome, contents = await summarize_chunk(ctx, chunk, session_key, usage)
+    record = {
+        "seq": [chunk.items[0][0], chunk.items[-1][0]], "count": len(chunk.items),
+        "first_digest": chunk.items[0][1].digest, "last_digest": chunk.items[-1][1].digest,
+        "tokens": chunk.tokens, "outcome": outcome, "oversized": chunk.oversized,
+        "backup": str(_backup_chunk(ctx, run_id, number, chunk)), "done": False,
+    }
+    manifest["chunks"].append(record)
+    manifest["tokens"] = usage.to_json()
+    ctx.store.journal(run_id, manifest)
+    hashes = [content_hash(content) for content in contents]
+
+    def journal_cursors(cursors: list[int]) -> None:
+        record["cursors"] = cursors
+        record["hashes"] = hashes
+        ctx.store.journal(run_id, manifest)
+
+    span = {"run": run_id, "first": chunk.items[0][1].digest, "last": chunk.items[-1][1].digest,
+            "count": len(chunk.items)}
+    written = history.append_entries(ctx.memory_dir, [(c, session_key) for c in contents], ctx.now(),
+                                     before_write=journal_cursors, span=span)
+    ctx.tracker.mark_archived(session_key, [m.digest for m in chunk.messages], run_id)
+    record["cursors"] = [entry.cursor for entry in written]
+    record["done"] = True
+    manifest["cursors"].extend(record["cursors"])
+    ctx.store.journal(run_id, manifest)
+    row = {"summarized": "written", "nothing": "no_change"}.get(outcome, outcome)
+    ctx.store.record_outcome("consolidate", ctx.settings.name, row, run_id=run_id,
+                             tokens=usage.prompt_tokens + usage.completion_tokens,
+                             latency_ms=usage.latencies_ms[-1] if usage.latencies_ms else None)
+    return outcome
 
 
 def read_chunk_backup(path: Path) -> list[tuple[str, dict, int]]:

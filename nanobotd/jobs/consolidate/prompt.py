@@ -7,7 +7,6 @@ import re
 from nanobotd.memory.history import THINK_BLOCK
 
 NOTHING = "(nothing)"
-MARKS = ("permanent", "durable", "ephemeral", "correction")
 FACT_LINE = re.compile(r"^\s*[-*]\s*\[(permanent|durable|ephemeral|correction|skip)\]\s*(.+?)\s*$", re.IGNORECASE)
 
 ARCHIVE_SYSTEM_PROMPT = """You archive an assistant's conversation into long-term memory.

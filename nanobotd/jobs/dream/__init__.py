@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nanobotd.jobs.common import JobEnv
 from nanobotd.jobs.dream.restore import restore_dream_commit, restore_dream_run
-from nanobotd.jobs.dream.run import KIND, dream_workspace, recover_dream_run_sync
+from nanobotd.jobs.dream.run import KIND, dream_workspace, recover_dream_run
 from nanobotd.state.store import RunRecord
 
 __all__ = ["KIND", "recover", "reapply", "restore", "restore_commit", "run"]
@@ -19,7 +19,7 @@ async def run(env: JobEnv, run_id: str) -> dict:
 
 def recover(env: JobEnv, run: RunRecord) -> str:
     """Finish a dream whose commit exists, else roll its file writes back (start-up, before other git work)."""
-    return recover_dream_run_sync(run, store=env.store, git=env.git)
+    return recover_dream_run(run, store=env.store, git=env.git)
 
 
 async def restore(env: JobEnv, run: RunRecord, *, restore_run_id: str | None, force: bool, dry_run: bool) -> dict:

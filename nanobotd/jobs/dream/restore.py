@@ -17,11 +17,11 @@ from typing import Any, Callable
 from loguru import logger
 
 from nanobotd import fsio
-from nanobotd.jobs.common import RestoreRefused
+from nanobotd.jobs.common import RestoreRefused, compacted_entries_missing
 from nanobotd.gitstore.commits import DREAM_PREFIX
 from nanobotd.gitstore.repo import GitConflict, GitStoreError
 from nanobotd.gitstore.store import CURSOR_FILE, SHORT_SHA, GitStore
-from nanobotd.memory.history import HistoryEntry, insert_entries, iter_lines, parse_entry, read_dream_cursor, read_history
+from nanobotd.memory.history import insert_entries, read_dream_cursor
 from nanobotd.state.store import RunRecord, StateStore
 
 RUN_ID_PATTERN = re.compile(r"^r-\d{8}-\d{6}-")
@@ -213,9 +213,7 @@ class Restorer:
 
     def restore_history(self, compacted: dict) -> None:
         """Put back the history entries the run's compaction removed (those still missing)."""
-        entries = load_removed_history(compacted.get("backup"))
-        present = {entry.cursor for entry in read_history(self.memory_dir).entries}
-        missing = [entry for entry in entries if entry.cursor not in present]
+        missing = compacted_entries_missing(self.memory_dir, compacted)
         if not missing:
             return
         self.plan.append(f"put back {len(missing)} history entries (cursors {missing[0].cursor}-{missing[-1].cursor})"
@@ -274,14 +272,6 @@ def roll_back(workspace: Path, manifest: dict) -> list[str]:
         if current is not None and current.decode("utf-8", "replace") == manifest.get("cursor_written"):
             write_or_delete(cursor_path, load_backup(manifest["cursor_backup"]))
     return left_alone
-
-
-def load_removed_history(backup: str | None) -> list[HistoryEntry]:
-    """The entries a run's compaction removed, from its run folder."""
-    if not backup:
-        return []
-    entries = [parse_entry(line) for _, line in iter_lines(Path(backup))]
-    return sorted((entry for entry in entries if entry is not None), key=lambda entry: entry.cursor)
 
 
 def save_backup(backup_dir: Path, path: str, data: bytes | None) -> str | None:

@@ -3,13 +3,12 @@
 Phase 2 edits staged copies; only a normally completed tool loop reaches the disk, in one journalled step
 on the git thread: back up, write, advance `.dream_cursor`, commit `dream: ...` with the run trailer. A run
 cut short at any instant is rolled back at the next start (`recover_dream_run`), so the same batch is
-dreamt again. Restore and dream-log are implemented in `dream_restore.py` and exported from here.
+dreamt again. Restore and dream-log live in `restore.py`, which also holds the backup helpers used here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -27,20 +26,10 @@ from nanobotd.memory.history import (
     HistoryEntry,
     read_dream_cursor,
     read_history,
-    rewrite_history,
 )
+from nanobotd.jobs.common import compact_history, compaction_candidates
 from nanobotd.jobs.dream import prompts
-from nanobotd.jobs.dream.restore import (
-    BACKUP_DIR,
-    RestoreRefused,
-    digest,
-    dream_log,
-    line_counts,
-    restore_dream_commit,
-    restore_dream_run,
-    roll_back,
-    save_backup,
-)
+from nanobotd.jobs.dream.restore import BACKUP_DIR, digest, line_counts, roll_back, save_backup
 from nanobotd.jobs.dream.tools import ALLOWED_FILES, TOOL_SCHEMAS, StagedFiles, ToolRefused
 from nanobotd.llm.client import LLMClient
 from nanobotd.llm.failures import LLMError
@@ -48,17 +37,13 @@ from nanobotd.llm.reply import LLMReply, UsageMeter
 from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.state.store import RunRecord, StateStore
 
-__all__ = [
-    "DreamError", "DreamResult", "DreamRun", "RestoreRefused", "dream_log", "dream_workspace",
-    "recover_dream_run", "restore_dream_commit", "restore_dream_run",
-]
+__all__ = ["DreamError", "DreamResult", "DreamRun", "dream_workspace", "recover_dream_run"]
 
 KIND = "dream"
 FINDING = re.compile(r"^\[(USER|SOUL|MEMORY)\]\s*(\S.*)$")
 SKIP_LINE = "[SKIP]"
 CHARS_PER_TOKEN = 4
 BATCH_CONTEXT_SHARE = 0.4
-REMOVED_HISTORY_NAME = "history-removed.jsonl"
 ITERATION_BOUND = "iteration bound"
 TOKEN_BUDGET = "token budget"
 
@@ -231,12 +216,21 @@ class DreamRun:
                 raise
             self.manifest.update(cursor_after=self.manifest["cursor_before"], commit=None, rolled_back=True)
             return self.finish("failed", "error", reason=f"apply failed: {exc}")
+        self.compact()
+        return self.finish("finished", "written" if contents else "no_change")
+
+    def compact(self) -> None:
+        """Compact history.jsonl once the dream is committed; a failure is logged, the dream still stands."""
+
+        def journal_removal(removal: dict) -> None:
+            self.manifest["history_compacted"] = removal
+            self.journal("compacting")
+
         try:
-            compact_history(self.memory_dir, self.store.run_dir(self.run_id), self.max_history_entries,
-                            self.manifest, lambda: self.journal("compacting"))
+            cursors = compaction_candidates(self.memory_dir, self.max_history_entries)
+            compact_history(self.memory_dir, self.store.run_dir(self.run_id), cursors, journal_removal)
         except (OSError, fsio.LockTimeout) as exc:
             logger.warning("history compaction after dream {} failed: {}", self.run_id, exc)
-        return self.finish("finished", "written" if contents else "no_change")
 
     def final_contents(self) -> dict[str, str]:
         """The edited texts; edits are replayed onto a file the agent changed during the run."""
@@ -341,32 +335,11 @@ def parse_analysis(text: str) -> tuple[list[str], bool]:
     return findings, skipped
 
 
-def compact_history(memory_dir: Path, run_dir: Path, max_entries: int, manifest: dict,
-                    journal: Callable[[], None]) -> None:
-    """Keep the newest *max_entries* entries, never one the dream has not read; save what goes."""
-    dream_cursor = read_dream_cursor(memory_dir)
-    entries = sorted(read_history(memory_dir).entries, key=lambda entry: entry.cursor)
-    excess = len(entries) - max(max_entries, 0)
-    doomed = [entry for entry in entries[:max(excess, 0)] if entry.cursor <= dream_cursor]
-    if not doomed:
-        return
-    backup = run_dir / REMOVED_HISTORY_NAME
-    fsio.atomic_write(backup, "".join(json.dumps(entry.to_record(), ensure_ascii=False) + "\n" for entry in doomed))
-    manifest["history_compacted"] = {"removed": len(doomed), "backup": str(backup),
-                                     "cursors": [doomed[0].cursor, doomed[-1].cursor]}
-    journal()
-    cursors = {entry.cursor for entry in doomed}
-    removed = rewrite_history(memory_dir, keep=lambda entry: entry.cursor not in cursors)
-    manifest["history_compacted"]["removed"] = len(removed)
+def recover_dream_run(run: RunRecord, *, store: StateStore, git: GitStore) -> str:
+    """Close a dream run left "started" by a crash: finish it if committed, else roll it back.
 
-
-async def recover_dream_run(run: RunRecord, *, store: StateStore, git: GitStore) -> str:
-    """Close a dream run left "started" by a crash: finish it if committed, else roll it back."""
-    return await git.call(recover_dream_run_sync, run, store=store, git=git)
-
-
-def recover_dream_run_sync(run: RunRecord, *, store: StateStore, git: GitStore) -> str:
-    """`recover_dream_run` on the calling thread (at start-up, before any other git work)."""
+    Runs on the calling thread: recovery happens at start-up, before any other git work.
+    """
     if not git.opened:
         # Whether the run's commit exists decides between finishing and rolling back.
         git.open()

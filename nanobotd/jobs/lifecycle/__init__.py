@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from nanobotd.jobs.common import JobEnv, describe_step
 from nanobotd.jobs.lifecycle.run import LIFECYCLE_KIND as KIND
-from nanobotd.jobs.lifecycle.run import restore_lifecycle_run, run_lifecycle
+from nanobotd.jobs.lifecycle.run import run_lifecycle
+from nanobotd.jobs.lifecycle.undo import restore_lifecycle_run
 from nanobotd.state.store import RunRecord
 
 __all__ = ["KIND", "describe_step", "plan", "recover", "restore", "run"]

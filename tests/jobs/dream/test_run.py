@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -13,118 +12,30 @@ from pathlib import Path
 import pytest
 
 from nanobotd.gitstore.store import GitStore
+from nanobotd.jobs.dream.run import recover_dream_run
 from nanobotd.memory.history import read_dream_cursor, read_history
-from nanobotd.jobs.dream.run import (
-    DreamResult,
-    RestoreRefused,
-    dream_log,
-    dream_workspace,
-    recover_dream_run,
-    recover_dream_run_sync,
-    restore_dream_commit,
-    restore_dream_run,
+from tests.jobs.dream.scenario import (
+    CONTENT_FILES,
+    EDIT_TWO_FILES,
+    FINDINGS,
+    MEMORY,
+    SOUL,
+    USER,
+    dream,
+    dream_two_files,
+    git_cli,
+    outcomes,
+    restore,
+    tree,
+    write_history,
 )
-from nanobotd.llm.client import LLMClient
-from nanobotd.config.schema import DreamSettings, LifecycleSettings, LLMSettings, WorkspaceSettings
-from nanobotd.state.store import StateStore
-from tests.support.fakellm import FakeLLM, Garbage, HttpError, Responder, Text, ToolCalls
+from tests.support.fakellm import Garbage, HttpError, Responder, Text, ToolCalls
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SOUL = "# Soul\n\n## Style\n- Be concise.\n"
-USER = "# User\n\n## Identity\n- Name: Ada\n- Lives in Berlin\n- Works remotely\n\n## Preferences\n- Likes tea\n"
-MEMORY = "# Memory\n\n## Project Context\n- Billing uses MySQL 8.\n\n## Decisions\n- No deploys on Fridays.\n"
-CONTENT_FILES = ("SOUL.md", "USER.md", "memory/MEMORY.md")
-FINDINGS = "[USER] correction: prefers coffee, not tea\n[MEMORY] billing moved to PostgreSQL 16\nsome chatter"
-EDIT_TWO_FILES = ToolCalls([
-    ("edit_file", {"path": "USER.md", "edits": [{"old_text": "- Likes tea", "new_text": "- Likes coffee"}]}),
-    ("edit_file", {"path": "memory/MEMORY.md",
-                   "edits": [{"old_text": "- Billing uses MySQL 8.", "new_text": "- Billing uses PostgreSQL 16."}]}),
-])
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 class Killed(BaseException):
     """Stands for SIGKILL: nothing in the job may catch it."""
-
-
-@pytest.fixture
-def workspace(tmp_path: Path) -> Path:
-    root = tmp_path / "workspace"
-    (root / "memory").mkdir(parents=True)
-    for path, text in zip(CONTENT_FILES, (SOUL, USER, MEMORY)):
-        (root / path).write_text(text)
-    (root / "memory" / ".dream_cursor").write_text("0")
-    write_history(root, 5)
-    return root
-
-
-@pytest.fixture
-def store(tmp_path: Path):
-    state = StateStore(tmp_path / "state").open()
-    yield state
-    state.close()
-
-
-@pytest.fixture
-def git(workspace: Path):
-    git_store = GitStore(workspace)
-    git_store.open()
-    yield git_store
-    git_store.close()
-
-
-@pytest.fixture
-def fake():
-    with FakeLLM() as server:
-        yield server
-
-
-def write_history(root: Path, count: int) -> None:
-    lines = [json.dumps({"cursor": n, "timestamp": f"2026-04-03 10:{n:02d}", "content": f"- [durable] fact MSG-{n}",
-                         "session_key": "cli:alpha"}) for n in range(1, count + 1)]
-    (root / "memory" / "history.jsonl").write_text("\n".join(lines) + "\n")
-
-
-def tree(root: Path) -> dict[str, bytes]:
-    """Every file of the workspace but the git repository."""
-    return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*"))
-            if path.is_file() and ".git" not in path.relative_to(root).parts}
-
-
-def git_cli(root: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True).stdout
-
-
-def settings_for(workspace: Path, fake: FakeLLM | None, **dream: object) -> WorkspaceSettings:
-    llm = LLMSettings()
-    if fake is not None:
-        llm = LLMSettings(model=fake.model, api_base=fake.base_url, max_retries=0, timeout_seconds=5)
-    return WorkspaceSettings(path=workspace, name="ws", llm=llm, dream=DreamSettings(**dream),
-                             lifecycle=LifecycleSettings(max_history_entries=1000))
-
-
-def dream(workspace: Path, store: StateStore, git: GitStore, fake: FakeLLM | None, *, on_stage=None,
-          max_history_entries: int | None = None, **overrides: object) -> DreamResult:
-    settings = settings_for(workspace, fake, **overrides)
-    run_id = store.create_run("dream", "ws")
-    return asyncio.run(dream_workspace(settings, store=store, llm=LLMClient(settings.llm), git=git, run_id=run_id,
-                                       max_history_entries=max_history_entries, on_stage=on_stage))
-
-
-def restore(store: StateStore, git: GitStore, run_id: str, **options: object) -> tuple[str, dict]:
-    restore_id = store.create_run("restore", "ws")
-    result = asyncio.run(git.call(restore_dream_run, store.get_run(run_id), store=store, git=git,
-                                  restore_run_id=restore_id, **options))
-    store.finish_run(restore_id, state="finished", outcome="restored", manifest=result)
-    return restore_id, result
-
-
-def outcomes(store: StateStore) -> list[tuple[str, str]]:
-    return [tuple(row) for row in store.query("SELECT outcome, reason FROM outcomes ORDER BY id")]
-
-
-def dream_two_files(workspace, store, git, fake) -> DreamResult:
-    fake.push(Text(FINDINGS), EDIT_TWO_FILES, Text("Applied both findings."))
-    return dream(workspace, store, git, fake)
 
 
 def test_a_dream_that_edits_two_files_makes_exactly_one_commit_with_the_trailer(workspace, store, git, fake):
@@ -149,68 +60,6 @@ def test_a_dream_that_edits_two_files_makes_exactly_one_commit_with_the_trailer(
     assert Path(manifest["files_changed"]["USER.md"]["backup"]).read_text() == USER
     assert outcomes(store) == [("written", "")]
     assert "fact MSG-5" in json.dumps(fake.requests[0]["messages"]) and "tools" in fake.requests[1]
-
-
-def test_restore_is_byte_identical_as_a_new_commit_and_restoring_the_restore_reapplies(workspace, store, git, fake):
-    before = tree(workspace)
-    result = dream_two_files(workspace, store, git, fake)
-    after = tree(workspace)
-    restore_id, restored = restore(store, git, result.run_id)
-    assert tree(workspace) == before
-    assert restored["files"] == ["USER.md", "memory/.dream_cursor", "memory/MEMORY.md"]
-    assert any("reset memory/.dream_cursor from 5 to 0" in line for line in restored["plan"])
-    subjects = git_cli(workspace, "log", "--format=%s").splitlines()
-    assert subjects[0] == f"dream: restore {result.manifest['commit'][:7]}"
-    assert subjects[1].startswith("dream: update") and len(subjects) == 3
-    _, again = restore(store, git, restore_id)
-    assert tree(workspace) == after and again["commit"] and read_dream_cursor(workspace / "memory") == 5
-    assert len(git_cli(workspace, "log", "--format=%s").splitlines()) == 4
-
-
-def test_a_dry_run_restore_plans_without_changing_anything(workspace, store, git, fake):
-    result = dream_two_files(workspace, store, git, fake)
-    head, files = git_cli(workspace, "rev-parse", "HEAD"), tree(workspace)
-    plan = restore_dream_run(store.get_run(result.run_id), store=store, git=git, restore_run_id=None, dry_run=True)
-    assert plan["commit"] is None and plan["plan"][0].startswith("revert commit")
-    assert (git_cli(workspace, "rev-parse", "HEAD"), tree(workspace)) == (head, files)
-
-
-def test_a_later_unrelated_edit_survives_the_restore(workspace, store, git, fake):
-    result = dream_two_files(workspace, store, git, fake)
-    user = workspace / "USER.md"
-    user.write_text(user.read_text().replace("- Name: Ada", "- Name: Ada Lovelace"))
-    (workspace / "SOUL.md").write_text(SOUL + "- Use metric units.\n")
-    restore(store, git, result.run_id)
-    assert user.read_text() == USER.replace("- Name: Ada", "- Name: Ada Lovelace")
-    assert (workspace / "SOUL.md").read_text() == SOUL + "- Use metric units.\n"
-    assert (workspace / "memory" / "MEMORY.md").read_text() == MEMORY
-
-
-def test_a_conflicting_later_edit_refuses_the_restore_and_force_puts_back_the_pre_run_content(
-        workspace, store, git, fake):
-    result = dream_two_files(workspace, store, git, fake)
-    user = workspace / "USER.md"
-    user.write_text(user.read_text().replace("- Likes coffee", "- Likes coffee, black"))
-    head, files = git_cli(workspace, "rev-parse", "HEAD"), tree(workspace)
-    with pytest.raises(RestoreRefused) as refused:
-        restore(store, git, result.run_id)
-    assert refused.value.conflicts == ["USER.md"] and "--force" in str(refused.value)
-    assert (git_cli(workspace, "rev-parse", "HEAD"), tree(workspace)) == (head, files)
-    _, forced = restore(store, git, result.run_id, force=True)
-    assert forced["forced"] and user.read_text() == USER
-    assert (workspace / "memory" / "MEMORY.md").read_text() == MEMORY
-    assert read_dream_cursor(workspace / "memory") == 0
-
-
-def test_edits_the_agent_made_before_the_dream_survive_its_restore(workspace, store, git, fake):
-    user = workspace / "USER.md"
-    user.write_text(USER.replace("- Works remotely", "- Works remotely, from Lisbon"))
-    before = tree(workspace)
-    result = dream_two_files(workspace, store, git, fake)
-    assert git_cli(workspace, "show", "--format=", "--stat", result.manifest["commit"]).count("USER.md") == 1
-    assert "+- Works remotely, from Lisbon" not in git_cli(workspace, "show", result.manifest["commit"])
-    restore(store, git, result.run_id)
-    assert tree(workspace) == before
 
 
 def edit_during_the_run(path: Path, old: str, new: str) -> Responder:
@@ -355,7 +204,7 @@ def test_a_crash_after_writing_is_rolled_back_and_the_next_dream_takes_the_same_
     assert tree(workspace) != before
     run = store.list_runs(kind="dream")[0]
     assert (run.state, run.manifest["stage"]) == ("started", "applying")
-    assert asyncio.run(recover_dream_run(run, store=store, git=git)) == "rolled_back"
+    assert recover_dream_run(run, store=store, git=git) == "rolled_back"
     assert tree(workspace) == before and store.get_run(run.run_id).state == "rolled_back"
     assert git_cli(workspace, "log", "--format=%s").splitlines()[-1] == "init: nanobot memory store"
     assert "dream: update" not in git_cli(workspace, "log", "--format=%s")
@@ -376,7 +225,7 @@ def test_a_crash_after_the_commit_is_recovered_as_finished(workspace, store, git
     assert run.manifest["stage"] == "applying"
     restarted = GitStore(workspace)
     try:
-        assert recover_dream_run_sync(run, store=store, git=restarted) == "finished"
+        assert recover_dream_run(run, store=store, git=restarted) == "finished"
     finally:
         restarted.close()
     assert read_dream_cursor(workspace / "memory") == 5 and store.get_run(run.run_id).outcome == "written"
@@ -414,36 +263,8 @@ def test_a_real_sigkill_while_applying_is_rolled_back(workspace, store, git, tmp
                              env=env, capture_output=True, text=True, timeout=30)
     assert process.returncode == -9, process.stderr
     assert "- Likes rum" in (workspace / "USER.md").read_text()
-    assert asyncio.run(recover_dream_run(store.get_run(run_id), store=store, git=git)) == "rolled_back"
+    assert recover_dream_run(store.get_run(run_id), store=store, git=git) == "rolled_back"
     assert tree(workspace) == before
-
-
-def test_a_nanobot_made_dream_commit_is_tolerated_listed_and_restorable_by_sha(workspace, store, git, fake):
-    memory = workspace / "memory" / "MEMORY.md"
-    memory.write_text(MEMORY + "- dream fact MSG-1\n")
-    (workspace / "memory" / ".dream_cursor").write_text("1")
-    git_cli(workspace, "add", "memory/MEMORY.md", "memory/.dream_cursor")
-    subprocess.run(["git", "-c", "user.name=nanobot", "-c", "user.email=nanobot@dream", "commit", "-q", "-m",
-                    "dream: manual run\n\nmemory/MEMORY.md: +1 -0"], cwd=workspace, check=True)
-    nanobot_sha = git_cli(workspace, "rev-parse", "HEAD").strip()
-    result = dream_two_files(workspace, store, git, fake)
-    assert result.manifest["entries"] == [2, 5]
-    assert asyncio.run(git.call(dream_log, git, nanobot_sha))["run_id"] is None
-    assert asyncio.run(git.call(dream_log, git))["sha"] == result.manifest["commit"]
-    assert asyncio.run(git.call(dream_log, git, result.run_id))["run_id"] == result.run_id
-    assert asyncio.run(git.call(dream_log, git, nanobot_sha[:8]))["sha"] == nanobot_sha
-    restore_id = store.create_run("restore", "ws")
-    restored = restore_dream_commit(nanobot_sha, store=store, git=git, restore_run_id=restore_id)
-    assert "- dream fact MSG-1" not in memory.read_text() and "PostgreSQL 16" in memory.read_text()
-    assert read_dream_cursor(workspace / "memory") == 0 and restored["commit"]
-
-
-def test_restoring_an_unknown_commit_or_an_unfinished_run_is_refused(workspace, store, git):
-    with pytest.raises(RestoreRefused, match="no commit"):
-        restore_dream_commit("deadbeef", store=store, git=git, restore_run_id=None, dry_run=True)
-    run_id = store.create_run("dream", "ws")
-    with pytest.raises(RestoreRefused, match="started"):
-        restore_dream_run(store.get_run(run_id), store=store, git=git, restore_run_id=None, dry_run=True)
 
 
 def test_a_workspace_inside_another_repository_dreams_with_file_backups_only(tmp_path, store, fake):
@@ -484,5 +305,5 @@ def test_history_is_compacted_after_a_dream_and_restore_puts_the_entries_back(wo
 def test_an_interrupted_run_that_wrote_nothing_is_closed_as_failed(workspace, store, git):
     run_id = store.create_run("dream", "ws", manifest={"stage": "editing"})
     before = tree(workspace)
-    assert asyncio.run(recover_dream_run(store.get_run(run_id), store=store, git=git)) == "failed"
+    assert recover_dream_run(store.get_run(run_id), store=store, git=git) == "failed"
     assert tree(workspace) == before and store.get_run(run_id).outcome == "interrupted"

@@ -1,0 +1,78 @@
+"""A workspace with SOUL.md, USER.md, MEMORY.md and five history entries, and the steps the dream tests take
+over it: dream a batch (scripted FakeLLM replies), restore a run, look at the files and the git log."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from pathlib import Path
+
+from nanobotd.config.schema import DreamSettings, LifecycleSettings, WorkspaceSettings
+from nanobotd.gitstore.store import GitStore
+from nanobotd.jobs.dream.restore import restore_dream_run
+from nanobotd.jobs.dream.run import DreamResult, dream_workspace
+from nanobotd.config.schema import LLMSettings
+from nanobotd.llm.client import LLMClient
+from nanobotd.state.store import StateStore
+from tests.support.fakellm import FakeLLM, Text, ToolCalls
+
+SOUL = "# Soul\n\n## Style\n- Be concise.\n"
+USER = "# User\n\n## Identity\n- Name: Ada\n- Lives in Berlin\n- Works remotely\n\n## Preferences\n- Likes tea\n"
+MEMORY = "# Memory\n\n## Project Context\n- Billing uses MySQL 8.\n\n## Decisions\n- No deploys on Fridays.\n"
+CONTENT_FILES = ("SOUL.md", "USER.md", "memory/MEMORY.md")
+FINDINGS = "[USER] correction: prefers coffee, not tea\n[MEMORY] billing moved to PostgreSQL 16\nsome chatter"
+EDIT_TWO_FILES = ToolCalls([
+    ("edit_file", {"path": "USER.md", "edits": [{"old_text": "- Likes tea", "new_text": "- Likes coffee"}]}),
+    ("edit_file", {"path": "memory/MEMORY.md",
+                   "edits": [{"old_text": "- Billing uses MySQL 8.", "new_text": "- Billing uses PostgreSQL 16."}]}),
+])
+
+
+def write_history(root: Path, count: int) -> None:
+    lines = [json.dumps({"cursor": n, "timestamp": f"2026-04-03 10:{n:02d}", "content": f"- [durable] fact MSG-{n}",
+                         "session_key": "cli:alpha"}) for n in range(1, count + 1)]
+    (root / "memory" / "history.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file of the workspace but the git repository."""
+    return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*"))
+            if path.is_file() and ".git" not in path.relative_to(root).parts}
+
+
+def git_cli(root: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True).stdout
+
+
+def settings_for(workspace: Path, fake: FakeLLM | None, **dream: object) -> WorkspaceSettings:
+    llm = LLMSettings()
+    if fake is not None:
+        llm = LLMSettings(model=fake.model, api_base=fake.base_url, max_retries=0, timeout_seconds=5)
+    return WorkspaceSettings(path=workspace, name="ws", llm=llm, dream=DreamSettings(**dream),
+                             lifecycle=LifecycleSettings(max_history_entries=1000))
+
+
+def dream(workspace: Path, store: StateStore, git: GitStore, fake: FakeLLM | None, *, on_stage=None,
+          max_history_entries: int | None = None, **overrides: object) -> DreamResult:
+    settings = settings_for(workspace, fake, **overrides)
+    run_id = store.create_run("dream", "ws")
+    return asyncio.run(dream_workspace(settings, store=store, llm=LLMClient(settings.llm), git=git, run_id=run_id,
+                                       max_history_entries=max_history_entries, on_stage=on_stage))
+
+
+def restore(store: StateStore, git: GitStore, run_id: str, **options: object) -> tuple[str, dict]:
+    restore_id = store.create_run("restore", "ws")
+    result = asyncio.run(git.call(restore_dream_run, store.get_run(run_id), store=store, git=git,
+                                  restore_run_id=restore_id, **options))
+    store.finish_run(restore_id, state="finished", outcome="restored", manifest=result)
+    return restore_id, result
+
+
+def outcomes(store: StateStore) -> list[tuple[str, str]]:
+    return [tuple(row) for row in store.query("SELECT outcome, reason FROM outcomes ORDER BY id")]
+
+
+def dream_two_files(workspace, store, git, fake) -> DreamResult:
+    fake.push(Text(FINDINGS), EDIT_TWO_FILES, Text("Applied both findings."))
+    return dream(workspace, store, git, fake)

@@ -1,0 +1,71 @@
+"""Restoring a lifecycle run: every byte back, interrupted runs included; refused when a backup is missing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nanobotd.jobs.common import RestoreRefused
+from nanobotd.jobs.lifecycle.undo import restore_lifecycle_run
+from tests.jobs.lifecycle.scenario import (
+    lifecycle,
+    standard_workspace,
+    tree,
+    workspace,
+    write_note,
+)
+
+
+def test_restore_brings_back_every_byte(tmp_path, store):
+    ws = standard_workspace(tmp_path)
+    before = tree(ws)
+    run_id, _ = lifecycle(ws, store)
+    assert tree(ws) != before
+    preview = restore_lifecycle_run(store.get_run(run_id), store=store, dry_run=True)
+    assert len(preview["plan"]) == 6
+    result = restore_lifecycle_run(store.get_run(run_id), store=store, dry_run=False)
+    assert result["plan"] == preview["plan"]
+    assert tree(ws) == before
+
+
+def test_restore_removes_the_archive_folder_the_run_created(tmp_path, store):
+    ws = workspace(tmp_path)
+    write_note(ws, "2026-05-01.md")
+    before = tree(ws)
+    run_id, _ = lifecycle(ws, store)
+    assert (ws.path / "memory" / "archive" / "2026-05-01.md").exists()
+    restore_lifecycle_run(store.get_run(run_id), store=store, dry_run=False)
+    assert tree(ws) == before and not (ws.path / "memory" / "archive").exists()
+
+
+def test_restore_refuses_when_a_backup_is_missing(tmp_path, store):
+    ws = workspace(tmp_path)
+    write_note(ws, "archive/2026-01-01.md")
+    run_id, manifest = lifecycle(ws, store)
+    Path(manifest["backups"]["memory/archive/2026-01-01.md"]["backup"]).unlink()
+    with pytest.raises(RestoreRefused, match="is missing"):
+        restore_lifecycle_run(store.get_run(run_id), store=store, dry_run=False)
+    assert not (ws.path / "memory" / "archive" / "2026-01-01.md").exists()
+
+
+def test_a_run_interrupted_mid_step_is_rolled_back_by_restore(tmp_path, store):
+    ws = standard_workspace(tmp_path)
+    before = tree(ws)
+    run_id, manifest = lifecycle(ws, store)
+    # As if the process died right after rewriting history, before marking the compaction executed.
+    assert manifest["executed"][5]["action"] == "compact_history"
+    interrupted = dict(manifest, executed=manifest["executed"][:5], pending=5)
+    store.journal(run_id, interrupted)
+    store.finish_run(run_id, state="started", outcome="")
+    restore_lifecycle_run(store.get_run(run_id), store=store, dry_run=False)
+    assert tree(ws) == before
+
+
+def test_a_run_that_never_journaled_restores_to_nothing(store):
+    run_id = store.create_run("lifecycle", "main")
+    result = restore_lifecycle_run(store.get_run(run_id), store=store, dry_run=False)
+    assert result["files"] == [] and "changed nothing" in result["plan"][0]
+    flush_run = store.create_run("flush", "main")
+    with pytest.raises(RestoreRefused, match="not a lifecycle run"):
+        restore_lifecycle_run(store.get_run(flush_run), store=store, dry_run=True)
