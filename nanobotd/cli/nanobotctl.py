@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, TextIO
 
 from nanobotd import __version__
 from nanobotd.cli.client import DEFAULT_TIMEOUT_SECONDS, CannotConnect, Client, DaemonError, resolve_socket
-from nanobotd.cli.commands import jobs, reports, search, sessions
+from nanobotd.cli.commands import jobs, mcp, reports, search, sessions
 from nanobotd.cli.invocation import (EXIT_BROKEN_PIPE, EXIT_CANNOT_CONNECT, EXIT_DAEMON_ERROR, EXIT_INTERRUPTED,
                                      EXIT_OK, Invocation)
 
@@ -101,6 +101,8 @@ def _add_search_commands(add: AddCommand) -> None:
                          help="what the agent is about to answer, to pick the memory that matters")
     context.add_argument("--budget", type=int, metavar="TOKENS",
                          help="token budget (default: the workspace's context.budget_tokens)")
+    add("mcp", mcp.serve, "serve memory_search, memory_context and memory_recall to an agent as an MCP server "
+                          "on stdio; give --socket (or --config), the agent passes no XDG_RUNTIME_DIR")
 
 
 def _add_session_key(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
