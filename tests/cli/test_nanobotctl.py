@@ -20,7 +20,7 @@ from tests.cli.fakedaemon import NANOBOTCTL, STATUS, FakeDaemon, run_ctl, subpro
 HEAVY_MODULES = ("loguru", "litellm", "git", "watchdog", "sdnotify", "apscheduler", "tiktoken", "nanobotd.api", "mcp",
                  "anyio", "pydantic")
 ALLOWED_OWN_MODULES = {"nanobotd", "nanobotd.cli", "nanobotd.cli.client", "nanobotd.cli.invocation",
-                       "nanobotd.cli.commands.mcp",
+                       "nanobotd.cli.commands.mcp", "nanobotd.cli.commands.setup",
                        "nanobotd.cli.nanobotctl", "nanobotd.cli.render", "nanobotd.cli.commands",
                        "nanobotd.cli.commands.jobs", "nanobotd.cli.commands.reports", "nanobotd.cli.commands.search",
                        "nanobotd.cli.commands.sessions", "nanobotd.config", "nanobotd.config.paths"}
