@@ -12,7 +12,7 @@ import re
 from datetime import date
 from typing import Any, Callable, Mapping, NamedTuple
 
-from nanobotd.cli.client import CannotConnect, Client, DaemonError
+from nanobotd.cli.client import START_HINT, CannotConnect, Client, DaemonError
 
 MAX_RESULT_CHARS = 15_000  # nanobot's maxToolResultChars is 16,000; leave room for its own framing
 DEFAULT_SEARCH_LIMIT, MAX_SEARCH_LIMIT = 8, 20
@@ -51,7 +51,7 @@ def call_tool(client: Client, name: str, arguments: Mapping[str, Any] | None) ->
     except ToolFailure as exc:
         return str(exc), True
     except CannotConnect as exc:
-        reason = str(exc) if exc.hint.startswith("Is nanobotd running") else f"{exc}; {exc.hint}"
+        reason = str(exc) if exc.hint == START_HINT else f"{exc}; {exc.hint}"
         return NOT_RUNNING.format(reason=reason), True
     except DaemonError as exc:
         return f"nanobotd could not answer: {exc.message}", True

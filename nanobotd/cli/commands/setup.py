@@ -227,5 +227,5 @@ def daemon_warnings(invocation: Invocation) -> list[str]:
     except CannotConnect as exc:
         return [f"{exc}; start nanobotd before restarting nanobot, or its memory tools will say it is down"]
     except DaemonError:
-        return []
+        pass  # something answers there: the daemon, refusing only this question
     return []
