@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, TextIO
 
 from nanobotd import __version__
 from nanobotd.cli.client import DEFAULT_TIMEOUT_SECONDS, CannotConnect, Client, DaemonError, resolve_socket
-from nanobotd.cli.commands import jobs, reports, search, sessions
+from nanobotd.cli.commands import jobs, mcp, reports, search, sessions, setup
 from nanobotd.cli.invocation import (EXIT_BROKEN_PIPE, EXIT_CANNOT_CONNECT, EXIT_DAEMON_ERROR, EXIT_INTERRUPTED,
                                      EXIT_OK, Invocation)
 
@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_job_commands(add)
     _add_report_commands(add)
     _add_search_commands(add)
+    _add_agent_commands(add)
     return parser
 
 
@@ -101,6 +102,18 @@ def _add_search_commands(add: AddCommand) -> None:
                          help="what the agent is about to answer, to pick the memory that matters")
     context.add_argument("--budget", type=int, metavar="TOKENS",
                          help="token budget (default: the workspace's context.budget_tokens)")
+
+
+def _add_agent_commands(add: AddCommand) -> None:
+    add("mcp", mcp.serve, "serve memory_search, memory_context and memory_recall to an agent as an MCP server "
+                          "on stdio; give --socket (or --config), the agent passes no XDG_RUNTIME_DIR")
+    configure = add("setup", setup.setup, "show (and with --apply write) the agent config that runs nanobotd "
+                                          "beside it: the MCP server, and the agent's own dream out of the way")
+    configure.add_argument("agent", choices=("nanobot",), help="the agent to set up (nanobot)")
+    configure.add_argument("--nanobot-config", metavar="PATH",
+                           help=f"nanobot's config.json (default {setup.DEFAULT_NANOBOT_CONFIG})")
+    configure.add_argument("--apply", action="store_true",
+                           help="write the change, after a timestamped backup beside the file")
 
 
 def _add_session_key(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

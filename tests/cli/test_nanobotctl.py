@@ -17,8 +17,10 @@ from nanobotd.cli import invocation
 from nanobotd.cli import nanobotctl as ctl
 from tests.cli.fakedaemon import NANOBOTCTL, STATUS, FakeDaemon, run_ctl, subprocess_env
 
-HEAVY_MODULES = ("loguru", "litellm", "git", "watchdog", "sdnotify", "apscheduler", "tiktoken", "nanobotd.api")
+HEAVY_MODULES = ("loguru", "litellm", "git", "watchdog", "sdnotify", "apscheduler", "tiktoken", "nanobotd.api", "mcp",
+                 "anyio", "pydantic")
 ALLOWED_OWN_MODULES = {"nanobotd", "nanobotd.cli", "nanobotd.cli.client", "nanobotd.cli.invocation",
+                       "nanobotd.cli.commands.mcp", "nanobotd.cli.commands.setup",
                        "nanobotd.cli.nanobotctl", "nanobotd.cli.render", "nanobotd.cli.commands",
                        "nanobotd.cli.commands.jobs", "nanobotd.cli.commands.reports", "nanobotd.cli.commands.search",
                        "nanobotd.cli.commands.sessions", "nanobotd.config", "nanobotd.config.paths"}

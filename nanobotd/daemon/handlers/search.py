@@ -1,8 +1,10 @@
-"""Search and context: what an agent asks of nanobotd's memory, and keeping the indexes rebuilt."""
+"""Search, context and recall: what an agent asks of nanobotd's memory, and keeping the indexes rebuilt."""
 
 from __future__ import annotations
 
 import asyncio
+import re
+from datetime import date
 
 from nanobotd.api.router import ApiError, Request
 from nanobotd.daemon import indexing
@@ -11,17 +13,22 @@ from nanobotd.daemon.handlers.common import named_workspaces, one_workspace
 from nanobotd.daemon.workspace import Workspace
 from nanobotd.index import agent_context
 from nanobotd.index.hit import SearchBackendError
+from nanobotd.memory import recall
 
 SEARCH_MODES = ("search", "vsearch", "query")
 MAX_SEARCH_LIMIT = 100
+MAX_RECALL_DAYS = 31
+MAX_RECALL_CHARS = 1_000_000
+DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
 def routes(core: Core) -> list:
-    """The search, context and reindex endpoints."""
+    """The search, context, recall and reindex endpoints."""
     handlers = SearchHandlers(core)
     return [
         ("GET", "/v1/search", handlers.search),
         ("GET", "/v1/context", handlers.context),
+        ("GET", "/v1/recall", handlers.recall),
         ("POST", "/v1/reindex", handlers.reindex),
     ]
 
@@ -77,11 +84,43 @@ class SearchHandlers:
             workspace.settings.path, settings=settings, budget_tokens=budget, query=query, search=search,
             session_key=request.query.get("session") or None))
 
+    async def recall(self, request: Request) -> dict:
+        """The daily notes and history entries of the days from..to (to defaults to from), capped."""
+        first = query_date(request, "from")
+        last = query_date(request, "to", default=first)
+        if last < first:
+            raise ApiError(400, "bad_param", "'to' must not be before 'from'")
+        if (last - first).days >= MAX_RECALL_DAYS:
+            raise ApiError(400, "bad_param", f"ask for at most {MAX_RECALL_DAYS} days at a time")
+        max_chars = request.query_int("max_chars", recall.DEFAULT_MAX_CHARS, minimum=1000, maximum=MAX_RECALL_CHARS)
+        workspace = one_workspace(self.core, request)
+        memory_dir = workspace.env.memory_dir
+        loop = asyncio.get_running_loop()
+        answer = await loop.run_in_executor(self.core.executor,
+                                            lambda: recall.collect(memory_dir, first, last, max_chars))
+        return {"workspace": workspace.name, **answer}
+
     async def reindex(self, request: Request) -> dict:
         results = {}
         for workspace in named_workspaces(self.core, request, request.json_object()):
             results[workspace.name] = await indexing.reindex(self.core, workspace)
         return {"reindexed": results}
+
+
+def query_date(request: Request, name: str, default: date | None = None) -> date:
+    """A YYYY-MM-DD query parameter; 400 naming it when missing or not a real date."""
+    raw = request.query.get(name, "").strip()
+    if not raw:
+        if default is None:
+            raise ApiError(400, "bad_param", f"query parameter '{name}' is required (YYYY-MM-DD)")
+        return default
+    try:
+        if not DATE.fullmatch(raw):
+            raise ValueError(raw)
+        return date.fromisoformat(raw)
+    except ValueError:
+        message = f"query parameter '{name}' must be a date as YYYY-MM-DD, not {raw!r}"
+        raise ApiError(400, "bad_param", message) from None
 
 
 def fuse(first: list, second: list, limit: int) -> list:

@@ -1,0 +1,231 @@
+"""`nanobotctl setup nanobot`: show, and with --apply write, the nanobot config that runs nanobotd beside it.
+
+Two changes to nanobot's config.json. The MCP server `nanobotctl mcp --socket S` goes under
+`tools.mcpServers.nanobotd`, so the agent gets the memory tools (nanobot gives the child no XDG_RUNTIME_DIR,
+hence the socket in its arguments). nanobot's own dream moves to every 87,600 hours (ten years), so only
+nanobotd's dream edits memory: `dream.enabled: false` would not do, since nanobot then moves
+`.dream_cursor` to the newest history entry at every start and nanobotd's dream would skip those entries.
+The rest of the file stays as it was (key order, indentation); a file that does not parse is never rewritten.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from nanobotd.cli.client import CannotConnect, DaemonError
+from nanobotd.cli.invocation import EXIT_DAEMON_ERROR, EXIT_OK, Invocation
+
+DEFAULT_NANOBOT_CONFIG = "~/.nanobot/config.json"
+SERVER_NAME = "nanobotd"
+DREAM_INTERVAL_HOURS = 87_600
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+BACKUP_INFIX = ".nanobotd-backup-"
+# Keys of an mcpServers entry that belong to HTTP transports; a stdio entry must not keep them.
+OTHER_TRANSPORT_KEYS = ("type", "url", "headers", "auth")
+
+
+class SetupRefused(Exception):
+    """The config cannot be changed safely; the message says why and what to do. Nothing was written."""
+
+
+def setup(invocation: Invocation) -> int:
+    """Show the change as a unified diff; with --apply back the file up and write it atomically."""
+    args = invocation.args
+    path = Path(args.nanobot_config or DEFAULT_NANOBOT_CONFIG).expanduser().absolute()
+    try:
+        raw, data = read_config(path)
+        server = mcp_server_entry(nanobotctl_program(), invocation.client.socket_path, args.workspace)
+        changes, warnings = change(data, server)
+    except SetupRefused as exc:
+        invocation.warn(str(exc))
+        return EXIT_DAEMON_ERROR
+    for warning in warnings + daemon_warnings(invocation):
+        invocation.warn(warning)
+    old_text = raw.decode("utf-8")
+    new_text = render(data, old_text)
+    if new_text == old_text:
+        invocation.out(f"{path} already runs nanobotd beside nanobot: nothing to change.")
+        return EXIT_OK
+    invocation.out(f"Changes to {path}:")
+    invocation.out_lines(f"- {change}" for change in changes)
+    invocation.out_lines(diff_lines(old_text, new_text, str(path)))
+    if not args.apply:
+        invocation.out("Nothing written. Run again with --apply to write it (a backup is kept beside it).")
+        return EXIT_OK
+    try:
+        backup = apply(path, raw, new_text)
+    except (SetupRefused, OSError) as exc:
+        invocation.warn(f"{path} was not changed: {exc}")
+        return EXIT_DAEMON_ERROR
+    invocation.out(f"Wrote {path} (backup: {backup.name}). Restart nanobot so it loads the memory tools.")
+    return EXIT_OK
+
+
+def read_config(path: Path) -> tuple[bytes, dict]:
+    """The file's bytes and its JSON object; SetupRefused when it is missing, too big or not a JSON object."""
+    try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise SetupRefused(f"{path} is larger than {MAX_CONFIG_BYTES} bytes; is it nanobot's config.json?")
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise SetupRefused(f"no nanobot config at {path}: run `nanobot onboard` first, or pass "
+                           "--nanobot-config PATH") from None
+    except OSError as exc:
+        raise SetupRefused(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise SetupRefused(f"cannot parse {path} as JSON ({exc}); fix it (nanobot cannot read it either) and "
+                           "run again; nothing was written") from None
+    if not isinstance(data, dict):
+        raise SetupRefused(f"{path} holds JSON but not an object; nanobot's config is an object; nothing was written")
+    return raw, data
+
+
+def nanobotctl_program(argv0: str | None = None, executable: str | None = None) -> str:
+    """The absolute path of the nanobotctl being run, so nanobot starts this very installation.
+
+    Run as a console script, argv[0] is it; run otherwise (python -m, tests), the nanobotctl beside the
+    interpreter, else the one on PATH.
+    """
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    if Path(argv0).name == "nanobotctl" and Path(argv0).is_file():
+        return os.path.abspath(argv0)
+    beside = Path(sys.executable if executable is None else executable).with_name("nanobotctl")
+    if beside.is_file():
+        return str(beside.absolute())
+    import shutil  # here: only this fallback needs it
+
+    found = shutil.which("nanobotctl")
+    if not found:
+        raise SetupRefused("cannot find the nanobotctl program to register; run this as `nanobotctl` from the "
+                           "installation nanobot should use")
+    return os.path.abspath(found)
+
+
+def mcp_server_entry(program: str, socket_path: Path, workspace: str | None) -> dict:
+    """The tools.mcpServers entry: nanobotctl mcp with the socket it must use (and the workspace, if named)."""
+    args = ["mcp", "--socket", os.path.abspath(socket_path)]
+    if workspace:
+        args += ["--workspace", workspace]
+    return {"command": program, "args": args}
+
+
+def change(data: dict, server: dict) -> tuple[list[str], list[str]]:
+    """Change the parsed config *data* in place; return the changes in words and any warnings."""
+    changes, warnings = [], []
+    servers = table(table(data, "tools"), "mcpServers", "mcp_servers")
+    current = servers.get(SERVER_NAME)
+    entry = {key: value for key, value in current.items() if key not in OTHER_TRANSPORT_KEYS} \
+        if isinstance(current, dict) else {}
+    entry.update(server)
+    if entry != current:
+        servers[SERVER_NAME] = entry
+        changes.append(f"tools.mcpServers.{SERVER_NAME}: start `{' '.join([server['command'], *server['args']])}`, "
+                       f"so the agent gets mcp_{SERVER_NAME}_memory_search, _memory_context and _memory_recall")
+    for name, other in servers.items():
+        if name != SERVER_NAME and isinstance(other, dict) and runs_nanobotctl_mcp(other):
+            warnings.append(f"tools.mcpServers.{name} also runs nanobotctl mcp; remove it, or the agent gets "
+                            "the memory tools twice")
+    dream = table(table(table(data, "agents"), "defaults"), "dream")
+    changes.extend(quiet_dream(dream))
+    return changes, warnings
+
+
+def quiet_dream(dream: dict) -> list[str]:
+    """Push nanobot's dream ten years out, keeping it enabled so it never fast-forwards .dream_cursor."""
+    changes = []
+    interval_key = "interval_h" if "interval_h" in dream and "intervalH" not in dream else "intervalH"
+    if dream.get(interval_key) != DREAM_INTERVAL_HOURS:
+        dream[interval_key] = DREAM_INTERVAL_HOURS
+        changes.append(f"agents.defaults.dream.{interval_key}: {DREAM_INTERVAL_HOURS} hours, so only nanobotd's "
+                       "dream edits SOUL.md, USER.md and MEMORY.md")
+    if dream.get("cron"):
+        del dream["cron"]
+        changes.append("agents.defaults.dream.cron: removed (a cron expression wins over intervalH)")
+    if dream.get("enabled") is False:
+        dream["enabled"] = True
+        changes.append("agents.defaults.dream.enabled: true (when false, nanobot moves .dream_cursor past "
+                       "entries nanobotd's dream has not read)")
+    return changes
+
+
+def runs_nanobotctl_mcp(server: dict) -> bool:
+    """Whether an mcpServers entry starts `nanobotctl mcp` (as agent_config.mcp_server_for recognises it)."""
+    args = server.get("args") if isinstance(server.get("args"), list) else []
+    return Path(str(server.get("command", ""))).name == "nanobotctl" and "mcp" in args
+
+
+def table(data: dict, *names: str) -> dict:
+    """The JSON object under the first of *names* present (camelCase or snake_case), created when absent."""
+    name = next((name for name in names if name in data), names[0])
+    value = data.setdefault(name, {})
+    if not isinstance(value, dict):
+        raise SetupRefused(f"'{name}' in nanobot's config is {type(value).__name__}, not an object; fix it and "
+                           "run again; nothing was written")
+    return value
+
+
+def render(data: dict, old_text: str) -> str:
+    """*data* as nanobot writes it (json.dumps, non-ASCII kept), in the old file's indentation and final newline."""
+    indent = detect_indent(old_text)
+    text = json.dumps(data, indent=indent, ensure_ascii=False)
+    return text + "\n" if old_text.endswith("\n") else text
+
+
+def detect_indent(text: str) -> int | str:
+    """The indentation of the first nested line ("\\t" or a number of spaces); 2, as nanobot writes, by default."""
+    for line in text.splitlines()[1:]:
+        stripped = line.lstrip(" \t")
+        if stripped and line != stripped:
+            prefix = line[:len(line) - len(stripped)]
+            return "\t" if prefix.startswith("\t") else len(prefix)
+    return 2
+
+
+def diff_lines(old_text: str, new_text: str, name: str) -> list[str]:
+    """The change as a unified diff, for the user to read before --apply."""
+    import difflib  # here: only setup needs it, and nanobotctl imports this module for every command
+
+    return [line.rstrip("\n") for line in difflib.unified_diff(
+        old_text.splitlines(keepends=True), new_text.splitlines(keepends=True),
+        fromfile=name, tofile=f"{name} (after nanobotctl setup nanobot)")]
+
+
+def apply(path: Path, raw: bytes, new_text: str) -> Path:
+    """Back the file up beside it, then replace it atomically with its mode kept; returns the backup's path."""
+    from nanobotd import fsio  # here: its tempfile import would slow every other nanobotctl command
+
+    target = path.resolve()  # a symlinked config keeps its link; the file it points to is replaced
+    if target.read_bytes() != raw:
+        raise SetupRefused("it changed while this ran (is nanobot writing it?); run again")
+    info = target.stat()
+    backup = target.with_name(f"{target.name}{BACKUP_INFIX}{datetime.now():%Y%m%d-%H%M%S}")
+    if backup.exists():
+        raise SetupRefused(f"{backup.name} already exists; wait a second and run again")
+    fsio.atomic_write(backup, raw, mode=info.st_mode & 0o7777)
+    fsio.atomic_write(target, new_text, mode=info.st_mode & 0o7777)
+    for written in (backup, target):
+        keep_owner(written, info)
+    return backup
+
+
+def keep_owner(path: Path, info: os.stat_result) -> None:
+    """Give a file written as root back to the config's owner, so nanobot can still write its config."""
+    if os.geteuid() == 0 and (info.st_uid, info.st_gid) != (0, 0):
+        os.chown(path, info.st_uid, info.st_gid)
+
+
+def daemon_warnings(invocation: Invocation) -> list[str]:
+    """A reminder when nothing answers on the socket being registered: the tools would only report it."""
+    try:
+        invocation.client.get("/v1/status")
+    except CannotConnect as exc:
+        return [f"{exc}; start nanobotd before restarting nanobot, or its memory tools will say it is down"]
+    except DaemonError:
+        pass  # something answers there: the daemon, refusing only this question
+    return []

@@ -1,0 +1,106 @@
+"""nanobotd/cli/commands/mcp.py: `nanobotctl mcp` spawned over stdio by the real MCP client, against a real daemon."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+from nanobotd.cli.agent_tools import MAX_RESULT_CHARS
+from tests.cli.fakedaemon import NANOBOTCTL
+from tests.support.daemonproc import REPO, DaemonProcess
+from tests.support.workspace import make_workspace
+
+NOTE = "# 2026-11-20\n\n## Decisions\n- The backup host is called osprey.\n- Ship kestrel on Friday.\n"
+HISTORY = {"cursor": 1, "timestamp": "2026-11-19 17:05", "content": "Planned the kestrel launch party.",
+           "session_key": "telegram:42"}
+
+
+@pytest.fixture
+def daemon(tmp_path: Path):
+    """A real nanobotd (offline) over a workspace holding one daily note and one history entry."""
+    workspace, _ = make_workspace(tmp_path, layout="current")
+    (workspace / "memory" / "2026-11-20.md").write_text(NOTE)
+    (workspace / "memory" / "history.jsonl").write_text(json.dumps(HISTORY) + "\n")
+    proc = DaemonProcess(tmp_path, workspace, extra_config="[search]\ndebounce_seconds = 0.2\n").start()
+    yield proc
+    proc.kill()
+
+
+def call_tools(socket: Path, calls: list[tuple[str, dict]], *extra_args: str, until: str = "") -> dict:
+    """Spawn `nanobotctl mcp --socket SOCKET` through the MCP stdio client; list its tools and make *calls*.
+
+    The child gets what nanobot gives it: the SDK's few inherited variables plus the configured env
+    (here only PYTHONPATH, so it runs this tree). With *until*, the first call is repeated until its text
+    holds that word (the daemon indexes the workspace in the background after it starts).
+    """
+    params = StdioServerParameters(command=str(NANOBOTCTL), args=["mcp", "--socket", str(socket), *extra_args],
+                                   env={"PYTHONPATH": str(REPO)})
+
+    async def session() -> dict:
+        async with stdio_client(params) as (read_stream, write_stream):
+            async with ClientSession(read_stream, write_stream) as client:
+                await client.initialize()
+                listed = await client.list_tools()
+                results = [await client.call_tool(name, arguments) for name, arguments in calls]
+                deadline = time.monotonic() + 20
+                while until and until not in text_of(results[0]) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.2)
+                    results[0] = await client.call_tool(*calls[0])
+                return {"tools": {tool.name: tool for tool in listed.tools}, "results": results}
+
+    return asyncio.run(asyncio.wait_for(session(), 60))
+
+
+def text_of(result) -> str:
+    return "\n".join(block.text for block in result.content if block.type == "text")
+
+
+def test_memory_search_returns_a_known_fact_with_its_source_and_date(daemon: DaemonProcess) -> None:
+    result = call_tools(daemon.socket, [("memory_search", {"query": "backup host", "limit": 5})],
+                        until="osprey")["results"][0]
+    text = text_of(result)
+    assert not result.is_error, text
+    assert "The backup host is called osprey." in text
+    assert "memory/2026-11-20.md" in text and "2026-11-20" in text
+    assert len(text) < MAX_RESULT_CHARS
+
+
+def test_memory_recall_returns_the_daily_note_of_a_date_and_the_history_of_a_range(daemon: DaemonProcess) -> None:
+    one_day, two_days = call_tools(daemon.socket, [("memory_recall", {"date": "2026-11-20"}),
+                                                   ("memory_recall", {"date": "2026-11-19..2026-11-20"})])["results"]
+    assert not one_day.is_error, text_of(one_day)
+    assert "2026-11-20 · daily note · memory/2026-11-20.md" in text_of(one_day)
+    assert "Ship kestrel on Friday." in text_of(one_day)
+    assert "Planned the kestrel launch party." not in text_of(one_day)
+    text = text_of(two_days)
+    assert text.index("2026-11-19 17:05 · history #1 · session telegram:42") < text.index("Ship kestrel")
+
+
+def test_memory_context_and_a_refused_request_answer_as_text(daemon: DaemonProcess) -> None:
+    context, bad_range = call_tools(daemon.socket, [("memory_context", {"query": "kestrel", "budget_tokens": 800}),
+                                                    ("memory_recall", {"date": "2026-11-20..2026-11-01"})])["results"]
+    assert not context.is_error and "Project kestrel." in text_of(context) and "of 800 tokens" in text_of(context)
+    assert bad_range.is_error and "ends before it starts" in text_of(bad_range)
+    unknown = call_tools(daemon.socket, [("memory_search", {"query": "x"})], "--workspace", "nope")["results"][0]
+    assert unknown.is_error and text_of(unknown).startswith("nanobotd could not answer: no workspace named 'nope'")
+
+
+def test_with_the_daemon_down_the_tools_are_listed_and_answer_how_to_start_it(tmp_path: Path) -> None:
+    answer = call_tools(tmp_path / "none.sock", [("memory_search", {"query": "osprey"}),
+                                                 ("memory_recall", {"date": "2026-11-20"})])
+    tools = answer["tools"]
+    assert sorted(tools) == ["memory_context", "memory_recall", "memory_search"]
+    assert tools["memory_search"].input_schema["required"] == ["query"]
+    assert tools["memory_recall"].input_schema["required"] == ["date"]
+    for tool in tools.values():
+        assert "Use it" in tool.description and len(tool.description) > 200
+    for result in answer["results"]:
+        assert result.is_error
+        assert "nanobotd, the memory daemon, is not running" in text_of(result)
+        assert "nanobotd run --workspace DIR" in text_of(result) and str(tmp_path / "none.sock") in text_of(result)

@@ -1,0 +1,80 @@
+"""nanobotd/daemon/handlers/search.py: the recall endpoint, served on a real socket over one workspace."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from nanobotd.api.router import Router
+from nanobotd.api.server import ControlServer
+from nanobotd.cli.client import Client, DaemonError
+from nanobotd.daemon.core import Core
+from nanobotd.daemon.handlers import search
+from tests.cli.fakedaemon import ServerThread
+
+
+@pytest.fixture
+def memory(tmp_path: Path) -> Path:
+    folder = tmp_path / "workspace" / "memory"
+    (folder / "archive").mkdir(parents=True)
+    (folder / "2026-11-20.md").write_text("# 2026-11-20\n\n## Decisions\n- Ship kestrel on Friday.\n")
+    (folder / "archive" / "2026-11-18.md").write_text("# 2026-11-18\n\n## Topics\n- Venue booked.\n")
+    (folder / "history.jsonl").write_text(json.dumps(
+        {"cursor": 3, "timestamp": "2026-11-19 08:30", "content": "Discussed tea.", "session_key": "cli:a"}) + "\n")
+    return folder
+
+
+@pytest.fixture
+def socket_path():
+    """A socket path under /tmp, short enough for AF_UNIX whatever the test's name."""
+    base = Path(tempfile.mkdtemp(prefix="nbr-", dir="/tmp"))
+    yield base / "run" / "nanobotd.sock"
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def client(memory: Path, socket_path: Path):
+    """The real search handlers behind a real control server, over a workspace reduced to its memory folder."""
+    workspace = SimpleNamespace(name="ws", env=SimpleNamespace(memory_dir=memory))
+    with ThreadPoolExecutor(1) as executor:
+        core = Core(config=None, store=None, executor=executor, scheduler=None, workspaces={"ws": workspace})
+        router = Router()
+        for method, pattern, handler in search.routes(core):
+            router.add(method, pattern, handler)
+        with ServerThread(ControlServer(socket_path, router)):
+            yield Client(socket_path, timeout=10)
+
+
+def test_recall_of_one_day_returns_its_note(client: Client) -> None:
+    answer = client.get("/v1/recall", {"from": "2026-11-20"})
+    assert (answer["workspace"], answer["from"], answer["to"], answer["truncated"]) == (
+        "ws", "2026-11-20", "2026-11-20", False)
+    assert [(item["source"], item["path"]) for item in answer["items"]] == [("daily note", "memory/2026-11-20.md")]
+    assert "Ship kestrel on Friday." in answer["items"][0]["text"]
+
+
+def test_recall_of_a_range_returns_archived_notes_and_history_by_day(client: Client) -> None:
+    answer = client.get("/v1/recall", {"from": "2026-11-18", "to": "2026-11-20"})
+    assert [(item["date"], item["source"]) for item in answer["items"]] == [
+        ("2026-11-18", "archived note"), ("2026-11-19", "history"), ("2026-11-20", "daily note")]
+    assert answer["items"][1]["text"] == "Discussed tea." and answer["items"][1]["cursor"] == 3
+
+
+@pytest.mark.parametrize("query, message", [
+    ({}, "'from' is required"),
+    ({"from": "2026-11-31"}, "must be a date as YYYY-MM-DD"),
+    ({"from": "20261120"}, "must be a date as YYYY-MM-DD"),
+    ({"from": "2026-11-20", "to": "2026-11-19"}, "'to' must not be before 'from'"),
+    ({"from": "2026-01-01", "to": "2026-03-01"}, "at most 31 days"),
+    ({"from": "2026-11-20", "max_chars": "10"}, "'max_chars' must be in"),
+])
+def test_recall_refuses_bad_dates_with_a_clear_message(client: Client, query: dict, message: str) -> None:
+    with pytest.raises(DaemonError) as refused:
+        client.get("/v1/recall", query)
+    assert refused.value.status == 400 and message in refused.value.message
