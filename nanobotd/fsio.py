@@ -13,8 +13,8 @@ import fcntl
 import os
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 LOCK_POLL_SECONDS = 0.02
 

@@ -11,7 +11,8 @@ import inspect
 import logging
 import re
 import sys
-from typing import Callable, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 from loguru import logger
 

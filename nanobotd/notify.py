@@ -10,7 +10,7 @@ import os
 import socket
 import time
 import unicodedata
-from typing import Mapping
+from collections.abc import Mapping
 
 from loguru import logger
 from sdnotify import SystemdNotifier

@@ -12,12 +12,19 @@ import asyncio
 import errno
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from loguru import logger
-from watchdog.events import (FileClosedEvent, FileCreatedEvent, FileDeletedEvent, FileModifiedEvent,
-                             FileMovedEvent, FileSystemEvent, FileSystemEventHandler)
+from watchdog.events import (
+    FileClosedEvent,
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
 from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
@@ -31,7 +38,7 @@ CHANGE_EVENTS = [FileCreatedEvent, FileModifiedEvent, FileClosedEvent, FileMoved
 class _Handler(FileSystemEventHandler):
     """Runs on watchdog's thread: only hands paths over to the loop."""
 
-    def __init__(self, watcher: "SessionWatcher"):
+    def __init__(self, watcher: SessionWatcher):
         self.watcher = watcher
 
     def on_any_event(self, event: FileSystemEvent) -> None:

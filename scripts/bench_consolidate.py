@@ -37,8 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_tracker import BenchDaemon, cpu_seconds, memory_mb, nanobot_conversation, percentile  # noqa: E402
-from nanobotd.sessions import file as sessionfile  # noqa: E402
+
 from nanobotd.config.schema import LLMSettings  # noqa: E402
+from nanobotd.sessions import file as sessionfile  # noqa: E402
 from nanobotd.tokens import count_tokens  # noqa: E402
 from tests.support.fakellm import FakeLLM, Responder, Text  # noqa: E402
 from tests.support.workspace import history_entries, make_workspace, write_session  # noqa: E402
@@ -75,12 +76,12 @@ def markers_in(text: str) -> list[tuple[int, int]]:
 # -- 1: offline consolidation ---------------------------------------------------------------------------
 def offline_worker(workspace: str, sessions: str, state_dir: str, key: str, reply) -> None:
     """In a fresh process: scan the session, then archive all of it raw; send back timings and VmHWM."""
-    from nanobotd.jobs.consolidate import archive as consolidate
-    from nanobotd.jobs.common import JobEnv
-    from nanobotd.llm.client import LLMClient
     from nanobotd.config.schema import WorkspaceSettings
-    from nanobotd.state.store import StateStore
+    from nanobotd.jobs.common import JobEnv
+    from nanobotd.jobs.consolidate import archive as consolidate
+    from nanobotd.llm.client import LLMClient
     from nanobotd.sessions.tracker import SessionTracker
+    from nanobotd.state.store import StateStore
 
     settings = WorkspaceSettings(path=Path(workspace), name="ws", sessions_dir=Path(sessions),
                                  llm=LLMSettings(model="none"))

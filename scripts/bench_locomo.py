@@ -62,7 +62,8 @@ def load_conversations(path: Path) -> list[dict]:
         sessions = []
         for number in numbers:
             stamp = conversation.get(f"session_{number}_date_time", "")
-            sessions.append({"number": number, "date": _session_date(stamp), "turns": conversation[f"session_{number}"]})
+            sessions.append({"number": number, "date": _session_date(stamp),
+                             "turns": conversation[f"session_{number}"]})
         questions = []
         for qa in sample["qa"]:
             evidence = {f"D{int(a)}:{int(b)}" for item in qa.get("evidence", []) for a, b in DIA_ID.findall(str(item))}
@@ -98,12 +99,13 @@ def write_sessions(conversation: dict, sessions_dir: Path) -> dict[str, list[str
     for session in conversation["sessions"]:
         key = f"locomo:{conversation['id']}-{session['number']}"
         start = session["date"]
-        stamps = [(start + timedelta(seconds=TURN_SECONDS * index)).isoformat() for index in range(len(session["turns"]))]
+        stamps = [(start + timedelta(seconds=TURN_SECONDS * index)).isoformat()
+                  for index in range(len(session["turns"]))]
         header = {"_type": "metadata", "key": key, "created_at": stamps[0] if stamps else start.isoformat(),
                   "updated_at": stamps[-1] if stamps else start.isoformat(), "metadata": {},
                   "last_archived": 0, "last_consolidated": 0}
         lines = [json.dumps(header, ensure_ascii=False)]
-        for turn, stamp in zip(session["turns"], stamps):
+        for turn, stamp in zip(session["turns"], stamps, strict=True):
             role = "user" if turn["speaker"] == speaker_a else "assistant"
             lines.append(json.dumps({"role": role, "name": turn["speaker"], "content": turn_text(turn),
                                      "timestamp": stamp, "dia_id": turn["dia_id"]}, ensure_ascii=False))
@@ -129,7 +131,8 @@ def write_history(conversation: dict, memory_dir: Path) -> dict[str, str]:
                     entry.append(line)
         if entry:
             key = f"locomo:{conversation['id']}-{session['number']}"
-            lines.append(json.dumps({"cursor": session["number"], "timestamp": session["date"].strftime("%Y-%m-%d %H:%M"),
+            stamp = session["date"].strftime("%Y-%m-%d %H:%M")
+            lines.append(json.dumps({"cursor": session["number"], "timestamp": stamp,
                                      "content": "\n".join(entry), "session_key": key}, ensure_ascii=False))
     memory_dir.mkdir(parents=True, exist_ok=True)
     (memory_dir / "history.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -175,14 +178,16 @@ class TurnBM25:
 
     def __init__(self, turns: list[tuple[str, str]]):
         self.connection = sqlite3.connect(":memory:")
-        self.connection.execute("CREATE VIRTUAL TABLE turns USING fts5(dia_id UNINDEXED, body, tokenize='porter unicode61')")
+        self.connection.execute(
+            "CREATE VIRTUAL TABLE turns USING fts5(dia_id UNINDEXED, body, tokenize='porter unicode61')")
         self.connection.executemany("INSERT INTO turns VALUES (?, ?)", turns)
 
     def ranking(self, question: str) -> list[tuple[set, int]]:
         terms = parse_query(question).terms
         if not terms:
             return []
-        rows = self.connection.execute("SELECT dia_id, body FROM turns WHERE turns MATCH ? ORDER BY bm25(turns) LIMIT ?",
+        rows = self.connection.execute(
+            "SELECT dia_id, body FROM turns WHERE turns MATCH ? ORDER BY bm25(turns) LIMIT ?",
                                        (" OR ".join(quote(term) for term in terms), TOP)).fetchall()
         return [({dia_id}, len(body.split())) for dia_id, body in rows]
 
@@ -196,14 +201,16 @@ class Scores:
     def add(self, category: int, evidence: set, ranked: list[tuple[set, int]]) -> None:
         first = next((rank for rank, (ids, _) in enumerate(ranked[:TOP], start=1) if ids & evidence), None)
         words = sum(count for _, count in ranked[:TOP])
-        self.rows[category].append((first is not None and first <= 5, first is not None, 1 / first if first else 0.0, words))
+        self.rows[category].append((first is not None and first <= 5, first is not None,
+                                    1 / first if first else 0.0, words))
 
     def summary(self, categories) -> dict:
         rows = [row for category in categories for row in self.rows.get(category, [])]
         if not rows:
             return {"R@5": 0.0, "R@10": 0.0, "MRR": 0.0, "W@10": 0.0, "questions": 0}
         count = len(rows)
-        return {"R@5": round(100 * sum(r[0] for r in rows) / count, 1), "R@10": round(100 * sum(r[1] for r in rows) / count, 1),
+        return {"R@5": round(100 * sum(r[0] for r in rows) / count, 1),
+                "R@10": round(100 * sum(r[1] for r in rows) / count, 1),
                 "MRR": round(sum(r[2] for r in rows) / count, 3), "W@10": round(sum(r[3] for r in rows) / count, 1),
                 "questions": count}
 

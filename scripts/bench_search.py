@@ -46,6 +46,7 @@ COMMON = ("the a to and of I you it is in that we for on was with this be have a
           "good new use going work maybe right now let check again still next week tomorrow").split()
 SYLLABLES = ("ka lo mi ren tor vel an sul dri pe qua zen bor lin fa gro mu tes ni ral cho vin ep "
              "os ur ta ki dem lon sar wey").split()
+ROLES = ["USER", "ASSISTANT"]
 FACT_MARKS = ("permanent", "durable", "ephemeral", "correction")
 START = datetime(2026, 1, 1, 8, 0)
 BIG_SESSION_MESSAGES = 5000
@@ -120,7 +121,7 @@ def generate(root: Path, histories: int, sessions: int, seed: int) -> tuple[Path
         for cursor in range(1, histories + 1):
             moment = START + timedelta(minutes=5 * cursor)
             if rng.random() < 0.1:
-                lines = [f"[{moment.isoformat()[:16]}] {rng.choice(['USER', 'ASSISTANT'])}: {text.sentence(rng.randint(8, 40))}"
+                lines = [f"[{moment.isoformat()[:16]}] {rng.choice(ROLES)}: {text.sentence(rng.randint(8, 40))}"
                          for _ in range(rng.randint(2, 8))]
                 content = f"[RAW] {len(lines)} messages\n" + "\n".join(lines)
             else:
@@ -234,7 +235,8 @@ def qmd_bench(qmd: str, workspace: Path, root: Path, queries: list[str]) -> dict
         return done
 
     started = time.perf_counter()
-    run("collection", "add", str(workspace), "--name", name, "--mask", "SOUL.md,USER.md,memory/*.md,memory/archive/*.md")
+    run("collection", "add", str(workspace), "--name", name, "--mask",
+        "SOUL.md,USER.md,memory/*.md,memory/archive/*.md")
     run("update")
     index_seconds = time.perf_counter() - started
     samples = time_calls(lambda query: run("search", query, "-n", "10", timeout=60), queries)
@@ -339,11 +341,13 @@ def print_results(results: dict) -> None:
             print(f"search {name:<8} {row}")
         else:
             extra = f" (qmd index {row['index_seconds']}s)" if "index_seconds" in row else ""
-            print(f"search {name:<8} p50 {row['p50_ms']:8.2f} ms  p95 {row['p95_ms']:8.2f} ms  n={row['samples']}{extra}")
+            print(f"search {name:<8} p50 {row['p50_ms']:8.2f} ms  p95 {row['p95_ms']:8.2f} ms"
+                  f"  n={row['samples']}{extra}")
     for name, row in results["update"].items():
         if isinstance(row, dict):
             print(f"update {name:<24} p50 {row['p50_ms']:8.2f} ms  p95 {row['p95_ms']:8.2f} ms  n={row['samples']}")
-    print(f"update session append: at most {results['update']['session_append_units_added_max']} units added per message")
+    most = results["update"]["session_append_units_added_max"]
+    print(f"update session append: at most {most} units added per message")
 
 
 if __name__ == "__main__":

@@ -35,13 +35,13 @@ from urllib.parse import quote
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nanobotd.sessions import file as sessionfile  # noqa: E402
-from nanobotd.cli.nanobotctl import Client, CannotConnect, DaemonError  # noqa: E402
-from nanobotd.daemon.workspace import Workspace  # noqa: E402
+from nanobotd.cli.nanobotctl import CannotConnect, Client, DaemonError  # noqa: E402
 from nanobotd.config.schema import DaemonSettings, WorkspaceSettings  # noqa: E402
+from nanobotd.daemon.workspace import Workspace  # noqa: E402
+from nanobotd.sessions import file as sessionfile  # noqa: E402
+from nanobotd.sessions.tracker import SessionTracker  # noqa: E402
 from nanobotd.state.store import StateStore  # noqa: E402
 from nanobotd.tokens import DEFAULT_ENCODING, count_tokens, get_encoding  # noqa: E402
-from nanobotd.sessions.tracker import SessionTracker  # noqa: E402
 from tests.support.daemonproc import DaemonProcess  # noqa: E402
 from tests.support.workspace import make_workspace, write_session  # noqa: E402
 

@@ -22,14 +22,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from tests.support.fakellm import FakeLLM, Text, ToolCalls  # noqa: E402
+from tests.support.fakellm import Text, ToolCalls  # noqa: E402
 
 RUNNER = Path(__file__).resolve().parent / "nanobot_runner.py"
 SESSIONS = ("cli:alpha", "cli:beta")

@@ -33,7 +33,6 @@ sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from nanobot_agent import (  # noqa: E402
-    SESSIONS,
     ScriptedModel,
     Step,
     history_entries,
@@ -109,7 +108,7 @@ class Nanobotd:
         self.bin = Path(sys.executable).with_name("nanobotctl")
         self.process: subprocess.Popen | None = None
 
-    def start(self) -> "Nanobotd":
+    def start(self) -> Nanobotd:
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen([str(Path(sys.executable).with_name("nanobotd")), "run", "--config",
                                              str(self.config)], stdout=log, stderr=subprocess.STDOUT, env=self.env)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install nanobotd with its test dependencies and QMD, then run the whole test suite.
+# Install nanobotd with its test dependencies, QMD and (for compatibility tests) nanobot-ai in its own venv;
+# check the layer contracts and the linter; then run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -7,4 +8,8 @@ PYTHON=${PYTHON:-python3}
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]' >.venv/install.log 2>&1 \
   || { cat .venv/install.log; exit 1; }
 bash scripts/install-qmd.sh >/dev/null || echo "QMD could not be installed; its tests will skip" >&2
+bash scripts/install-nanobot.sh >/dev/null || echo "nanobot-ai could not be installed; its tests will skip" >&2
+# the layer contracts (pyproject [tool.importlinter]) and the linter hold before any test runs
+.venv/bin/lint-imports --no-cache >/dev/null || { .venv/bin/lint-imports --no-cache; exit 1; }
+.venv/bin/ruff check -q nanobotd tests scripts
 exec .venv/bin/python -m pytest -q "$@"

@@ -6,8 +6,9 @@ caller got wrong, and the server turns it into `{"error": {"code", "message"}}` 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 from urllib.parse import unquote
 
 MISSING = object()
@@ -104,7 +105,7 @@ class _Route:
         if len(segments) != len(self.segments):
             return None
         params = {}
-        for wanted, given in zip(self.segments, segments):
+        for wanted, given in zip(self.segments, segments, strict=True):
             if wanted.startswith("{"):
                 if not given:
                     return None

@@ -14,16 +14,27 @@ import json
 import os
 import socket
 import stat
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from loguru import logger
 
 from nanobotd import fsio
 from nanobotd.api.peercred import PeerCredentials, peer_credentials, peer_groups
 from nanobotd.api.router import ApiError, Request, Router
-from nanobotd.api.wire import (MAX_BODY_BYTES, MAX_HEAD_BYTES, ClientGone, RequestHead, as_response, encode,
-                               encode_error, parse_json, parse_query, read_body, read_head)
+from nanobotd.api.wire import (
+    MAX_BODY_BYTES,
+    MAX_HEAD_BYTES,
+    ClientGone,
+    RequestHead,
+    as_response,
+    encode,
+    encode_error,
+    parse_json,
+    parse_query,
+    read_body,
+    read_head,
+)
 
 READ_TIMEOUT_SECONDS = 10.0
 PROBE_TIMEOUT_SECONDS = 2.0

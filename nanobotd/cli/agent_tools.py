@@ -9,8 +9,9 @@ A tool never raises: a daemon that is down or refuses gives a sentence the model
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from datetime import date
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 from nanobotd.cli.client import START_HINT, CannotConnect, Client, DaemonError
 

@@ -9,8 +9,9 @@ import argparse
 import http.client
 import json
 import socket
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import urlencode
 
 from nanobotd.config import paths

@@ -10,14 +10,21 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping, TextIO
+from typing import Any, TextIO
 
 from nanobotd import __version__
 from nanobotd.cli.client import DEFAULT_TIMEOUT_SECONDS, CannotConnect, Client, DaemonError, resolve_socket
 from nanobotd.cli.commands import jobs, mcp, reports, search, sessions, setup
-from nanobotd.cli.invocation import (EXIT_BROKEN_PIPE, EXIT_CANNOT_CONNECT, EXIT_DAEMON_ERROR, EXIT_INTERRUPTED,
-                                     EXIT_OK, Invocation)
+from nanobotd.cli.invocation import (
+    EXIT_BROKEN_PIPE,
+    EXIT_CANNOT_CONNECT,
+    EXIT_DAEMON_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    Invocation,
+)
 
 # The daemon's vocabulary and limits, repeated here because nanobotctl must not import the daemon.
 RUN_KINDS = ("consolidate", "flush", "dream", "lifecycle", "restore")

@@ -6,7 +6,8 @@ Nothing here writes or talks to the daemon, so every rendering is testable on pl
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 Columns = Sequence[tuple[str, str]]
 
@@ -34,7 +35,7 @@ def format_table(headers: list[str], rows: list[list[Any]]) -> list[str]:
     lines = []
     for row in [headers] + cells:
         parts = [text.rjust(width) if numeric[index] and row is not headers else text.ljust(width)
-                 for index, (text, width) in enumerate(zip(row, widths))]
+                 for index, (text, width) in enumerate(zip(row, widths, strict=False))]
         lines.append("  ".join(parts).rstrip())
     return lines
 

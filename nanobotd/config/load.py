@@ -11,9 +11,10 @@ import hashlib
 import os
 import tomllib
 import zoneinfo
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from nanobotd.config import paths
 from nanobotd.config.schema import WORKSPACE_TABLES, DaemonSettings, WorkspaceSettings

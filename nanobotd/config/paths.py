@@ -7,8 +7,8 @@ The environment is passed in, so callers decide where it comes from.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 APP = "nanobotd"
 SOCKET_NAME = "nanobotd.sock"

@@ -6,10 +6,10 @@ Nothing below the `Daemon` holds the daemon; handlers, triggers and runs get thi
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Callable
 from zoneinfo import ZoneInfo
 
 from nanobotd.config.load import Config

@@ -196,7 +196,7 @@ class Daemon:
         wanted = {settings.name: settings for settings in configured}
         for name, workspace in list(workspaces.items()):
             settings = wanted.get(name)
-            if settings is not None and settings == workspace.settings and settings.api_key == workspace.settings.api_key:
+            if settings == workspace.settings and settings.api_key == workspace.settings.api_key:
                 continue
             logger.info("workspace {} {} the config", name, "changed in" if settings else "removed from")
             companion.close(workspace)

@@ -8,8 +8,8 @@ so `nanobotctl run RUN_ID` can follow a job from the 202 answer on.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable
 
 from loguru import logger
 

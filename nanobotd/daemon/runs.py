@@ -7,15 +7,15 @@ how the queue treats it (its exclusion target, whether it needs an LLM slot, whe
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+from collections.abc import Callable
 
 from loguru import logger
 
-from nanobotd.timestamps import iso_local
 from nanobotd.daemon import indexing
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.workspace import Workspace
 from nanobotd.jobs.registry import SCHEDULED_KINDS, job_kind
+from nanobotd.timestamps import iso_local
 
 
 def _queue_policy(kind: str, workspace: Workspace, params: dict) -> dict:

@@ -36,8 +36,7 @@ async def reconcile_all(core: Core, *, startup: bool = False) -> None:
                 core.watcher.watch(folder)
         if startup:
             unchanged = [result.key for result in results if not result.changed]
-            counts = await loop.run_in_executor(
-                core.executor, lambda: {key: workspace.tracker.vanished_count(key) for key in unchanged})
+            counts = await loop.run_in_executor(core.executor, vanished_counts, workspace, unchanged)
         for result in results:
             if result.changed:
                 scanned(core, workspace, result.key, vanished=result.vanished, mark_moved=result.mark_moved,
@@ -56,6 +55,11 @@ async def open_workspace(core: Core, workspace: Workspace) -> None:
     """Open git, QMD and the skill file of a freshly scanned workspace, then refresh its index."""
     await workspace.open()
     indexing.schedule_refresh(core, workspace, None)
+
+
+def vanished_counts(workspace: Workspace, keys: list[str]) -> dict[str, int]:
+    """Spooled messages gone from each unchanged file (found at start: they vanished while nanobotd was down)."""
+    return {key: workspace.tracker.vanished_count(key) for key in keys}
 
 
 def rebuild_archive_marks(workspace: Workspace) -> None:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Callable
 
 from loguru import logger
 
@@ -31,8 +31,8 @@ from nanobotd.sessions.agent_config import AgentSettings, find_agent_config, rea
 from nanobotd.sessions.file import is_session_file
 from nanobotd.sessions.tracker import ScanResult, SessionTracker
 from nanobotd.state.store import StateStore
-from nanobotd.tokens import encoding_name_for
 from nanobotd.timestamps import iso_local
+from nanobotd.tokens import encoding_name_for
 
 ALL_FILES = Path("*")  # a pending index change that means "check every file"
 AGENT_ENCODING = "cl100k_base"  # what nanobot counts its prompt in

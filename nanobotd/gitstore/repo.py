@@ -7,8 +7,9 @@ Repo through `open_repo`, so a GitPython or git failure reaches callers only as 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 AUTHOR_NAME = "nanobot"
 AUTHOR_EMAIL = "nanobot@dream"

@@ -13,9 +13,10 @@ import asyncio
 import contextlib
 import functools
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from loguru import logger
 

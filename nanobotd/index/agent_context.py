@@ -10,16 +10,16 @@ from __future__ import annotations
 import codecs
 import json
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
-from nanobotd.fsio import read_text_lossy
-from nanobotd.memory.history import DREAM_CURSOR_NAME, HISTORY_NAME, HistoryEntry, parse_entry, read_cursor_file
-from nanobotd.index.hit import SearchBackendError, SearchHit
-from nanobotd.sessions.file import SessionHeader, read_header
 from nanobotd.config.schema import ContextSettings
-from nanobotd.tokens import count_tokens, get_encoding, DEFAULT_ENCODING
+from nanobotd.fsio import read_text_lossy
+from nanobotd.index.hit import SearchBackendError, SearchHit
+from nanobotd.memory.history import DREAM_CURSOR_NAME, HISTORY_NAME, HistoryEntry, parse_entry, read_cursor_file
+from nanobotd.sessions.file import SessionHeader, read_header
+from nanobotd.tokens import DEFAULT_ENCODING, count_tokens, get_encoding
 
 BOOTSTRAP_FILES = ("AGENTS.md", "SOUL.md", "USER.md")
 MEMORY_FILE = "memory/MEMORY.md"
@@ -306,6 +306,17 @@ def _entry(raw: bytes) -> HistoryEntry | None:
 
 # -- search -----------------------------------------------------------------------------------------
 
+def _already_shown(hit: SearchHit, included_files: set[str], history_shown: list[str], session_key: str | None,
+                   live_from: int | None) -> bool:
+    """A hit the context holds already: an included file, a shown history entry, the live session's tail."""
+    if hit.source in ("memory", "note"):
+        return hit.path in included_files
+    if hit.source == "history":
+        return any(hit.text.strip() in content for content in history_shown)
+    return (hit.source == "session" and hit.session_key == session_key and live_from is not None
+            and (hit.message_start or 0) >= live_from)
+
+
 def add_search(assembly: Assembly, workspace: Path, query: str,
                search: Callable[[str, int], list[SearchHit]] | None, session_key: str | None,
                included_files: set[str], history_shown: list[str]) -> None:
@@ -320,18 +331,8 @@ def add_search(assembly: Assembly, workspace: Path, query: str,
         assembly.omitted.append({"name": name, "reason": f"search unavailable: {exc}"})
         return
     live_from = _live_from(workspace, session_key, hits)
-    blocks = []
-    for hit in hits:
-        if hit.source in ("memory", "note") and hit.path in included_files:
-            continue
-        if hit.source == "history" and any(hit.text.strip() in content for content in history_shown):
-            continue
-        if hit.source == "session" and hit.session_key == session_key and live_from is not None \
-                and (hit.message_start or 0) >= live_from:
-            continue
-        blocks.append(render_hit(hit))
-        if len(blocks) >= SEARCH_LIMIT:
-            break
+    fresh = [hit for hit in hits if not _already_shown(hit, included_files, history_shown, session_key, live_from)]
+    blocks = [render_hit(hit) for hit in fresh[:SEARCH_LIMIT]]
     if not blocks:
         assembly.omitted.append({"name": name, "reason": "no hits"})
         return

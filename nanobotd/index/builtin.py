@@ -13,9 +13,9 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 from loguru import logger
 

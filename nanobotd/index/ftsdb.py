@@ -9,9 +9,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from nanobotd.index.units import Unit
 

@@ -19,8 +19,8 @@ import dataclasses
 import hashlib
 import os
 import time
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
-from typing import AsyncIterator, Callable, Mapping
 
 from loguru import logger
 

@@ -10,7 +10,7 @@ import json
 import re
 import sqlite3
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -141,4 +141,4 @@ def json_array(stdout: str) -> list:
 
 def iso_time(timestamp: float) -> str:
     """A POSIX timestamp as ISO 8601 text in UTC."""
-    return datetime.fromtimestamp(timestamp, tz=timezone.utc).isoformat(timespec="seconds")
+    return datetime.fromtimestamp(timestamp, tz=UTC).isoformat(timespec="seconds")

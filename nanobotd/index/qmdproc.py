@@ -17,9 +17,9 @@ import re
 import shutil
 import signal
 import socket
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 from loguru import logger
 
@@ -84,7 +84,7 @@ async def run_qmd(
         raise SearchBackendError(f"cannot run {argv[0]}: {exc.strerror or exc}") from exc
     try:
         stdout, stderr = await asyncio.wait_for(process.communicate(), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise QmdTimeout(f"`{_describe(argv)}` timed out after {timeout:g}s") from None
     finally:
         # Also reached on cancellation: no qmd process outlives the coroutine that started it.
@@ -227,7 +227,7 @@ class McpServer:
             status, body = await asyncio.wait_for(
                 asyncio.to_thread(_http_request, port, path, payload, timeout), timeout
             )
-        except (OSError, asyncio.TimeoutError, http.client.HTTPException) as exc:
+        except (TimeoutError, OSError, http.client.HTTPException) as exc:
             await self._record_failure(f"qmd mcp server did not answer: {exc or type(exc).__name__}")
             raise SearchBackendError(self.last_error) from exc
         if status != 200:
@@ -324,7 +324,7 @@ class McpServer:
                 os.killpg(process.pid, signal.SIGTERM)
             try:
                 await asyncio.wait_for(process.wait(), MCP_STOP_GRACE_SECONDS)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         if process is not None and process.returncode is None:
             await kill_process_group(process)

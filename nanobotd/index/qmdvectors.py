@@ -6,8 +6,8 @@ VECTOR_RETRY_SECONDS, so searches do not each pay for it again; BM25 answers mea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from loguru import logger
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
-from typing import Callable
+from collections.abc import Callable
 
 from nanobotd.index.ftsdb import MatchRow
 from nanobotd.index.hit import SearchHit

@@ -7,8 +7,8 @@ clauses are kept rarest first while their postings fit MATCH_BUDGET (the rarest 
 index nothing is counted and nothing is dropped; clauses matching nothing are dropped for free.
 Counting stops at the budget, so choosing costs at most a few milliseconds per word. When even the
 rarest word is everywhere, only the newest MATCH_BUDGET units are ranked (by rowid, which grows as
-units are indexed): a word that common ranks nothing well anyway, and the cost stays bounded. Counts are cached until the index grows or shrinks
-by a tenth: they only steer which words are searched.
+units are indexed): a word that common ranks nothing well anyway, and the cost stays bounded. Counts are
+cached until the index grows or shrinks by a tenth: they only steer which words are searched.
 """
 
 from __future__ import annotations

@@ -16,19 +16,19 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from nanobotd.index.query import date_words
 from nanobotd.index.units import Unit, iso_seconds, parse_timestamp
 from nanobotd.sessions.file import (
     RawLine,
+    SessionHeader,
     is_metadata_line,
     iter_raw_lines,
     key_from_filename,
     message_fields,
     read_header,
-    SessionHeader,
 )
 
 WINDOW = 4

@@ -11,13 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
-from typing import Iterator
 
-from nanobotd.memory.history import parse_entry
 from nanobotd.index.query import date_words
+from nanobotd.memory.history import parse_entry
 from nanobotd.sessions.file import iter_raw_lines
 
 MAX_UNIT_CHARS = 1500
@@ -147,7 +147,7 @@ def _section_ranges(lines: list[str]) -> list[tuple[int, int]]:
             starts.append(number)
     ends = [start - 1 for start in starts[1:]] + [len(lines)]
     ranges = []
-    for start, end in zip(starts, ends):
+    for start, end in zip(starts, ends, strict=True):
         # Blank lines at the edges belong to no section: appending a section must not move the previous one.
         while start <= end and not lines[start - 1].strip():
             start += 1

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections import defaultdict
 from datetime import datetime
 
+from nanobotd.config.schema import WorkspaceSettings
+from nanobotd.jobs.common import describe_step, folder_size, run_backup_dir
 from nanobotd.memory import history
 from nanobotd.memory.dailynote import scan_notes
-from nanobotd.jobs.common import describe_step, folder_size, run_backup_dir
-from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.state.store import StateStore
 
 RUN_LIST_LIMIT = 1_000_000
@@ -71,7 +71,7 @@ def history_problems(scan: history.HistoryScan, largest: int, cursor_file: int, 
                 "problem": f"memory/history.jsonl holds cursor {cursor} more than once (lines {_lines(lines)})",
                 "fix": f"keep one of lines {_lines(lines)} in memory/history.jsonl (merge their content by hand)",
             })
-    backwards = [(previous, entry) for previous, entry in zip(scan.entries, scan.entries[1:])
+    backwards = [(previous, entry) for previous, entry in zip(scan.entries, scan.entries[1:], strict=False)
                  if entry.cursor < previous.cursor]
     if backwards:
         previous, entry = backwards[0]

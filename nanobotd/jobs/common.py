@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from nanobotd import fsio
 from nanobotd.config.schema import WorkspaceSettings

@@ -14,6 +14,11 @@ from pathlib import Path
 from loguru import logger
 
 from nanobotd import fsio
+from nanobotd.config.schema import WorkspaceSettings
+from nanobotd.jobs.common import JobEnv, RestoreRefused, refuse_if_expired
+from nanobotd.llm.client import LLMClient
+from nanobotd.llm.failures import LLMError
+from nanobotd.llm.reply import UsageMeter
 from nanobotd.memory import history
 from nanobotd.memory.dailynote import (
     NOTE_SECTIONS,
@@ -27,14 +32,9 @@ from nanobotd.memory.dailynote import (
     note_path,
     remove_bullets,
 )
-from nanobotd.jobs.common import JobEnv, RestoreRefused, refuse_if_expired
-from nanobotd.llm.client import LLMClient
-from nanobotd.llm.failures import LLMError
-from nanobotd.llm.reply import UsageMeter
-from nanobotd.config.schema import WorkspaceSettings
+from nanobotd.memory.transcript import PendingMessage, render_message
 from nanobotd.state.store import RunRecord, StateStore
 from nanobotd.tokens import count_tokens, encoding_name_for
-from nanobotd.memory.transcript import PendingMessage, render_message
 
 FLUSH_KIND = "flush"
 NO_REPLY = "NO_REPLY"

@@ -11,9 +11,9 @@ import base64
 import binascii
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 MAX_LINE_BYTES = 8 * 1024 * 1024
 READ_CHUNK = 1024 * 1024

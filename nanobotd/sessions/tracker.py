@@ -18,6 +18,7 @@ from pathlib import Path
 
 from loguru import logger
 
+from nanobotd.memory.transcript import PendingMessage, record_json
 from nanobotd.sessions import file as sessionfile
 from nanobotd.sessions.scan import MessageInfo, parse_session
 from nanobotd.sessions.session import (
@@ -29,7 +30,6 @@ from nanobotd.sessions.session import (
     save_session,
 )
 from nanobotd.state.store import StateStore
-from nanobotd.memory.transcript import PendingMessage, record_json
 
 
 @dataclass(frozen=True)

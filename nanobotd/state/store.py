@@ -13,10 +13,10 @@ import secrets
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from loguru import logger
 
@@ -174,7 +174,7 @@ class StateStore:
         self._db: sqlite3.Connection | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
-    def open(self) -> "StateStore":
+    def open(self) -> StateStore:
         """Open (creating or migrating) the database; a corrupt one is moved aside and recreated."""
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         (self.state_dir / RUNS_DIR).mkdir(exist_ok=True, mode=0o700)

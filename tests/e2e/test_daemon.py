@@ -84,7 +84,8 @@ def test_a_workspace_that_does_not_exist_yet_is_waited_for(tmp_path, daemon_proc
 
 def test_a_second_daemon_on_the_same_socket_exits_with_a_clear_error(daemon, tmp_path, daemon_process):
     daemon.start()
-    second = daemon_process(daemon.workspace, base=tmp_path / "second") if (tmp_path / "second").mkdir() is None else None
+    (tmp_path / "second").mkdir()
+    second = daemon_process(daemon.workspace, base=tmp_path / "second")
     second.socket = daemon.socket
     second.config_path.write_text(daemon.config_path.read_text().replace(str(daemon.state_dir),
                                                                           str(tmp_path / "second" / "state")))
@@ -110,7 +111,7 @@ def test_notify_socket_receives_ready_watchdog_status_reloading_stopping_in_orde
                 return
             try:
                 messages.append(listener.recv(4096).decode("ascii"))
-            except socket.timeout:
+            except TimeoutError:
                 continue
         raise AssertionError(f"{until} not received; got {messages}\n{proc.log()[-2000:]}")
 

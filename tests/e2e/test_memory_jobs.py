@@ -97,8 +97,9 @@ def test_search_finds_a_fact_written_to_memory_within_seconds_and_forgets_delete
 
 
 def daemon_ctl_reindex(daemon):
-    from tests.support.daemonproc import CTL
     import sys
+
+    from tests.support.daemonproc import CTL
 
     return [sys.executable, "-c", CTL, "--socket", str(daemon.socket), "reindex"]
 

@@ -42,7 +42,7 @@ api_base = "{fake.base_url}"
 timeout_seconds = 5
 max_retries = 0
 """)
-        for attempt in range(KILLS):
+        for _ in range(KILLS):
             proc.start()
             for session in rng.sample(range(SESSIONS), 2):
                 counts[session] += rng.randint(2, 8)

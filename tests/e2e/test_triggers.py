@@ -41,7 +41,8 @@ idle_minutes = 0.05
             assert session["unarchived_tokens"] <= session["budget"]
             write_session(sessions, "cli:quiet", conversation(4))
             proc.wait_for(lambda: (proc.session("cli:quiet") or {}).get("unarchived_messages") == 0, timeout=30)
-            reasons = [run for run in proc.ctl_json("runs", "--limit", "100")["runs"] if run["session_key"] == "cli:quiet"]
+            reasons = [run for run in proc.ctl_json("runs", "--limit", "100")["runs"]
+                       if run["session_key"] == "cli:quiet"]
             assert reasons
         finally:
             proc.kill()

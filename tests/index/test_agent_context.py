@@ -8,10 +8,10 @@ from datetime import datetime
 
 import pytest
 
+from nanobotd.config.schema import ContextSettings
+from nanobotd.index.agent_context import build_context
 from nanobotd.index.builtin import BuiltinIndex
 from nanobotd.index.hit import SearchBackendError, SearchHit
-from nanobotd.index.agent_context import build_context
-from nanobotd.config.schema import ContextSettings
 from nanobotd.tokens import count_tokens
 from tests.support.workspace import conversation, make_workspace, write_session
 
@@ -87,7 +87,8 @@ def test_the_total_cap_cuts_later_files_and_then_leaves_them_out(tmp_path):
     result = build_context(workspace, settings=SETTINGS, budget_tokens=100000)
     assert "s" * 2800 + "\n[... SOUL.md: 6400 chars cut ...]\n" + "s" * 800 + "\n" in result["text"]
     user = result["text"].split("## USER.md\n", 1)[1].split("\n## ", 1)[0]
-    assert len("a" * 20000) + len("s" * 2800 + "\n[... SOUL.md: 6400 chars cut ...]\n" + "s" * 800) + len(user.strip()) <= 24000
+    cut_soul = "s" * 2800 + "\n[... SOUL.md: 6400 chars cut ...]\n" + "s" * 800
+    assert len("a" * 20000) + len(cut_soul) + len(user.strip()) <= 24000
     assert "[... USER.md: " in user
     (workspace / "SOUL.md").write_text("s" * 4000)
     result = build_context(workspace, settings=SETTINGS, budget_tokens=100000)

@@ -117,7 +117,8 @@ def test_every_hit_carries_its_location_and_when(index, workspace):
     assert (note.line_start, note.line_end, note.when) == (3, 4, "2026-11-20")
     assert hits["note:memory/archive/2026-08-01.md"].when == "2026-08-01"
     entry = hits["history:memory/history.jsonl"]
-    assert (entry.line_start, entry.line_end, entry.when, entry.session_key) == (1, 1, "2026-11-21T08:15:00", "cli:direct")
+    assert (entry.line_start, entry.line_end, entry.when, entry.session_key) == (
+        1, 1, "2026-11-21T08:15:00", "cli:direct")
     assert hits["memory:USER.md"].line_start == 3
     session = next(hit for hit in hits.values() if hit.source == "session")
     assert (session.session_key, session.message_start, session.message_end) == ("cli:direct", 0, 0)
@@ -249,7 +250,8 @@ def test_a_deleted_file_disappears_whether_named_or_found_missing(index, workspa
     root, sessions = workspace
     note = root / "memory" / "2026-11-01.md"
     write(note, "## Topics\n- wombat migration\n")
-    session = write_session(sessions, "cli:gone", [{"role": "user", "content": "wombat", "timestamp": "2026-11-01T10:00:00"}])
+    session = write_session(sessions, "cli:gone",
+                            [{"role": "user", "content": "wombat", "timestamp": "2026-11-01T10:00:00"}])
     index.refresh()
     assert len(index.search("wombat")) == 2
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from nanobotd.index.hit import SearchBackendError
 from nanobotd.config.schema import QmdSettings
+from nanobotd.index.hit import SearchBackendError
 from nanobotd.index.qmd import COLLECTION_MASK, QmdBackend, collection_name
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

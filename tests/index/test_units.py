@@ -37,7 +37,7 @@ def test_a_long_section_is_cut_on_line_boundaries_and_keeps_its_heading():
     assert len(units) > 3 and all(len(unit.text) <= MAX_UNIT_CHARS + 20 for unit in units)
     assert all(unit.text.startswith("## Facts\n") for unit in units)
     assert units[0].start == 1 and units[-1].end == 101
-    assert all(later.start == earlier.end + 1 for earlier, later in zip(units, units[1:]))
+    assert all(later.start == earlier.end + 1 for earlier, later in zip(units, units[1:], strict=False))
 
 
 def test_a_huge_single_line_becomes_many_units_pointing_at_that_line():

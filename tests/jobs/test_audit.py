@@ -8,10 +8,10 @@ from datetime import datetime
 
 import pytest
 
+from nanobotd.config.schema import LLMSettings, WorkspaceSettings
 from nanobotd.jobs.audit import audit_workspace
 from nanobotd.jobs.lifecycle.run import run_lifecycle
 from nanobotd.llm.client import LLMClient
-from nanobotd.config.schema import LLMSettings, WorkspaceSettings
 from nanobotd.state.store import StateStore
 
 NOW = datetime(2026, 6, 15, 9, 0)

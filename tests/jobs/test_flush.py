@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from nanobotd.jobs.flush import FlushReplyError, flush_session, parse_facts, restore_flush_run
-from nanobotd.jobs.common import RestoreRefused
-from nanobotd.llm.client import LLMClient
 from nanobotd.config.schema import LLMSettings, WorkspaceSettings
-from nanobotd.state.store import StateStore
+from nanobotd.jobs.common import RestoreRefused
+from nanobotd.jobs.flush import FlushReplyError, flush_session, parse_facts, restore_flush_run
+from nanobotd.llm.client import LLMClient
 from nanobotd.memory.transcript import PendingMessage
+from nanobotd.state.store import StateStore
 from tests.support.fakellm import FakeLLM, HttpError, Text
 
 NOW = datetime(2026, 3, 5, 21, 30)

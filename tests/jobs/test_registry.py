@@ -10,12 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from nanobotd.config.schema import WorkspaceSettings
+from nanobotd.config.schema import LLMSettings, WorkspaceSettings
 from nanobotd.jobs import restore
 from nanobotd.jobs.common import JobEnv
 from nanobotd.jobs.flush import flush_session
 from nanobotd.jobs.registry import JOB_KINDS, SCHEDULED_KINDS, job_kind
-from nanobotd.config.schema import LLMSettings
 from nanobotd.llm.client import LLMClient
 from nanobotd.memory.transcript import PendingMessage
 from nanobotd.sessions.tracker import SessionTracker

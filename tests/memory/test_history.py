@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 from datetime import datetime
-from pathlib import Path
 
 from nanobotd.memory import history
 

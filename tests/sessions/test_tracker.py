@@ -5,8 +5,8 @@ from __future__ import annotations
 import shutil
 
 from nanobotd.sessions.file import filename_for_key
-from nanobotd.state.store import StateStore
 from nanobotd.sessions.tracker import SessionTracker
+from nanobotd.state.store import StateStore
 from tests.support.workspace import SAMPLES, conversation, make_workspace, write_session
 
 
@@ -132,11 +132,11 @@ def test_archive_marks_are_rebuilt_from_history_spans_after_the_db_is_lost(tmp_p
     import asyncio
     from datetime import datetime
 
-    from nanobotd.memory import history
-    from nanobotd.jobs.consolidate import archive as consolidate
-    from nanobotd.jobs.common import JobEnv
-    from nanobotd.llm.client import LLMClient
     from nanobotd.config.schema import LLMSettings, WorkspaceSettings
+    from nanobotd.jobs.common import JobEnv
+    from nanobotd.jobs.consolidate import archive as consolidate
+    from nanobotd.llm.client import LLMClient
+    from nanobotd.memory import history
 
     workspace, sessions = make_workspace(tmp_path)
     store, tracker = make_tracker(tmp_path)

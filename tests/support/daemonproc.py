@@ -49,9 +49,10 @@ consolidation = {{ mode = "{mode}" }}
         self.args = args
         self.proc: subprocess.Popen | None = None
 
-    def start(self, *, wait: bool = True) -> "DaemonProcess":
+    def start(self, *, wait: bool = True) -> DaemonProcess:
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "nanobotd.cli.nanobotd", "run", "--config", str(self.config_path),
+        self.proc = subprocess.Popen([sys.executable, "-m", "nanobotd.cli.nanobotd", "run", "--config",
+                                      str(self.config_path),
                                       *self.args],
                                      stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO)
         log.close()

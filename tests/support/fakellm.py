@@ -16,9 +16,10 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Union
+from typing import Any
 
 FAKE_MODEL_NAME = "fake-model"
 DEFAULT_REPLY = "(nothing)"
@@ -42,7 +43,7 @@ class Text:
 class ToolCalls:
     """An assistant message calling tools; a call's arguments may be a raw string to script malformed JSON."""
 
-    calls: list[tuple[str, Union[dict, str]]]
+    calls: list[tuple[str, dict | str]]
     content: str = ""
     finish_reason: str = "tool_calls"
     prompt_tokens: int = 10
@@ -87,7 +88,7 @@ class Responder:
     fn: Callable[[dict], Any]
 
 
-Action = Union[Text, ToolCalls, HttpError, Hang, Garbage, Empty, Responder]
+Action = Text | ToolCalls | HttpError | Hang | Garbage | Empty | Responder
 ACTION_TYPES = (Text, ToolCalls, HttpError, Hang, Garbage, Empty, Responder)
 
 
@@ -119,7 +120,7 @@ class FakeLLM:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}/v1"
 
-    def start(self) -> "FakeLLM":
+    def start(self) -> FakeLLM:
         """Bind the socket and serve from a daemon thread."""
         self._stopping.clear()
         self._server = ThreadingHTTPServer((self._host, self._port), _make_handler(self))
@@ -141,7 +142,7 @@ class FakeLLM:
         self._server = None
         self._thread = None
 
-    def __enter__(self) -> "FakeLLM":
+    def __enter__(self) -> FakeLLM:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:

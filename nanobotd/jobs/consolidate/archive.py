@@ -16,13 +16,13 @@ from pathlib import Path
 from loguru import logger
 
 from nanobotd import fsio
-from nanobotd.memory import history
-from nanobotd.jobs.consolidate.prompt import NOTHING, archive_messages, parse_summary
 from nanobotd.jobs.common import JobEnv
+from nanobotd.jobs.consolidate.prompt import NOTHING, archive_messages, parse_summary
 from nanobotd.llm.failures import LLMError
 from nanobotd.llm.reply import UsageMeter
-from nanobotd.state.store import RunRecord
+from nanobotd.memory import history
 from nanobotd.memory.transcript import PendingMessage, raw_entries, transcript
+from nanobotd.state.store import RunRecord
 
 SAFETY_MARGIN = 1.2
 PROMPT_OVERHEAD_TOKENS = 600
@@ -237,7 +237,7 @@ def recover_consolidation(ctx: JobEnv, run: RunRecord) -> str:
         cursors, hashes = chunk.get("cursors"), chunk.get("hashes", [])
         if cursors is None:
             continue
-        found = [cursor for cursor, digest in zip(cursors, hashes)
+        found = [cursor for cursor, digest in zip(cursors, hashes, strict=False)
                  if cursor in present and content_hash(present[cursor].content) == digest]
         digests = [digest for digest, _, _ in read_chunk_backup(Path(chunk["backup"]))]
         if len(found) == len(cursors):

@@ -5,7 +5,7 @@ Kept apart from the job so the wording can change without touching the control f
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from nanobotd.memory.history import HistoryEntry
 

@@ -11,16 +11,17 @@ from __future__ import annotations
 import difflib
 import hashlib
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from loguru import logger
 
 from nanobotd import fsio
-from nanobotd.jobs.common import RestoreRefused, compacted_entries_missing
 from nanobotd.gitstore.commits import DREAM_PREFIX
 from nanobotd.gitstore.repo import GitConflict, GitStoreError
 from nanobotd.gitstore.store import CURSOR_FILE, SHORT_SHA, GitStore
+from nanobotd.jobs.common import RestoreRefused, compacted_entries_missing
 from nanobotd.memory.history import insert_entries, read_dream_cursor
 from nanobotd.state.store import RunRecord, StateStore
 

@@ -10,23 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Callable
 
 from loguru import logger
 
 from nanobotd import fsio
+from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.gitstore.repo import GitStoreError
 from nanobotd.gitstore.store import CURSOR_FILE, GitStore
-from nanobotd.memory.history import (
-    DREAM_CURSOR_NAME,
-    THINK_BLOCK,
-    HistoryEntry,
-    read_dream_cursor,
-    read_history,
-)
 from nanobotd.jobs.common import compact_history, compaction_candidates
 from nanobotd.jobs.dream import prompts
 from nanobotd.jobs.dream.restore import BACKUP_DIR, digest, line_counts, roll_back, save_backup
@@ -34,7 +28,13 @@ from nanobotd.jobs.dream.tools import ALLOWED_FILES, TOOL_SCHEMAS, StagedFiles, 
 from nanobotd.llm.client import LLMClient
 from nanobotd.llm.failures import LLMError
 from nanobotd.llm.reply import LLMReply, UsageMeter
-from nanobotd.config.schema import WorkspaceSettings
+from nanobotd.memory.history import (
+    DREAM_CURSOR_NAME,
+    THINK_BLOCK,
+    HistoryEntry,
+    read_dream_cursor,
+    read_history,
+)
 from nanobotd.state.store import RunRecord, StateStore
 
 __all__ = ["DreamError", "DreamResult", "DreamRun", "dream_workspace", "recover_dream_run"]

@@ -8,13 +8,13 @@ from datetime import datetime
 
 import pytest
 
-from nanobotd.memory import history
-from nanobotd.jobs.consolidate import archive as consolidate
-from nanobotd.jobs.common import JobEnv
-from nanobotd.llm.client import LLMClient
 from nanobotd.config.schema import ConsolidationSettings, LLMSettings, WorkspaceSettings
-from nanobotd.state.store import StateStore
+from nanobotd.jobs.common import JobEnv
+from nanobotd.jobs.consolidate import archive as consolidate
+from nanobotd.llm.client import LLMClient
+from nanobotd.memory import history
 from nanobotd.sessions.tracker import SessionTracker
+from nanobotd.state.store import StateStore
 from tests.support.fakellm import Empty, FakeLLM, Garbage, Hang, HttpError, Text, ToolCalls
 from tests.support.workspace import conversation, history_entries, make_workspace, write_session
 

@@ -16,7 +16,7 @@ from tests.support.fakellm import FakeLLM
 def workspace(tmp_path: Path) -> Path:
     root = tmp_path / "workspace"
     (root / "memory").mkdir(parents=True)
-    for path, text in zip(CONTENT_FILES, (SOUL, USER, MEMORY)):
+    for path, text in zip(CONTENT_FILES, (SOUL, USER, MEMORY), strict=True):
         (root / path).write_text(text)
     (root / "memory" / ".dream_cursor").write_text("0")
     write_history(root, 5)

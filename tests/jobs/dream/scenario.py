@@ -8,11 +8,10 @@ import json
 import subprocess
 from pathlib import Path
 
-from nanobotd.config.schema import DreamSettings, LifecycleSettings, WorkspaceSettings
+from nanobotd.config.schema import DreamSettings, LifecycleSettings, LLMSettings, WorkspaceSettings
 from nanobotd.gitstore.store import GitStore
 from nanobotd.jobs.dream.restore import restore_dream_run
 from nanobotd.jobs.dream.run import DreamResult, dream_workspace
-from nanobotd.config.schema import LLMSettings
 from nanobotd.llm.client import LLMClient
 from nanobotd.state.store import StateStore
 from tests.support.fakellm import FakeLLM, Text, ToolCalls

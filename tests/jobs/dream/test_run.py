@@ -273,7 +273,7 @@ def test_a_workspace_inside_another_repository_dreams_with_file_backups_only(tmp
     git_cli(parent, "init", "-q")
     workspace = parent / "workspace"
     (workspace / "memory").mkdir(parents=True)
-    for path, text in zip(CONTENT_FILES, (SOUL, USER, MEMORY)):
+    for path, text in zip(CONTENT_FILES, (SOUL, USER, MEMORY), strict=True):
         (workspace / path).write_text(text)
     write_history(workspace, 5)
     before = tree(workspace)

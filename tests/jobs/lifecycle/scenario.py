@@ -7,9 +7,8 @@ import asyncio
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from nanobotd.config.schema import LifecycleSettings, WorkspaceSettings
+from nanobotd.config.schema import LifecycleSettings, LLMSettings, WorkspaceSettings
 from nanobotd.jobs.lifecycle.run import run_lifecycle
-from nanobotd.config.schema import LLMSettings
 from nanobotd.llm.client import LLMClient
 from nanobotd.memory import history
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from nanobotd.jobs.lifecycle.summary import summary_entries
 from nanobotd.config.schema import LLMSettings
+from nanobotd.jobs.lifecycle.summary import summary_entries
 from nanobotd.llm.client import LLMClient
 from nanobotd.memory import history
 from tests.jobs.lifecycle.scenario import (
