@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from loguru import logger
 
-from nanobotd.daemon import runs
+from nanobotd.daemon import indexing, runs
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.workspace import Workspace
 from nanobotd.memory.agent_history import HistoryFollower, is_agent_entry, is_truncated_raw, kept_by_raw
@@ -57,6 +57,7 @@ def poll_agent_history(core: Core, workspace: Workspace) -> None:
             continue
         archive.unclaimed.setdefault(key, []).append(entry)
     if entries:
+        indexing.memory_changed(core, workspace)  # the agent's entries are searchable memory too
         with core.store.transaction() as db:
             db.execute("INSERT OR REPLACE INTO agent_history (workspace, last_cursor) VALUES (?, ?)",
                        (workspace.name, archive.follower.last_cursor))

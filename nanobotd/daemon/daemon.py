@@ -151,6 +151,8 @@ class Daemon:
                     last_reconcile = now
                     await triggers.reconcile_all(self.core)
                     self.notifier.status(self.core.status_line())
+                else:
+                    await triggers.reconcile_all(self.core, waiting_only=True)
                 if now - last_idle >= self._idle_check_seconds():
                     last_idle = now
                     triggers.trigger_idle(self.core)

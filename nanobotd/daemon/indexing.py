@@ -10,6 +10,8 @@ from loguru import logger
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.workspace import ALL_FILES, Workspace
 
+MAX_WAIT_FACTOR = 5  # changes wait at most this many debounce periods for the index
+
 
 def session_changed(core: Core, workspace: Workspace, path: Path) -> None:
     """A session file changed: the index refreshes it (debounced)."""
@@ -24,16 +26,23 @@ def memory_changed(core: Core, workspace: Workspace) -> None:
 
 
 def schedule_refresh(core: Core, workspace: Workspace, paths: set[Path] | None) -> None:
-    """Remember what changed and (re)arm the debounce timer."""
+    """Remember what changed and (re)arm the debounce timer, never postponing past MAX_WAIT_FACTOR x debounce.
+
+    An agent busy in a long exchange saves its session every second or so: a plain debounce would keep the
+    index stale for as long as the exchange lasts.
+    """
+    loop = asyncio.get_running_loop()
+    if not workspace.pending_paths:
+        workspace.pending_since = loop.time()
     if paths is None:
         workspace.pending_paths.add(ALL_FILES)
     else:
         workspace.pending_paths |= paths
+    debounce = workspace.settings.search.debounce_seconds
+    delay = min(debounce, max(0.0, workspace.pending_since + debounce * MAX_WAIT_FACTOR - loop.time()))
     if workspace.refresh_handle is not None:
         workspace.refresh_handle.cancel()
-    loop = asyncio.get_running_loop()
-    workspace.refresh_handle = loop.call_later(workspace.settings.search.debounce_seconds,
-                                               lambda: loop.create_task(refresh_index(core, workspace)))
+    workspace.refresh_handle = loop.call_later(delay, lambda: loop.create_task(refresh_index(core, workspace)))
 
 
 async def refresh_index(core: Core, workspace: Workspace) -> dict | None:

@@ -23,32 +23,45 @@ async def scan_and_trigger(core: Core, workspace: Workspace, path: Path) -> None
         indexing.session_changed(core, workspace, path)
 
 
-async def reconcile_all(core: Core, *, startup: bool = False) -> None:
-    """Scan every workspace (catches missed events, overflow, recreated folders)."""
-    loop = asyncio.get_running_loop()
+async def reconcile_all(core: Core, *, startup: bool = False, waiting_only: bool = False) -> None:
+    """Scan every workspace (catches missed events, overflow, recreated folders).
+
+    *waiting_only*: only workspaces whose sessions folder has not appeared yet (checked every tick, so the
+    agent's first session is watched from its first save, not a reconcile interval later).
+    """
     for workspace in list(core.workspaces.values()):
+        if waiting_only and (workspace.sessions_dirs or not workspace.exists or workspace.last_reconcile is None
+                             or not workspace.discover()):
+            continue
         if not workspace.exists:
             logger.debug("workspace {} does not exist yet; waiting for it", workspace.settings.path)
             continue
-        results = await loop.run_in_executor(core.executor, workspace.reconcile)
-        if core.watcher is not None:
-            for folder in workspace.sessions_dirs:
-                core.watcher.watch(folder)
-        if startup:
-            unchanged = [result.key for result in results if not result.changed]
-            counts = await loop.run_in_executor(core.executor, vanished_counts, workspace, unchanged)
-        for result in results:
-            if result.changed:
-                scanned(core, workspace, result.key, vanished=result.vanished, mark_moved=result.mark_moved,
-                        tail_before=result.tail_before)
-            elif startup:
-                scanned(core, workspace, result.key, vanished=counts.get(result.key, 0))
-        if workspace.mode == "companion":
-            companion.poll_agent_history(core, workspace)
-        if startup and core.store.rebuilt:
-            await loop.run_in_executor(core.executor, rebuild_archive_marks, workspace)
-        if startup:
-            loop.create_task(open_workspace(core, workspace))
+        await reconcile_workspace(core, workspace, startup=startup)
+
+
+async def reconcile_workspace(core: Core, workspace: Workspace, *, startup: bool) -> None:
+    """Scan one workspace's session files, watch its folders, and start what the counters call for."""
+    loop = asyncio.get_running_loop()
+    results = await loop.run_in_executor(core.executor, workspace.reconcile)
+    if core.watcher is not None:
+        for folder in workspace.sessions_dirs:
+            core.watcher.watch(folder)
+    counts = {}
+    if startup:
+        unchanged = [result.key for result in results if not result.changed]
+        counts = await loop.run_in_executor(core.executor, vanished_counts, workspace, unchanged)
+    for result in results:
+        if result.changed:
+            scanned(core, workspace, result.key, vanished=result.vanished, mark_moved=result.mark_moved,
+                    tail_before=result.tail_before)
+        elif startup:
+            scanned(core, workspace, result.key, vanished=counts.get(result.key, 0))
+    if workspace.mode == "companion":
+        companion.poll_agent_history(core, workspace)
+    if startup and core.store.rebuilt:
+        await loop.run_in_executor(core.executor, rebuild_archive_marks, workspace)
+    if startup:
+        loop.create_task(open_workspace(core, workspace))
 
 
 async def open_workspace(core: Core, workspace: Workspace) -> None:

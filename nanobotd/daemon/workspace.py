@@ -67,6 +67,7 @@ class Workspace:
         self.scan_errors = 0
         self.opened = False
         self.pending_paths: set[Path] = set()
+        self.pending_since = 0.0
         self.refresh_handle: asyncio.TimerHandle | None = None
         self.refreshing = False
         self.last_refresh: dict | None = None

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from tests.support.fakellm import FakeLLM, Text
 from tests.support.workspace import conversation, history_entries, make_workspace, write_session
 
 GRACE = 2.0
@@ -153,3 +154,41 @@ def test_nanobots_own_dream_sessions_are_not_listed(companion):
     keys = [row["key"] for row in companion.ctl_json("sessions")["sessions"]]
     assert keys == ["cli:i"]
     assert workspace_status(companion)["sessions_watched"] == 1
+
+
+def agent_config(daemon, **defaults) -> None:
+    """nanobot's config.json beside the sessions folder (<config dir>/sessions/<workspace-id>/)."""
+    path = daemon.sessions.parent.parent / "config.json"
+    path.write_text(json.dumps({"agents": {"defaults": defaults}}))
+
+
+def test_the_flush_runs_before_the_agents_budget_is_reached(tmp_path, daemon_process):
+    workspace, sessions = make_workspace(tmp_path, layout="current")
+    with FakeLLM(default=Text("## Decisions\n- Backups go to the cold bucket.\n")) as fake:
+        daemon = daemon_process(workspace, mode="auto", extra_config=f"""
+[llm]
+model = "{fake.model}"
+api_base = "{fake.base_url}"
+max_retries = 0
+
+[consolidation]
+agent_base_tokens = 1000
+""")
+        daemon.sessions = sessions
+        agent_config(daemon, contextWindowTokens=4000, maxTokens=500, idleCompactAfterMinutes=0)
+        messages = conversation(4, words=40)
+        write_session(sessions, "cli:j", messages)
+        daemon.start()
+        daemon.wait_for(lambda: daemon.session("cli:j"))
+        assert daemon.ctl_json("runs", "--kind", "flush")["runs"] == []
+        for count in range(6, 60, 2):  # the tail grows turn by turn toward the agent's budget (2476 tokens)
+            write_session(sessions, "cli:j", conversation(count, words=40))
+            daemon.wait_for(lambda count=count: daemon.session("cli:j")["messages"] == count)
+            if daemon.ctl_json("runs", "--kind", "flush")["runs"]:
+                break
+        tail = daemon.session("cli:j")["unarchived_tokens"]
+        assert 1000 + tail < 4000 - 500 - 1024, "the flush came before the agent's own compaction would"
+        flushed = daemon.wait_for(lambda: [run for run in daemon.ctl_json("runs", "--kind", "flush")["runs"]
+                                           if run["state"] == "finished"])
+        assert flushed[0]["outcome"] == "written"
+        assert "cold bucket" in (workspace / "memory").joinpath(time.strftime("%Y-%m-%d") + ".md").read_text()
