@@ -100,7 +100,7 @@ class ScriptedModel:
             return Text(f"From memory: {text[:200]}")
         offered = {tool.get("function", {}).get("name") for tool in request.get("tools") or []}
         if SEARCH_TAG in text and SEARCH_TOOL in offered:
-            return ToolCalls([(SEARCH_TOOL, {"query": self.search_query})])
+            return ToolCalls([(SEARCH_TOOL, {"query": self.search_query, "limit": 3})])
         markers = MARKER.findall(text)
         return Text(f"Noted {markers[-1] if markers else 'that'}. " + filler(60, seed=len(text)))
 

@@ -45,7 +45,7 @@ from nanobot_agent import (  # noqa: E402
 from tests.support.fakellm import FakeLLM, Text  # noqa: E402
 
 FLUSH_MARK = "You keep an agent's daily notes"
-FLUSH_REPLY = ("## Topics\n- Reviewing the kestrel backup rotation.\n## Decisions\n"
+FLUSH_REPLY = ("## Topics\n- Reviewing the kestrel backup rotation.\n{turns}## Decisions\n"
                "- Kestrel backups go to the cold bucket; restore drills run on Fridays.\n"
                "## Tool Activity\n## Open Questions\n")
 KNOWN_FACT = "kestrel backup rotation"
@@ -66,7 +66,10 @@ class DayModel(ScriptedModel):
                           if message.get("role") == "system")
         if FLUSH_MARK in system:
             self.flush_requests += 1
-            return Text(FLUSH_REPLY)
+            transcript = " ".join(str(message.get("content")) for message in request["messages"][1:])
+            seen = sorted({match.group(0) for match in MARKER.finditer(transcript)})
+            turns = f"- Turns {', '.join(seen)} were about the kestrel backups.\n" if seen else ""
+            return Text(FLUSH_REPLY.format(turns=turns))
         return super().__call__(request)
 
 
@@ -97,11 +100,12 @@ def sha256(path: Path) -> str:
 class Nanobotd:
     """nanobotd as a user runs it: its own config (defaults, auto mode), a subprocess, nanobotctl."""
 
-    def __init__(self, workdir: Path, workspace: Path, home: Path, fake: FakeLLM):
+    def __init__(self, workdir: Path, workspace: Path, home: Path, fake: FakeLLM, log_level: str = "INFO"):
         self.socket = workdir / "nanobotd-run" / "nanobotd.sock"
         self.config = workdir / "nanobotd.toml"
         self.log = workdir / "nanobotd.log"
-        self.config.write_text(f'[daemon]\nsocket = "{self.socket}"\nstate_dir = "{workdir / "nanobotd-state"}"\n\n'
+        self.config.write_text(f'[daemon]\nsocket = "{self.socket}"\nstate_dir = "{workdir / "nanobotd-state"}"\n'
+                               f'log_level = "{log_level}"\n\n'
                                f'[llm]\nmodel = "{fake.model}"\napi_base = "{fake.base_url}"\n\n'
                                f'[[workspaces]]\npath = "{workspace}"\nname = "day"\n')
         self.env = dict(os.environ, HOME=str(home))
@@ -188,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=14, help="turns per session before /new")
     parser.add_argument("--context-window", type=int, default=12000)
     parser.add_argument("--idle-minutes", type=int, default=1, help="nanobot's idleCompactAfterMinutes")
+    parser.add_argument("--log-level", default="INFO", help="nanobotd's log level (its log: WORKDIR/nanobotd.log)")
+    parser.add_argument("--model-seconds", type=float, default=1.0,
+                        help="how long the fake model takes per request (a real one takes seconds)")
     args = parser.parse_args(argv)
     nanobot_python = args.nanobot_python or Path(subprocess.run(
         ["bash", str(REPO_ROOT / "scripts" / "install-nanobot.sh")], check=True, capture_output=True,
@@ -198,14 +205,14 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     model = DayModel("kestrel backups", KNOWN_FACT)
     timeline = Timeline()
-    with FakeLLM(default=model) as fake:
+    with FakeLLM(default=model, latency=args.model_seconds) as fake:
         nanobotctl = Path(sys.executable).with_name("nanobotctl")
         socket = workdir / "nanobotd-run" / "nanobotd.sock"
         setup = setup_nanobot(nanobot_python, workdir, fake.base_url, context_window=args.context_window,
                               idle_minutes=args.idle_minutes, mcp_command=[str(nanobotctl), "mcp", "--socket",
                                                                             str(socket)])
         timeline.setup = setup
-        daemon = Nanobotd(workdir, setup.workspace, workdir / "home", fake).start()
+        daemon = Nanobotd(workdir, setup.workspace, workdir / "home", fake, args.log_level).start()
         try:
             report = run_day(setup, model, turns_per_session=args.turns, idle_minutes=args.idle_minutes,
                              search=True, on_step=timeline.on_step)
@@ -243,6 +250,9 @@ def collect(daemon: Nanobotd, setup, timeline: Timeline, report) -> dict:
 def print_figures(report, figures: dict) -> None:
     turns = [step for step in report.steps if step.name in ("turn", "search")]
     print(f"nanobot turns: {len(turns)} ({sum(step.ok for step in turns)} ok); history entries: {len(report.history)}")
+    for step in report.steps:
+        if not step.ok:
+            print(f"  step {step.name} {step.session} failed: {step.detail[:300]}")
     for name, value in figures.items():
         if name == "flush runs":
             for run_id, key, outcome, landed in value:

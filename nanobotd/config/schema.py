@@ -54,7 +54,7 @@ class ConsolidationSettings:
     flush: bool = True
     mode: str = "auto"  # "companion" beside an agent that archives by itself, "owner" otherwise (DESIGN.md §8)
     agent_grace_seconds: float = 180.0
-    agent_base_tokens: int = 8000  # the agent's system prompt and tool schemas, counted into its prompt
+    agent_base_tokens: int = 9000  # the agent's system prompt and tool schemas until its first compaction is seen
     flush_idle_margin_seconds: float = 120.0
 
 

@@ -100,8 +100,6 @@ class Workspace:
     # -- open / close --------------------------------------------------------------------------------
     async def open(self) -> None:
         """After the start-up scan: open git, write the skill file, start QMD (the index refresh follows)."""
-        if self.sessions_dirs and self.index.sessions_dir is None:
-            self.index.sessions_dir = self.sessions_dirs[0]
         try:
             await self.git.call(self.git.open)
         except Exception as exc:
@@ -128,6 +126,8 @@ class Workspace:
                                                               self.home)
         candidates = discovery.candidate_config_dirs(self.settings.path, self.home)
         self.agent = read_agent_settings(find_agent_config(self.sessions_dirs, candidates))
+        if self.sessions_dirs and self.index.sessions_dir is None:  # the agent made its folder after our start
+            self.index.sessions_dir = self.sessions_dirs[0]
         return self.sessions_dirs
 
     def owns(self, path: Path) -> bool:
@@ -207,10 +207,10 @@ class Workspace:
         return session.unarchived_tokens + AGENT_TOKENS_PER_MESSAGE * session.unarchived_messages
 
     def agent_flush_threshold(self) -> int:
-        """Flush when the agent's prompt is this large: short of its budget by soft_threshold, or by a quarter
-        of the room its base leaves for the conversation when that room is small."""
+        """Flush when the agent's prompt is this large: short of its budget by soft_threshold, or by half the
+        room its base leaves for the conversation when that room is small (its next turn must still fit)."""
         room = max(0, self.agent.budget - self.agent_base_tokens)
-        return self.agent.budget - min(self.settings.consolidation.soft_threshold, room // 4)
+        return self.agent.budget - min(self.settings.consolidation.soft_threshold, room // 2)
 
     def learn_agent_base(self, tail_before: int) -> None:
         """The agent just compacted: its prompt had reached its budget, so its base is what the tail did not fill.
