@@ -17,6 +17,7 @@ from nanobotd.cli.client import START_HINT, CannotConnect, Client, DaemonError
 
 MAX_RESULT_CHARS = 15_000  # nanobot's maxToolResultChars is 16,000; leave room for its own framing
 DEFAULT_SEARCH_LIMIT, MAX_SEARCH_LIMIT = 8, 20
+HIT_CHARS = 1_500  # one hit's text: enough to quote, small enough for an agent with a short window
 DEFAULT_CONTEXT_BUDGET, MAX_CONTEXT_BUDGET = 2000, 3500  # tokens; 3,500 tokens stay under 15,000 chars
 MAX_RECALL_DAYS = 31  # the daemon's own limit, repeated so a bad range is explained before asking it
 RECALL_CHARS = 12_000
@@ -79,7 +80,7 @@ def search(client: Client, arguments: Mapping[str, Any]) -> str:
     header = f"{len(hits)} memory hit(s) for {query!r}, best first:"
     if data.get("degraded"):
         header += f"\n(search degraded: {data['degraded']})"
-    per_hit = max(600, MAX_RESULT_CHARS // len(hits))
+    per_hit = min(HIT_CHARS, max(600, MAX_RESULT_CHARS // len(hits)))
     blocks = [f"[{number}] {hit_label(hit)}\n{cap_text(hit_text(hit), per_hit)}" for number, hit in enumerate(hits, 1)]
     return join_blocks(header, blocks, "hit(s)", "use a smaller limit or more specific words")
 
