@@ -48,7 +48,8 @@ FLUSH_MARK = "You keep an agent's daily notes"
 FLUSH_REPLY = ("## Topics\n- Reviewing the kestrel backup rotation.\n{turns}## Decisions\n"
                "- Kestrel backups go to the cold bucket; restore drills run on Fridays.\n"
                "## Tool Activity\n## Open Questions\n")
-KNOWN_FACT = "kestrel backup rotation"
+KNOWN_FACT = "restore drills run on Fridays"  # written by nanobotd's flush, asked for by the model
+SEARCH_QUERY = "cold bucket"
 MARKER = re.compile(r"MSG-([a-z]+)-(\d+)")
 RANGE = re.compile(r"\((MSG-[a-z]+-\d+) \.\. (MSG-[a-z]+-\d+)\)")
 SETTLE_SECONDS = 60
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         print("litellm's tiktoken files not found: nanobot would count UTF-8 bytes", file=sys.stderr)
     workdir = args.workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    model = DayModel("kestrel backups", KNOWN_FACT)
+    model = DayModel(SEARCH_QUERY, KNOWN_FACT)
     timeline = Timeline()
     with FakeLLM(default=model, latency=args.model_seconds) as fake:
         nanobotctl = Path(sys.executable).with_name("nanobotctl")
