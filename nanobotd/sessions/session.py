@@ -113,3 +113,33 @@ def archived_twice_count(store: StateStore, workspace_name: str) -> int:
     """Messages of a workspace archived both by the agent and by nanobotd (the goal is 0)."""
     return store.query("SELECT count(*) FROM archived_twice t JOIN sessions s ON s.id = t.session_id"
                        " WHERE s.workspace=?", (workspace_name,))[0][0]
+
+
+def digests_in_spans(messages: list[MessageInfo], spans: list[dict]) -> dict[str, str]:
+    """Digest -> run id of the conversation messages each span (first and last digest, run) covers."""
+    position = {info.digest: index for index, info in enumerate(messages)}
+    marked: dict[str, str] = {}
+    for span in spans:
+        first, last = position.get(span.get("first")), position.get(span.get("last"))
+        if first is None or last is None or last < first:
+            continue
+        for info in messages[first:last + 1]:
+            if info.counts:
+                marked[info.digest] = str(span.get("run", "rebuilt"))
+    return marked
+
+
+def store_message_cache(db, session_id: int, old: list[MessageInfo], new: list[MessageInfo], *,
+                    known_prefix: int = 0) -> None:
+    """Keep the cached message list in step with the file: rewrite only from the first line that differs."""
+    prefix = known_prefix
+    limit = min(len(old), len(new))
+    while prefix < limit and old[prefix].line_digest == new[prefix].line_digest:
+        prefix += 1
+    if prefix < len(old):
+        db.execute("DELETE FROM messages WHERE session_id=? AND seq>=?", (session_id, prefix))
+    db.executemany(
+        "INSERT OR REPLACE INTO messages (session_id, seq, line_digest, digest, role, timestamp, tokens, flags)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [(session_id, seq, info.line_digest, info.digest, info.role, info.timestamp, info.tokens, info.flags)
+         for seq, info in enumerate(new[prefix:], start=prefix)])

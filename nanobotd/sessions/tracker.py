@@ -24,10 +24,12 @@ from nanobotd.sessions.scan import MessageInfo, parse_session
 from nanobotd.sessions.session import (
     SessionState,
     archived_twice_count,
+    digests_in_spans,
     insert_session,
     load_sessions,
     record_archived_twice,
     save_session,
+    store_message_cache,
 )
 from nanobotd.state.store import StateStore
 
@@ -199,27 +201,13 @@ class SessionTracker:
                  for index, (digest, role, stamp, tokens, rec) in enumerate(to_spool)])
             db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
                            [(session.session_id, digest) for digest in agent_done])
-            self._store_messages(db, session.session_id, old, messages, known_prefix=known_prefix)
+            store_message_cache(db, session.session_id, old, messages, known_prefix=known_prefix)
         spooled = self._spool_map(session)
         for digest, _, _, tokens, _ in to_spool:
             spooled[digest] = tokens
         for digest in agent_done:
             spooled.pop(digest, None)
 
-    @staticmethod
-    def _store_messages(db, session_id: int, old: list[MessageInfo], new: list[MessageInfo], *,
-                        known_prefix: int = 0) -> None:
-        prefix = known_prefix
-        limit = min(len(old), len(new))
-        while prefix < limit and old[prefix].line_digest == new[prefix].line_digest:
-            prefix += 1
-        if prefix < len(old):
-            db.execute("DELETE FROM messages WHERE session_id=? AND seq>=?", (session_id, prefix))
-        db.executemany(
-            "INSERT OR REPLACE INTO messages (session_id, seq, line_digest, digest, role, timestamp, tokens, flags)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [(session_id, seq, info.line_digest, info.digest, info.role, info.timestamp, info.tokens, info.flags)
-             for seq, info in enumerate(new[prefix:], start=prefix)])
 
     def _count_overlap(self, session: SessionState, agent_archived: list[MessageInfo]) -> None:
         """Messages under the agent's mark that nanobotd archived too: counted as archived twice."""
@@ -311,14 +299,16 @@ class SessionTracker:
 
     def mark_archived(self, key: str, digests: list[str], run_id: str) -> None:
         """Messages reached history.jsonl: record them as archived and drop them from the spool."""
-        session = self.sessions[key]
+        self._record_archived(self.sessions[key], {digest: run_id for digest in digests})
+
+    def _record_archived(self, session: SessionState, runs_by_digest: dict[str, str]) -> None:
         with self.store.transaction() as db:
             db.executemany("INSERT OR IGNORE INTO archived (session_id, digest, run_id) VALUES (?, ?, ?)",
-                           [(session.session_id, digest, run_id) for digest in digests])
+                           [(session.session_id, digest, run) for digest, run in runs_by_digest.items()])
             db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
-                           [(session.session_id, digest) for digest in digests])
+                           [(session.session_id, digest) for digest in runs_by_digest])
         with self._lock:
-            self._forget_spooled(session, digests)
+            self._forget_spooled(session, list(runs_by_digest))
             self._save_session(session)
 
     def drop_agent_archived(self, key: str, digests: list[str]) -> None:
@@ -344,25 +334,9 @@ class SessionTracker:
         session = self.sessions.get(key)
         if session is None:
             return 0
-        messages = self._cached_messages(session)
-        position = {info.digest: index for index, info in enumerate(messages)}
-        marked: dict[str, str] = {}
-        for span in spans:
-            first, last = position.get(span.get("first")), position.get(span.get("last"))
-            if first is None or last is None or last < first:
-                continue
-            for info in messages[first:last + 1]:
-                if info.counts:
-                    marked[info.digest] = str(span.get("run", "rebuilt"))
+        marked = digests_in_spans(self._cached_messages(session), spans)
         if marked:
-            with self.store.transaction() as db:
-                db.executemany("INSERT OR IGNORE INTO archived (session_id, digest, run_id) VALUES (?, ?, ?)",
-                               [(session.session_id, digest, run) for digest, run in marked.items()])
-                db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
-                               [(session.session_id, digest) for digest in marked])
-            with self._lock:
-                self._forget_spooled(session, list(marked))
-                self._save_session(session)
+            self._record_archived(session, marked)
         return len(marked)
 
     def _forget_spooled(self, session: SessionState, digests: list[str]) -> None:
