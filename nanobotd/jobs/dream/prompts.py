@@ -46,6 +46,7 @@ memory/MEMORY.md):
 - Keep every file small and sectioned: `##` sections of `- ` bullets. Add a bullet to the fitting
   section; create a section only when none fits. Never remove a whole section or rewrite a file.
 - No dates, timestamps or bare URLs in memory/MEMORY.md: state the lasting fact itself.
+- Each file has a size cap (it is put whole into every prompt); an edit past it is refused with the reason.
 - edit_file replaces exact text: each old_text must occur exactly once in the file. Copy it from the file.
 
 When every finding is applied (or nothing needs changing), reply with a one-line summary and no tool call."""

@@ -116,7 +116,7 @@ class DreamRun:
             return self.finish("finished", "no_change")
         self.manifest["entries"] = [entries[0].cursor, entries[-1].cursor]
         try:
-            self.staged = await asyncio.to_thread(StagedFiles, self.workspace.path)
+            self.staged = await asyncio.to_thread(StagedFiles, self.workspace.path, self.workspace.context)
             findings = await self.analyse(entries)
             if findings:
                 self.manifest["stage"] = "editing"

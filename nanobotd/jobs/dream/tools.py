@@ -3,6 +3,7 @@
 Whatever the conversation text asks, the tools reach only SOUL.md, USER.md and memory/MEMORY.md inside the
 workspace, never through a symlink, and edits land in memory: the dream writes them to disk only after its
 tool loop completed normally. A refusal is returned as text, so the model sees it and nothing changes.
+nanobot puts the three files whole into every prompt, so the guard also keeps each under its size cap.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import re
 from collections import Counter
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+from nanobotd.config.schema import ContextSettings
 
 ALLOWED_FILES = ("SOUL.md", "USER.md", "memory/MEMORY.md")
 MEMORY_FILE = "memory/MEMORY.md"
@@ -28,6 +31,8 @@ DATE_ANYWHERE = re.compile(rf"[\[(]?{DATE}[\])]?")
 URL_ONLY = re.compile(r"^(?:<?https?://\S+?>?|\[[^\]]*\]\(\s*<?https?://[^)\s]+>?\s*\))[.,;]?$", re.IGNORECASE)
 LINE_LEAD = re.compile(r"^\s*(?:#+\s*|[-*+]\s+|\d+[.)]\s+)?[*_`\s]*")
 SECTION_HEADING = re.compile(r"^##(?!#)\s*(.*?)\s*#*\s*$")
+CAP_ADVICE = ("nanobot puts these files whole into every prompt. Make room first (merge or shorten bullets, drop "
+              "stale ones) or leave this fact out")
 
 TOOL_SCHEMAS = [
     {
@@ -81,8 +86,9 @@ class GuardRejected(ToolRefused):
 class StagedFiles:
     """In-memory copies of the allow-listed files; the dream's edits land here, never on disk."""
 
-    def __init__(self, workspace: Path):
+    def __init__(self, workspace: Path, caps: ContextSettings | None = None):
         self.workspace = Path(workspace)
+        self.caps = caps
         self.root = self.workspace.resolve()
         self.base: dict[str, bytes | None] = {}
         self.current: dict[str, str] = {}
@@ -142,12 +148,32 @@ class StagedFiles:
         if after == before:
             raise ToolRefused("the edit changes nothing")
         original = (self.base[path] or b"").decode("utf-8")
-        reason = guard_edit(path, original, before, after)
+        reason = guard_edit(path, original, before, after) or self.cap_reason(path, before, after)
         if reason:
             raise GuardRejected(f"guard: {reason}")
         self.current[path] = after
         self.batches.setdefault(path, []).append(pairs)
         return f"Edited {path}: {len(pairs)} replacement(s) applied ({len(after.splitlines())} lines now)."
+
+    def cap_reason(self, path: str, before: str, after: str) -> str | None:
+        """Why an edit that grows a file must not push it (or the three files) past the caps, or None.
+
+        An edit that does not grow the file always passes, so a file already over its cap can still shrink.
+        """
+        if self.caps is None or len(after) <= len(before):
+            return None
+        if len(after) > self.caps.max_chars:
+            return (f"{path} would grow to {len(after):,} characters, over its cap of {self.caps.max_chars:,}"
+                    f" (context.max_chars); {CAP_ADVICE}")
+        total = sum(len(text) for text in self.current.values()) - len(before) + len(after)
+        if total > self.caps.total_max_chars:
+            return (f"{', '.join(ALLOWED_FILES)} would total {total:,} characters, over their joint cap of"
+                    f" {self.caps.total_max_chars:,} (context.total_max_chars); {CAP_ADVICE}")
+        return None
+
+    def sizes(self) -> dict[str, int]:
+        """Characters of each staged file (as the caps count them)."""
+        return {path: len(text) for path, text in self.current.items()}
 
     def resolve(self, raw_path: Any) -> str:
         """The allow-listed relative path named by *raw_path*, or ToolRefused."""

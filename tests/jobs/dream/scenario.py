@@ -8,7 +8,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from nanobotd.config.schema import DreamSettings, LifecycleSettings, LLMSettings, WorkspaceSettings
+from nanobotd.config.schema import ContextSettings, DreamSettings, LifecycleSettings, LLMSettings, WorkspaceSettings
 from nanobotd.gitstore.store import GitStore
 from nanobotd.jobs.dream.restore import restore_dream_run
 from nanobotd.jobs.dream.run import DreamResult, dream_workspace
@@ -44,17 +44,20 @@ def git_cli(root: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True).stdout
 
 
-def settings_for(workspace: Path, fake: FakeLLM | None, **dream: object) -> WorkspaceSettings:
+def settings_for(workspace: Path, fake: FakeLLM | None, context: ContextSettings | None = None,
+                 **dream: object) -> WorkspaceSettings:
     llm = LLMSettings()
     if fake is not None:
         llm = LLMSettings(model=fake.model, api_base=fake.base_url, max_retries=0, timeout_seconds=5)
     return WorkspaceSettings(path=workspace, name="ws", llm=llm, dream=DreamSettings(**dream),
-                             lifecycle=LifecycleSettings(max_history_entries=1000))
+                             lifecycle=LifecycleSettings(max_history_entries=1000),
+                             context=context or ContextSettings())
 
 
 def dream(workspace: Path, store: StateStore, git: GitStore, fake: FakeLLM | None, *, on_stage=None,
-          max_history_entries: int | None = None, **overrides: object) -> DreamResult:
-    settings = settings_for(workspace, fake, **overrides)
+          max_history_entries: int | None = None, context: ContextSettings | None = None,
+          **overrides: object) -> DreamResult:
+    settings = settings_for(workspace, fake, context, **overrides)
     run_id = store.create_run("dream", "ws")
     return asyncio.run(dream_workspace(settings, store=store, llm=LLMClient(settings.llm), git=git, run_id=run_id,
                                        max_history_entries=max_history_entries, on_stage=on_stage))

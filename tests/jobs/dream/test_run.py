@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from nanobotd.config.schema import ContextSettings
 from nanobotd.gitstore.store import GitStore
 from nanobotd.jobs.dream.run import recover_dream_run
 from nanobotd.memory.history import read_dream_cursor, read_history
@@ -136,6 +137,18 @@ def test_hostile_tool_calls_are_refused_and_nothing_outside_the_allow_list_chang
     assert git_cli(workspace, "rev-parse", "HEAD") == head
     assert result.outcome == "no_change" and len(result.manifest["guard_rejections"]) == 2
     assert [row[0] for row in outcomes(store)] == ["guard_rejected", "guard_rejected", "no_change"]
+
+
+def test_an_edit_past_a_files_cap_is_refused_in_the_tool_result_and_the_loop_goes_on(workspace, store, git, fake):
+    too_long = ToolCalls([("edit_file", {"path": "USER.md", "edits": [
+        {"old_text": "- Likes tea", "new_text": "- Likes tea, " + "with a long story " * 10}]})])
+    fake.push(Text(FINDINGS), too_long, EDIT_TWO_FILES, Text("Applied what fits."))
+    result = dream(workspace, store, git, fake, context=ContextSettings(max_chars=len(USER) + 20))
+    [refusal] = [message["content"] for message in fake.requests[2]["messages"] if message["role"] == "tool"]
+    assert refusal.startswith("Error: guard: USER.md would grow to") and "over its cap" in refusal
+    assert result.outcome == "written" and "- Likes coffee" in (workspace / "USER.md").read_text()
+    assert [rejection["path"] for rejection in result.manifest["guard_rejections"]] == ["USER.md"]
+    assert [row[0] for row in outcomes(store)] == ["guard_rejected", "written"]
 
 
 def test_malformed_tool_arguments_end_the_run_without_changes(workspace, store, git, fake):
