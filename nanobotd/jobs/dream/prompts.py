@@ -1,17 +1,23 @@
-"""The dream's prompts: phase 1 (what changed?) and phase 2 (apply it with surgical edits).
+"""The dream's prompts: phase 1 (what changed?) and phase 2 (apply it with surgical edits), and the
+reading of phase 1's answer.
 
 Kept apart from the job so the wording can change without touching the control flow.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
-from nanobotd.memory.history import HistoryEntry
+from loguru import logger
+
+from nanobotd.jobs.dream.inputs import ENTRY_SHOWN_CHARS, NoteItem
+from nanobotd.memory.history import THINK_BLOCK, HistoryEntry
 
 FILE_SHOWN_CHARS = 20_000
-ENTRY_SHOWN_CHARS = 8_000
 CUT_MARK = "\n... (cut)"
+FINDING = re.compile(r"^\[(USER|SOUL|MEMORY)\]\s*(\S.*)$")
+SKIP_LINE = "[SKIP]"
 
 ANALYSIS_SYSTEM = """\
 You maintain an assistant's long-term memory files:
@@ -19,8 +25,8 @@ You maintain an assistant's long-term memory files:
 - USER.md: who the user is (identity, preferences, circumstances).
 - memory/MEMORY.md: durable project facts and decisions.
 
-Compare the new history entries with the current files. Report only information that is new or that
-conflicts with the files: one atomic fact per line, in the form
+Compare the new history entries and daily-note bullets with the current files. Report only information that
+is new or that conflicts with the files: one atomic fact per line, in the form
 
 [USER] fact
 [SOUL] fact
@@ -72,12 +78,44 @@ def format_entry(entry: HistoryEntry) -> str:
     return f"[entry {entry.cursor} | {entry.timestamp}{session}]\n{content}"
 
 
-def analysis_request(files: Iterable[str], entries: Iterable[HistoryEntry]) -> str:
-    """The phase 1 user message: the current files, then the new history entries."""
-    parts = ["## Current memory files", *files, "## New history entries", *(format_entry(entry) for entry in entries)]
+def format_note(item: NoteItem) -> str:
+    """New bullets of one daily note as a prompt section, under their note's section headings."""
+    lines, section = [f"[daily note {item.day.isoformat()}]"], None
+    for bullet in item.bullets:
+        if bullet.section != section:
+            section = bullet.section
+            lines.append(f"{section}:")
+        lines.append(f"- {bullet.text}")
+    return "\n".join(lines)
+
+
+def analysis_request(files: Iterable[str], entries: list[HistoryEntry], notes: list[NoteItem]) -> str:
+    """The phase 1 user message: the current files, then the new history entries and note bullets."""
+    parts = ["## Current memory files", *files]
+    if entries:
+        parts += ["## New history entries", *(format_entry(entry) for entry in entries)]
+    if notes:
+        parts += ["## New daily-note bullets", *(format_note(item) for item in notes)]
     return "\n\n".join(parts)
 
 
 def edit_request(findings: Iterable[str], files: Iterable[str]) -> str:
     """The phase 2 user message: the findings to apply, with the files as they are now."""
     return "\n\n".join(["## Findings to apply", "\n".join(findings), "## Current memory files", *files])
+
+
+def parse_analysis(text: str) -> tuple[list[str], bool]:
+    """([TAG] fact lines, whether [SKIP] was said); any other line is ignored and logged."""
+    findings, skipped = [], False
+    for line in THINK_BLOCK.sub("", text).splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        match = FINDING.match(line)
+        if match:
+            findings.append(f"[{match.group(1)}] {match.group(2).strip()}")
+        elif line == SKIP_LINE:
+            skipped = True
+        else:
+            logger.info("dream analysis: ignoring a line that is not a finding: {!r}", line[:120])
+    return findings, skipped

@@ -206,6 +206,17 @@ class StagedFiles:
             raise ToolRefused(self.unavailable.get(path, f"{path} is not available"))
         return self.current[path]
 
+    # -- batches of the run -----------------------------------------------------------------------
+    def checkpoint(self) -> tuple[dict[str, str], dict[str, int]]:
+        """The staged state to come back to should the next batch not complete."""
+        return dict(self.current), {path: len(pairs) for path, pairs in self.batches.items()}
+
+    def rewind(self, mark: tuple[dict[str, str], dict[str, int]]) -> None:
+        """Discard the edits made since *mark* (their refusals stay recorded)."""
+        current, counts = mark
+        self.current = dict(current)
+        self.batches = {path: pairs[:counts.get(path, 0)] for path, pairs in self.batches.items()}
+
     # -- results ---------------------------------------------------------------------------------
     def changes(self) -> dict[str, tuple[bytes | None, str]]:
         """{path: (content at start, edited text)} of the files whose text changed."""

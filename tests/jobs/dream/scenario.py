@@ -1,5 +1,5 @@
 """A workspace with SOUL.md, USER.md, MEMORY.md and five history entries, and the steps the dream tests take
-over it: dream a batch (scripted FakeLLM replies), restore a run, look at the files and the git log."""
+over it: write daily notes, dream (scripted FakeLLM replies), restore a run, look at the files and the git log."""
 
 from __future__ import annotations
 
@@ -21,6 +21,10 @@ USER = "# User\n\n## Identity\n- Name: Ada\n- Lives in Berlin\n- Works remotely\
 MEMORY = "# Memory\n\n## Project Context\n- Billing uses MySQL 8.\n\n## Decisions\n- No deploys on Fridays.\n"
 CONTENT_FILES = ("SOUL.md", "USER.md", "memory/MEMORY.md")
 FINDINGS = "[USER] correction: prefers coffee, not tea\n[MEMORY] billing moved to PostgreSQL 16\nsome chatter"
+EDIT_USER = ToolCalls([
+    ("edit_file", {"path": "USER.md", "edits": [{"old_text": "- Likes tea", "new_text": "- Likes coffee"}]})])
+EDIT_MEMORY = ToolCalls([("edit_file", {"path": "memory/MEMORY.md", "edits": [
+    {"old_text": "- Billing uses MySQL 8.", "new_text": "- Billing uses PostgreSQL 16."}]})])
 EDIT_TWO_FILES = ToolCalls([
     ("edit_file", {"path": "USER.md", "edits": [{"old_text": "- Likes tea", "new_text": "- Likes coffee"}]}),
     ("edit_file", {"path": "memory/MEMORY.md",
@@ -32,6 +36,21 @@ def write_history(root: Path, count: int) -> None:
     lines = [json.dumps({"cursor": n, "timestamp": f"2026-04-03 10:{n:02d}", "content": f"- [durable] fact MSG-{n}",
                          "session_key": "cli:alpha"}) for n in range(1, count + 1)]
     (root / "memory" / "history.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def write_note(root: Path, name: str, sections: dict[str, list[str]]) -> Path:
+    """A daily note (memory/NAME) with the given sections of bullets."""
+    path = root / "memory" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = "".join(f"## {section}\n" + "".join(f"- {bullet}\n" for bullet in bullets) + "\n"
+                   for section, bullets in sections.items())
+    path.write_text(f"# {path.stem}\n\n{body}")
+    return path
+
+
+def prompt_of(request: dict) -> str:
+    """The user message of a request (the analysis request of a batch)."""
+    return next(message["content"] for message in request["messages"] if message["role"] == "user")
 
 
 def tree(root: Path) -> dict[str, bytes]:
