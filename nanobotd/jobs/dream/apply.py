@@ -13,6 +13,7 @@ from nanobotd import fsio
 from nanobotd.gitstore.repo import GitStoreError
 from nanobotd.gitstore.store import CURSOR_FILE
 from nanobotd.jobs.common import compact_history, compaction_candidates, mark_dream_notes
+from nanobotd.jobs.dream.prompts import SKIP_LINE
 from nanobotd.jobs.dream.restore import BACKUP_DIR, digest, line_counts, roll_back, save_backup
 from nanobotd.jobs.dream.tools import ToolRefused
 from nanobotd.memory.history import DREAM_CURSOR_NAME, read_dream_cursor
@@ -113,8 +114,9 @@ class ApplyStep:
 
     def commit_summary(self, contents: dict[str, str]) -> str:
         """The commit's first line after `dream: `."""
-        count = len(self.manifest["analysis"])
-        return f"update {', '.join(contents)} ({count} finding{'s' if count != 1 else ''})"
+        count = len([line for line in self.manifest["analysis"] if line != SKIP_LINE])
+        condensed = ", condensed" if condensed_files(self.manifest) else ""
+        return f"update {', '.join(contents)} ({count} finding{'s' if count != 1 else ''}{condensed})"
 
     def commit_notes(self) -> str:
         """The analysis, the cursor move and the note bullets read, for the commit body."""
@@ -127,6 +129,9 @@ class ApplyStep:
         if notes:
             lines.append("Daily notes read: " + ", ".join(
                 f"{day} ({len(digests)} bullet{'s' if len(digests) != 1 else ''})" for day, digests in notes.items()))
+        shrunk = condensed_files(self.manifest)
+        if shrunk:
+            lines.append("Condensed (over the caps): " + ", ".join(shrunk))
         if self.manifest.get("stopped"):
             lines.append(f"Stopped early ({self.manifest['stopped']}); left: {describe_left(self.manifest['left'])}")
         return "\n".join(lines)
@@ -135,3 +140,11 @@ class ApplyStep:
 def describe_left(left: dict) -> str:
     """What a run that stopped early left for the next one, in words."""
     return f"{left.get('history_entries', 0)} history entries, {left.get('note_bullets', 0)} note bullets"
+
+
+def condensed_files(manifest: dict) -> list[str]:
+    """The files a kept condensing pass shortened, as "PATH BEFORE -> AFTER characters"."""
+    condensed = manifest.get("condensed") or {}
+    before, after = condensed.get("before", {}), condensed.get("after") or {}
+    return [f"{path} {before[path]:,} -> {size:,} characters" for path, size in after.items()
+            if path in before and size != before[path]]

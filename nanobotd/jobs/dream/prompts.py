@@ -58,6 +58,23 @@ memory/MEMORY.md):
 When every finding is applied (or nothing needs changing), reply with a one-line summary and no tool call."""
 
 
+CONDENSE_SYSTEM = """\
+You keep an assistant's long-term memory files small, with the tools read_file and edit_file. Paths are
+relative to the workspace and must be one of: SOUL.md, USER.md, memory/MEMORY.md.
+
+The files named in the request are over their size caps. The agent puts them whole into every prompt, so
+every character over a cap is paid on every turn. Shorten them to within their caps without losing a fact:
+- Merge bullets that say the same thing; fold closely related bullets into one.
+- Shorten wordy bullets to the fact itself.
+- Drop a fact only when a later bullet corrects or replaces it, or when it was ephemeral and is now stale.
+- Keep every `##` section; a section may shrink, never disappear.
+- Every edit must make its file shorter; an edit that does not is refused.
+- edit_file replaces exact text: each old_text must occur exactly once in the file. Copy it from the file.
+Aim about a tenth under each cap, so that new facts fit.
+
+When the files are within their caps, reply with a one-line summary and no tool call."""
+
+
 def format_file(path: str, text: str | None, problem: str | None = None) -> str:
     """One memory file as a prompt section."""
     if text is None:
@@ -97,6 +114,12 @@ def analysis_request(files: Iterable[str], entries: list[HistoryEntry], notes: l
     if notes:
         parts += ["## New daily-note bullets", *(format_note(item) for item in notes)]
     return "\n\n".join(parts)
+
+
+def condense_request(overruns: Iterable[str], files: Iterable[str]) -> str:
+    """The condensing pass's user message: what is over which cap, with the files as they are."""
+    over = "\n".join(f"- {line}" for line in overruns)
+    return "\n\n".join(["## Over their caps", over, "## Current memory files", *files])
 
 
 def edit_request(findings: Iterable[str], files: Iterable[str]) -> str:

@@ -1,5 +1,6 @@
 """The dream job: read what is new in history and the daily notes, find what changed (phase 1), edit the
-memory files (phase 2), batch after batch until the backlog is drained or the token budget spent.
+memory files (phase 2), batch after batch until the backlog is drained or the token budget spent. A file
+already over its size cap first gets a condensing pass.
 
 Phase 2 edits staged copies; a batch whose tool loop did not complete is discarded, and only the completed
 batches reach the disk, in one journalled apply step on the git thread (`apply.py`). A run cut short at any
@@ -17,6 +18,7 @@ from loguru import logger
 
 from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.gitstore.store import GitStore
+from nanobotd.jobs.common import cap_overruns
 from nanobotd.jobs.dream import prompts
 from nanobotd.jobs.dream.apply import ApplyStep, DreamError, describe_left
 from nanobotd.jobs.dream.inputs import Backlog, Batch, read_backlog
@@ -35,6 +37,8 @@ BATCH_CONTEXT_SHARE = 0.4
 ITERATION_BOUND = "iteration bound"
 TOKEN_BUDGET = "token budget"
 NEXT_BATCH_WOULD_NOT_FIT = "token budget: the next batch would not fit"
+WITHIN_CAPS, STILL_OVER, DISCARDED = "within caps", "still over", "discarded"  # how a condensing pass ended
+KEPT = (WITHIN_CAPS, STILL_OVER)
 
 
 @dataclass(frozen=True)
@@ -97,10 +101,13 @@ class DreamRun(ApplyStep):
         cursor = read_dream_cursor(self.memory_dir)
         self.manifest.update(cursor_before=cursor, cursor_after=cursor)
         backlog = await asyncio.to_thread(read_backlog, self.memory_dir, cursor)
-        if not backlog:
+        self.staged = await asyncio.to_thread(StagedFiles, self.workspace.path, self.workspace.context)
+        overruns = cap_overruns(self.staged.sizes(), self.workspace.context)
+        if not backlog and not overruns:
             return self.finish("finished", "no_change")
         try:
-            self.staged = await asyncio.to_thread(StagedFiles, self.workspace.path, self.workspace.context)
+            if overruns:
+                await self.condense(overruns)
             await self.drain(backlog)
         except (LLMError, DreamError) as exc:
             logger.warning("dream {} of {} failed: {}", self.run_id, self.workspace.name, exc)
@@ -108,7 +115,36 @@ class DreamRun(ApplyStep):
         except asyncio.CancelledError:
             self.finish("failed", "error", reason="cancelled")
             raise
+        condensing = self.manifest.get("condensed", {})
+        if not self.kept_work() and condensing.get("outcome") == DISCARDED:
+            return self.finish("failed", "error", reason=f"condensing pass: {condensing['reason']}")
         return await self.git.call(self.apply, self.manifest["entries"][-1] if self.manifest["entries"] else cursor)
+
+    def kept_work(self) -> bool:
+        """Whether a completed batch or condensing pass has edits or cursor moves to apply."""
+        return bool(self.manifest["batches"]) or self.manifest.get("condensed", {}).get("outcome") in KEPT
+
+    # -- the condensing pass ------------------------------------------------------------------------
+    async def condense(self, overruns: list[str]) -> None:
+        """Ask the model to shorten the files over their caps without losing facts (only shortening edits
+        pass the guard); kept only when its loop completes, and later edits are measured from its result."""
+        record = {"over": overruns, "before": self.staged.sizes()}
+        self.manifest["condensed"] = record
+        self.manifest["stage"] = "condensing"
+        mark = self.staged.checkpoint()
+        self.staged.condensing = True
+        try:
+            await self.tool_loop(prompts.CONDENSE_SYSTEM, prompts.condense_request(overruns, self.file_sections()))
+        except (LLMError, DreamError) as exc:
+            self.staged.rewind(mark)
+            record.update(outcome=DISCARDED, reason=str(exc))
+            logger.warning("condensing pass of dream {} discarded: {}", self.run_id, exc)
+            return
+        finally:
+            self.staged.condensing = False
+        self.staged.settle()
+        record["after"] = self.staged.sizes()
+        record["outcome"] = STILL_OVER if cap_overruns(record["after"], self.workspace.context) else WITHIN_CAPS
 
     # -- batches -----------------------------------------------------------------------------------
     async def drain(self, backlog: Backlog) -> None:
@@ -126,7 +162,7 @@ class DreamRun(ApplyStep):
                 findings, skipped = await self.dream_batch(batch)
             except (LLMError, DreamError) as exc:
                 self.staged.rewind(mark)
-                if not self.manifest["batches"]:
+                if not self.kept_work():
                     raise
                 self.stop(str(exc), backlog)
                 return

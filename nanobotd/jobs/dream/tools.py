@@ -3,7 +3,8 @@
 Whatever the conversation text asks, the tools reach only SOUL.md, USER.md and memory/MEMORY.md inside the
 workspace, never through a symlink, and edits land in memory: the dream writes them to disk only after its
 tool loop completed normally. A refusal is returned as text, so the model sees it and nothing changes.
-nanobot puts the three files whole into every prompt, so the guard also keeps each under its size cap.
+nanobot puts the three files whole into every prompt, so the guard also keeps each under its size cap, and
+during a condensing pass (a file already over its cap) accepts only edits that shorten a file.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ MAX_EDITS_PER_CALL = 50
 MAX_READ_CHARS = 60_000
 MIN_GUARDED_CHARS = 100
 MAX_REMOVED_SHARE = 0.5
+CONDENSE_KEEP_SHARE = 0.5  # a condensing pass may shorten a file to half of what it was, not further
 ERROR_PREFIX = "Error: "
 DATE = r"\d{4}-\d{2}-\d{2}(?:[ T]\d{1,2}:\d{2}(?::\d{2})?)?"
 DATE_FIRST = re.compile(rf"^[\[(]?{DATE}")
@@ -95,8 +97,10 @@ class StagedFiles:
         self.unavailable: dict[str, str] = {}
         self.batches: dict[str, list[list[tuple[str, str]]]] = {}
         self.rejections: list[dict] = []
+        self.condensing = False  # a condensing pass: only edits that shorten a file are accepted
         for path in ALLOWED_FILES:
             self._load(path)
+        self.reference = dict(self.current)  # what the guard measures removals against
 
     def _load(self, path: str) -> None:
         try:
@@ -147,8 +151,10 @@ class StagedFiles:
         after = apply_edits(before, pairs)
         if after == before:
             raise ToolRefused("the edit changes nothing")
-        original = (self.base[path] or b"").decode("utf-8")
-        reason = guard_edit(path, original, before, after) or self.cap_reason(path, before, after)
+        if self.condensing:
+            reason = condense_reason(path, self.reference[path], before, after)
+        else:
+            reason = guard_edit(path, self.reference[path], before, after) or self.cap_reason(path, before, after)
         if reason:
             raise GuardRejected(f"guard: {reason}")
         self.current[path] = after
@@ -210,6 +216,10 @@ class StagedFiles:
     def checkpoint(self) -> tuple[dict[str, str], dict[str, int]]:
         """The staged state to come back to should the next batch not complete."""
         return dict(self.current), {path: len(pairs) for path, pairs in self.batches.items()}
+
+    def settle(self) -> None:
+        """A condensing pass completed: later edits are measured against the condensed text."""
+        self.reference = dict(self.current)
 
     def rewind(self, mark: tuple[dict[str, str], dict[str, int]]) -> None:
         """Discard the edits made since *mark* (their refusals stay recorded)."""
@@ -274,19 +284,48 @@ def apply_edits(text: str, pairs: list[tuple[str, str]]) -> str:
 # -- the guard -------------------------------------------------------------------------------------
 def guard_edit(path: str, original: str, before: str, after: str) -> str | None:
     """Why an edit must not be applied, or None: a lost section, most of a file gone, noise in MEMORY.md."""
-    lost = Counter(map(_title_key, section_titles(before))) - Counter(map(_title_key, section_titles(after)))
+    lost = lost_section_reason(path, before, after)
     if lost:
-        title = next(title for title in section_titles(before) if _title_key(title) in lost)
-        return f"the edit would remove the whole section '## {title}' from {path}; keep it and edit its bullets"
+        return lost
     for reference in (before, original):
         share = removed_share(reference, after)
         if len(reference) >= MIN_GUARDED_CHARS and share > MAX_REMOVED_SHARE:
             return f"the edit would remove {share:.0%} of {path}; make small, surgical edits instead"
-    if path == MEMORY_FILE:
-        for line in added_lines(before, after):
-            reason = noisy_line_reason(line)
-            if reason:
-                return f"{reason} in {path} ({line.strip()[:80]!r}); state the lasting fact itself"
+    return noise_reason(path, before, after)
+
+
+def condense_reason(path: str, original: str, before: str, after: str) -> str | None:
+    """Why an edit of a condensing pass must not be applied: it does not shorten the file, drops a section,
+    cuts the file to less than half of what it was (condensing rewords, it does not delete), or adds noise."""
+    lost = lost_section_reason(path, before, after)
+    if lost:
+        return lost
+    if len(after) >= len(before):
+        return (f"this is a condensing pass: an edit must make {path} shorter (this one takes it from"
+                f" {len(before):,} to {len(after):,} characters)")
+    if len(after) < len(original) * CONDENSE_KEEP_SHARE:
+        return (f"the edit would cut {path} to {len(after) / len(original):.0%} of its size; condense the wording"
+                " and merge bullets, do not drop facts")
+    return noise_reason(path, before, after)
+
+
+def lost_section_reason(path: str, before: str, after: str) -> str | None:
+    """Why an edit that drops a whole `##` section must not be applied, or None."""
+    lost = Counter(map(_title_key, section_titles(before))) - Counter(map(_title_key, section_titles(after)))
+    if not lost:
+        return None
+    title = next(title for title in section_titles(before) if _title_key(title) in lost)
+    return f"the edit would remove the whole section '## {title}' from {path}; keep it and edit its bullets"
+
+
+def noise_reason(path: str, before: str, after: str) -> str | None:
+    """Why lines an edit adds to MEMORY.md are journal noise, or None."""
+    if path != MEMORY_FILE:
+        return None
+    for line in added_lines(before, after):
+        reason = noisy_line_reason(line)
+        if reason:
+            return f"{reason} in {path} ({line.strip()[:80]!r}); state the lasting fact itself"
     return None
 
 

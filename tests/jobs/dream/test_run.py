@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from nanobotd.config.schema import ContextSettings
+from nanobotd.jobs.dream.prompts import CONDENSE_SYSTEM
 from nanobotd.memory.history import read_dream_cursor
 from tests.jobs.dream.scenario import (
     EDIT_MEMORY,
@@ -228,3 +229,59 @@ def test_an_llm_failure_in_a_later_batch_keeps_the_completed_batches(workspace, 
     assert (result.outcome, read_dream_cursor(workspace / "memory")) == ("written", 3)
     assert "HTTP 500" in result.manifest["stopped"] and result.manifest["left"]["history_entries"] == 2
     assert "- Likes coffee" in (workspace / "USER.md").read_text()
+
+
+LONG_USER = USER + "- Reads the news every morning at seven\n"
+
+
+def long_user(workspace: Path) -> int:
+    """USER.md with one more bullet, so that it alone goes over the caps the tests set; returns its length."""
+    (workspace / "USER.md").write_text(LONG_USER)
+    return len(LONG_USER)
+
+
+def condense_user(new_text: str) -> ToolCalls:
+    return ToolCalls([
+        ("edit_file", {"path": "USER.md", "edits": [{"old_text": "- Lives in Berlin\n- Works remotely\n",
+                                                     "new_text": new_text}]}),
+        ("edit_file", {"path": "USER.md", "edits": [{"old_text": "- Likes tea", "new_text": "- Likes green tea"}]})])
+
+
+def test_a_file_over_its_cap_gets_a_condensing_pass_before_the_batches(workspace, store, git, fake):
+    size = long_user(workspace)
+    fake.push(condense_user("- Berlin, remote\n"), Text("Condensed."), Text(FINDINGS), EDIT_TWO_FILES, Text("done"))
+    result = dream(workspace, store, git, fake, context=ContextSettings(max_chars=size - 10))
+    first = fake.requests[0]
+    assert first["messages"][0]["content"] == CONDENSE_SYSTEM
+    assert f"## Over their caps\n\n- USER.md is {size:,} characters, over its cap of {size - 10:,}" in prompt_of(first)
+    refusals = [message["content"] for message in fake.requests[1]["messages"] if message["role"] == "tool"]
+    assert refusals[1].startswith("Error: guard: this is a condensing pass: an edit must make USER.md shorter")
+    assert (workspace / "USER.md").read_text() == LONG_USER.replace("- Lives in Berlin\n- Works remotely\n",
+                                                                    "- Berlin, remote\n").replace("tea", "coffee")
+    condensed = result.manifest["condensed"]
+    assert (condensed["outcome"], condensed["before"]["USER.md"], condensed["after"]["USER.md"]) == (
+        "within caps", size, size - 18)
+    assert git_cli(workspace, "log", "-1", "--format=%s").strip() == (
+        "dream: update USER.md, memory/MEMORY.md (2 findings, condensed)")
+    assert f"Condensed (over the caps): USER.md {size} -> {size - 18} characters" in git_cli(
+        workspace, "log", "-1")
+
+
+def test_a_condensing_pass_runs_without_a_backlog_and_says_when_a_file_is_still_over(workspace, store, git, fake):
+    (workspace / "memory" / ".dream_cursor").write_text("5")
+    size = long_user(workspace)
+    fake.push(condense_user("- Berlin\n- Remote\n"), Text("Shortened what I could."))
+    result = dream(workspace, store, git, fake, context=ContextSettings(max_chars=size - 30))
+    assert (result.outcome, result.manifest["condensed"]["outcome"]) == ("written", "still over")
+    assert result.manifest["batches"] == [] and read_dream_cursor(workspace / "memory") == 5
+    assert git_cli(workspace, "log", "-1", "--format=%s").strip() == "dream: update USER.md (0 findings, condensed)"
+
+
+def test_a_failed_condensing_pass_with_nothing_else_to_do_fails_the_run_unchanged(workspace, store, git, fake):
+    (workspace / "memory" / ".dream_cursor").write_text("5")
+    size = long_user(workspace)
+    before = tree(workspace)
+    fake.push(condense_user("- Berlin, remote\n"), HttpError(500))
+    result = dream(workspace, store, git, fake, context=ContextSettings(max_chars=size - 10))
+    assert (result.state, result.outcome) == ("failed", "error") and "condensing pass:" in result.manifest["reason"]
+    assert result.manifest["condensed"]["outcome"] == "discarded" and tree(workspace) == before

@@ -245,3 +245,30 @@ def test_a_file_already_over_its_cap_may_still_shrink_or_keep_its_size(workspace
     assert edit(staged, "USER.md", ("- Likes tea", "- Likes rum")).startswith("Edited")
     assert edit(staged, "USER.md", ("- Likes rum\n", "")).startswith("Edited")
     assert edit(staged, "USER.md", ("- Uses vim", "- Uses vim daily")).startswith(ERROR_PREFIX + "guard:")
+
+
+def test_a_condensing_pass_accepts_only_edits_that_shorten_a_file_without_losing_it(workspace):
+    staged = StagedFiles(workspace, ContextSettings(max_chars=50, total_max_chars=10_000))
+    staged.condensing = True
+    assert edit(staged, "USER.md", ("- Name: Ada\n- Lives in Berlin\n", "- Ada, Berlin\n")).startswith("Edited")
+    grow = edit(staged, "USER.md", ("- Likes tea", "- Likes green tea"))
+    assert grow.startswith(ERROR_PREFIX + "guard: this is a condensing pass: an edit must make USER.md shorter")
+    same = edit(staged, "USER.md", ("- Likes tea", "- Likes rum"))
+    assert same.startswith(ERROR_PREFIX + "guard: this is a condensing pass")
+    cut = edit(staged, "USER.md", ("- Ada, Berlin\n", ""), ("- Likes tea\n- Uses vim\n", ""))
+    assert "cut USER.md to" in cut and "do not drop facts" in cut
+    dropped = edit(staged, "USER.md", ("\n## Preferences\n", "\n"))
+    assert "remove the whole section '## Preferences'" in dropped
+    assert len(staged.rejections) == 4 and staged.current["USER.md"] == USER.replace(
+        "- Name: Ada\n- Lives in Berlin\n", "- Ada, Berlin\n")
+
+
+def test_condensing_may_reword_most_lines_and_later_edits_are_measured_from_its_result(workspace):
+    shorter = "# Memory\n\n## Project Context\n- Billing: MySQL 8.\n- API: Go.\n\n## Decisions\n- No Friday deploys.\n"
+    staged = StagedFiles(workspace)
+    assert edit(staged, "memory/MEMORY.md", (MEMORY, shorter)).startswith(ERROR_PREFIX + "guard:")
+    staged.condensing = True
+    assert edit(staged, "memory/MEMORY.md", (MEMORY, shorter)).startswith("Edited")
+    staged.condensing = False
+    staged.settle()
+    assert edit(staged, "memory/MEMORY.md", ("- API: Go.\n", "- API: Go 1.24.\n")).startswith("Edited")
