@@ -184,11 +184,9 @@ class DreamRun(ApplyStep):
     def budget_stop(self) -> str | None:
         """Why no further batch should start: the budget is spent, or the costliest batch so far would not fit."""
         budget = self.workspace.dream.token_budget
-        if not self.batch_tokens:
-            return None
         if self.tokens >= budget:
             return TOKEN_BUDGET
-        if self.tokens + max(self.batch_tokens) > budget:
+        if self.batch_tokens and self.tokens + max(self.batch_tokens) > budget:
             return NEXT_BATCH_WOULD_NOT_FIT
         return None
 

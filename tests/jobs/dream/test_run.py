@@ -285,3 +285,14 @@ def test_a_failed_condensing_pass_with_nothing_else_to_do_fails_the_run_unchange
     result = dream(workspace, store, git, fake, context=ContextSettings(max_chars=size - 10))
     assert (result.state, result.outcome) == ("failed", "error") and "condensing pass:" in result.manifest["reason"]
     assert result.manifest["condensed"]["outcome"] == "discarded" and tree(workspace) == before
+
+
+def test_a_condensing_pass_that_spends_the_budget_is_kept_and_the_batches_wait(workspace, store, git, fake):
+    size = long_user(workspace)
+    fake.push(condense_user("- Berlin, remote\n"), Text("Condensed."))
+    result = dream(workspace, store, git, fake, token_budget=30, context=ContextSettings(max_chars=size - 10))
+    condensed = result.manifest["condensed"]["outcome"]
+    assert (result.outcome, condensed, len(fake.requests)) == ("written", "within caps", 2)
+    assert result.manifest["stopped"] == "token budget"
+    assert result.manifest["left"] == {"history_entries": 5, "note_bullets": 0}
+    assert read_dream_cursor(workspace / "memory") == 0 and "- Berlin, remote" in (workspace / "USER.md").read_text()
