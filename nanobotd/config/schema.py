@@ -60,7 +60,7 @@ class ConsolidationSettings:
 
 @dataclass(frozen=True)
 class DreamSettings:
-    """The nightly dream: schedule and the bounds of its edit loop."""
+    """The nightly dream: schedule, batch size and the bounds of its edit loops and of one run."""
 
     enabled: bool = True
     schedule: str = "15 4 * * *"

@@ -1,20 +1,37 @@
 """The workspace audit: what the next lifecycle run would do, the state of memory, and what is wrong
-with it, each problem paired with the command or edit that fixes it. Read-only."""
+with it, each problem paired with the command or edit that fixes it. Read-only.
+
+Beside an agent that keeps its own memory it also checks what makes nanobotd's work reach the agent: the
+agent's own dream kept out of the way, nanobotd's MCP server registered, the dream keeping up, the files
+nanobot injects whole within their caps, and no message archived twice.
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from nanobotd.config.schema import WorkspaceSettings
-from nanobotd.jobs.common import describe_step, folder_size, run_backup_dir
+from nanobotd.jobs.common import (
+    BOOTSTRAP_FILES,
+    cap_overruns,
+    describe_step,
+    folder_size,
+    run_backup_dir,
+    unread_note_bullets,
+)
 from nanobotd.memory import history
 from nanobotd.memory.dailynote import scan_notes
+from nanobotd.memory.history import TIMESTAMP_FORMAT
+from nanobotd.sessions.agent_config import AgentSettings
 from nanobotd.state.store import StateStore
 
 RUN_LIST_LIMIT = 1_000_000
 LIFECYCLE_COMMAND = "nanobotctl lifecycle"
 LINES_SHOWN = 20
+DREAM_COMMAND = "nanobotctl dream"
+SETUP_COMMAND = "nanobotctl setup nanobot"
+BACKLOG_MAX_AGE = timedelta(days=2)
 NOTE_FIXES = (
     ("symlink", "replace the symlink with a real folder or file, or move it out of memory/"),
     ("not a folder", "move the file away and let the next `nanobotctl lifecycle` create the folder"),
@@ -27,11 +44,13 @@ NOTE_FIXES = (
 
 
 def audit_workspace(ws: WorkspaceSettings, *, store: StateStore, now: datetime, lifecycle_plan: list,
-                    extra_state: dict) -> dict:
+                    extra_state: dict, agent: AgentSettings | None = None, companion: bool = False,
+                    archived_twice: int = 0) -> dict:
     """{"name", "plan", "plan_steps", "state", "problems": [{"problem", "fix"}]} for one workspace.
 
     "plan" holds the lifecycle dry-run steps as readable lines (files, sizes, ages), "plan_steps" the
-    steps themselves. Changes nothing.
+    steps themselves. *agent* is what the daemon read of the agent's config, *companion* whether the agent
+    archives by itself. Changes nothing.
     """
     memory_dir = ws.path / "memory"
     scan = history.read_history(memory_dir)
@@ -39,6 +58,8 @@ def audit_workspace(ws: WorkspaceSettings, *, store: StateStore, now: datetime, 
     largest = max(cursors, default=0)
     cursor_file = history.read_cursor_file(memory_dir / history.CURSOR_NAME)
     dream_cursor = history.read_dream_cursor(memory_dir)
+    unread = unread_note_bullets(memory_dir)
+    sizes = bootstrap_sizes(ws)
     state = {
         "history_entries": len(scan.entries),
         "history_bytes": _size(history.history_path(memory_dir)),
@@ -46,12 +67,20 @@ def audit_workspace(ws: WorkspaceSettings, *, store: StateStore, now: datetime, 
         "cursor_file": cursor_file,
         "dream_cursor": dream_cursor,
         "undreamt_entries": sum(1 for cursor in cursors if cursor > dream_cursor),
+        "undreamt_note_bullets": len(unread),
+        "bootstrap_chars": sizes,
+        "archived_twice": archived_twice,
         **_backup_usage(ws, store),
         **extra_state,
     }
     problems = history_problems(scan, largest, cursor_file, dream_cursor)
     problems += note_problems(ws)
     problems += lifecycle_problems(ws, lifecycle_plan, now)
+    problems += dream_backlog_problems(ws, [entry for entry in scan.entries if entry.cursor > dream_cursor],
+                                       [bullet.day for bullet in unread], now)
+    problems += cap_problems(ws, sizes)
+    problems += agent_problems(agent, companion)
+    problems += archived_twice_problems(ws, archived_twice)
     plan = [step if isinstance(step, str) else describe_step(step) for step in lifecycle_plan]
     return {"name": ws.name, "plan": plan, "plan_steps": lifecycle_plan, "state": state, "problems": problems}
 
@@ -126,6 +155,99 @@ def lifecycle_problems(ws: WorkspaceSettings, plan: list, now: datetime) -> list
                    f" as of {now.date().isoformat()}",
         "fix": f"run `{LIFECYCLE_COMMAND}` (and check the lifecycle schedule)",
     }]
+
+
+def dream_backlog_problems(ws: WorkspaceSettings, undreamt: list[history.HistoryEntry], unread_days: list,
+                           now: datetime) -> list[dict]:
+    """History entries and note bullets waiting for the dream longer than BACKLOG_MAX_AGE: their facts do not
+    reach SOUL.md, USER.md or MEMORY.md, so the agent does not see them."""
+    cutoff = now - BACKLOG_MAX_AGE
+    old_entries = [entry for entry in undreamt if (_entry_time(entry) or now) < cutoff]
+    old_bullets = [day for day in unread_days if day < cutoff.date()]
+    if not old_entries and not old_bullets:
+        return []
+    oldest = min([_entry_time(entry).date() for entry in old_entries] + old_bullets)
+    if ws.llm.model == "none":
+        fix = f"set [llm] model (the dream needs an LLM), then run `{DREAM_COMMAND}`"
+    else:
+        fix = (f"run `{DREAM_COMMAND}` (it drains the backlog in batches within dream.token_budget; run it again"
+               " while its run says something is left), and check that the dream schedule runs")
+    return [{
+        "problem": f"the dream is behind: {len(old_entries)} history entries and {len(old_bullets)} daily-note"
+                   f" bullets not dreamt are over {BACKLOG_MAX_AGE.days} days old (the oldest from"
+                   f" {oldest.isoformat()})",
+        "fix": fix,
+    }]
+
+
+def cap_problems(ws: WorkspaceSettings, sizes: dict[str, int]) -> list[dict]:
+    """SOUL.md, USER.md or MEMORY.md over its cap: nanobot injects them whole into every prompt."""
+    if ws.llm.model == "none":
+        fix = "shorten it by hand (merge and shorten bullets); the dream, which condenses it, needs an LLM"
+    else:
+        fix = f"run `{DREAM_COMMAND}`: it condenses a file over its cap first (or shorten it by hand)"
+    return [{"problem": f"{line}; nanobot puts it whole into every prompt", "fix": fix}
+            for line in cap_overruns(sizes, ws.context)]
+
+
+def agent_problems(agent: AgentSettings | None, companion: bool) -> list[dict]:
+    """What in the agent's own config keeps nanobotd's work from reaching it, or fights it."""
+    if agent is None or agent.path is None:
+        if not companion:
+            return []
+        return [{"problem": "the agent archives by itself, but its config.json was not found: its own dream and"
+                            " the registration of nanobotd's MCP server cannot be checked",
+                 "fix": f"set the workspace's sessions_dir to nanobot's sessions folder, or run `{SETUP_COMMAND}"
+                        " --nanobot-config PATH --apply` with the config nanobot uses"}]
+    setup = f"`{SETUP_COMMAND} --nanobot-config {agent.path} --apply`, then restart nanobot"
+    if agent.error:
+        return [{"problem": f"nanobot's config cannot be used: {agent.error}",
+                 "fix": f"repair {agent.path} (nanobot cannot start with it either), then run {setup}"}]
+    problems = []
+    if agent.own_dream_runs:
+        when = f"by cron '{agent.dream_cron}'" if agent.dream_cron else f"every {agent.dream_interval_hours} h"
+        problems.append({"problem": f"nanobot's own dream runs {when} beside nanobotd's: both edit SOUL.md,"
+                                    " USER.md and memory/MEMORY.md and move memory/.dream_cursor",
+                         "fix": f"{setup} (it moves nanobot's dream ten years out)"})
+    if not agent.dream_enabled:
+        problems.append({"problem": f"dream.enabled is false in {agent.path}: nanobot then moves"
+                                    " memory/.dream_cursor past entries nanobotd's dream has not read",
+                         "fix": f"{setup} (it enables nanobot's dream and moves it ten years out instead)"})
+    if agent.mcp_server_for() is None:
+        problems.append({"problem": f"nanobotd's MCP server is not registered in {agent.path}: the agent has no"
+                                    " memory_search, memory_context or memory_recall tools",
+                         "fix": setup})
+    return problems
+
+
+def archived_twice_problems(ws: WorkspaceSettings, archived_twice: int) -> list[dict]:
+    """Messages both the agent and nanobotd archived: history holds them twice (the goal is none)."""
+    if not archived_twice:
+        return []
+    if ws.consolidation.mode == "owner":
+        fix = 'set consolidation.mode = "auto" for this workspace: its agent archives by itself'
+    else:
+        fix = (f"raise consolidation.agent_grace_seconds (now {ws.consolidation.agent_grace_seconds:g} s) so that"
+               " nanobotd waits longer for the agent's own archive entry")
+    return [{"problem": f"{archived_twice} message(s) were archived twice, by the agent and by nanobotd", "fix": fix}]
+
+
+def bootstrap_sizes(ws: WorkspaceSettings) -> dict[str, int]:
+    """Characters of each of the files nanobot injects whole (missing ones left out)."""
+    sizes = {}
+    for path in BOOTSTRAP_FILES:
+        try:
+            sizes[path] = len((ws.path / path).read_bytes().decode("utf-8", "replace"))
+        except OSError:
+            continue
+    return sizes
+
+
+def _entry_time(entry: history.HistoryEntry) -> datetime | None:
+    try:
+        return datetime.strptime(entry.timestamp[:16], TIMESTAMP_FORMAT)
+    except ValueError:
+        return None
 
 
 def _backup_usage(ws: WorkspaceSettings, store: StateStore) -> dict:

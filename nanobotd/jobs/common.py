@@ -1,5 +1,6 @@
-"""What every job shares: the environment a job runs in, the restore refusal, run backups, and the
-compaction of history.jsonl (both the dream and the lifecycle compact it).
+"""What every job shares: the environment a job runs in, the restore refusal, run backups, the
+compaction of history.jsonl (both the dream and the lifecycle compact it), and what the dream has read of
+the daily notes and the caps it keeps the bootstrap files under (the audit reports on both).
 
 Jobs import this module and never each other; the daemon hands each job a `JobEnv`.
 """
@@ -15,16 +16,21 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from loguru import logger
+
 from nanobotd import fsio
-from nanobotd.config.schema import WorkspaceSettings
+from nanobotd.config.schema import ContextSettings, WorkspaceSettings
 from nanobotd.gitstore.store import GitStore
 from nanobotd.llm.client import LLMClient
 from nanobotd.memory import history
+from nanobotd.memory.dailynote import ARCHIVE_DIR_NAME, NoteBullet, note_bullets
 from nanobotd.sessions.tracker import SessionTracker
 from nanobotd.state.store import RUNS_DIR, RunRecord, StateStore
 
 EXPIRED = "expired"
 HISTORY_BACKUP_NAME = "history-removed.jsonl"  # in the run folder: the entries a compaction removed
+DREAM_NOTES_NAME = ".dream_notes.json"  # in memory/, beside .dream_cursor: the note bullets the dream has read
+BOOTSTRAP_FILES = ("SOUL.md", "USER.md", "memory/MEMORY.md")  # nanobot puts these whole into every prompt
 
 
 @dataclass
@@ -146,3 +152,68 @@ def describe_step(step: dict) -> str:
     if action == "prune_backups":
         return f"prune backups of run {step['run_id']} ({step['bytes']} bytes, {step['age_days']} days old)"
     return str(step)
+
+
+# -- what the dream has read of the daily notes --------------------------------------------------------
+def read_dream_notes(memory_dir: Path) -> dict[str, set[str]]:
+    """{note day: digests of its bullets the dream has read}; a missing or unreadable file means none read."""
+    path = memory_dir / DREAM_NOTES_NAME
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        logger.warning("{} is unreadable ({}); the dream reads every note bullet again", path, exc)
+        return {}
+    notes = data.get("notes") if isinstance(data, dict) else None
+    if not isinstance(notes, dict):
+        return {}
+    return {day: {digest for digest in digests if isinstance(digest, str)}
+            for day, digests in notes.items() if isinstance(digests, list)}
+
+
+def mark_dream_notes(memory_dir: Path, digests: Mapping[str, Iterable[str]], *, read: bool) -> None:
+    """Mark note bullets read (a dream applied them) or unread again (its roll-back or restore).
+
+    Days whose note is gone (expired from the archive) are dropped, so the file stays small.
+    """
+    before = read_dream_notes(memory_dir)
+    state = {day: set(found) for day, found in before.items()}
+    for day, day_digests in digests.items():
+        if read:
+            state.setdefault(day, set()).update(day_digests)
+        elif day in state:
+            state[day].difference_update(day_digests)
+    kept = {day: sorted(found) for day, found in sorted(state.items()) if found and _note_exists(memory_dir, day)}
+    path = memory_dir / DREAM_NOTES_NAME
+    if not kept:
+        path.unlink(missing_ok=True)  # nothing read: as before the first dream that read a note
+    elif kept != {day: sorted(found) for day, found in sorted(before.items())}:
+        fsio.atomic_write(path, json.dumps({"notes": kept}, indent=1) + "\n")
+
+
+def _note_exists(memory_dir: Path, day: str) -> bool:
+    return (memory_dir / f"{day}.md").exists() or (memory_dir / ARCHIVE_DIR_NAME / f"{day}.md").exists()
+
+
+def unread_note_bullets(memory_dir: Path) -> list[NoteBullet]:
+    """The note bullets the dream has not read yet, oldest day first, each text once per day."""
+    read = read_dream_notes(memory_dir)
+    unread, seen = [], set()
+    for bullet in note_bullets(memory_dir):
+        key = (bullet.day.isoformat(), bullet.digest)
+        if key not in seen and bullet.digest not in read.get(key[0], ()):
+            seen.add(key)
+            unread.append(bullet)
+    return unread
+
+
+def cap_overruns(sizes: Mapping[str, int], caps: ContextSettings) -> list[str]:
+    """What is over the caps (each file, then the files together), as lines for people; empty when all fit."""
+    lines = [f"{path} is {size:,} characters, over its cap of {caps.max_chars:,} (context.max_chars)"
+             for path, size in sizes.items() if size > caps.max_chars]
+    total = sum(sizes.values())
+    if total > caps.total_max_chars:
+        lines.append(f"{', '.join(sizes)} are {total:,} characters together, over their joint cap of"
+                     f" {caps.total_max_chars:,} (context.total_max_chars)")
+    return lines

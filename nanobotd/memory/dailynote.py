@@ -7,6 +7,7 @@ the one section it adds bullets to.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import stat
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ BULLET_MARKERS = ("- ", "* ", "+ ")
 FENCE_MARKERS = ("```", "~~~")
 TRAILING_PUNCTUATION = ".,;:!?…"
 BULLET_MAX_CHARS = 1000
+BULLET_DIGEST_CHARS = 16
 
 
 class NoteError(ValueError):
@@ -314,3 +316,35 @@ def _relative(path: Path, workspace: Path) -> str:
         return str(path.relative_to(workspace))
     except ValueError:
         return str(path)
+
+
+# -- bullets, for the dream --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NoteBullet:
+    """One section bullet of a daily note, as the dream reads it."""
+
+    day: date
+    section: str
+    text: str
+
+    @property
+    def digest(self) -> str:
+        """Names the bullet across moves to the archive and changes of case or spacing; a reworded one is new."""
+        return hashlib.sha256(normalise_bullet(self.text).encode("utf-8")).hexdigest()[:BULLET_DIGEST_CHARS]
+
+
+def note_bullets(memory_dir: Path) -> list[NoteBullet]:
+    """Every section bullet of the valid daily notes, active and archived, oldest day first."""
+    scan = scan_notes(memory_dir)
+    bullets = []
+    for note_file in sorted(scan.active + scan.archived, key=lambda found: found.day):
+        try:
+            note = read_note(note_file.path)
+        except (OSError, NoteError):
+            continue  # changed since the scan; the next reader sees it
+        for section in note.sections:
+            bullets.extend(NoteBullet(note_file.day, section.name, text)
+                           for _, text in section.bullet_lines() if text)
+    return bullets

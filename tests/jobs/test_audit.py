@@ -1,4 +1,4 @@
-"""The workspace audit: memory state and problems, each with the action that fixes it."""
+"""The workspace audit: memory state and problems, each with the action that fixes it, beside an agent too."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ from datetime import datetime
 
 import pytest
 
-from nanobotd.config.schema import LLMSettings, WorkspaceSettings
+from nanobotd.config.schema import ConsolidationSettings, ContextSettings, LLMSettings, WorkspaceSettings
 from nanobotd.jobs.audit import audit_workspace
+from nanobotd.jobs.common import mark_dream_notes, unread_note_bullets
 from nanobotd.jobs.lifecycle.run import run_lifecycle
 from nanobotd.llm.client import LLMClient
+from nanobotd.sessions.agent_config import AgentSettings, read_agent_settings
 from nanobotd.state.store import StateStore
 
 NOW = datetime(2026, 6, 15, 9, 0)
@@ -118,8 +120,9 @@ def test_the_plan_is_passed_through_and_an_overdue_lifecycle_is_a_problem(ws, st
     assert report["plan_steps"] == [{"action": "move", "from": "memory/2026-05-01.md",
                                      "to": "memory/archive/2026-05-01.md", "bytes": 28, "age_days": 45}]
     assert report["plan"] == ["move memory/2026-05-01.md -> memory/archive/2026-05-01.md (28 bytes, 45 days old)"]
-    [item] = report["problems"]
+    item, backlog = report["problems"]
     assert "lifecycle is behind" in item["problem"] and "nanobotctl lifecycle" in item["fix"]
+    assert "1 daily-note bullets not dreamt" in backlog["problem"]
 
 
 def test_disk_used_by_run_backups_is_counted_for_the_workspace(ws, store):
@@ -129,3 +132,97 @@ def test_disk_used_by_run_backups_is_counted_for_the_workspace(ws, store):
     (store.run_dir(other) / "note.before.md").write_bytes(b"x" * 999)
     state = audit(ws, store)["state"]
     assert (state["backup_bytes"], state["backup_runs"]) == (100, 1)
+
+
+def online(ws: WorkspaceSettings, **tables) -> WorkspaceSettings:
+    """The workspace with an LLM configured (the fixture's is offline)."""
+    return WorkspaceSettings(path=ws.path, name=ws.name, llm=LLMSettings(model="openai/gpt-4o-mini"), **tables)
+
+
+def agent_config(tmp_path, dream: dict, servers: dict | None = None) -> AgentSettings:
+    path = tmp_path / "nanobot" / "config.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps({"agents": {"defaults": {"dream": dream}}, "tools": {"mcpServers": servers or {}}}))
+    return read_agent_settings(path)
+
+
+NANOBOTD_MCP = {"nanobotd": {"command": "/usr/bin/nanobotctl", "args": ["mcp", "--socket", "/run/n.sock"]}}
+
+
+def test_an_agent_set_up_for_nanobotd_has_no_problems(ws, store, tmp_path):
+    agent = agent_config(tmp_path, {"intervalH": 87_600}, NANOBOTD_MCP)
+    assert audit_workspace(ws, store=store, now=NOW, lifecycle_plan=[], extra_state={}, agent=agent,
+                           companion=True)["problems"] == []
+
+
+@pytest.mark.parametrize("dream, servers, expected", [
+    ({}, NANOBOTD_MCP, "nanobot's own dream runs every 2 h beside nanobotd's"),
+    ({"intervalH": 87_600, "cron": "0 */4 * * *"}, NANOBOTD_MCP, "nanobot's own dream runs by cron '0 */4 * * *'"),
+    ({"enabled": False}, NANOBOTD_MCP, "dream.enabled is false in"),
+    ({"intervalH": 87_600}, {}, "nanobotd's MCP server is not registered in"),
+])
+def test_an_agent_config_that_fights_or_misses_nanobotd_is_a_problem_fixed_by_setup(ws, store, tmp_path, dream,
+                                                                                    servers, expected):
+    agent = agent_config(tmp_path, dream, servers)
+    [item] = audit_workspace(ws, store=store, now=NOW, lifecycle_plan=[], extra_state={}, agent=agent)["problems"]
+    assert expected in item["problem"]
+    assert f"`nanobotctl setup nanobot --nanobot-config {agent.path} --apply`, then restart nanobot" in item["fix"]
+
+
+def test_a_companion_workspace_whose_agent_config_is_missing_or_broken_says_so(ws, store, tmp_path):
+    missing = AgentSettings(path=None)
+    assert audit_workspace(ws, store=store, now=NOW, lifecycle_plan=[], extra_state={}, agent=missing)["problems"] == []
+    [item] = audit_workspace(ws, store=store, now=NOW, lifecycle_plan=[], extra_state={}, agent=missing,
+                             companion=True)["problems"]
+    assert "config.json was not found" in item["problem"] and "sessions_dir" in item["fix"]
+    broken = tmp_path / "config.json"
+    broken.write_text("{nope")
+    [item] = audit_workspace(ws, store=store, now=NOW, lifecycle_plan=[], extra_state={},
+                             agent=read_agent_settings(broken))["problems"]
+    assert "cannot be used" in item["problem"] and f"repair {broken}" in item["fix"]
+
+
+def test_a_dream_backlog_over_two_days_old_is_a_problem_and_a_fresh_one_is_not(ws, store):
+    stamped = [json.dumps({"cursor": n, "timestamp": stamp, "content": "- [durable] a fact"})
+               for n, stamp in enumerate(["2026-06-10 10:00", "2026-06-14 10:00", "garbled"], start=1)]
+    write_history(ws, stamped, cursor=3, dream=0)
+    memory = ws.path / "memory"
+    (memory / "archive").mkdir()
+    (memory / "archive" / "2026-06-05.md").write_text("## Topics\n- Backups\n- Photos\n")
+    (memory / "2026-06-14.md").write_text("## Topics\n- Fresh\n")
+    report = audit(online(ws), store)
+    [item] = report["problems"]
+    assert item["problem"] == ("the dream is behind: 1 history entries and 2 daily-note bullets not dreamt are over"
+                               " 2 days old (the oldest from 2026-06-05)")
+    assert item["fix"].startswith("run `nanobotctl dream`") and report["state"]["undreamt_note_bullets"] == 3
+    assert audit(ws, store)["problems"][0]["fix"].startswith("set [llm] model")
+    mark_dream_notes(memory, {"2026-06-05": [bullet.digest for bullet in unread_note_bullets(memory)[:2]]},
+                     read=True)
+    write_history(ws, stamped, cursor=3, dream=1)
+    assert audit(ws, store)["problems"] == []
+
+
+def test_files_over_their_caps_are_problems_the_dream_fixes(ws, store):
+    (ws.path / "SOUL.md").write_text("# Soul\n" + "- be kind\n" * 30)
+    (ws.path / "USER.md").write_text("# User\n- Ada\n")
+    caps = ContextSettings(max_chars=200, total_max_chars=250)
+    report = audit(online(ws, context=caps), store)
+    assert report["state"]["bootstrap_chars"] == {"SOUL.md": 307, "USER.md": 13}
+    assert [item["problem"] for item in report["problems"]] == [
+        "SOUL.md is 307 characters, over its cap of 200 (context.max_chars); nanobot puts it whole into every prompt",
+        "SOUL.md, USER.md are 320 characters together, over their joint cap of 250 (context.total_max_chars);"
+        " nanobot puts it whole into every prompt"]
+    assert "condenses a file over its cap" in report["problems"][0]["fix"]
+    offline = WorkspaceSettings(path=ws.path, name="main", context=caps)
+    assert audit(offline, store)["problems"][0]["fix"].startswith("shorten it by hand")
+
+
+def test_messages_archived_twice_are_reported_with_a_fix_for_the_mode(ws, store):
+    report = audit_workspace(ws, store=store, now=NOW, lifecycle_plan=[], extra_state={}, archived_twice=3)
+    assert report["state"]["archived_twice"] == 3
+    [item] = report["problems"]
+    assert item["problem"] == "3 message(s) were archived twice, by the agent and by nanobotd"
+    assert "agent_grace_seconds (now 180 s)" in item["fix"]
+    owner = WorkspaceSettings(path=ws.path, name="main", consolidation=ConsolidationSettings(mode="owner"))
+    fix = audit_workspace(owner, store=store, now=NOW, lifecycle_plan=[], extra_state={}, archived_twice=1)
+    assert 'consolidation.mode = "auto"' in fix["problems"][0]["fix"]

@@ -14,6 +14,7 @@ from nanobotd.memory.dailynote import (
     merge_bullets,
     new_note,
     normalise_bullet,
+    note_bullets,
     note_date,
     parse_note,
     remove_bullets,
@@ -158,3 +159,24 @@ def test_scan_notes_refuses_an_archive_folder_that_is_a_symlink(tmp_path):
     scan = scan_notes(memory)
     assert scan.archived == [] and not scan.archive_usable
     assert scan.skipped == [{"path": "memory/archive", "reason": "archive folder is a symlink"}]
+
+
+def test_note_bullets_come_from_active_and_archived_notes_oldest_day_first(tmp_path):
+    memory = tmp_path / "memory"
+    (memory / "archive").mkdir(parents=True)
+    (memory / "2026-06-02.md").write_text("# 2026-06-02\n\nprose\n- not in a section\n\n## Decisions\n- Use Go\n-\n")
+    archived = "## Topics\n- Backups\n  - a nested line\n## Open Questions\n- Why?\n"
+    (memory / "archive" / "2026-05-30.md").write_text(archived)
+    (memory / "2026-06-03.md").write_text("no sections at all\n- skipped\n")
+    bullets = note_bullets(memory)
+    assert [(bullet.day.isoformat(), bullet.section, bullet.text) for bullet in bullets] == [
+        ("2026-05-30", "Topics", "Backups"), ("2026-05-30", "Open Questions", "Why?"),
+        ("2026-06-02", "Decisions", "Use Go")]
+
+
+def test_a_bullet_digest_ignores_case_spacing_and_moves_but_not_rewording(tmp_path):
+    memory = tmp_path / "memory"
+    memory.mkdir()
+    (memory / "2026-06-02.md").write_text("## Decisions\n- Use Go.\n## Topics\n-   use  GO\n- Use Rust\n")
+    first, moved, reworded = note_bullets(memory)
+    assert first.digest == moved.digest != reworded.digest and len(first.digest) == 16

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from nanobotd.api.router import ApiError, Request
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.handlers.common import named_workspaces
@@ -15,10 +17,12 @@ def routes(core: Core) -> list:
         workspaces = []
         for workspace in named_workspaces(core, request):
             plan = await lifecycle.plan(workspace.env)
-            extra_state = dict(workspace.tracker.totals(), git=workspace.git.health(),
-                               search=workspace.search_status())
-            workspaces.append(audit.audit_workspace(workspace.settings, store=core.store, now=core.now(),
-                                                    lifecycle_plan=plan.get("plan", []), extra_state=extra_state))
+            totals = workspace.tracker.totals()
+            extra_state = dict(totals, git=workspace.git.health(), search=workspace.search_status())
+            workspaces.append(await asyncio.to_thread(
+                audit.audit_workspace, workspace.settings, store=core.store, now=core.now(),
+                lifecycle_plan=plan.get("plan", []), extra_state=extra_state, agent=workspace.agent,
+                companion=workspace.mode == "companion", archived_twice=totals["archived_twice"]))
         return {"workspaces": workspaces}
 
     async def outcome_metrics(request: Request) -> dict:

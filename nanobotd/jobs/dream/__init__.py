@@ -1,17 +1,19 @@
-"""dream: fold new history into SOUL.md / USER.md / memory/MEMORY.md with small edits, committed to git."""
+"""dream: fold new history and daily-note bullets into SOUL.md / USER.md / memory/MEMORY.md with small edits,
+committed to git."""
 
 from __future__ import annotations
 
 from nanobotd.jobs.common import JobEnv
+from nanobotd.jobs.dream.recover import recover_dream_run
 from nanobotd.jobs.dream.restore import restore_dream_commit, restore_dream_run
-from nanobotd.jobs.dream.run import KIND, dream_workspace, recover_dream_run
+from nanobotd.jobs.dream.run import KIND, dream_workspace
 from nanobotd.state.store import RunRecord
 
 __all__ = ["KIND", "recover", "reapply", "restore", "restore_commit", "run"]
 
 
 async def run(env: JobEnv, run_id: str) -> dict:
-    """Dream one batch of history for an already created run."""
+    """Dream the backlog (in batches, within the token budget) for an already created run."""
     result = await dream_workspace(env.settings, store=env.store, llm=env.llm, git=env.git, run_id=run_id,
                                    clock=env.now)
     return result.manifest

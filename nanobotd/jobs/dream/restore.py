@@ -2,7 +2,8 @@
 
 With git, a run's commit is reverted three-way, so later unrelated edits survive and overlapping ones
 refuse the restore unless forced; without git (a workspace inside another repository) the run's backups
-are put back. Either way the run's pre-run cursor and the history entries its compaction removed return.
+are put back. Either way the run's pre-run cursor and the history entries its compaction removed return,
+and the daily-note bullets it read count as unread again.
 Everything here does git and file work, so it runs on the git thread: `await git.call(restore_dream_run, ...)`.
 """
 
@@ -21,15 +22,13 @@ from nanobotd import fsio
 from nanobotd.gitstore.commits import DREAM_PREFIX
 from nanobotd.gitstore.repo import GitConflict, GitStoreError
 from nanobotd.gitstore.store import CURSOR_FILE, SHORT_SHA, GitStore
-from nanobotd.jobs.common import RestoreRefused, compacted_entries_missing
+from nanobotd.jobs.common import RestoreRefused, compacted_entries_missing, mark_dream_notes
 from nanobotd.memory.history import insert_entries, read_dream_cursor
 from nanobotd.state.store import RunRecord, StateStore
 
 RUN_ID_PATTERN = re.compile(r"^r-\d{8}-\d{6}-")
 RESTORABLE_KINDS = ("dream", "restore")
 BACKUP_DIR = "before"
-
-
 
 
 def restore_dream_run(run: RunRecord, *, store: StateStore, git: GitStore, restore_run_id: str | None,
@@ -98,6 +97,7 @@ class Restorer:
         else:
             self.put_back_backups(manifest, overrides, f"restore run {run.run_id}")
         self.restore_history(manifest.get("history_compacted") or {})
+        self.restore_notes(manifest)
         return self.result
 
     def restore_commit(self, sha: str) -> dict:
@@ -222,6 +222,19 @@ class Restorer:
         if not self.dry_run:
             self.result["history_restored"] = insert_entries(self.memory_dir, missing)
 
+    def restore_notes(self, manifest: dict) -> None:
+        """The note bullets a dream read count as unread again; restoring that restore marks them read again."""
+        for key, read, undone_key in (("notes_read", False, "notes_unread"), ("notes_unread", True, "notes_read")):
+            digests = manifest.get(key) or {}
+            if not isinstance(digests, dict) or not digests:
+                continue
+            count = sum(len(day_digests) for day_digests in digests.values())
+            self.plan.append(f"mark {count} daily-note bullet(s) of {', '.join(sorted(digests))} as "
+                             f"{'read' if read else 'unread'} by the dream")
+            if not self.dry_run:
+                mark_dream_notes(self.memory_dir, digests, read=read)
+                self.result[undone_key] = digests
+
     def back_up(self, paths: list[str]) -> dict[str, tuple[bytes | None, str | None]]:
         """Keep the pre-restore content in the restore run's folder, so the restore can be undone too."""
         folder = self.store.run_dir(self.restore_run_id) / BACKUP_DIR
@@ -272,6 +285,9 @@ def roll_back(workspace: Path, manifest: dict) -> list[str]:
         current = cursor_path.read_bytes() if cursor_path.is_file() else None
         if current is not None and current.decode("utf-8", "replace") == manifest.get("cursor_written"):
             write_or_delete(cursor_path, load_backup(manifest["cursor_backup"]))
+    if manifest.get("notes_read"):
+        # The run read only bullets that were unread when it began, so unmarking them undoes exactly its mark.
+        mark_dream_notes(workspace / "memory", manifest["notes_read"], read=False)
     return left_alone
 
 

@@ -3,6 +3,8 @@
 Whatever the conversation text asks, the tools reach only SOUL.md, USER.md and memory/MEMORY.md inside the
 workspace, never through a symlink, and edits land in memory: the dream writes them to disk only after its
 tool loop completed normally. A refusal is returned as text, so the model sees it and nothing changes.
+nanobot puts the three files whole into every prompt, so the guard also keeps each under its size cap, and
+during a condensing pass (a file already over its cap) accepts only edits that shorten a file.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from collections import Counter
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from nanobotd.config.schema import ContextSettings
+
 ALLOWED_FILES = ("SOUL.md", "USER.md", "memory/MEMORY.md")
 MEMORY_FILE = "memory/MEMORY.md"
 MAX_NEW_TEXT_BYTES = 64 * 1024
@@ -21,6 +25,7 @@ MAX_EDITS_PER_CALL = 50
 MAX_READ_CHARS = 60_000
 MIN_GUARDED_CHARS = 100
 MAX_REMOVED_SHARE = 0.5
+CONDENSE_KEEP_SHARE = 0.5  # a condensing pass may shorten a file to half of what it was, not further
 ERROR_PREFIX = "Error: "
 DATE = r"\d{4}-\d{2}-\d{2}(?:[ T]\d{1,2}:\d{2}(?::\d{2})?)?"
 DATE_FIRST = re.compile(rf"^[\[(]?{DATE}")
@@ -28,6 +33,8 @@ DATE_ANYWHERE = re.compile(rf"[\[(]?{DATE}[\])]?")
 URL_ONLY = re.compile(r"^(?:<?https?://\S+?>?|\[[^\]]*\]\(\s*<?https?://[^)\s]+>?\s*\))[.,;]?$", re.IGNORECASE)
 LINE_LEAD = re.compile(r"^\s*(?:#+\s*|[-*+]\s+|\d+[.)]\s+)?[*_`\s]*")
 SECTION_HEADING = re.compile(r"^##(?!#)\s*(.*?)\s*#*\s*$")
+CAP_ADVICE = ("nanobot puts these files whole into every prompt. Make room first (merge or shorten bullets, drop "
+              "stale ones) or leave this fact out")
 
 TOOL_SCHEMAS = [
     {
@@ -81,16 +88,19 @@ class GuardRejected(ToolRefused):
 class StagedFiles:
     """In-memory copies of the allow-listed files; the dream's edits land here, never on disk."""
 
-    def __init__(self, workspace: Path):
+    def __init__(self, workspace: Path, caps: ContextSettings | None = None):
         self.workspace = Path(workspace)
+        self.caps = caps
         self.root = self.workspace.resolve()
         self.base: dict[str, bytes | None] = {}
         self.current: dict[str, str] = {}
         self.unavailable: dict[str, str] = {}
         self.batches: dict[str, list[list[tuple[str, str]]]] = {}
         self.rejections: list[dict] = []
+        self.condensing = False  # a condensing pass: only edits that shorten a file are accepted
         for path in ALLOWED_FILES:
             self._load(path)
+        self.reference = dict(self.current)  # what the guard measures removals against
 
     def _load(self, path: str) -> None:
         try:
@@ -141,13 +151,35 @@ class StagedFiles:
         after = apply_edits(before, pairs)
         if after == before:
             raise ToolRefused("the edit changes nothing")
-        original = (self.base[path] or b"").decode("utf-8")
-        reason = guard_edit(path, original, before, after)
+        if self.condensing:
+            reason = condense_reason(path, self.reference[path], before, after)
+        else:
+            reason = guard_edit(path, self.reference[path], before, after) or self.cap_reason(path, before, after)
         if reason:
             raise GuardRejected(f"guard: {reason}")
         self.current[path] = after
         self.batches.setdefault(path, []).append(pairs)
         return f"Edited {path}: {len(pairs)} replacement(s) applied ({len(after.splitlines())} lines now)."
+
+    def cap_reason(self, path: str, before: str, after: str) -> str | None:
+        """Why an edit that grows a file must not push it (or the three files) past the caps, or None.
+
+        An edit that does not grow the file always passes, so a file already over its cap can still shrink.
+        """
+        if self.caps is None or len(after) <= len(before):
+            return None
+        if len(after) > self.caps.max_chars:
+            return (f"{path} would grow to {len(after):,} characters, over its cap of {self.caps.max_chars:,}"
+                    f" (context.max_chars); {CAP_ADVICE}")
+        total = sum(len(text) for text in self.current.values()) - len(before) + len(after)
+        if total > self.caps.total_max_chars:
+            return (f"{', '.join(ALLOWED_FILES)} would total {total:,} characters, over their joint cap of"
+                    f" {self.caps.total_max_chars:,} (context.total_max_chars); {CAP_ADVICE}")
+        return None
+
+    def sizes(self) -> dict[str, int]:
+        """Characters of each staged file (as the caps count them)."""
+        return {path: len(text) for path, text in self.current.items()}
 
     def resolve(self, raw_path: Any) -> str:
         """The allow-listed relative path named by *raw_path*, or ToolRefused."""
@@ -179,6 +211,21 @@ class StagedFiles:
         if path not in self.current:
             raise ToolRefused(self.unavailable.get(path, f"{path} is not available"))
         return self.current[path]
+
+    # -- batches of the run -----------------------------------------------------------------------
+    def checkpoint(self) -> tuple[dict[str, str], dict[str, int]]:
+        """The staged state to come back to should the next batch not complete."""
+        return dict(self.current), {path: len(pairs) for path, pairs in self.batches.items()}
+
+    def settle(self) -> None:
+        """A condensing pass completed: later edits are measured against the condensed text."""
+        self.reference = dict(self.current)
+
+    def rewind(self, mark: tuple[dict[str, str], dict[str, int]]) -> None:
+        """Discard the edits made since *mark* (their refusals stay recorded)."""
+        current, counts = mark
+        self.current = dict(current)
+        self.batches = {path: pairs[:counts.get(path, 0)] for path, pairs in self.batches.items()}
 
     # -- results ---------------------------------------------------------------------------------
     def changes(self) -> dict[str, tuple[bytes | None, str]]:
@@ -237,19 +284,48 @@ def apply_edits(text: str, pairs: list[tuple[str, str]]) -> str:
 # -- the guard -------------------------------------------------------------------------------------
 def guard_edit(path: str, original: str, before: str, after: str) -> str | None:
     """Why an edit must not be applied, or None: a lost section, most of a file gone, noise in MEMORY.md."""
-    lost = Counter(map(_title_key, section_titles(before))) - Counter(map(_title_key, section_titles(after)))
+    lost = lost_section_reason(path, before, after)
     if lost:
-        title = next(title for title in section_titles(before) if _title_key(title) in lost)
-        return f"the edit would remove the whole section '## {title}' from {path}; keep it and edit its bullets"
+        return lost
     for reference in (before, original):
         share = removed_share(reference, after)
         if len(reference) >= MIN_GUARDED_CHARS and share > MAX_REMOVED_SHARE:
             return f"the edit would remove {share:.0%} of {path}; make small, surgical edits instead"
-    if path == MEMORY_FILE:
-        for line in added_lines(before, after):
-            reason = noisy_line_reason(line)
-            if reason:
-                return f"{reason} in {path} ({line.strip()[:80]!r}); state the lasting fact itself"
+    return noise_reason(path, before, after)
+
+
+def condense_reason(path: str, original: str, before: str, after: str) -> str | None:
+    """Why an edit of a condensing pass must not be applied: it does not shorten the file, drops a section,
+    cuts the file to less than half of what it was (condensing rewords, it does not delete), or adds noise."""
+    lost = lost_section_reason(path, before, after)
+    if lost:
+        return lost
+    if len(after) >= len(before):
+        return (f"this is a condensing pass: an edit must make {path} shorter (this one takes it from"
+                f" {len(before):,} to {len(after):,} characters)")
+    if len(after) < len(original) * CONDENSE_KEEP_SHARE:
+        return (f"the edit would cut {path} to {len(after) / len(original):.0%} of its size; condense the wording"
+                " and merge bullets, do not drop facts")
+    return noise_reason(path, before, after)
+
+
+def lost_section_reason(path: str, before: str, after: str) -> str | None:
+    """Why an edit that drops a whole `##` section must not be applied, or None."""
+    lost = Counter(map(_title_key, section_titles(before))) - Counter(map(_title_key, section_titles(after)))
+    if not lost:
+        return None
+    title = next(title for title in section_titles(before) if _title_key(title) in lost)
+    return f"the edit would remove the whole section '## {title}' from {path}; keep it and edit its bullets"
+
+
+def noise_reason(path: str, before: str, after: str) -> str | None:
+    """Why lines an edit adds to MEMORY.md are journal noise, or None."""
+    if path != MEMORY_FILE:
+        return None
+    for line in added_lines(before, after):
+        reason = noisy_line_reason(line)
+        if reason:
+            return f"{reason} in {path} ({line.strip()[:80]!r}); state the lasting fact itself"
     return None
 
 

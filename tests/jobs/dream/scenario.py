@@ -1,5 +1,5 @@
 """A workspace with SOUL.md, USER.md, MEMORY.md and five history entries, and the steps the dream tests take
-over it: dream a batch (scripted FakeLLM replies), restore a run, look at the files and the git log."""
+over it: write daily notes, dream (scripted FakeLLM replies), restore a run, look at the files and the git log."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from nanobotd.config.schema import DreamSettings, LifecycleSettings, LLMSettings, WorkspaceSettings
+from nanobotd.config.schema import ContextSettings, DreamSettings, LifecycleSettings, LLMSettings, WorkspaceSettings
 from nanobotd.gitstore.store import GitStore
 from nanobotd.jobs.dream.restore import restore_dream_run
 from nanobotd.jobs.dream.run import DreamResult, dream_workspace
@@ -21,6 +21,10 @@ USER = "# User\n\n## Identity\n- Name: Ada\n- Lives in Berlin\n- Works remotely\
 MEMORY = "# Memory\n\n## Project Context\n- Billing uses MySQL 8.\n\n## Decisions\n- No deploys on Fridays.\n"
 CONTENT_FILES = ("SOUL.md", "USER.md", "memory/MEMORY.md")
 FINDINGS = "[USER] correction: prefers coffee, not tea\n[MEMORY] billing moved to PostgreSQL 16\nsome chatter"
+EDIT_USER = ToolCalls([
+    ("edit_file", {"path": "USER.md", "edits": [{"old_text": "- Likes tea", "new_text": "- Likes coffee"}]})])
+EDIT_MEMORY = ToolCalls([("edit_file", {"path": "memory/MEMORY.md", "edits": [
+    {"old_text": "- Billing uses MySQL 8.", "new_text": "- Billing uses PostgreSQL 16."}]})])
 EDIT_TWO_FILES = ToolCalls([
     ("edit_file", {"path": "USER.md", "edits": [{"old_text": "- Likes tea", "new_text": "- Likes coffee"}]}),
     ("edit_file", {"path": "memory/MEMORY.md",
@@ -34,6 +38,21 @@ def write_history(root: Path, count: int) -> None:
     (root / "memory" / "history.jsonl").write_text("\n".join(lines) + "\n")
 
 
+def write_note(root: Path, name: str, sections: dict[str, list[str]]) -> Path:
+    """A daily note (memory/NAME) with the given sections of bullets."""
+    path = root / "memory" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = "".join(f"## {section}\n" + "".join(f"- {bullet}\n" for bullet in bullets) + "\n"
+                   for section, bullets in sections.items())
+    path.write_text(f"# {path.stem}\n\n{body}")
+    return path
+
+
+def prompt_of(request: dict) -> str:
+    """The user message of a request (the analysis request of a batch)."""
+    return next(message["content"] for message in request["messages"] if message["role"] == "user")
+
+
 def tree(root: Path) -> dict[str, bytes]:
     """Every file of the workspace but the git repository."""
     return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*"))
@@ -44,17 +63,20 @@ def git_cli(root: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True).stdout
 
 
-def settings_for(workspace: Path, fake: FakeLLM | None, **dream: object) -> WorkspaceSettings:
+def settings_for(workspace: Path, fake: FakeLLM | None, context: ContextSettings | None = None,
+                 **dream: object) -> WorkspaceSettings:
     llm = LLMSettings()
     if fake is not None:
         llm = LLMSettings(model=fake.model, api_base=fake.base_url, max_retries=0, timeout_seconds=5)
     return WorkspaceSettings(path=workspace, name="ws", llm=llm, dream=DreamSettings(**dream),
-                             lifecycle=LifecycleSettings(max_history_entries=1000))
+                             lifecycle=LifecycleSettings(max_history_entries=1000),
+                             context=context or ContextSettings())
 
 
 def dream(workspace: Path, store: StateStore, git: GitStore, fake: FakeLLM | None, *, on_stage=None,
-          max_history_entries: int | None = None, **overrides: object) -> DreamResult:
-    settings = settings_for(workspace, fake, **overrides)
+          max_history_entries: int | None = None, context: ContextSettings | None = None,
+          **overrides: object) -> DreamResult:
+    settings = settings_for(workspace, fake, context, **overrides)
     run_id = store.create_run("dream", "ws")
     return asyncio.run(dream_workspace(settings, store=store, llm=LLMClient(settings.llm), git=git, run_id=run_id,
                                        max_history_entries=max_history_entries, on_stage=on_stage))

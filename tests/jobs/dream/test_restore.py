@@ -7,18 +7,22 @@ import subprocess
 
 import pytest
 
-from nanobotd.jobs.common import RestoreRefused
+from nanobotd.jobs.common import RestoreRefused, unread_note_bullets
 from nanobotd.jobs.dream.restore import dream_log, restore_dream_commit, restore_dream_run
 from nanobotd.memory.history import read_dream_cursor
 from tests.jobs.dream.scenario import (
+    EDIT_MEMORY,
     MEMORY,
     SOUL,
     USER,
+    dream,
     dream_two_files,
     git_cli,
     restore,
     tree,
+    write_note,
 )
+from tests.support.fakellm import Text
 
 
 def test_restore_is_byte_identical_as_a_new_commit_and_restoring_the_restore_reapplies(workspace, store, git, fake):
@@ -109,3 +113,21 @@ def test_restoring_an_unknown_commit_or_an_unfinished_run_is_refused(workspace, 
     run_id = store.create_run("dream", "ws")
     with pytest.raises(RestoreRefused, match="started"):
         restore_dream_run(store.get_run(run_id), store=store, git=git, restore_run_id=None, dry_run=True)
+
+
+def test_restoring_a_dream_that_read_notes_makes_their_bullets_unread_again(workspace, store, git, fake):
+    write_note(workspace, "2026-04-03.md", {"Decisions": ["Billing moves to PostgreSQL 16"]})
+    before = tree(workspace)
+    fake.push(Text("[MEMORY] billing moved to PostgreSQL 16"), EDIT_MEMORY, Text("done"))
+    result = dream(workspace, store, git, fake)
+    memory = workspace / "memory"
+    assert unread_note_bullets(memory) == []
+    plan = restore_dream_run(store.get_run(result.run_id), store=store, git=git, restore_run_id=None, dry_run=True)
+    assert "mark 1 daily-note bullet(s) of 2026-04-03 as unread by the dream" in plan["plan"]
+    assert unread_note_bullets(memory) == []
+    restore_id, restored = restore(store, git, result.run_id)
+    assert tree(workspace) == before and restored["notes_unread"] == result.manifest["notes_read"]
+    assert [bullet.text for bullet in unread_note_bullets(memory)] == ["Billing moves to PostgreSQL 16"]
+    _, again = restore(store, git, restore_id)
+    assert unread_note_bullets(memory) == [] and again["notes_read"] == result.manifest["notes_read"]
+    assert read_dream_cursor(memory) == 5

@@ -1,41 +1,31 @@
-"""The dream job end to end: real tmp git repositories, a real state store, litellm against FakeLLM."""
+"""The dream job end to end: batches, the guard in the loop, LLM failures and bounds; real tmp git repositories,
+a real state store, litellm against FakeLLM."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from nanobotd.gitstore.store import GitStore
-from nanobotd.jobs.dream.run import recover_dream_run
-from nanobotd.memory.history import read_dream_cursor, read_history
+from nanobotd.config.schema import ContextSettings
+from nanobotd.jobs.dream.prompts import CONDENSE_SYSTEM
+from nanobotd.memory.history import read_dream_cursor
 from tests.jobs.dream.scenario import (
-    CONTENT_FILES,
+    EDIT_MEMORY,
     EDIT_TWO_FILES,
+    EDIT_USER,
     FINDINGS,
-    MEMORY,
-    SOUL,
     USER,
     dream,
     dream_two_files,
     git_cli,
     outcomes,
-    restore,
+    prompt_of,
     tree,
-    write_history,
+    write_note,
 )
-from tests.support.fakellm import Garbage, HttpError, Responder, Text, ToolCalls
-
-REPO_ROOT = Path(__file__).resolve().parents[3]
-
-
-class Killed(BaseException):
-    """Stands for SIGKILL: nothing in the job may catch it."""
+from tests.support.fakellm import Garbage, HttpError, Text, ToolCalls
 
 
 def test_a_dream_that_edits_two_files_makes_exactly_one_commit_with_the_trailer(workspace, store, git, fake):
@@ -60,43 +50,6 @@ def test_a_dream_that_edits_two_files_makes_exactly_one_commit_with_the_trailer(
     assert Path(manifest["files_changed"]["USER.md"]["backup"]).read_text() == USER
     assert outcomes(store) == [("written", "")]
     assert "fact MSG-5" in json.dumps(fake.requests[0]["messages"]) and "tools" in fake.requests[1]
-
-
-def edit_during_the_run(path: Path, old: str, new: str) -> Responder:
-    """The agent edits a file while the model is thinking about its last answer."""
-
-    def respond(request: dict) -> Text:
-        path.write_text(path.read_text().replace(old, new))
-        return Text("done")
-
-    return Responder(respond)
-
-
-def test_an_edit_made_during_the_run_is_kept_and_the_dreams_edits_replayed_onto_it(workspace, store, git, fake):
-    user = workspace / "USER.md"
-    fake.push(Text(FINDINGS), EDIT_TWO_FILES, edit_during_the_run(user, "- Name: Ada", "- Name: Ada Lovelace"))
-    result = dream(workspace, store, git, fake)
-    assert result.outcome == "written"
-    assert user.read_text() == USER.replace("- Name: Ada", "- Name: Ada Lovelace").replace("tea", "coffee")
-
-
-def test_an_overlapping_edit_made_during_the_run_fails_the_run_without_writing(workspace, store, git, fake):
-    user = workspace / "USER.md"
-    fake.push(Text(FINDINGS), EDIT_TWO_FILES, edit_during_the_run(user, "- Likes tea", "- Likes green tea"))
-    result = dream(workspace, store, git, fake)
-    assert (result.outcome, result.manifest["cursor_after"]) == ("error", 0)
-    assert "changed during the dream" in result.manifest["reason"]
-    assert user.read_text() == USER.replace("- Likes tea", "- Likes green tea")
-    assert (workspace / "memory" / "MEMORY.md").read_text() == MEMORY and read_dream_cursor(workspace / "memory") == 0
-
-
-def test_a_failing_commit_rolls_the_written_files_back(workspace, store, git, fake):
-    before = tree(workspace)
-    git.lock_retry_delays = (0.01,)
-    (workspace / ".git" / "index.lock").write_text("")
-    result = dream_two_files(workspace, store, git, fake)
-    assert (result.state, result.outcome) == ("failed", "error") and "index.lock" in result.manifest["reason"]
-    assert tree(workspace) == before and (workspace / ".git" / "index.lock").exists()
 
 
 def test_hostile_tool_calls_are_refused_and_nothing_outside_the_allow_list_changes(
@@ -138,6 +91,18 @@ def test_hostile_tool_calls_are_refused_and_nothing_outside_the_allow_list_chang
     assert [row[0] for row in outcomes(store)] == ["guard_rejected", "guard_rejected", "no_change"]
 
 
+def test_an_edit_past_a_files_cap_is_refused_in_the_tool_result_and_the_loop_goes_on(workspace, store, git, fake):
+    too_long = ToolCalls([("edit_file", {"path": "USER.md", "edits": [
+        {"old_text": "- Likes tea", "new_text": "- Likes tea, " + "with a long story " * 10}]})])
+    fake.push(Text(FINDINGS), too_long, EDIT_TWO_FILES, Text("Applied what fits."))
+    result = dream(workspace, store, git, fake, context=ContextSettings(max_chars=len(USER) + 20))
+    [refusal] = [message["content"] for message in fake.requests[2]["messages"] if message["role"] == "tool"]
+    assert refusal.startswith("Error: guard: USER.md would grow to") and "over its cap" in refusal
+    assert result.outcome == "written" and "- Likes coffee" in (workspace / "USER.md").read_text()
+    assert [rejection["path"] for rejection in result.manifest["guard_rejections"]] == ["USER.md"]
+    assert [row[0] for row in outcomes(store)] == ["guard_rejected", "written"]
+
+
 def test_malformed_tool_arguments_end_the_run_without_changes(workspace, store, git, fake):
     before = tree(workspace)
     fake.push(Text(FINDINGS), ToolCalls([("edit_file", '{"path": "USER.md", "edits": [')]))
@@ -146,17 +111,17 @@ def test_malformed_tool_arguments_end_the_run_without_changes(workspace, store, 
     assert tree(workspace) == before
 
 
-def test_skip_advances_the_cursor_over_the_batch_without_a_commit(workspace, store, git, fake):
+def test_skip_advances_the_cursor_over_every_batch_without_a_commit(workspace, store, git, fake):
     head = git_cli(workspace, "rev-parse", "HEAD")
-    fake.push(Text("[SKIP]"))
+    fake.push(Text("[SKIP]"), Text("[SKIP]"))
     result = dream(workspace, store, git, fake, batch_entries=3)
     assert (result.outcome, result.manifest["analysis"]) == ("no_change", ["[SKIP]"])
-    assert result.manifest["entries"] == [1, 3]
-    assert read_dream_cursor(workspace / "memory") == 3 and len(fake.requests) == 1
+    assert [batch["entries"] for batch in result.manifest["batches"]] == [[1, 3], [4, 5]]
+    assert result.manifest["entries"] == [1, 5] and result.manifest["left"] == {"history_entries": 0,
+                                                                               "note_bullets": 0}
+    assert read_dream_cursor(workspace / "memory") == 5 and len(fake.requests) == 2
     assert git_cli(workspace, "rev-parse", "HEAD") == head
-    assert "fact MSG-4" not in json.dumps(fake.requests[0])
-    fake.push(Text("[SKIP]"))
-    assert dream(workspace, store, git, fake, batch_entries=3).manifest["entries"] == [4, 5]
+    assert "fact MSG-4" not in json.dumps(fake.requests[0]) and "fact MSG-4" in json.dumps(fake.requests[1])
     assert dream(workspace, store, git, fake).outcome == "no_change" and len(fake.requests) == 2
 
 
@@ -191,119 +156,143 @@ def test_offline_mode_skips_the_dream(workspace, store, git):
     assert (result.state, result.outcome) == ("finished", "skipped_offline") and outcomes(store) == []
 
 
-def test_a_crash_after_writing_is_rolled_back_and_the_next_dream_takes_the_same_batch(workspace, store, git, fake):
-    before = tree(workspace)
-
-    def kill_after_writing(stage: str) -> None:
-        if stage == "cursor_written":
-            raise Killed()
-
-    fake.push(Text(FINDINGS), EDIT_TWO_FILES, Text("done"))
-    with pytest.raises(Killed):
-        dream(workspace, store, git, fake, on_stage=kill_after_writing)
-    assert tree(workspace) != before
-    run = store.list_runs(kind="dream")[0]
-    assert (run.state, run.manifest["stage"]) == ("started", "applying")
-    assert recover_dream_run(run, store=store, git=git) == "rolled_back"
-    assert tree(workspace) == before and store.get_run(run.run_id).state == "rolled_back"
-    assert git_cli(workspace, "log", "--format=%s").splitlines()[-1] == "init: nanobot memory store"
-    assert "dream: update" not in git_cli(workspace, "log", "--format=%s")
-    first_prompt = fake.requests[0]["messages"]
-    result = dream_two_files(workspace, store, git, fake)
-    assert fake.requests[3]["messages"] == first_prompt and result.outcome == "written"
-
-
-def test_a_crash_after_the_commit_is_recovered_as_finished(workspace, store, git, fake):
-    def kill_after_commit(stage: str) -> None:
-        if stage == "committed":
-            raise Killed()
-
-    fake.push(Text(FINDINGS), EDIT_TWO_FILES, Text("done"))
-    with pytest.raises(Killed):
-        dream(workspace, store, git, fake, on_stage=kill_after_commit)
-    run = store.list_runs(kind="dream")[0]
-    assert run.manifest["stage"] == "applying"
-    restarted = GitStore(workspace)
-    try:
-        assert recover_dream_run(run, store=store, git=restarted) == "finished"
-    finally:
-        restarted.close()
-    assert read_dream_cursor(workspace / "memory") == 5 and store.get_run(run.run_id).outcome == "written"
-
-
-KILL_SCRIPT = textwrap.dedent("""
-    import asyncio, os, signal, sys
-    from pathlib import Path
-    from nanobotd.gitstore.store import GitStore
-    from nanobotd.jobs.dream.run import DreamRun
-    from nanobotd.jobs.dream.tools import StagedFiles
-    from nanobotd.config.schema import WorkspaceSettings
-    from nanobotd.state.store import StateStore
-    from datetime import datetime
-
-    workspace, state, run_id = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
-    store, git = StateStore(state).open(), GitStore(workspace)
-    git.open()
-    def kill(stage):
-        if stage == "files_written":
-            os.kill(os.getpid(), signal.SIGKILL)
-    run = DreamRun(WorkspaceSettings(path=workspace, name="ws"), store, None, git, run_id, datetime.now, 1000, kill)
-    run.staged = StagedFiles(workspace)
-    run.staged.run("edit_file", {"path": "USER.md", "edits": [{"old_text": "- Likes tea", "new_text": "- Likes rum"}]})
-    run.manifest.update(entries=[1, 5], cursor_before=0, analysis=["[USER] likes rum"])
-    run.apply(5)
-""")
-
-
-def test_a_real_sigkill_while_applying_is_rolled_back(workspace, store, git, tmp_path):
-    before = tree(workspace)
-    run_id = store.create_run("dream", "ws")
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    process = subprocess.run([sys.executable, "-c", KILL_SCRIPT, str(workspace), str(tmp_path / "state"), run_id],
-                             env=env, capture_output=True, text=True, timeout=30)
-    assert process.returncode == -9, process.stderr
-    assert "- Likes rum" in (workspace / "USER.md").read_text()
-    assert recover_dream_run(store.get_run(run_id), store=store, git=git) == "rolled_back"
-    assert tree(workspace) == before
-
-
-def test_a_workspace_inside_another_repository_dreams_with_file_backups_only(tmp_path, store, fake):
-    parent = tmp_path / "projects"
-    parent.mkdir()
-    git_cli(parent, "init", "-q")
-    workspace = parent / "workspace"
-    (workspace / "memory").mkdir(parents=True)
-    for path, text in zip(CONTENT_FILES, (SOUL, USER, MEMORY), strict=True):
-        (workspace / path).write_text(text)
-    write_history(workspace, 5)
-    before = tree(workspace)
-    nested = GitStore(workspace)
-    try:
-        assert not nested.open() and "inside the git repository" in nested.health()["reason"]
-        result = dream_two_files(workspace, store, nested, fake)
-        assert result.outcome == "written" and result.manifest["commit"] is None
-        assert Path(result.manifest["files_changed"]["USER.md"]["backup"]).read_text() == USER
-        _, restored = restore(store, nested, result.run_id)
-    finally:
-        nested.close()
-    assert restored["commit"] is None and tree(workspace) == before
-    assert not (workspace / ".git").exists() and git_cli(parent, "status", "--porcelain").strip() == "?? workspace/"
-
-
-def test_history_is_compacted_after_a_dream_and_restore_puts_the_entries_back(workspace, store, git, fake):
+def test_new_note_bullets_reach_the_dream_prompt_once_and_only_once(workspace, store, git, fake):
+    write_note(workspace, "archive/2026-03-20.md", {"Decisions": ["Staging deploys go through Argo"]})
+    today = write_note(workspace, "2026-04-03.md", {"Decisions": ["Billing moves to PostgreSQL 16"],
+                                                    "Topics": ["Ada asked about backups"]})
+    fake.push(Text("[MEMORY] billing moved to PostgreSQL 16"), EDIT_MEMORY, Text("done"))
+    result = dream(workspace, store, git, fake)
+    prompt = prompt_of(fake.requests[0])
+    assert "fact MSG-5" in prompt.split("## New history entries")[1].split("## New daily-note bullets")[0]
+    assert prompt.split("## New daily-note bullets")[1] == (
+        "\n\n[daily note 2026-03-20]\nDecisions:\n- Staging deploys go through Argo"
+        "\n\n[daily note 2026-04-03]\nDecisions:\n- Billing moves to PostgreSQL 16\nTopics:\n- Ada asked about backups")
+    assert {day: len(digests) for day, digests in result.manifest["notes_read"].items()} == {
+        "2026-03-20": 1, "2026-04-03": 2}
+    assert "Daily notes read: 2026-03-20 (1 bullet), 2026-04-03 (2 bullets)" in git_cli(workspace, "log", "-1")
+    assert dream(workspace, store, git, fake).outcome == "no_change" and len(fake.requests) == 3
+    today.write_text(today.read_text().replace("- Billing moves to PostgreSQL 16\n",
+                                               "- billing moves to postgresql 16\n- No deploys on Sundays\n"))
+    (workspace / "memory" / "archive" / today.name).write_bytes(today.read_bytes())
+    today.unlink()
     fake.push(Text("[SKIP]"))
-    result = dream(workspace, store, git, fake, batch_entries=3, max_history_entries=1)
-    cursors = [entry.cursor for entry in read_history(workspace / "memory").entries]
-    assert cursors == [4, 5]
-    compacted = result.manifest["history_compacted"]
-    assert compacted["removed"] == 3 and Path(compacted["backup"]).name == "history-removed.jsonl"
-    _, restored = restore(store, git, result.run_id)
-    assert [entry.cursor for entry in read_history(workspace / "memory").entries] == [1, 2, 3, 4, 5]
-    assert restored["history_restored"] == 3 and read_dream_cursor(workspace / "memory") == 0
+    assert dream(workspace, store, git, fake).outcome == "no_change"
+    [later] = fake.requests[3:]
+    new_bullets = prompt_of(later).split("## New daily-note bullets")[1]
+    assert new_bullets == "\n\n[daily note 2026-04-03]\nDecisions:\n- No deploys on Sundays"
 
 
-def test_an_interrupted_run_that_wrote_nothing_is_closed_as_failed(workspace, store, git):
-    run_id = store.create_run("dream", "ws", manifest={"stage": "editing"})
+def test_a_backlog_of_three_batches_is_drained_in_one_run_and_one_commit(workspace, store, git, fake):
+    write_note(workspace, "2026-04-04.md", {"Decisions": ["Billing moves to PostgreSQL 16"]})
+    fake.push(Text("[SKIP]"), Text("[USER] correction: prefers coffee, not tea"), EDIT_USER, Text("done"),
+              Text("[MEMORY] billing moved to PostgreSQL 16"), EDIT_MEMORY, Text("done"))
+    result = dream(workspace, store, git, fake, batch_entries=2, token_budget=1000)
+    assert result.outcome == "written" and "stopped" not in result.manifest
+    assert [(batch["entries"], batch["note_bullets"]) for batch in result.manifest["batches"]] == [
+        ([1, 2], {}), ([3, 4], {}), ([5, 5], {"2026-04-04": 1})]
+    assert result.manifest["left"] == {"history_entries": 0, "note_bullets": 0}
+    assert result.manifest["analysis"] == ["[USER] correction: prefers coffee, not tea",
+                                           "[MEMORY] billing moved to PostgreSQL 16"]
+    assert "- Likes coffee" in prompt_of(fake.requests[4]), "a batch sees the edits of the batches before it"
+    assert read_dream_cursor(workspace / "memory") == 5 and len(fake.requests) == 7
+    assert git_cli(workspace, "log", "--format=%s").splitlines()[0] == (
+        "dream: update USER.md, memory/MEMORY.md (2 findings)")
+
+
+def test_a_run_stops_before_a_batch_that_would_not_fit_the_budget_and_says_what_is_left(workspace, store, git, fake):
+    write_note(workspace, "2026-04-04.md", {"Topics": ["Backups", "Photos"]})
+    fake.push(Text(FINDINGS), EDIT_USER, Text("done"), Text(FINDINGS), EDIT_MEMORY, Text("done"))
+    result = dream(workspace, store, git, fake, batch_entries=2, token_budget=100)
+    assert (result.outcome, len(fake.requests), read_dream_cursor(workspace / "memory")) == ("written", 6, 4)
+    assert result.manifest["stopped"] == "token budget: the next batch would not fit"
+    assert result.manifest["left"] == {"history_entries": 1, "note_bullets": 2}
+    assert outcomes(store)[-1] == ("written", "stopped early (token budget: the next batch would not fit); left:"
+                                              " 1 history entries, 2 note bullets")
+    assert "left: 1 history entries, 2 note bullets" in git_cli(workspace, "log", "-1")
+    fake.push(Text("[SKIP]"))
+    assert dream(workspace, store, git, fake).manifest["batches"][0]["note_bullets"] == {"2026-04-04": 2}
+
+
+def test_a_batch_cut_by_the_budget_is_discarded_and_the_batches_before_it_stand(workspace, store, git, fake):
+    fake.push(Text("[SKIP]"), Text(FINDINGS), EDIT_USER, Text("done"))
+    before = (workspace / "USER.md").read_bytes()
+    result = dream(workspace, store, git, fake, batch_entries=2, token_budget=40)
+    assert (result.state, result.outcome, result.manifest["stopped"]) == ("finished", "no_change", "token budget")
+    assert result.manifest["left"] == {"history_entries": 3, "note_bullets": 0}
+    assert read_dream_cursor(workspace / "memory") == 2 and (workspace / "USER.md").read_bytes() == before
+    assert result.manifest["analysis"] == ["[SKIP]"] and len(result.manifest["batches"]) == 1
+
+
+def test_an_llm_failure_in_a_later_batch_keeps_the_completed_batches(workspace, store, git, fake):
+    fake.push(Text(FINDINGS), EDIT_USER, Text("done"), HttpError(500))
+    result = dream(workspace, store, git, fake, batch_entries=3)
+    assert (result.outcome, read_dream_cursor(workspace / "memory")) == ("written", 3)
+    assert "HTTP 500" in result.manifest["stopped"] and result.manifest["left"]["history_entries"] == 2
+    assert "- Likes coffee" in (workspace / "USER.md").read_text()
+
+
+LONG_USER = USER + "- Reads the news every morning at seven\n"
+
+
+def long_user(workspace: Path) -> int:
+    """USER.md with one more bullet, so that it alone goes over the caps the tests set; returns its length."""
+    (workspace / "USER.md").write_text(LONG_USER)
+    return len(LONG_USER)
+
+
+def condense_user(new_text: str) -> ToolCalls:
+    return ToolCalls([
+        ("edit_file", {"path": "USER.md", "edits": [{"old_text": "- Lives in Berlin\n- Works remotely\n",
+                                                     "new_text": new_text}]}),
+        ("edit_file", {"path": "USER.md", "edits": [{"old_text": "- Likes tea", "new_text": "- Likes green tea"}]})])
+
+
+def test_a_file_over_its_cap_gets_a_condensing_pass_before_the_batches(workspace, store, git, fake):
+    size = long_user(workspace)
+    fake.push(condense_user("- Berlin, remote\n"), Text("Condensed."), Text(FINDINGS), EDIT_TWO_FILES, Text("done"))
+    result = dream(workspace, store, git, fake, context=ContextSettings(max_chars=size - 10))
+    first = fake.requests[0]
+    assert first["messages"][0]["content"] == CONDENSE_SYSTEM
+    assert f"## Over their caps\n\n- USER.md is {size:,} characters, over its cap of {size - 10:,}" in prompt_of(first)
+    refusals = [message["content"] for message in fake.requests[1]["messages"] if message["role"] == "tool"]
+    assert refusals[1].startswith("Error: guard: this is a condensing pass: an edit must make USER.md shorter")
+    assert (workspace / "USER.md").read_text() == LONG_USER.replace("- Lives in Berlin\n- Works remotely\n",
+                                                                    "- Berlin, remote\n").replace("tea", "coffee")
+    condensed = result.manifest["condensed"]
+    assert (condensed["outcome"], condensed["before"]["USER.md"], condensed["after"]["USER.md"]) == (
+        "within caps", size, size - 18)
+    assert git_cli(workspace, "log", "-1", "--format=%s").strip() == (
+        "dream: update USER.md, memory/MEMORY.md (2 findings, condensed)")
+    assert f"Condensed (over the caps): USER.md {size} -> {size - 18} characters" in git_cli(
+        workspace, "log", "-1")
+
+
+def test_a_condensing_pass_runs_without_a_backlog_and_says_when_a_file_is_still_over(workspace, store, git, fake):
+    (workspace / "memory" / ".dream_cursor").write_text("5")
+    size = long_user(workspace)
+    fake.push(condense_user("- Berlin\n- Remote\n"), Text("Shortened what I could."))
+    result = dream(workspace, store, git, fake, context=ContextSettings(max_chars=size - 30))
+    assert (result.outcome, result.manifest["condensed"]["outcome"]) == ("written", "still over")
+    assert result.manifest["batches"] == [] and read_dream_cursor(workspace / "memory") == 5
+    assert git_cli(workspace, "log", "-1", "--format=%s").strip() == "dream: update USER.md (0 findings, condensed)"
+
+
+def test_a_failed_condensing_pass_with_nothing_else_to_do_fails_the_run_unchanged(workspace, store, git, fake):
+    (workspace / "memory" / ".dream_cursor").write_text("5")
+    size = long_user(workspace)
     before = tree(workspace)
-    assert recover_dream_run(store.get_run(run_id), store=store, git=git) == "failed"
-    assert tree(workspace) == before and store.get_run(run_id).outcome == "interrupted"
+    fake.push(condense_user("- Berlin, remote\n"), HttpError(500))
+    result = dream(workspace, store, git, fake, context=ContextSettings(max_chars=size - 10))
+    assert (result.state, result.outcome) == ("failed", "error") and "condensing pass:" in result.manifest["reason"]
+    assert result.manifest["condensed"]["outcome"] == "discarded" and tree(workspace) == before
+
+
+def test_a_condensing_pass_that_spends_the_budget_is_kept_and_the_batches_wait(workspace, store, git, fake):
+    size = long_user(workspace)
+    fake.push(condense_user("- Berlin, remote\n"), Text("Condensed."))
+    result = dream(workspace, store, git, fake, token_budget=30, context=ContextSettings(max_chars=size - 10))
+    condensed = result.manifest["condensed"]["outcome"]
+    assert (result.outcome, condensed, len(fake.requests)) == ("written", "within caps", 2)
+    assert result.manifest["stopped"] == "token budget"
+    assert result.manifest["left"] == {"history_entries": 5, "note_bullets": 0}
+    assert read_dream_cursor(workspace / "memory") == 0 and "- Berlin, remote" in (workspace / "USER.md").read_text()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from nanobotd.config.schema import ContextSettings
 from nanobotd.jobs.dream.tools import (
     ERROR_PREFIX,
     MAX_NEW_TEXT_BYTES,
@@ -220,3 +221,54 @@ def test_read_shows_the_staged_text_and_marks_an_empty_file(workspace):
     staged = StagedFiles(workspace)
     assert staged.read("SOUL.md") == "(empty file)"
     assert os.fspath(workspace) not in staged.read("USER.md")
+
+
+def test_an_edit_that_would_push_a_file_past_its_cap_is_refused_with_the_reason(workspace):
+    staged = StagedFiles(workspace, ContextSettings(max_chars=len(USER) + 10, total_max_chars=10_000))
+    result = edit(staged, "USER.md", ("- Uses vim\n", "- Uses vim\n- Reads the news every morning at seven\n"))
+    assert result.startswith(ERROR_PREFIX + "guard: USER.md would grow to")
+    assert f"over its cap of {len(USER) + 10:,} (context.max_chars)" in result and "Make room first" in result
+    assert staged.rejections[0]["path"] == "USER.md" and staged.changes() == {}
+    assert edit(staged, "USER.md", ("- Uses vim\n", "- Uses vim\n- Runs\n")).startswith("Edited")
+
+
+def test_an_edit_that_would_push_the_three_files_past_their_joint_cap_is_refused(workspace):
+    total = len(SOUL) + len(USER) + len(MEMORY)
+    staged = StagedFiles(workspace, ContextSettings(max_chars=10_000, total_max_chars=total + 5))
+    result = edit(staged, "SOUL.md", ("- Be concise.\n", "- Be concise and kind.\n"))
+    assert result.startswith(ERROR_PREFIX + "guard:") and "joint cap" in result and "context.total_max_chars" in result
+    assert staged.changes() == {}
+
+
+def test_a_file_already_over_its_cap_may_still_shrink_or_keep_its_size(workspace):
+    staged = StagedFiles(workspace, ContextSettings(max_chars=20, total_max_chars=30))
+    assert edit(staged, "USER.md", ("- Likes tea", "- Likes rum")).startswith("Edited")
+    assert edit(staged, "USER.md", ("- Likes rum\n", "")).startswith("Edited")
+    assert edit(staged, "USER.md", ("- Uses vim", "- Uses vim daily")).startswith(ERROR_PREFIX + "guard:")
+
+
+def test_a_condensing_pass_accepts_only_edits_that_shorten_a_file_without_losing_it(workspace):
+    staged = StagedFiles(workspace, ContextSettings(max_chars=50, total_max_chars=10_000))
+    staged.condensing = True
+    assert edit(staged, "USER.md", ("- Name: Ada\n- Lives in Berlin\n", "- Ada, Berlin\n")).startswith("Edited")
+    grow = edit(staged, "USER.md", ("- Likes tea", "- Likes green tea"))
+    assert grow.startswith(ERROR_PREFIX + "guard: this is a condensing pass: an edit must make USER.md shorter")
+    same = edit(staged, "USER.md", ("- Likes tea", "- Likes rum"))
+    assert same.startswith(ERROR_PREFIX + "guard: this is a condensing pass")
+    cut = edit(staged, "USER.md", ("- Ada, Berlin\n", ""), ("- Likes tea\n- Uses vim\n", ""))
+    assert "cut USER.md to" in cut and "do not drop facts" in cut
+    dropped = edit(staged, "USER.md", ("\n## Preferences\n", "\n"))
+    assert "remove the whole section '## Preferences'" in dropped
+    assert len(staged.rejections) == 4 and staged.current["USER.md"] == USER.replace(
+        "- Name: Ada\n- Lives in Berlin\n", "- Ada, Berlin\n")
+
+
+def test_condensing_may_reword_most_lines_and_later_edits_are_measured_from_its_result(workspace):
+    shorter = "# Memory\n\n## Project Context\n- Billing: MySQL 8.\n- API: Go.\n\n## Decisions\n- No Friday deploys.\n"
+    staged = StagedFiles(workspace)
+    assert edit(staged, "memory/MEMORY.md", (MEMORY, shorter)).startswith(ERROR_PREFIX + "guard:")
+    staged.condensing = True
+    assert edit(staged, "memory/MEMORY.md", (MEMORY, shorter)).startswith("Edited")
+    staged.condensing = False
+    staged.settle()
+    assert edit(staged, "memory/MEMORY.md", ("- API: Go.\n", "- API: Go 1.24.\n")).startswith("Edited")

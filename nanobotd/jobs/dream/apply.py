@@ -1,0 +1,150 @@
+"""The dream's apply step, on the git thread: the only place a dream writes to the workspace.
+
+One journalled step: back up, write the edited files, advance `.dream_cursor`, mark the note bullets read,
+commit `dream: ...` with the run trailer, then compact history.jsonl. Any failure before the commit rolls
+every write back; a crash is rolled back (or finished, when the commit exists) at the next start.
+"""
+
+from __future__ import annotations
+
+from loguru import logger
+
+from nanobotd import fsio
+from nanobotd.gitstore.repo import GitStoreError
+from nanobotd.gitstore.store import CURSOR_FILE
+from nanobotd.jobs.common import compact_history, compaction_candidates, mark_dream_notes
+from nanobotd.jobs.dream.prompts import SKIP_LINE
+from nanobotd.jobs.dream.restore import BACKUP_DIR, digest, line_counts, roll_back, save_backup
+from nanobotd.jobs.dream.tools import ToolRefused
+from nanobotd.memory.history import DREAM_CURSOR_NAME, read_dream_cursor
+
+
+class DreamError(Exception):
+    """The dream cannot complete; its message is the outcome's reason."""
+
+
+class ApplyStep:
+    """The apply step of `DreamRun` (which sets workspace, store, git, run_id, memory_dir, manifest, staged,
+    on_stage, max_history_entries and provides journal and finish)."""
+
+    def apply(self, cursor_after: int):
+        """Write everything the completed batches changed, commit, compact; roll back on any failure."""
+        try:
+            contents = self.final_contents()
+            # Never move the cursor back, should another dreamer have advanced it meanwhile.
+            cursor_after = max(cursor_after, read_dream_cursor(self.memory_dir))
+            self.back_up(contents, cursor_after)
+            self.journal("applying")
+            self.on_stage("applying")
+            self.write(contents, cursor_after)
+            if contents and self.git.available:
+                self.manifest["commit"] = self.git.commit(
+                    [*contents, CURSOR_FILE], self.commit_summary(contents), self.run_id, notes=self.commit_notes())
+            self.on_stage("committed")
+            self.journal("committed")
+        except (GitStoreError, DreamError, ToolRefused, OSError) as exc:
+            logger.error("dream {} of {} could not apply its edits: {}", self.run_id, self.workspace.name, exc)
+            try:
+                roll_back(self.workspace.path, self.manifest)
+            except OSError as rollback_error:
+                # The run stays "applying" in the journal, so start-up recovery tries again.
+                logger.error("rolling back dream {} failed: {}", self.run_id, rollback_error)
+                raise
+            self.manifest.update(cursor_after=self.manifest["cursor_before"], commit=None, rolled_back=True)
+            return self.finish("failed", "error", reason=f"apply failed: {exc}")
+        self.compact()
+        return self.finish("finished", "written" if contents else "no_change")
+
+    def write(self, contents: dict[str, str], cursor_after: int) -> None:
+        """The files, then the cursor, then the note bullets read (roll_back undoes each)."""
+        if contents and self.git.available:
+            self.git.snapshot_outside_edits(self.run_id)
+        for path, text in contents.items():
+            fsio.atomic_write(self.staged.checked_path(path), text)
+        self.on_stage("files_written")
+        fsio.atomic_write(self.memory_dir / DREAM_CURSOR_NAME, str(cursor_after))
+        self.manifest["cursor_after"] = cursor_after
+        self.on_stage("cursor_written")
+        if self.manifest["notes_read"]:
+            mark_dream_notes(self.memory_dir, self.manifest["notes_read"], read=True)
+        self.on_stage("notes_written")
+
+    def compact(self) -> None:
+        """Compact history.jsonl once the dream is committed; a failure is logged, the dream still stands."""
+
+        def journal_removal(removal: dict) -> None:
+            self.manifest["history_compacted"] = removal
+            self.journal("compacting")
+
+        try:
+            cursors = compaction_candidates(self.memory_dir, self.max_history_entries)
+            compact_history(self.memory_dir, self.store.run_dir(self.run_id), cursors, journal_removal)
+        except (OSError, fsio.LockTimeout) as exc:
+            logger.warning("history compaction after dream {} failed: {}", self.run_id, exc)
+
+    def final_contents(self) -> dict[str, str]:
+        """The edited texts; edits are replayed onto a file the agent changed during the run."""
+        contents = {}
+        for path, (base, text) in self.staged.changes().items():
+            full = self.staged.checked_path(path)
+            current = full.read_bytes() if full.exists() else None
+            if current != base:
+                try:
+                    text = self.staged.replay(path, (current or b"").decode("utf-8"))
+                except (ToolRefused, UnicodeDecodeError) as exc:
+                    raise DreamError(f"{path} changed during the dream and the edits no longer apply") from exc
+            contents[path] = text
+        return contents
+
+    def back_up(self, contents: dict[str, str], cursor_after: int) -> None:
+        """Save the pre-run content of every file to be written into the run's folder, and plan the manifest."""
+        backup_dir = self.store.run_dir(self.run_id) / BACKUP_DIR
+        for path, text in contents.items():
+            full = self.workspace.path / path
+            before = full.read_bytes()
+            added, removed = line_counts(before.decode("utf-8"), text)
+            self.manifest["files_changed"][path] = {
+                "added": added, "removed": removed, "backup": save_backup(backup_dir, path, before),
+                "after_sha256": digest(text.encode("utf-8")),
+            }
+        cursor_path = self.memory_dir / DREAM_CURSOR_NAME
+        cursor_bytes = cursor_path.read_bytes() if cursor_path.is_file() else None
+        self.manifest["cursor_backup"] = save_backup(backup_dir, CURSOR_FILE, cursor_bytes)
+        self.manifest["cursor_written"] = str(cursor_after)
+
+    def commit_summary(self, contents: dict[str, str]) -> str:
+        """The commit's first line after `dream: `."""
+        count = len([line for line in self.manifest["analysis"] if line != SKIP_LINE])
+        condensed = ", condensed" if condensed_files(self.manifest) else ""
+        return f"update {', '.join(contents)} ({count} finding{'s' if count != 1 else ''}{condensed})"
+
+    def commit_notes(self) -> str:
+        """The analysis, the cursor move and the note bullets read, for the commit body."""
+        cursor_line = f"Dream cursor: {self.manifest['cursor_before']} -> {self.manifest['cursor_after']}"
+        if self.manifest["entries"]:
+            first, last = self.manifest["entries"]
+            cursor_line += f" (history entries {first}-{last})"
+        lines = ["Analysis:", *self.manifest["analysis"], "", cursor_line]
+        notes = self.manifest["notes_read"]
+        if notes:
+            lines.append("Daily notes read: " + ", ".join(
+                f"{day} ({len(digests)} bullet{'s' if len(digests) != 1 else ''})" for day, digests in notes.items()))
+        shrunk = condensed_files(self.manifest)
+        if shrunk:
+            lines.append("Condensed (over the caps): " + ", ".join(shrunk))
+        if self.manifest.get("stopped"):
+            lines.append(f"Stopped early ({self.manifest['stopped']}); left: {describe_left(self.manifest['left'])}")
+        return "\n".join(lines)
+
+
+def describe_left(left: dict) -> str:
+    """What a run that stopped early left for the next one, in words."""
+    return f"{left.get('history_entries', 0)} history entries, {left.get('note_bullets', 0)} note bullets"
+
+
+def condensed_files(manifest: dict) -> list[str]:
+    """The files a kept condensing pass shortened, as "PATH BEFORE -> AFTER characters"."""
+    condensed = manifest.get("condensed") or {}
+    before, after = condensed.get("before", {}), condensed.get("after") or {}
+    return [f"{path} {before[path]:,} -> {size:,} characters" for path, size in after.items()
+            if path in before and size != before[path]]
