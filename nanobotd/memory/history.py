@@ -80,7 +80,7 @@ def parse_entry(line: bytes | str, number: int = 0) -> HistoryEntry | None:
     """One history record, or None when the line is not a valid entry."""
     try:
         record = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # deep nesting is garbage too, not a crash
         return None
     if not isinstance(record, dict):
         return None

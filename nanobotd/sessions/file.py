@@ -153,7 +153,7 @@ def decode_record(line: RawLine) -> dict | None:
         return None
     try:
         record = json.loads(line.data)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # deep nesting is garbage too, not a crash
         return None
     return record if isinstance(record, dict) else None
 

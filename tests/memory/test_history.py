@@ -6,9 +6,13 @@ import errno
 import json
 import subprocess
 import sys
+import tempfile
 from datetime import datetime
+from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nanobotd import fsio
 from nanobotd.memory import history
@@ -19,6 +23,8 @@ import sys
 from datetime import datetime
 from pathlib import Path
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nanobotd import fsio
 from nanobotd.memory import history
@@ -119,3 +125,38 @@ def test_a_torn_last_line_is_moved_aside_and_the_next_append_is_clean(tmp_path):
     history.append_entries(tmp_path, [("b", None)], NOW)
     scan = history.read_history(tmp_path)
     assert [entry.cursor for entry in scan.entries] == [1, 2] and scan.bad_lines == []
+
+
+HISTORY_LINES = st.one_of(
+    st.fixed_dictionaries({"cursor": st.one_of(st.integers(-5, 10**20), st.floats(), st.text(max_size=3),
+                                               st.booleans(), st.none()),
+                           "content": st.one_of(st.text(max_size=30), st.integers(), st.none())},
+                          optional={"timestamp": st.one_of(st.text(max_size=16), st.integers()),
+                                    "session_key": st.one_of(st.text(max_size=8), st.lists(st.integers())),
+                                    history.SPAN_FIELD: st.one_of(st.dictionaries(st.text(max_size=3), st.integers(),
+                                                                                  max_size=2), st.text(max_size=3))})
+    .map(lambda record: json.dumps(record).encode()),
+    st.binary(max_size=40), st.just(b"[" * 3000), st.just(b'{"cursor": 3, "content": "cut'),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(lines=st.lists(HISTORY_LINES, max_size=10), terminated=st.booleans())
+def test_any_history_file_reads_as_entries_and_bad_lines_and_a_torn_tail_repairs(lines, terminated):
+    memory = Path(tempfile.mkdtemp(prefix="nbh-")) / "memory"
+    memory.mkdir()
+    content = b"\n".join(lines) + (b"\n" if terminated and lines else b"")
+    (memory / "history.jsonl").write_bytes(content)
+    scan = history.read_history(memory)
+    non_blank = [line for line in content.splitlines() if line.strip()]
+    assert len(scan.entries) + len(scan.bad_lines) == len(non_blank)
+    assert all(entry.cursor >= 1 and isinstance(entry.content, str) for entry in scan.entries)
+    largest = history.largest_cursor_in_file(memory / "history.jsonl")
+    assert largest >= 0
+    history.repair_torn_line(memory)
+    repaired = (memory / "history.jsonl").read_bytes()
+    assert repaired == b"" or repaired.endswith(b"\n")
+    torn = memory / "history.jsonl.torn"
+    assert len(repaired) + (len(torn.read_bytes()) - 1 if torn.exists() else 0) >= len(content)
+    written = history.append_entries(memory, [("after", None)], NOW)
+    assert written[0].cursor > max([largest] + [entry.cursor for entry in scan.entries])
