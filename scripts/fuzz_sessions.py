@@ -104,9 +104,10 @@ def save(folder: Path, name: str, data: bytes) -> None:
     os.replace(temp, folder / name)
 
 
-def readable_messages(data: bytes) -> int:
-    """Messages nanobotd must archive, by an independent reader: conversation lines above the agent's mark."""
-    messages, mark = [], 0
+def read_back(data: bytes, default_key: str) -> tuple[str, int]:
+    """By an independent reader: the session key (the last metadata key wins, as in nanobot) and how many
+    messages nanobotd must archive (conversation lines above the agent's mark)."""
+    messages, mark, key = [], 0, default_key
     for raw in data.split(b"\n"):
         raw = raw.strip()
         if not raw:
@@ -121,11 +122,12 @@ def readable_messages(data: bytes) -> int:
             if record.get("_type") == "metadata":
                 value = record.get("last_archived", record.get("last_consolidated", 0))
                 mark = value if type(value) is int and value > 0 else 0
+                key = record["key"] if isinstance(record.get("key"), str) and record["key"] else key
             continue
         if isinstance(record.get("role"), str):
             messages.append(not record.get("_command") and not record.get("_hidden_history"))
     mark = mark if mark <= len(messages) else 0
-    return sum(1 for index, counts in enumerate(messages) if counts and index >= mark)
+    return key, sum(1 for index, counts in enumerate(messages) if counts and index >= mark)
 
 
 def start_daemon(base: Path, workspace: Path) -> tuple[subprocess.Popen, Path, Path]:
@@ -153,9 +155,10 @@ def wait_for(predicate, timeout: float, what: str):
     raise SystemExit(f"fuzz: timed out waiting for {what}")
 
 
-def feed(sessions: Path, count: int, rng: random.Random) -> int:
-    """Write *count* hostile files; return how many messages they hold that nanobotd must archive."""
-    readable = 0
+def feed(sessions: Path, count: int, rng: random.Random) -> tuple[int, set[str]]:
+    """Write *count* hostile files; return how many messages they hold that nanobotd must archive, and the
+    session keys they name (files whose metadata claim the same key are one session, as in nanobot)."""
+    readable, keys = 0, set()
     big_files = set(rng.sample(range(count), k=min(count, max(1, count // 200))))
     for index in range(count):
         key = f"fuzz:{index}"
@@ -163,13 +166,16 @@ def feed(sessions: Path, count: int, rng: random.Random) -> int:
         if rng.random() < 0.8:
             data += b"\n"
         save(sessions, session_name(key), data)
-        readable += readable_messages(data)
-    return readable
+        named, messages = read_back(data, key)
+        readable += messages
+        keys.add(named)
+    return readable, keys
 
 
-def archive_everything(client: Client, count: int) -> list[dict]:
-    """Wait until every file is tracked, consolidate every session, wait until nothing is left unarchived."""
-    wait_for(lambda: len(client.get("/v1/sessions")["sessions"]) >= count, 600, "every file to be tracked")
+def archive_everything(client: Client, keys: set[str]) -> list[dict]:
+    """Wait until every session is tracked, consolidate each, wait until nothing is left unarchived."""
+    wait_for(lambda: {row["key"] for row in client.get("/v1/sessions")["sessions"]} >= keys, 600,
+             "every session to be tracked")
     time.sleep(3)  # the last debounced events and a reconcile
     for row in client.get("/v1/sessions")["sessions"]:
         if row["unarchived_messages"]:
@@ -198,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         wait_for(lambda: client.get("/v1/status"), 60, "the daemon to listen")
         started = time.monotonic()
-        readable = feed(sessions, args.count, random.Random(args.seed))
-        rows = archive_everything(client, args.count)
+        readable, keys = feed(sessions, args.count, random.Random(args.seed))
+        rows = archive_everything(client, keys)
         alive = proc.poll() is None and bool(client.get("/v1/status"))
         status = client.get("/v1/status")["workspaces"][0]
     finally:
@@ -208,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     archived = sum(row["daemon_archived"] for row in rows)
     log = log_path.read_text(errors="replace")
     errors = sum(1 for line in log.splitlines() if " ERROR " in line or " CRITICAL " in line)
-    print(f"files fed:            {args.count} (seed {args.seed}, {time.monotonic() - started:.0f}s)")
+    print(f"files fed:            {args.count} ({len(keys)} session keys; seed {args.seed}, "
+          f"{time.monotonic() - started:.0f}s)")
     print(f"daemon alive:         {'yes' if alive else 'NO'} (exit {proc.returncode} on SIGTERM)")
     print(f"messages archived:    {archived}")
     print(f"messages readable:    {readable}")
