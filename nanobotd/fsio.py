@@ -1,8 +1,10 @@
 """Crash-safe file I/O: the only place that writes files that matter.
 
 Whole-file writes go temp file -> fsync -> os.replace -> fsync(dir), so a crash leaves either the old or
-the new content. Appends are one os.write per record followed by fsync. Locks are flock based, with a
-timeout so nanobotd never waits forever on somebody else's lock.
+the new content. Appends are one os.write per record followed by fsync, and an append that fails is cut
+back off. Locks are flock based, with a timeout so nanobotd never waits forever on somebody else's lock.
+Every write may name the folder it must stay in (`root`): a symlink leading out of it is refused
+(`confine`). Reads of files others own go through `open_regular`, which opens regular files only.
 """
 
 from __future__ import annotations
@@ -11,16 +13,78 @@ import contextlib
 import errno
 import fcntl
 import os
+import stat
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
+
+from loguru import logger
 
 LOCK_POLL_SECONDS = 0.02
+TORN_SUFFIX = ".torn"
+TORN_TAIL_LIMIT = 64 * 1024 * 1024
 
 
 class LockTimeout(TimeoutError):
     """A flock could not be taken within its timeout."""
+
+
+class UnsafePath(PermissionError):
+    """A write target, or a folder on its way, leads outside the folder the write must stay in."""
+
+
+class NotRegularFile(OSError):
+    """A file to read is a FIFO, a device, a socket or a symlink: reading it could block or never end."""
+
+
+def confine(path: Path | str, root: Path | str | None) -> Path:
+    """*path*, after checking that it resolves inside *root* (symlinks followed, target and parents alike).
+
+    A symlinked history.jsonl, daily note or memory folder pointing elsewhere would make an append or a
+    rename land outside the workspace; such a write is refused, logged, and the caller keeps its data.
+    """
+    path = Path(path)
+    if root is None:
+        return path
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(path)
+    if real != real_root and os.path.commonpath([real_root, real]) != real_root:
+        logger.error("refusing to write {}: it leads to {}, outside {} (a symlink?)", path, real, root)
+        raise UnsafePath(f"refusing to write {path}: it resolves to {real}, outside {root}")
+    return path
+
+
+def open_regular(path: Path | str, *, follow: bool = False) -> BinaryIO:
+    """Open a regular file for reading, without blocking, and (unless *follow*) not through a symlink.
+
+    A FIFO named like a session file would block an open or a read forever, and a symlink to /dev/zero would
+    never end: both are refused with NotRegularFile (an OSError, so callers that skip unreadable files skip it).
+    *follow*: a symlink is read when it leads to a regular file (memory files the user may link).
+    """
+    info = os.stat(path) if follow else os.lstat(path)
+    if not stat.S_ISREG(info.st_mode):
+        raise NotRegularFile(f"not a regular file ({_file_kind(info.st_mode)}): {path}")
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotRegularFile(f"not a regular file (symlink): {path}") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped between the stat and the open
+        os.close(fd)
+        raise NotRegularFile(f"not a regular file: {path}")
+    return os.fdopen(fd, "rb")
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISLNK, "symlink"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"), (stat.S_ISDIR, "directory")):
+        if test(mode):
+            return name
+    return "special file"
 
 
 def fsync_dir(directory: Path) -> None:
@@ -32,9 +96,13 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path | str, data: bytes | str, mode: int | None = None) -> None:
-    """Replace *path* with *data* so that a crash leaves the old or the new file, never a mix."""
-    path = Path(path)
+def atomic_write(path: Path | str, data: bytes | str, mode: int | None = None, *,
+                 root: Path | str | None = None) -> None:
+    """Replace *path* with *data* so that a crash leaves the old or the new file, never a mix.
+
+    With *root*, a path that leads outside it through a symlink is refused (UnsafePath) before any write.
+    """
+    path = confine(path, root)
     if isinstance(data, str):
         data = data.encode("utf-8")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -58,30 +126,94 @@ def atomic_write(path: Path | str, data: bytes | str, mode: int | None = None) -
     fsync_dir(path.parent)
 
 
-def append_record(path: Path | str, record: bytes | str) -> None:
-    """Append one record (a line) with a single write and fsync it."""
-    path = Path(path)
+def append_record(path: Path | str, record: bytes | str, *, root: Path | str | None = None) -> None:
+    """Append one record (a line) with a single write and fsync it; a failed append leaves the file as it was.
+
+    A disk filling up mid-write would otherwise leave a torn last line that every reader trips over, so on
+    any error the file is truncated back to its length before the append. *root*: see `confine`.
+    """
+    path = confine(path, root)
     if isinstance(record, str):
         record = record.encode("utf-8")
     path.parent.mkdir(parents=True, exist_ok=True)
     created = not path.exists()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        view = memoryview(record)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
+        _append_or_undo(fd, record)
     finally:
         os.close(fd)
     if created:
         fsync_dir(path.parent)
 
 
-def ensure_trailing_newline(path: Path) -> None:
+def _append_or_undo(fd: int, record: bytes) -> None:
+    before = os.fstat(fd).st_size
+    try:
+        view = memoryview(record)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, before)
+            os.fsync(fd)
+        raise
+
+
+def repair_torn_tail(path: Path, *, root: Path | str | None = None,
+                     is_whole: Callable[[bytes], bool] | None = None) -> int:
+    """Move an unterminated last line (a write cut short) to `<name>.torn`; return its size in bytes (0: none).
+
+    Kept in place it would stay an unreadable record forever; moved aside it is kept for a person to read.
+    A last line that *is_whole* accepts only lacks its newline, which is added instead.
+    """
+    try:
+        handle = open_regular(path, follow=True)
+    except FileNotFoundError:
+        return 0
+    with handle:
+        size = os.fstat(handle.fileno()).st_size
+        start = _last_line_start(handle, size)
+        if start is None:
+            return 0
+        handle.seek(start)
+        torn = handle.read(size - start)
+    if is_whole is not None and is_whole(torn):
+        append_record(path, b"\n", root=root)
+        return 0
+    append_record(path.with_name(path.name + TORN_SUFFIX), torn + b"\n", root=root)
+    fd = os.open(confine(path, root), os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.ftruncate(fd, start)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return size - start
+
+
+def _last_line_start(handle: BinaryIO, size: int) -> int | None:
+    """Where an unterminated last line starts, or None when the file ends with a newline (or is empty)."""
+    if size == 0:
+        return None
+    handle.seek(size - 1)
+    if handle.read(1) == b"\n":
+        return None
+    position, block = size, 64 * 1024
+    while position > 0 and size - position < TORN_TAIL_LIMIT:
+        start = max(0, position - block)
+        handle.seek(start)
+        newline = handle.read(position - start).rfind(b"\n")
+        if newline >= 0:
+            return start + newline + 1
+        position = start
+    return position if position == 0 else None
+
+
+def ensure_trailing_newline(path: Path, *, root: Path | str | None = None) -> None:
     """Terminate a torn last line so the next appended record starts on its own line."""
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path, follow=True) as handle:
             handle.seek(0, os.SEEK_END)
             if handle.tell() == 0:
                 return
@@ -90,15 +222,16 @@ def ensure_trailing_newline(path: Path) -> None:
     except FileNotFoundError:
         return
     if last != b"\n":
-        append_record(path, b"\n")
+        append_record(path, b"\n", root=root)
 
 
 @contextlib.contextmanager
-def file_lock(path: Path | str, *, shared: bool = False, timeout: float = 10.0) -> Iterator[int]:
+def file_lock(path: Path | str, *, shared: bool = False, timeout: float = 10.0,
+              root: Path | str | None = None) -> Iterator[int]:
     """Hold an flock on *path* (created if missing); raise LockTimeout after *timeout* seconds."""
-    path = Path(path)
+    path = confine(path, root)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     operation = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB
     deadline = time.monotonic() + timeout
     try:
@@ -120,8 +253,8 @@ def file_lock(path: Path | str, *, shared: bool = False, timeout: float = 10.0) 
 
 
 def read_text_lossy(path: Path, limit: int | None = None) -> str:
-    """Read a text file as UTF-8, replacing undecodable bytes, optionally at most *limit* bytes."""
-    with open(path, "rb") as handle:
+    """Read a regular text file as UTF-8, replacing undecodable bytes, optionally at most *limit* bytes."""
+    with open_regular(path, follow=True) as handle:
         data = handle.read() if limit is None else handle.read(limit)
     return data.decode("utf-8", errors="replace")
 

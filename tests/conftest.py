@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 
@@ -20,3 +22,18 @@ def isolated_paths(tmp_path, monkeypatch):
                  "NANOBOTD_SOCKET"):
         monkeypatch.delenv(name, raising=False)
     return home
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    """A real 64 KiB tmpfs, so a write really meets a full disk (skipped where mounting is refused)."""
+    mount_point = tmp_path / "full"
+    mount_point.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount_point)],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)

@@ -1,8 +1,10 @@
-"""The shipped systemd units: the settings the daemon relies on, and a clean `systemd-analyze verify`."""
+"""The shipped systemd units: the settings the daemon relies on, a clean `systemd-analyze verify`, and an
+exposure score of at most 2.0 from `systemd-analyze security --offline=true`."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,6 +14,8 @@ import pytest
 UNIT_DIR = Path(__file__).resolve().parents[1] / "systemd"
 SYSTEM_UNIT = UNIT_DIR / "nanobotd.service"
 USER_UNIT = UNIT_DIR / "nanobotd-user.service"
+QMD_DROP_IN = UNIT_DIR / "nanobotd-qmd.conf"
+MAX_EXPOSURE = 2.0
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 STAND_IN_BINARY = shutil.which("true") or "/bin/true"
 
@@ -44,13 +48,17 @@ SHARED_SERVICE_SETTINGS = {
     "TimeoutStopSec": "30", "Restart": "on-failure", "RestartSec": "5", "RuntimeDirectory": "nanobotd",
     "RuntimeDirectoryMode": "0700", "StateDirectory": "nanobotd", "StateDirectoryMode": "0700", "UMask": "0077",
     "NoNewPrivileges": "yes", "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6", "LockPersonality": "yes",
-    "SystemCallArchitectures": "native",
+    "SystemCallArchitectures": "native", "SystemCallErrorNumber": "EPERM", "RestrictRealtime": "yes",
+    "RestrictSUIDSGID": "yes",
 }
 SYSTEM_HARDENING = {
     "User": "nanobotd", "Group": "nanobotd", "ProtectSystem": "strict", "ProtectHome": "read-only",
     "PrivateTmp": "yes", "ProtectKernelTunables": "yes", "ProtectKernelModules": "yes",
     "ProtectControlGroups": "yes", "RestrictNamespaces": "yes", "CapabilityBoundingSet": "",
+    "ProtectProc": "invisible", "ProcSubset": "pid", "RemoveIPC": "yes", "ProtectHostname": "yes",
+    "ProtectClock": "yes", "MemoryDenyWriteExecute": "yes",
 }
+SYSCALL_FILTERS = ["@system-service", "~@privileged @resources"]
 
 
 def test_the_system_unit_has_the_settings_the_daemon_relies_on() -> None:
@@ -60,8 +68,9 @@ def test_the_system_unit_has_the_settings_the_daemon_relies_on() -> None:
         assert only(unit, "Service", key) == value, key
     assert only(unit, "Service", "ExecStart") == "/usr/local/bin/nanobotd run --config /etc/nanobotd/config.toml"
     assert unit["Service"]["ReadWritePaths"], "the workspace needs to be writable under ProtectSystem=strict"
-    assert "MemoryDenyWriteExecute" not in unit["Service"]
-    assert "MemoryDenyWriteExecute" in text and "JIT" in text  # the reason it is off is written down
+    assert unit["Service"]["SystemCallFilter"] == SYSCALL_FILTERS
+    assert "IPAddressDeny" not in unit["Service"] and "PrivateNetwork" not in unit["Service"]
+    assert "nanobotd-qmd.conf" in text and "JIT" in text  # how QMD gets its writable+executable memory back
     assert "venv" in text  # how to point ExecStart at a virtualenv
     assert only(unit, "Install", "WantedBy") == "multi-user.target"
 
@@ -74,6 +83,15 @@ def test_the_user_unit_runs_as_the_calling_user_from_the_home_directory() -> Non
     assert only(unit, "Service", "ExecStart").startswith("%h/")
     assert "%h/.config/nanobotd/config.toml" in only(unit, "Service", "ExecStart")
     assert only(unit, "Install", "WantedBy") == "default.target"
+    assert unit["Service"]["SystemCallFilter"] == SYSCALL_FILTERS
+    text = USER_UNIT.read_text()
+    assert "cannot sandbox" in text and "ProtectSystem=" in text and "system unit" in text
+
+
+def test_the_qmd_drop_in_lifts_only_memory_deny_write_execute() -> None:
+    unit = parse_unit(QMD_DROP_IN.read_text())
+    assert unit == {"Service": {"MemoryDenyWriteExecute": ["no"]}}
+    assert "Node" in QMD_DROP_IN.read_text() and "nanobotd.service.d" in QMD_DROP_IN.read_text()
 
 
 def verify(unit_path: Path, *, user: bool) -> tuple[int, list[str]]:
@@ -119,3 +137,32 @@ def test_the_verify_check_notices_a_warning_about_the_unit(unit_copy) -> None:
     broken.write_text(broken.read_text().replace("[Install]", "ProtectSystm=strict\n\n[Install]"))
     _, complaints = verify(broken, user=False)
     assert any("ProtectSystm" in line for line in complaints)
+
+
+def exposure(unit_path: Path) -> float:
+    """The overall exposure level `systemd-analyze security --offline=true` gives the unit file."""
+    result = subprocess.run([SYSTEMD_ANALYZE, "security", "--offline=true", "--no-pager", str(unit_path)],
+                            capture_output=True, text=True, timeout=60, env={**os.environ, "SYSTEMD_LOG_COLOR": "0"})
+    match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", result.stdout + result.stderr)
+    if match is None:
+        pytest.skip(f"systemd-analyze security --offline is not supported here: {result.stderr.strip()[:200]}")
+    return float(match.group(1))
+
+
+@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze not installed")
+def test_the_system_unit_scores_at_most_two_in_systemd_analyze_security(unit_copy) -> None:
+    assert exposure(unit_copy(SYSTEM_UNIT)) <= MAX_EXPOSURE
+
+
+@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze not installed")
+def test_the_system_unit_with_the_qmd_drop_in_verifies_and_still_scores_at_most_two(tmp_path) -> None:
+    unit = tmp_path / "nanobotd.service"
+    unit.write_text(SYSTEM_UNIT.read_text().replace("/usr/local/bin/nanobotd", STAND_IN_BINARY))
+    merged = tmp_path / "merged" / "nanobotd.service"
+    merged.parent.mkdir()
+    merged.write_text(unit.read_text().replace("MemoryDenyWriteExecute=yes", QMD_DROP_IN.read_text()
+                                               .split("[Service]", 1)[1].strip()))
+    assert "MemoryDenyWriteExecute=no" in merged.read_text()
+    assert exposure(merged) <= MAX_EXPOSURE
+    returncode, complaints = verify(merged, user=False)
+    assert returncode == 0 and complaints == []

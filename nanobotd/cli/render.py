@@ -6,10 +6,24 @@ Nothing here writes or talks to the daemon, so every rendering is testable on pl
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 Columns = Sequence[tuple[str, str]]
+# C0 and C1 controls, DEL and the bidi overrides: a session key or file name holding them would move the
+# cursor, recolour or rewrite the user's terminal, or reorder what it shows.
+CONTROL_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """*text* with every control character shown as an escape (`\x1b`), so the terminal prints it, not obeys it."""
+    return CONTROL_CHARS.sub(_escape, text)
+
+
+def _escape(match: re.Match) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def format_cell(value: Any) -> str:
@@ -24,7 +38,7 @@ def format_cell(value: Any) -> str:
         return ", ".join(f"{key}={format_cell(item)}" for key, item in value.items()) or "-"
     if isinstance(value, (list, tuple)):
         return ", ".join(format_cell(item) for item in value) or "-"
-    return " ".join(str(value).split())
+    return printable(" ".join(str(value).split()))
 
 
 def format_table(headers: list[str], rows: list[list[Any]]) -> list[str]:
@@ -53,10 +67,10 @@ def format_fields(data: Mapping[str, Any], indent: str = "") -> list[str]:
     lines = []
     for key, value in data.items():
         if isinstance(value, dict) and value:
-            lines.append(f"{indent}{key}:")
+            lines.append(f"{indent}{printable(str(key))}:")
             lines.extend(format_fields(value, indent + "  "))
         else:
-            lines.append(f"{indent}{str(key) + ':':<{width + 1}} {format_cell(value)}")
+            lines.append(f"{indent}{printable(str(key)) + ':':<{width + 1}} {format_cell(value)}")
     return lines
 
 
@@ -65,7 +79,8 @@ def format_run(run: Mapping[str, Any]) -> list[str]:
     lines = format_fields({key: value for key, value in run.items() if key != "manifest"})
     if run.get("manifest") is not None:
         lines.append("manifest:")
-        lines.append(json.dumps(run["manifest"], indent=2, ensure_ascii=False))
+        text = json.dumps(run["manifest"], indent=2, ensure_ascii=False)
+        lines.append("\n".join(printable(line) for line in text.split("\n")))
     return lines
 
 
@@ -86,8 +101,8 @@ def format_duration(seconds: Any) -> str:
 def format_location(hit: Mapping[str, Any]) -> str:
     """Where a search hit lives, `path:L10-14` or `session KEY #3-8`, so a reader can open it."""
     if hit.get("session_key"):
-        return f"session {hit['session_key']}{_span(' #', hit.get('message_start'), hit.get('message_end'))}"
-    return f"{hit.get('path') or '?'}{_span(':L', hit.get('line_start'), hit.get('line_end'))}"
+        return printable(f"session {hit['session_key']}{_span(' #', hit.get('message_start'), hit.get('message_end'))}")
+    return printable(f"{hit.get('path') or '?'}{_span(':L', hit.get('line_start'), hit.get('line_end'))}")
 
 
 def _is_numeric_column(values: list[Any]) -> bool:

@@ -2,6 +2,8 @@
 
 Every mistake (unknown key, wrong type, bad value, no workspace) raises ConfigError naming the key,
 so `nanobotd` can exit 2 with a message a user can act on. The only place that reads os.environ.
+Relative paths in the file are taken from the file's own folder, so the daemon's working directory
+(`/` under systemd) never changes what a config means; `--workspace` arguments from the current one.
 """
 
 from __future__ import annotations
@@ -18,15 +20,21 @@ from typing import Any
 
 from nanobotd.config import paths
 from nanobotd.config.schema import WORKSPACE_TABLES, DaemonSettings, WorkspaceSettings
+from nanobotd.config.validate import (
+    ConfigError,
+    check_directory_path,
+    check_lifecycle,
+    check_number,
+    check_text,
+    resolve_path,
+)
 
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
 SEARCH_BACKENDS = ("builtin", "qmd", "both")
 CONSOLIDATION_MODES = ("auto", "companion", "owner")
 WORKSPACE_KEYS = {"path", "sessions_dir", "name"}
 
-
-class ConfigError(ValueError):
-    """The config is unusable; the message names the offending key."""
+__all__ = ["Config", "ConfigError", "build_config", "check_cron", "load_config", "socket_group_id"]
 
 
 @dataclass(frozen=True)
@@ -83,25 +91,33 @@ def build_config(data: dict, *, source: Path | None, workspace_args: list[str], 
     known = {"daemon", "workspaces", *WORKSPACE_TABLES}
     for key in data:
         if key not in known:
-            raise ConfigError(f"{key}: unknown key (known: {', '.join(sorted(known))})")
+            raise ConfigError(f"{key if key.strip() else repr(key)}: unknown key (known: {', '.join(sorted(known))})")
     daemon = _make(DaemonSettings, _table(data, "daemon"), "daemon")
     _check_daemon(daemon)
     global_tables = {name: _table(data, name) for name in WORKSPACE_TABLES}
     raw_workspaces = data.get("workspaces", [])
     if not isinstance(raw_workspaces, list):
         raise ConfigError("workspaces: expected an array of tables ([[workspaces]])")
+    base = Path(source).expanduser().absolute().parent if source else None
+    bases = [base] * len(raw_workspaces) + [None] * len(workspace_args)
     raw_workspaces = list(raw_workspaces) + [{"path": path} for path in workspace_args]
     if not raw_workspaces:
         raise ConfigError("workspaces: no workspace configured (add a [[workspaces]] table or pass --workspace DIR)")
     workspaces = []
     for index, raw in enumerate(raw_workspaces):
-        workspaces.append(_make_workspace(raw, index, global_tables, environ))
+        workspaces.append(_make_workspace(raw, index, global_tables, environ, bases[index]))
     names = [workspace.name for workspace in workspaces]
     for name in names:
         if names.count(name) > 1:
             raise ConfigError(f"workspaces.name: two workspaces are named {name!r}")
-    state_dir = Path(daemon.state_dir).expanduser() if daemon.state_dir else paths.default_state_dir(environ)
-    socket_path = Path(daemon.socket).expanduser() if daemon.socket else paths.default_socket_path(environ)
+    state_dir = (resolve_path(daemon.state_dir, "daemon.state_dir", base) if daemon.state_dir
+                 else paths.default_state_dir(environ))
+    check_directory_path(state_dir, "daemon.state_dir")
+    socket_path = (resolve_path(daemon.socket, "daemon.socket", base) if daemon.socket
+                   else paths.default_socket_path(environ))
+    if socket_path.is_dir():
+        raise ConfigError(f"daemon.socket: {socket_path} is a folder; name the socket file inside it")
+    check_directory_path(socket_path.parent, "daemon.socket")
     return Config(
         daemon=daemon,
         workspaces=tuple(workspaces),
@@ -142,6 +158,8 @@ def _make(cls: type, values: dict, prefix: str, base: Any = None) -> Any:
         if key not in fields:
             raise ConfigError(f"{prefix}.{key}: unknown key (known: {', '.join(sorted(fields))})")
         updates[key] = _coerce(value, _field_type(fields[key], getattr(current, key)), f"{prefix}.{key}")
+        if isinstance(updates[key], (int, float)) and not isinstance(updates[key], bool):
+            check_number(updates[key], f"{prefix}.{key}", f"{prefix.rsplit('.', 1)[-1]}.{key}")
     return dataclasses.replace(current, **updates)
 
 
@@ -167,11 +185,12 @@ def _coerce(value: Any, expected: type, key: str) -> Any:
     if expected is str:
         if not isinstance(value, str):
             raise ConfigError(f"{key}: expected a string, got {type(value).__name__}")
-        return value
+        return check_text(value, key)
     return value
 
 
-def _make_workspace(raw: Any, index: int, global_tables: dict, environ: Mapping[str, str]) -> WorkspaceSettings:
+def _make_workspace(raw: Any, index: int, global_tables: dict, environ: Mapping[str, str],
+                    base: Path | None) -> WorkspaceSettings:
     prefix = f"workspaces[{index}]"
     if not isinstance(raw, dict):
         raise ConfigError(f"{prefix}: expected a table")
@@ -181,13 +200,18 @@ def _make_workspace(raw: Any, index: int, global_tables: dict, environ: Mapping[
     path_value = raw.get("path")
     if not isinstance(path_value, str) or not path_value.strip():
         raise ConfigError(f"{prefix}.path: missing (every workspace needs a path)")
-    path = Path(path_value).expanduser().absolute()
+    path = check_directory_path(resolve_path(path_value, f"{prefix}.path", base), f"{prefix}.path")
     sessions_value = raw.get("sessions_dir", "")
     if not isinstance(sessions_value, str):
         raise ConfigError(f"{prefix}.sessions_dir: expected a string")
+    sessions_dir = None
+    if sessions_value:
+        sessions_dir = resolve_path(sessions_value, f"{prefix}.sessions_dir", base)
+        check_directory_path(sessions_dir, f"{prefix}.sessions_dir")
     name = raw.get("name") or _default_name(path)
     if not isinstance(name, str):
         raise ConfigError(f"{prefix}.name: expected a string")
+    check_text(name, f"{prefix}.name")
     tables = {}
     for table_name, cls in WORKSPACE_TABLES.items():
         settings = _make(cls, global_tables[table_name], table_name)
@@ -200,7 +224,7 @@ def _make_workspace(raw: Any, index: int, global_tables: dict, environ: Mapping[
     return WorkspaceSettings(
         path=path,
         name=name,
-        sessions_dir=Path(sessions_value).expanduser().absolute() if sessions_value else None,
+        sessions_dir=sessions_dir,
         api_key=api_key,
         **tables,
     )
@@ -242,6 +266,9 @@ def _check_workspace_tables(tables: dict, prefix: str) -> None:
         raise ConfigError(f"{where}search.backend: expected one of {', '.join(SEARCH_BACKENDS)}")
     for table_name in ("dream", "lifecycle"):
         check_cron(tables[table_name].schedule, f"{where}{table_name}.schedule")
+    check_lifecycle(tables["lifecycle"], where)
+    if consolidation.chunk_ratio_min > consolidation.chunk_ratio_max:
+        raise ConfigError(f"{where}consolidation.chunk_ratio_min: must not exceed consolidation.chunk_ratio_max")
 
 
 def check_cron(expression: str, key: str) -> None:

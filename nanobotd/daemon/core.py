@@ -33,6 +33,7 @@ class Core:
     queue: JobQueue | None = None
     watcher: SessionWatcher | None = None
     workspaces: dict[str, Workspace] = field(default_factory=dict)
+    restart_needed: list[str] = field(default_factory=list)  # [daemon] keys a reload changed but cannot apply
 
     @property
     def timezone(self):

@@ -30,6 +30,8 @@ from nanobotd.state.store import StateStore
 from nanobotd.watcher import SessionWatcher
 
 TICK_SECONDS = 1.0
+# [daemon] keys a reload cannot apply to a running process: status names them until the next restart.
+RESTART_KEYS = ("socket", "state_dir", "socket_group", "log_level", "timezone")
 IDLE_CHECK_SECONDS = 30.0
 TOKENIZER_IDLE_SECONDS = 60.0
 
@@ -39,6 +41,7 @@ class Daemon:
 
     def __init__(self, config: Config, *, notifier: Notifier, clock=time.time, polling: bool = False):
         self.config = config
+        self._started_config = config
         self.notifier = notifier
         self.polling = polling
         executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="io")
@@ -183,6 +186,7 @@ class Daemon:
             logger.error("reload refused, keeping the running config: {}", exc)
             self.notifier.ready()
             return
+        self._apply_daemon_settings(new_config)
         self.config = self.core.config = new_config
         await self._swap_workspaces(new_config.workspaces)
         self.core.scheduler.remove_all()
@@ -191,6 +195,22 @@ class Daemon:
         logger.info("config reloaded from {}", new_config.source or "arguments")
         self.notifier.ready()
         self.notifier.status(self.core.status_line())
+
+    def _apply_daemon_settings(self, new_config: Config) -> None:
+        """Hand a new debounce to the watcher; note the [daemon] keys only a restart applies (status shows them)."""
+        new = new_config.daemon
+        if self.core.watcher is not None and new.debounce_seconds != self.core.watcher.debounce:
+            logger.info("reload: watcher debounce {}s -> {}s", self.core.watcher.debounce, new.debounce_seconds)
+            self.core.watcher.debounce = new.debounce_seconds
+        started = self._started_config
+        pending = [key for key in RESTART_KEYS if getattr(started.daemon, key) != getattr(new, key)]
+        if new_config.socket_path != started.socket_path and "socket" not in pending:
+            pending.append("socket")
+        if new_config.state_dir != started.state_dir and "state_dir" not in pending:
+            pending.append("state_dir")
+        self.core.restart_needed = sorted(pending)
+        if pending:
+            logger.warning("reload: daemon.{} changed; only a restart applies it", ", daemon.".join(sorted(pending)))
 
     async def _swap_workspaces(self, configured: tuple[WorkspaceSettings, ...]) -> None:
         """Close workspaces the config dropped or changed; open the new and changed ones whole."""

@@ -52,7 +52,7 @@ def ensure_skill_file(workspace: Path) -> bool:
     path = workspace / SKILL_PATH
     if path.is_symlink() or (path.exists() and not holds_earlier_text(path)):
         return False
-    fsio.atomic_write(path, SKILL_TEXT)
+    fsio.atomic_write(path, SKILL_TEXT, root=workspace)
     return True
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from loguru import logger
 
+from nanobotd import fsio
 from nanobotd.config.schema import QmdSettings, WorkspaceSettings
 from nanobotd.daemon.skill import ensure_skill_file
 from nanobotd.gitstore.store import GitStore
@@ -26,6 +27,7 @@ from nanobotd.index.qmd import QmdBackend
 from nanobotd.jobs.common import JobEnv
 from nanobotd.jobs.registry import JOB_KINDS
 from nanobotd.llm.client import LLMClient
+from nanobotd.memory import history
 from nanobotd.sessions import discovery
 from nanobotd.sessions.agent_config import AgentSettings, find_agent_config, read_agent_settings
 from nanobotd.sessions.file import is_session_file
@@ -65,6 +67,7 @@ class Workspace:
         self.last_reconcile: float | None = None
         self.last_reconcile_seconds: float | None = None
         self.scan_errors = 0
+        self.torn_lines = 0
         self.opened = False
         self.pending_paths: set[Path] = set()
         self.pending_since = 0.0
@@ -100,6 +103,7 @@ class Workspace:
     # -- open / close --------------------------------------------------------------------------------
     async def open(self) -> None:
         """After the start-up scan: open git, write the skill file, start QMD (the index refresh follows)."""
+        self.repair_history()
         try:
             await self.git.call(self.git.open)
         except Exception as exc:
@@ -109,6 +113,18 @@ class Workspace:
             await self.qmd.start()
             self.qmd.request_update()
         self.opened = True
+
+    def repair_history(self) -> None:
+        """A torn last line in history.jsonl (a write cut short before this start) moves to history.jsonl.torn."""
+        try:
+            moved = history.repair_torn_line(self.env.memory_dir)
+        except (OSError, fsio.LockTimeout) as exc:
+            logger.error("workspace {}: cannot check history.jsonl for a torn line: {}", self.name, exc)
+            return
+        if moved:
+            self.torn_lines += 1
+            logger.warning("workspace {}: history.jsonl ended in a torn line ({} bytes); moved to {}{}", self.name,
+                           moved, history.HISTORY_NAME, fsio.TORN_SUFFIX)
 
     async def close(self) -> None:
         """Release what the workspace holds: refresh timer, QMD child, index, git thread."""
@@ -260,7 +276,7 @@ class Workspace:
             "agent": self.agent.to_json(),
             "budget": self.settings.budget, "flush_threshold": self.settings.flush_threshold,
             "last_reconcile": iso_local(self.last_reconcile), "last_reconcile_seconds": self.last_reconcile_seconds,
-            "scan_errors": self.scan_errors,
+            "scan_errors": self.scan_errors, "torn_lines": self.torn_lines,
         }
         data["git"] = self.git.health()
         data["search"] = self.search_status()

@@ -46,4 +46,4 @@ def merge_gitignore(path: Path) -> None:
     if not missing:
         return
     text = existing if not existing or existing.endswith("\n") else existing + "\n"
-    fsio.atomic_write(path, text + "".join(line + "\n" for line in missing))
+    fsio.atomic_write(path, text + "".join(line + "\n" for line in missing), root=path.parent)

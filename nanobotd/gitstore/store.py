@@ -337,9 +337,9 @@ class GitStore:
             full = self._check_inside(path)
             if data is None:
                 with contextlib.suppress(FileNotFoundError):
-                    full.unlink()
+                    fsio.confine(full, self.workspace).unlink()
             else:
-                fsio.atomic_write(full, data)
+                fsio.atomic_write(full, data, root=self.workspace)
 
     @contextlib.contextmanager
     def _repo(self) -> Iterator[Any]:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from nanobotd import fsio
 from nanobotd.config.schema import ContextSettings
 from nanobotd.fsio import read_text_lossy
 from nanobotd.index.hit import SearchBackendError, SearchHit
@@ -380,9 +381,9 @@ def _live_from(workspace: Path, session_key: str | None, hits: list[SearchHit]) 
 def _archive_mark(path: Path) -> int | None:
     header = SessionHeader()
     try:
-        with open(path, "rb") as handle:
+        with fsio.open_regular(path) as handle:
             record = json.loads(handle.readline(MAX_HISTORY_LINE_BYTES).decode("utf-8", errors="replace"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(record, dict) or record.get("_type") != "metadata":
         return None

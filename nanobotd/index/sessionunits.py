@@ -68,7 +68,7 @@ def decode_line(line: RawLine) -> dict | None:
         return None
     try:
         record = json.loads(line.data.decode("utf-8", errors="replace"))
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return record if isinstance(record, dict) else None
 

@@ -184,7 +184,8 @@ def write_facts(note: Path, day: date, facts: dict[str, list[str]], manifest: di
                 store: StateStore, run_id: str) -> bool:
     """Merge *facts* into the note, journaling backup and additions first; False when nothing was new."""
     # The history lock doubles as the memory folder's write lock, so two flushes never interleave.
-    with fsio.file_lock(note.parent / history.LOCK_NAME, timeout=history.LOCK_TIMEOUT):
+    root = history.workspace_root(note.parent)
+    with fsio.file_lock(note.parent / history.LOCK_NAME, timeout=history.LOCK_TIMEOUT, root=root):
         if note.is_symlink():
             raise NoteError(f"{note.name} is a symlink; left alone")
         try:
@@ -209,8 +210,9 @@ def write_facts(note: Path, day: date, facts: dict[str, list[str]], manifest: di
         manifest["created_sections"] = [name for name in added if name in missing]
         manifest["before_sha256"] = _sha256(before) if before is not None else None
         manifest["after_sha256"] = _sha256(after)
+        fsio.confine(note, root)
         store.journal(run_id, manifest)
-        fsio.atomic_write(note, after)
+        fsio.atomic_write(note, after, root=root)
     return True
 
 
@@ -267,11 +269,12 @@ def restore_flush_run(run: RunRecord, *, store: StateStore, dry_run: bool) -> di
     else:
         _plan_bullet_removal(note, current, manifest, result)
     if not dry_run:
+        root = history.workspace_root(note.parent)
         if result["action"] == "delete":
-            note.unlink()
+            fsio.confine(note, root).unlink()
             fsio.fsync_dir(note.parent)
         elif result["action"] in ("put_back", "remove_bullets"):
-            fsio.atomic_write(note, result.pop("content"))
+            fsio.atomic_write(note, result.pop("content"), root=root)
     result.pop("content", None)
     return result
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from nanobotd import fsio
 from nanobotd.memory.history import HistoryEntry, history_path, parse_entry
 
 RAW_PREFIX = "[RAW]"
@@ -65,7 +66,7 @@ class HistoryFollower:
             self._identity, self._offset = identity, 0
         if stat.st_size == self._offset:
             return []
-        with open(self.path, "rb") as handle:
+        with fsio.open_regular(self.path, follow=True) as handle:
             handle.seek(self._offset)
             data = handle.read(stat.st_size - self._offset)
         complete = data.rfind(b"\n") + 1  # a line still being written is read next time

@@ -2,6 +2,7 @@
 
 nanobot appends from its own process with only an in-process lock, so before every append we take an
 exclusive flock and re-read the largest cursor in the file: next = max(.cursor, largest) + 1.
+Every write stays inside the workspace (the memory folder's parent): a symlink leading out is refused.
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ def history_path(memory_dir: Path) -> Path:
     return memory_dir / HISTORY_NAME
 
 
+def workspace_root(memory_dir: Path) -> Path:
+    """The folder every memory write must stay in: the workspace holding memory/."""
+    return memory_dir.parent
+
+
 def clean_content(content: str) -> str:
     """Strip reasoning blocks and enforce the hard cap on one entry."""
     content = THINK_BLOCK.sub("", content).strip()
@@ -74,7 +80,7 @@ def parse_entry(line: bytes | str, number: int = 0) -> HistoryEntry | None:
     """One history record, or None when the line is not a valid entry."""
     try:
         record = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # deep nesting is garbage too, not a crash
         return None
     if not isinstance(record, dict):
         return None
@@ -92,7 +98,7 @@ def parse_entry(line: bytes | str, number: int = 0) -> HistoryEntry | None:
 def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
     """(line number, bytes) of every non-blank line; nothing when the file is missing."""
     try:
-        handle = open(path, "rb")
+        handle = fsio.open_regular(path, follow=True)
     except FileNotFoundError:
         return
     with handle:
@@ -120,7 +126,7 @@ def largest_cursor_in_file(path: Path) -> int:
     except FileNotFoundError:
         return 0
     block = TAIL_BLOCK
-    with open(path, "rb") as handle:
+    with fsio.open_regular(path, follow=True) as handle:
         while True:
             start = max(0, size - block)
             handle.seek(start)
@@ -136,7 +142,8 @@ def largest_cursor_in_file(path: Path) -> int:
 def read_cursor_file(path: Path) -> int:
     """A plain decimal cursor file; missing or unreadable is 0."""
     try:
-        return max(0, int(path.read_text(encoding="utf-8").strip() or 0))
+        with fsio.open_regular(path, follow=True) as handle:
+            return max(0, int(handle.read(64).decode("utf-8").strip() or 0))
     except (OSError, ValueError):
         return 0
 
@@ -168,20 +175,34 @@ def append_entries(
     items = [(content, key) for content, key in items if content]
     if not items:
         return []
-    memory_dir.mkdir(parents=True, exist_ok=True)
+    root = workspace_root(memory_dir)
+    fsio.confine(memory_dir, root).mkdir(parents=True, exist_ok=True)
     path = history_path(memory_dir)
-    with fsio.file_lock(memory_dir / LOCK_NAME, timeout=LOCK_TIMEOUT):
+    with fsio.file_lock(memory_dir / LOCK_NAME, timeout=LOCK_TIMEOUT, root=root):
         start = max(read_cursor_file(memory_dir / CURSOR_NAME), largest_cursor_in_file(path)) + 1
         stamp = now_stamp(now)
         entries = [HistoryEntry(start + offset, stamp, content, key, span=span)
                    for offset, (content, key) in enumerate(items)]
         if before_write is not None:
             before_write([entry.cursor for entry in entries])
-        fsio.ensure_trailing_newline(path)
         payload = "".join(json.dumps(entry.to_record(), ensure_ascii=False) + "\n" for entry in entries)
-        fsio.append_record(path, payload)
-        fsio.atomic_write(memory_dir / CURSOR_NAME, str(entries[-1].cursor))
+        fsio.confine(path, root)
+        # The cursors are reserved in .cursor before the append: an append that then fails (and is cut back
+        # off) leaves only a gap in the numbering, never entries that .cursor does not cover.
+        fsio.atomic_write(memory_dir / CURSOR_NAME, str(entries[-1].cursor), root=root)
+        fsio.ensure_trailing_newline(path, root=root)
+        fsio.append_record(path, payload, root=root)
     return entries
+
+
+def repair_torn_line(memory_dir: Path) -> int:
+    """Move a torn last line of history.jsonl (a write cut short) to history.jsonl.torn; its size, or 0.
+
+    A last line that is a whole entry and only lacks its newline gets the newline instead.
+    """
+    with fsio.file_lock(memory_dir / LOCK_NAME, timeout=LOCK_TIMEOUT, root=workspace_root(memory_dir)):
+        return fsio.repair_torn_tail(history_path(memory_dir), root=workspace_root(memory_dir),
+                                     is_whole=lambda line: parse_entry(line) is not None)
 
 
 def rewrite_history(memory_dir: Path, keep: Callable[[HistoryEntry], bool]) -> list[HistoryEntry]:
@@ -190,8 +211,9 @@ def rewrite_history(memory_dir: Path, keep: Callable[[HistoryEntry], bool]) -> l
     Unparsable lines are kept as they are: nanobotd never deletes what it cannot read.
     """
     path = history_path(memory_dir)
+    root = workspace_root(memory_dir)
     removed: list[HistoryEntry] = []
-    with fsio.file_lock(memory_dir / LOCK_NAME, timeout=LOCK_TIMEOUT):
+    with fsio.file_lock(memory_dir / LOCK_NAME, timeout=LOCK_TIMEOUT, root=root):
         kept_lines: list[bytes] = []
         for number, line in iter_lines(path):
             entry = parse_entry(line, number)
@@ -202,17 +224,19 @@ def rewrite_history(memory_dir: Path, keep: Callable[[HistoryEntry], bool]) -> l
         if removed:
             cursor_floor = read_cursor_file(memory_dir / CURSOR_NAME)
             largest = max([cursor_floor] + [entry.cursor for entry in removed])
-            fsio.atomic_write(path, b"".join(kept_lines))
+            fsio.confine(memory_dir / CURSOR_NAME, root)
+            fsio.atomic_write(path, b"".join(kept_lines), root=root)
             # Cursors are never reused, even after the entries holding them are gone.
             if largest > cursor_floor:
-                fsio.atomic_write(memory_dir / CURSOR_NAME, str(largest))
+                fsio.atomic_write(memory_dir / CURSOR_NAME, str(largest), root=root)
     return removed
 
 
 def insert_entries(memory_dir: Path, entries: list[HistoryEntry]) -> int:
     """Put entries back (restore) in cursor order, skipping cursors already present; return how many."""
     path = history_path(memory_dir)
-    with fsio.file_lock(memory_dir / LOCK_NAME, timeout=LOCK_TIMEOUT):
+    root = workspace_root(memory_dir)
+    with fsio.file_lock(memory_dir / LOCK_NAME, timeout=LOCK_TIMEOUT, root=root):
         lines: list[tuple[int, bytes]] = []
         present = set()
         for number, line in iter_lines(path):
@@ -227,6 +251,6 @@ def insert_entries(memory_dir: Path, entries: list[HistoryEntry]) -> int:
         for entry in added:
             lines.append((entry.cursor, (json.dumps(entry.to_record(), ensure_ascii=False) + "\n").encode()))
         lines.sort(key=lambda item: item[0])
-        fsio.atomic_write(path, b"".join(line for _, line in lines))
+        fsio.atomic_write(path, b"".join(line for _, line in lines), root=root)
     return len(added)
 

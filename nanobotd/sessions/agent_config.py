@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nanobotd import fsio
+
 CONFIG_NAME = "config.json"
 DEFAULT_CONTEXT_WINDOW = 200_000
 DEFAULT_MAX_TOKENS = 8192
@@ -84,8 +86,9 @@ def read_agent_settings(path: Path | None) -> AgentSettings:
     try:
         if path.stat().st_size > MAX_CONFIG_BYTES:
             return AgentSettings(path=path, error=f"{path} is larger than {MAX_CONFIG_BYTES} bytes")
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        with fsio.open_regular(path, follow=True) as handle:
+            data = json.loads(handle.read(MAX_CONFIG_BYTES + 1).decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
         return AgentSettings(path=path, error=f"cannot read {path}: {exc}")
     if not isinstance(data, dict):
         return AgentSettings(path=path, error=f"{path} does not hold a JSON object")

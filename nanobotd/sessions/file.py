@@ -2,7 +2,8 @@
 
 nanobot rewrites the whole file on every save and may insert checkpoint messages mid-file, so
 messages are identified by a digest of (role, content, timestamp), never by position. Reading is
-streamed line by line with a cap, so a 100 MB line or a binary file costs bounded memory.
+streamed line by line with a cap, so a 100 MB line or a binary file costs bounded memory; only regular
+files are opened, and never read past the size they had when opened (a FIFO or /dev/zero cannot stall us).
 """
 
 from __future__ import annotations
@@ -11,11 +12,17 @@ import base64
 import binascii
 import hashlib
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nanobotd import fsio
+
 MAX_LINE_BYTES = 8 * 1024 * 1024
+# The tracker reads a message line up to this size (a huge paste must be archived, not dropped); past it the
+# line is counted corrupt and logged with its size.
+MESSAGE_LINE_BYTES = 64 * 1024 * 1024
 READ_CHUNK = 1024 * 1024
 SESSION_SUFFIX = ".jsonl"
 
@@ -88,18 +95,21 @@ def is_session_file(path: Path) -> bool:
 def iter_raw_lines(path: Path, max_line_bytes: int = MAX_LINE_BYTES, offset: int = 0) -> Iterator[RawLine]:
     """Yield the file's non-blank lines from byte *offset*; a line over *max_line_bytes* has data=None.
 
-    Each line knows the byte offset just after it (`end`) and whether a newline ended it.
+    Each line knows the byte offset just after it (`end`) and whether a newline ended it. Only a regular
+    file is read (fsio.NotRegularFile otherwise), and only up to its size at the open.
     """
     number = 0
     pending = bytearray()
     skipping = 0
     position = offset
-    with open(path, "rb") as handle:
+    with fsio.open_regular(path) as handle:
+        remaining = os.fstat(handle.fileno()).st_size - offset
         handle.seek(offset)
-        while True:
-            chunk = handle.read(READ_CHUNK)
+        while remaining > 0:
+            chunk = handle.read(min(READ_CHUNK, remaining))
             if not chunk:
                 break
+            remaining -= len(chunk)
             start = 0
             while True:
                 newline = chunk.find(b"\n", start)
@@ -143,7 +153,7 @@ def decode_record(line: RawLine) -> dict | None:
         return None
     try:
         record = json.loads(line.data)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # deep nesting is garbage too, not a crash
         return None
     return record if isinstance(record, dict) else None
 

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from loguru import logger
+
+from nanobotd import fsio
 from nanobotd.sessions import file as sessionfile
 from nanobotd.tokens import count_tokens
 
@@ -57,6 +60,7 @@ class ParseResult:
     new_records: dict[str, dict] = field(default_factory=dict)
     tail: Tail | None = None
     fast: bool = False
+    large: int = 0  # new messages over sessionfile.MAX_LINE_BYTES (read whole, archived raw in parts)
 
 
 def parse_session(path: Path, encoding: str, *, cached: list[MessageInfo] | None = None,
@@ -82,6 +86,7 @@ class _Reading:
     leading: bool = True
     terminated: bool = True
     fast_ok: bool = True
+    large: int = 0
     new_records: dict[str, dict] = field(default_factory=dict)
     cache: dict[str, list[MessageInfo]] = field(default_factory=dict)
     line_copies: dict[str, int] = field(default_factory=dict)
@@ -99,6 +104,14 @@ class _Reading:
         self.messages.append(info)
         return True
 
+    def take(self, info: MessageInfo, record: dict, size: int) -> None:
+        """A newly parsed message; one over MAX_LINE_BYTES is counted as large (it will be archived raw)."""
+        self.messages.append(info)
+        if info.counts:
+            self.new_records[info.digest] = record
+        if size > sessionfile.MAX_LINE_BYTES:
+            self.large += 1
+
 
 def _parse_all(path: Path, encoding: str, cached: list[MessageInfo]) -> ParseResult:
     reading = _Reading(sessionfile.SessionHeader(), [], set())
@@ -110,7 +123,7 @@ def _parse_all(path: Path, encoding: str, cached: list[MessageInfo]) -> ParseRes
         length = reading.region_end - reading.region_start
         tail = Tail(length, _hash_range(path, reading.region_start, length))
     return ParseResult(_key(path, reading.header), reading.header, reading.messages, reading.corrupt,
-                       reading.new_records, tail)
+                       reading.new_records, tail, large=reading.large)
 
 
 def _parse_appended(path: Path, encoding: str, cached: list[MessageInfo], tail: Tail,
@@ -132,7 +145,7 @@ def _parse_appended(path: Path, encoding: str, cached: list[MessageInfo], tail: 
         _update_hash(digest, path, known_end, reading.region_end - known_end)
         new_tail = Tail(reading.region_end - region_start, digest.hexdigest())
     return ParseResult(_key(path, header), header, reading.messages, reading.corrupt, reading.new_records,
-                       new_tail, fast=True)
+                       new_tail, fast=True, large=reading.large)
 
 
 def _read_lines(path: Path, encoding: str, reading: _Reading, *, offset: int = 0, appending: bool = False) -> bool:
@@ -140,7 +153,7 @@ def _read_lines(path: Path, encoding: str, reading: _Reading, *, offset: int = 0
 
     *appending*: the lines follow known messages; returns False as soon as one needs the full parse.
     """
-    for line in sessionfile.iter_raw_lines(path, offset=offset):
+    for line in sessionfile.iter_raw_lines(path, sessionfile.MESSAGE_LINE_BYTES, offset=offset):
         reading.terminated = line.terminated
         reading.region_end = line.end
         if reading.leading and sessionfile.is_metadata_line(line):
@@ -151,7 +164,7 @@ def _read_lines(path: Path, encoding: str, reading: _Reading, *, offset: int = 0
             continue
         record = sessionfile.decode_record(line)
         if record is None:
-            reading.corrupt += 1
+            _count_corrupt(path, line, reading)
             continue
         if "_type" in record:
             if appending:
@@ -166,10 +179,15 @@ def _read_lines(path: Path, encoding: str, reading: _Reading, *, offset: int = 0
         if info is None:
             reading.corrupt += 1
             continue
-        reading.messages.append(info)
-        if info.counts:
-            reading.new_records[info.digest] = record
+        reading.take(info, record, len(line.data))
     return True
+
+
+def _count_corrupt(path: Path, line: sessionfile.RawLine, reading: _Reading) -> None:
+    reading.corrupt += 1
+    if line.oversized:
+        logger.error("{} line {}: {} bytes, over the {} MiB a message may have; not read", path, line.number,
+                     line.oversized, sessionfile.MESSAGE_LINE_BYTES >> 20)
 
 
 def _message_info(line_digest: str, record: dict, taken: set[str], encoding: str) -> MessageInfo | None:
@@ -194,7 +212,7 @@ def _known_region(path: Path, tail: Tail, header: sessionfile.SessionHeader) -> 
 
     Returns where the message region starts and the running hash, or None when those bytes changed.
     """
-    with open(path, "rb") as handle:
+    with fsio.open_regular(path) as handle:
         region_start = _read_leading_metadata(handle, header)
         handle.seek(region_start)
         digest = hashlib.sha1()
@@ -233,7 +251,7 @@ def _hash_range(path: Path, start: int, length: int) -> str:
 
 
 def _update_hash(digest: Any, path: Path, start: int, length: int) -> None:
-    with open(path, "rb") as handle:
+    with fsio.open_regular(path) as handle:
         handle.seek(start)
         _hash_from(handle, digest, length)
 

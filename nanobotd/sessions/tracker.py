@@ -56,7 +56,10 @@ class SessionTracker:
         self.store = store
         self.encoding = encoding
         self.clock = clock
+        # Copy-on-write: a scan on the executor replaces the dict instead of growing it, so a reader on the
+        # loop iterating `sessions` (GET /v1/sessions, status) always walks a consistent snapshot.
         self.sessions: dict[str, SessionState] = {}
+        self.large_messages = 0
         self._lock = threading.RLock()
         self._keys_by_path: dict[Path, str] = {}
         self._load_sessions()
@@ -77,7 +80,7 @@ class SessionTracker:
             session.path = path
             return session
         session = insert_session(self.store, self.workspace_name, key, path, self.clock())
-        self.sessions[key] = session
+        self.sessions = {**self.sessions, key: session}
         return session
 
     def _cached_messages(self, session: SessionState) -> list[MessageInfo]:
@@ -118,6 +121,10 @@ class SessionTracker:
             self._save_session(session)
             if corrupt:
                 logger.warning("session {}: skipped {} corrupt line(s)", key, corrupt)
+            if parsed.large:
+                self.large_messages += parsed.large
+                logger.warning("session {}: {} message(s) over {} MiB read whole; they are archived raw, in parts",
+                               key, parsed.large, sessionfile.MAX_LINE_BYTES >> 20)
             return ScanResult(key, True, len(parsed_records), vanished, corrupt, time.perf_counter() - started,
                               mark_moved, tail_before)
 
@@ -391,6 +398,7 @@ class SessionTracker:
             "unarchived_messages": sum(session.unarchived_messages for session in sessions),
             "unarchived_tokens": sum(session.unarchived_tokens for session in sessions),
             "corrupt_lines": sum(session.corrupt_lines for session in live),
+            "large_messages": self.large_messages,
             "archived_twice": archived_twice_count(self.store, self.workspace_name),
         }
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from nanobotd.cli import render
 
 
@@ -40,3 +42,21 @@ def test_format_location_names_a_file_span_or_a_session_span() -> None:
     session_hit = {"session_key": "cli:x", "message_start": 2, "message_end": 5}
     assert render.format_location(session_hit) == "session cli:x #2-5"
     assert render.format_location({}) == "?"
+
+
+@pytest.mark.parametrize("hostile, shown", [
+    ("telegram:\x1b[2J\x1b[31mred", "telegram:\\x1b[2J\\x1b[31mred"),
+    ("bell\x07and\x9bcsi", "bell\\x07and\\x9bcsi"),
+    ("evil\u202egnp.exe", "evil\\u202egnp.exe"),
+])
+def test_control_characters_in_keys_and_names_are_escaped_not_sent_to_the_terminal(hostile, shown):
+    lines = render.format_rows([("KEY", "key")], [{"key": hostile}], "none")
+    assert lines[1] == shown
+    assert render.format_fields({hostile: hostile}) == [f"{shown}: {shown}"]
+    assert render.format_location({"session_key": hostile}) == f"session {shown}"
+    assert render.format_location({"path": f"memory/{hostile}.md"}) == f"memory/{shown}.md"
+    assert not any(render.CONTROL_CHARS.search(line) for line in lines)
+
+
+def test_plain_text_and_unicode_letters_are_printed_as_they_are():
+    assert render.format_cell("café 東京 ✓") == "café 東京 ✓"

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from nanobotd.config.load import ConfigError, load_config
+from nanobotd.config.load import ConfigError, build_config, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,3 +61,146 @@ def test_run_with_a_workspace_and_no_config_file(tmp_path):
 def test_missing_config_file_is_named():
     with pytest.raises(ConfigError, match="not found"):
         load_config(Path("/nonexistent/nanobotd.toml"))
+
+
+def check_config_exit(tmp_path: Path, text: str, capsys) -> tuple[int, str]:
+    """Run `nanobotd check-config` on *text*: its exit status and what it printed to stderr."""
+    from nanobotd.cli.nanobotd import main
+
+    path = tmp_path / "conf" / "nanobotd.toml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+    status = main(["check-config", "--config", str(path)])
+    return status, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("daemon, key", [
+    ("debounce_seconds = nan", "daemon.debounce_seconds"),
+    ("debounce_seconds = inf", "daemon.debounce_seconds"),
+    ("debounce_seconds = 0", "daemon.debounce_seconds"),
+    ("debounce_seconds = 1e300", "daemon.debounce_seconds"),
+    ("reconcile_seconds = -inf", "daemon.reconcile_seconds"),
+    ("reconcile_seconds = 1e12", "daemon.reconcile_seconds"),
+    ("job_stop_seconds = 0", "daemon.job_stop_seconds"),
+    ("job_stop_seconds = nan", "daemon.job_stop_seconds"),
+])
+def test_a_daemon_number_that_is_nan_inf_zero_or_huge_exits_2_naming_the_key(tmp_path, capsys, daemon, key):
+    status, err = check_config_exit(tmp_path, f"[daemon]\n{daemon}\n[[workspaces]]\npath = \"ws\"\n", capsys)
+    assert status == 2 and key in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("table, line, key", [
+    ("llm", "timeout_seconds = 0", "llm.timeout_seconds"),
+    ("llm", "timeout_seconds = nan", "llm.timeout_seconds"),
+    ("llm", "max_retries = 100000000000", "llm.max_retries"),
+    ("search", "debounce_seconds = inf", "search.debounce_seconds"),
+    ("search", "qmd_timeout_seconds = 0", "search.qmd_timeout_seconds"),
+    ("consolidation", "idle_minutes = 0", "consolidation.idle_minutes"),
+    ("lifecycle", "active_days = 100", "lifecycle.active_days"),
+])
+def test_a_workspace_number_out_of_range_exits_2_naming_the_key(tmp_path, capsys, table, line, key):
+    status, err = check_config_exit(tmp_path, f"[{table}]\n{line}\n[[workspaces]]\npath = \"ws\"\n", capsys)
+    assert status == 2 and key in err
+
+
+def test_a_per_workspace_override_out_of_range_names_the_workspace(tmp_path, capsys):
+    text = "[[workspaces]]\npath = \"ws\"\n[workspaces.llm]\ntimeout_seconds = -1\n"
+    status, err = check_config_exit(tmp_path, text, capsys)
+    assert status == 2 and "workspaces[0].llm.timeout_seconds" in err
+
+
+def test_a_state_dir_that_is_a_file_exits_2_naming_the_key(tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    for state_dir in (tmp_path / "afile", tmp_path / "afile" / "below"):
+        status, err = check_config_exit(tmp_path, f"[daemon]\nstate_dir = \"{state_dir}\"\n[[workspaces]]\n"
+                                                  "path = \"ws\"\n", capsys)
+        assert status == 2 and "daemon.state_dir" in err and "is a file" in err
+
+
+def test_a_workspace_path_that_is_a_file_exits_2_naming_the_key(tmp_path, capsys):
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "ws").write_text("not a folder")
+    status, err = check_config_exit(tmp_path, "[[workspaces]]\npath = \"ws\"\n", capsys)
+    assert status == 2 and "workspaces[0].path" in err
+
+
+@pytest.mark.parametrize("text, key", [
+    ("[[workspaces]]\npath = \"ws\\u0000evil\"\n", "workspaces[0].path"),
+    ("[daemon]\nstate_dir = \"/tmp/a\\u0000b\"\n[[workspaces]]\npath = \"ws\"\n", "daemon.state_dir"),
+    ("[daemon]\nsocket = \"/tmp/s\\u0000\"\n[[workspaces]]\npath = \"ws\"\n", "daemon.socket"),
+    ("[[workspaces]]\npath = \"ws\"\nsessions_dir = \"s\\u0000\"\n", "workspaces[0].sessions_dir"),
+    ("[search]\nqmd_command = \"qmd\\u0000\"\n[[workspaces]]\npath = \"ws\"\n", "search.qmd_command"),
+])
+def test_a_nul_in_a_path_or_command_exits_2_naming_the_key(tmp_path, capsys, text, key):
+    status, err = check_config_exit(tmp_path, text, capsys)
+    assert status == 2 and key in err and "NUL" in err
+
+
+def test_relative_paths_resolve_against_the_config_files_folder_not_the_current_one(tmp_path, monkeypatch):
+    folder = tmp_path / "etc"
+    folder.mkdir()
+    config_path = folder / "nanobotd.toml"
+    config_path.write_text("[daemon]\nstate_dir = \"state\"\nsocket = \"run/n.sock\"\n"
+                           "[[workspaces]]\npath = \"../ws\"\nsessions_dir = \"sessions\"\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    config = load_config(config_path, environ={"HOME": str(tmp_path)})
+    assert config.state_dir == folder / "state"
+    assert config.socket_path == folder / "run" / "n.sock"
+    assert config.workspaces[0].path == folder / ".." / "ws"
+    assert config.workspaces[0].sessions_dir == folder / "sessions"
+    assert "folder of this file" in (REPO / "config" / "nanobotd.toml").read_text()
+
+
+def test_a_workspace_argument_still_resolves_against_the_current_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = load_config(None, workspace_args=["ws"], environ={"HOME": str(tmp_path)})
+    assert config.workspaces[0].path == tmp_path / "ws"
+
+
+KNOWN_KEYS = {
+    "daemon": ["socket", "state_dir", "log_level", "reconcile_seconds", "debounce_seconds", "timezone",
+               "job_stop_seconds", "socket_group"],
+    "llm": ["model", "timeout_seconds", "max_retries", "concurrency", "context_window", "max_tokens"],
+    "consolidation": ["ratio", "idle_minutes", "mode", "chunk_ratio_min", "chunk_ratio_max", "raw_max_chars"],
+    "lifecycle": ["schedule", "active_days", "ttl_days", "max_history_entries"],
+    "search": ["backend", "qmd_command", "debounce_seconds", "qmd_timeout_seconds"],
+    "dream": ["schedule", "max_iterations", "enabled"],
+}
+SCALARS = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70), st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(), st.text(max_size=12), st.sampled_from(["", "~", "ws", "../x", "/", "a\x00b", "15 4 * * *"]),
+)
+VALUES = st.one_of(SCALARS, st.lists(SCALARS, max_size=2), st.dictionaries(st.text(max_size=4), SCALARS, max_size=2))
+
+
+@st.composite
+def config_data(draw):
+    """A config as TOML would parse it: known tables and keys with any values, and some stray keys."""
+    data = {}
+    for table, keys in KNOWN_KEYS.items():
+        if draw(st.booleans()):
+            data[table] = {key: draw(VALUES) for key in draw(st.lists(st.sampled_from(keys), max_size=3))}
+    if draw(st.booleans()):
+        data[draw(st.text(max_size=6))] = draw(VALUES)
+    workspaces = draw(st.lists(st.one_of(
+        st.fixed_dictionaries({"path": st.one_of(st.sampled_from(["ws", "/tmp/ws", "~/w"]), SCALARS)}),
+        VALUES), max_size=2))
+    data["workspaces"] = draw(st.one_of(st.just(workspaces), VALUES))
+    return data
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=config_data())
+def test_any_config_ends_in_a_config_or_a_config_error_naming_a_key(data):
+    try:
+        config = build_config(data, source=None, workspace_args=[], environ={"HOME": "/nonexistent-home"})
+    except ConfigError as exc:
+        assert str(exc).split(":", 1)[0], "the message starts with the key"
+        return
+    assert config.workspaces and math.isfinite(config.daemon.debounce_seconds)
+    assert config.daemon.debounce_seconds > 0 and config.daemon.reconcile_seconds >= 1
+    for workspace in config.workspaces:
+        assert workspace.path.is_absolute() and "\x00" not in str(workspace.path)
+        assert workspace.lifecycle.active_days <= workspace.lifecycle.ttl_days

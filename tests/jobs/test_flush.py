@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from nanobotd import fsio
 from nanobotd.config.schema import LLMSettings, WorkspaceSettings
 from nanobotd.jobs.common import RestoreRefused
-from nanobotd.jobs.flush import FlushReplyError, flush_session, parse_facts, restore_flush_run
+from nanobotd.jobs.flush import FlushReplyError, flush_session, parse_facts, restore_flush_run, write_facts
 from nanobotd.llm.client import LLMClient
+from nanobotd.memory.dailynote import NoteError
 from nanobotd.memory.transcript import PendingMessage
 from nanobotd.state.store import StateStore
 from tests.support.fakellm import FakeLLM, HttpError, Text
@@ -241,3 +243,22 @@ def test_parse_facts_accepts_heading_variants_and_skips_empty_bullets():
     assert facts == {"Decisions": ["Use restic"], "Open Questions": ["Which NAS?"]}
     with pytest.raises(FlushReplyError):
         parse_facts("I could not find anything structured.")
+
+
+@pytest.mark.parametrize("linked", ["note", "memory"])
+def test_a_daily_note_symlinked_outside_the_workspace_is_never_written(tmp_path, linked):
+    workspace = tmp_path / "workspace"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    if linked == "memory":
+        workspace.mkdir()
+        (workspace / "memory").symlink_to(outside, target_is_directory=True)
+    else:
+        (workspace / "memory").mkdir(parents=True)
+        (workspace / "memory" / NOTE_NAME).symlink_to(outside / NOTE_NAME)
+    store = StateStore(tmp_path / "state").open()
+    run_id = store.create_run("flush", "ws", session_key="cli:a")
+    with pytest.raises((fsio.UnsafePath, NoteError)):
+        write_facts(workspace / "memory" / NOTE_NAME, NOW.date(), {"Decisions": ["escape"]}, {},
+                    store=store, run_id=run_id)
+    assert list(outside.iterdir()) == []

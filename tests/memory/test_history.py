@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import subprocess
 import sys
+import tempfile
 from datetime import datetime
+from pathlib import Path
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nanobotd import fsio
 from nanobotd.memory import history
 
 NOW = datetime(2026, 11, 22, 10, 0)
@@ -14,6 +22,11 @@ APPENDER = """
 import sys
 from datetime import datetime
 from pathlib import Path
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nanobotd import fsio
 from nanobotd.memory import history
 memory = Path(sys.argv[1])
 for index in range(int(sys.argv[2])):
@@ -65,3 +78,85 @@ def test_rewrite_keeps_unparsable_lines_and_never_lowers_the_cursor(tmp_path):
     assert history.append_entries(tmp_path, [("d", None)], NOW)[0].cursor == 4
     assert history.insert_entries(tmp_path, removed) == 1
     assert [entry.cursor for entry in history.read_history(tmp_path).entries] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("linked", ["history.jsonl", ".cursor", ".history.lock"])
+def test_an_append_through_a_file_symlinked_outside_the_workspace_writes_nothing(tmp_path, linked):
+    memory = tmp_path / "workspace" / "memory"
+    memory.mkdir(parents=True)
+    outside = tmp_path / "elsewhere.txt"
+    outside.write_text("7")
+    (memory / linked).symlink_to(outside)
+    with pytest.raises(fsio.UnsafePath):
+        history.append_entries(memory, [("must not escape", "cli:a")], NOW)
+    assert outside.read_text() == "7"
+    assert (memory / linked).is_symlink()
+    assert not (memory / "history.jsonl").exists() or linked == "history.jsonl"
+
+
+def test_an_append_into_a_memory_folder_symlinked_outside_writes_nothing(tmp_path):
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (workspace / "memory").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(fsio.UnsafePath):
+        history.append_entries(workspace / "memory", [("must not escape", None)], NOW)
+    assert list(outside.iterdir()) == []
+
+
+def test_an_append_that_meets_a_full_disk_leaves_history_as_it_was(tiny_tmpfs):
+    memory = tiny_tmpfs / "memory"
+    history.append_entries(memory, [("first entry", "cli:a")], NOW)
+    before = (memory / "history.jsonl").read_bytes()
+    with pytest.raises(OSError) as caught:
+        history.append_entries(memory, [("x" * 40_000, "cli:a"), ("y" * 40_000, "cli:a")], NOW)
+    assert caught.value.errno == errno.ENOSPC
+    assert (memory / "history.jsonl").read_bytes() == before
+    assert history.read_history(memory).bad_lines == []
+    assert history.append_entries(memory, [("after the disk filled", None)], NOW)[0].cursor > 1
+
+
+def test_a_torn_last_line_is_moved_aside_and_the_next_append_is_clean(tmp_path):
+    path = tmp_path / "history.jsonl"
+    path.write_text(json.dumps({"cursor": 1, "timestamp": "t", "content": "a"}) + '\n{"cursor": 2, "timest')
+    assert history.repair_torn_line(tmp_path) == len('{"cursor": 2, "timest')
+    assert (tmp_path / "history.jsonl.torn").read_text() == '{"cursor": 2, "timest\n'
+    history.append_entries(tmp_path, [("b", None)], NOW)
+    scan = history.read_history(tmp_path)
+    assert [entry.cursor for entry in scan.entries] == [1, 2] and scan.bad_lines == []
+
+
+HISTORY_LINES = st.one_of(
+    st.fixed_dictionaries({"cursor": st.one_of(st.integers(-5, 10**20), st.floats(), st.text(max_size=3),
+                                               st.booleans(), st.none()),
+                           "content": st.one_of(st.text(max_size=30), st.integers(), st.none())},
+                          optional={"timestamp": st.one_of(st.text(max_size=16), st.integers()),
+                                    "session_key": st.one_of(st.text(max_size=8), st.lists(st.integers())),
+                                    history.SPAN_FIELD: st.one_of(st.dictionaries(st.text(max_size=3), st.integers(),
+                                                                                  max_size=2), st.text(max_size=3))})
+    .map(lambda record: json.dumps(record).encode()),
+    st.binary(max_size=40), st.just(b"[" * 3000), st.just(b'{"cursor": 3, "content": "cut'),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(lines=st.lists(HISTORY_LINES, max_size=10), terminated=st.booleans())
+def test_any_history_file_reads_as_entries_and_bad_lines_and_a_torn_tail_repairs(lines, terminated):
+    memory = Path(tempfile.mkdtemp(prefix="nbh-")) / "memory"
+    memory.mkdir()
+    content = b"\n".join(lines) + (b"\n" if terminated and lines else b"")
+    (memory / "history.jsonl").write_bytes(content)
+    scan = history.read_history(memory)
+    non_blank = [line for line in content.splitlines() if line.strip()]
+    assert len(scan.entries) + len(scan.bad_lines) == len(non_blank)
+    assert all(entry.cursor >= 1 and isinstance(entry.content, str) for entry in scan.entries)
+    largest = history.largest_cursor_in_file(memory / "history.jsonl")
+    assert largest >= 0
+    history.repair_torn_line(memory)
+    repaired = (memory / "history.jsonl").read_bytes()
+    assert repaired == b"" or repaired.endswith(b"\n")
+    torn = memory / "history.jsonl.torn"
+    assert len(repaired) + (len(torn.read_bytes()) - 1 if torn.exists() else 0) >= len(content)
+    written = history.append_entries(memory, [("after", None)], NOW)
+    assert written[0].cursor > max([largest] + [entry.cursor for entry in scan.entries])

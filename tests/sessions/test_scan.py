@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from nanobotd.sessions.scan import parse_session
+from tests.sessions.test_file import LINES
 from tests.support.workspace import conversation, make_workspace, write_session
 
 
@@ -50,3 +57,20 @@ def test_three_copies_of_a_line_keep_three_distinct_digests_across_rescans(tmp_p
     before, after, full = full_then_append(tmp_path, messages + [messages[1]], messages + [messages[1], messages[1]])
     assert len(after.messages) == 6 and len({info.digest for info in after.messages}) == 6
     assert after.messages == full.messages
+
+
+@settings(max_examples=120, deadline=None)
+@given(first=st.lists(LINES, max_size=8), more=st.lists(LINES, max_size=4))
+def test_any_session_bytes_parse_to_messages_or_counted_corrupt_lines_incrementally_as_in_full(first, more):
+    path = Path(tempfile.mkdtemp(prefix="nbs-")) / "c2Vzc2lvbg.jsonl"
+    path.write_bytes(b"\n".join(first) + (b"\n" if first else b""))
+    before = parse_session(path, "o200k_base")
+    assert isinstance(before.key, str) and before.header.last_archived >= 0
+    assert len(before.messages) + before.corrupt <= len(first)
+    with open(path, "ab") as handle:
+        handle.write(b"\n".join(more) + (b"\n" if more else b""))
+    again = parse_session(path, "o200k_base", cached=before.messages, tail=before.tail, corrupt_before=before.corrupt)
+    full = parse_session(path, "o200k_base")
+    assert [info.digest for info in again.messages] == [info.digest for info in full.messages]
+    assert again.corrupt == full.corrupt
+    assert sum(info.tokens for info in again.messages) == sum(info.tokens for info in full.messages)

@@ -80,7 +80,7 @@ def test_messages_the_agent_archives_leave_the_spool(tmp_path):
     assert len(tracker.pending("cli:a")) == 4
 
 
-def test_corrupt_lines_binary_garbage_and_a_huge_line_are_counted_not_fatal(tmp_path):
+def test_corrupt_lines_and_binary_garbage_are_counted_and_a_huge_message_is_kept(tmp_path):
     _, sessions = make_workspace(tmp_path)
     store, tracker = make_tracker(tmp_path)
     path = write_session(sessions, "cli:a", conversation(4), extra_lines=["{not json", "[1, 2]"])
@@ -89,9 +89,11 @@ def test_corrupt_lines_binary_garbage_and_a_huge_line_are_counted_not_fatal(tmp_
         handle.write(b'{"role": "user", "content": "' + b"x" * (9 * 1024 * 1024) + b'"}\n')
         handle.write(b'{"role": "user", "content": "after the huge line", "timestamp": "2026-11-01T10:00:00"}')
     result = tracker.scan(path)
-    assert result.corrupt_lines == 4
+    assert result.corrupt_lines == 3
     texts = [message.text for _, message, _ in tracker.pending("cli:a")]
-    assert texts[-1] == "after the huge line" and len(texts) == 5
+    assert texts[-1] == "after the huge line" and len(texts) == 6
+    assert texts[-2] == "x" * (9 * 1024 * 1024)
+    assert tracker.totals()["large_messages"] == 1
 
 
 def test_state_survives_a_restart_without_reparsing_unchanged_files(tmp_path):

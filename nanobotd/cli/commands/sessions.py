@@ -63,6 +63,8 @@ def _status_lines(status: Mapping[str, Any], socket_path: Any) -> list[str]:
     lines = [f"nanobotd {status.get('version', '?')}  pid {status.get('pid', '?')}  "
              f"up {format_duration(status.get('uptime_seconds'))}",
              f"socket {socket_path}"]
+    if status.get("restart_needed"):
+        lines.append(f"restart needed: {format_cell(status['restart_needed'])} changed since the start")
     for workspace in status.get("workspaces") or []:
         lines.append("")
         lines.extend(_workspace_lines(workspace))

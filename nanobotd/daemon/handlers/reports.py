@@ -26,6 +26,7 @@ def routes(core: Core) -> list:
         return {"workspaces": workspaces}
 
     async def outcome_metrics(request: Request) -> dict:
+        named_workspaces(core, request)  # an unknown workspace is a 404 here too
         try:
             since = metrics.parse_since(request.query.get("since") or "7d")
         except ValueError as exc:
@@ -33,7 +34,7 @@ def routes(core: Core) -> list:
         now = core.clock()
         summary = metrics.summarize_outcomes(core.store, since=now - since, now=now)
         summary["archived_twice"] = {workspace.name: workspace.tracker.totals()["archived_twice"]
-                                     for workspace in core.workspaces.values()}
+                                     for workspace in named_workspaces(core, request)}
         return summary
 
     return [("GET", "/v1/audit", audit_report), ("GET", "/v1/metrics", outcome_metrics)]

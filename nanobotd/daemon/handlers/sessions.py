@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nanobotd.api.router import ApiError, Request
 from nanobotd.daemon.core import Core
-from nanobotd.daemon.handlers.common import session_workspace
+from nanobotd.daemon.handlers.common import named_workspaces, session_workspace
 
 MAX_RUNS_LIMIT = 1000
 
@@ -27,18 +27,17 @@ class SessionHandlers:
         self.core = core
 
     async def sessions(self, request: Request) -> dict:
+        """Every tracked session, read from the tracker's snapshot (a scan running meanwhile replaces it)."""
         rows = []
         scanning = []
-        name = request.query.get("workspace")
-        for workspace in self.core.workspaces.values():
-            if name and name != workspace.name:
-                continue
+        archived = dict(self.core.store.query("SELECT session_id, count(*) FROM archived GROUP BY session_id"))
+        for workspace in named_workspaces(self.core, request):
             if workspace.last_reconcile is None:
                 scanning.append(workspace.name)
-            for session in list(workspace.tracker.sessions.values()):
+            for session in workspace.tracker.sessions.values():
                 if not session.skipped:
                     rows.append(dict(session.to_json(), workspace=workspace.name,
-                                     daemon_archived=self._daemon_archived(session.session_id)))
+                                     daemon_archived=archived.get(session.session_id, 0)))
         rows.sort(key=lambda row: (row["workspace"], row["key"]))
         return {"sessions": rows, "scanning": scanning}
 
@@ -63,8 +62,8 @@ class SessionHandlers:
 
     async def runs(self, request: Request) -> dict:
         limit = request.query_int("limit", 50, minimum=1)
-        runs = self.core.store.list_runs(kind=request.query.get("kind") or None,
-                                         workspace=request.query.get("workspace") or None,
+        workspace = named_workspaces(self.core, request)[0].name if request.query.get("workspace") else None
+        runs = self.core.store.list_runs(kind=request.query.get("kind") or None, workspace=workspace,
                                          limit=min(limit, MAX_RUNS_LIMIT))
         return {"runs": [run.to_json(with_manifest=False) for run in runs]}
 

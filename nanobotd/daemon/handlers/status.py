@@ -8,6 +8,7 @@ from nanobotd import __version__
 from nanobotd.api.router import Request
 from nanobotd.daemon import runs
 from nanobotd.daemon.core import Core
+from nanobotd.daemon.handlers.common import named_workspaces
 from nanobotd.daemon.workspace import Workspace
 
 
@@ -19,7 +20,8 @@ def routes(core: Core) -> list:
             "version": __version__, "pid": os.getpid(), "uptime_seconds": round(core.uptime, 1),
             "socket": str(core.config.socket_path), "state_dir": str(core.config.state_dir),
             "jobs_running": queue.running_kinds() if queue else [],
-            "workspaces": [workspace_status(core, workspace) for workspace in core.workspaces.values()],
+            "restart_needed": [f"daemon.{key}" for key in core.restart_needed],
+            "workspaces": [workspace_status(core, workspace) for workspace in named_workspaces(core, request)],
         }
 
     return [("GET", "/v1/status", status)]

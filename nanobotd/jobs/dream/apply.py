@@ -60,9 +60,9 @@ class ApplyStep:
         if contents and self.git.available:
             self.git.snapshot_outside_edits(self.run_id)
         for path, text in contents.items():
-            fsio.atomic_write(self.staged.checked_path(path), text)
+            fsio.atomic_write(self.staged.checked_path(path), text, root=self.memory_dir.parent)
         self.on_stage("files_written")
-        fsio.atomic_write(self.memory_dir / DREAM_CURSOR_NAME, str(cursor_after))
+        fsio.atomic_write(self.memory_dir / DREAM_CURSOR_NAME, str(cursor_after), root=self.memory_dir.parent)
         self.manifest["cursor_after"] = cursor_after
         self.on_stage("cursor_written")
         if self.manifest["notes_read"]:

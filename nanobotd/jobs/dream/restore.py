@@ -186,7 +186,7 @@ class Restorer:
             self.result["commit"] = self.git.restore_files(changed, message, self.restore_run_id)
         else:
             for path, data in changed.items():
-                write_or_delete(self.workspace / path, data)
+                write_or_delete(self.workspace / path, data, root=self.workspace)
         self.record_changes(backups)
 
     # -- cursor, history, backups of the restore itself ----------------------------------------------
@@ -279,12 +279,12 @@ def roll_back(workspace: Path, manifest: dict) -> list[str]:
             logger.warning("not rolling back {}: it changed after the run wrote it", full)
             left_alone.append(path)
             continue
-        write_or_delete(full, backup)
+        write_or_delete(full, backup, root=workspace)
     if "cursor_backup" in manifest:
         cursor_path = workspace / CURSOR_FILE
         current = cursor_path.read_bytes() if cursor_path.is_file() else None
         if current is not None and current.decode("utf-8", "replace") == manifest.get("cursor_written"):
-            write_or_delete(cursor_path, load_backup(manifest["cursor_backup"]))
+            write_or_delete(cursor_path, load_backup(manifest["cursor_backup"]), root=workspace)
     if manifest.get("notes_read"):
         # The run read only bullets that were unread when it began, so unmarking them undoes exactly its mark.
         mark_dream_notes(workspace / "memory", manifest["notes_read"], read=False)
@@ -310,12 +310,12 @@ def read_or_none(path: Path) -> bytes | None:
     return path.read_bytes() if path.is_file() else None
 
 
-def write_or_delete(path: Path, data: bytes | None) -> None:
-    """Put *data* back atomically; None means the file did not exist, so remove it."""
+def write_or_delete(path: Path, data: bytes | None, *, root: Path) -> None:
+    """Put *data* back atomically; None means the file did not exist, so remove it. Never outside *root*."""
     if data is None:
-        path.unlink(missing_ok=True)
+        fsio.confine(path, root).unlink(missing_ok=True)
     else:
-        fsio.atomic_write(path, data)
+        fsio.atomic_write(path, data, root=root)
 
 
 def digest(data: bytes) -> str:

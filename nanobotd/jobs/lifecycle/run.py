@@ -100,7 +100,8 @@ class _StepExecutor:
 
     def move(self, step: dict) -> None:
         """Move a note into the archive (a rename needs no backup: the manifest says where it went)."""
-        source, target = self.ws.path / step["from"], self.ws.path / step["to"]
+        source = fsio.confine(self.ws.path / step["from"], self.ws.path)
+        target = fsio.confine(self.ws.path / step["to"], self.ws.path)
         if not source.is_file() or target.exists() or target.is_symlink():
             raise RuntimeError(f"cannot move {step['from']} to {step['to']}: the files changed since planning")
         if not target.parent.exists():
@@ -130,7 +131,7 @@ class _StepExecutor:
 
     def delete(self, step: dict) -> None:
         """Delete an expired note after copying it into the run folder."""
-        path = self.ws.path / step["path"]
+        path = fsio.confine(self.ws.path / step["path"], self.ws.path)
         data = path.read_bytes()
         backup = self.store.run_dir(self.run_id) / NOTES_BACKUP_DIR / Path(step["path"]).name
         fsio.atomic_write(backup, data, mode=0o600)

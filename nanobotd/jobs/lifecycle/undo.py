@@ -40,6 +40,9 @@ def restore_lifecycle_run(run: RunRecord, *, store: StateStore, dry_run: bool) -
     undo = _Undo(workspace, manifest)
     for step in reversed(steps):
         getattr(undo, "undo_" + step["action"])(step)
+    if undo.conflicts:
+        raise RestoreRefused(f"run {run.run_id} cannot be restored: {'; '.join(undo.conflicts)}. Move the new"
+                             " note aside, then restore again", plan=undo.plan, conflicts=undo.conflicts)
     if manifest.get("created_archive_dir"):
         undo.remove_archive_dir_if_empty()
     if not undo.plan:
@@ -73,6 +76,7 @@ class _Undo:
         self.plan: list[str] = []
         self.files: list[str] = []
         self.actions: list = []
+        self.conflicts: list[str] = []
 
     def undo_prune_backups(self, step: dict) -> None:
         """Pruned backups are gone for good; say so."""
@@ -95,13 +99,14 @@ class _Undo:
         path = self.workspace / step["path"]
         data = Path(backup["backup"]).read_bytes()
         if path.exists() or path.is_symlink():
-            same = path.is_file() and not path.is_symlink() and path.read_bytes() == data
-            self.plan.append(f"{step['path']} is {'already back' if same else 'there again with other content'};"
-                             " left as is")
+            if path.is_file() and not path.is_symlink() and path.read_bytes() == data:
+                self.plan.append(f"{step['path']} is already back; left as is")
+            else:  # undoing the summary now would leave the old note only in the backup
+                self.conflicts.append(f"{step['path']} was created again (the expired one is in {backup['backup']})")
             return
         self.plan.append(f"recreate {step['path']} ({len(data)} bytes) from {backup['backup']}")
         self.files.append(str(path))
-        self.actions.append(lambda: fsio.atomic_write(path, data, mode=backup["mode"]))
+        self.actions.append(lambda: fsio.atomic_write(path, data, mode=backup["mode"], root=self.workspace))
 
     def undo_summarise(self, step: dict) -> None:
         """Remove the summary entries the run wrote."""
@@ -126,7 +131,7 @@ class _Undo:
             return
         self.plan.append(f"move {step['to']} back to {step['from']}")
         self.files.extend([str(target), str(source)])
-        self.actions.append(lambda: _move_back(target, source))
+        self.actions.append(lambda: _move_back(target, source, self.workspace))
 
     def remove_archive_dir_if_empty(self) -> None:
         """Drop the archive folder the run created once the notes it holds have moved back."""
@@ -141,8 +146,8 @@ class _Undo:
             self.actions.append(lambda: _remove_empty_dir(archive))
 
 
-def _move_back(target: Path, source: Path) -> None:
-    os.rename(target, source)
+def _move_back(target: Path, source: Path, workspace: Path) -> None:
+    os.rename(fsio.confine(target, workspace), fsio.confine(source, workspace))
     fsio.fsync_dir(source.parent)
     fsio.fsync_dir(target.parent)
 

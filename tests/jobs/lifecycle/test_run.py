@@ -8,11 +8,16 @@ from pathlib import Path
 
 import pytest
 
+from nanobotd import fsio
 from nanobotd.jobs.common import RestoreRefused
+from nanobotd.jobs.lifecycle.plan import plan_lifecycle
+from nanobotd.jobs.lifecycle.run import _StepExecutor
 from nanobotd.jobs.lifecycle.undo import restore_lifecycle_run
+from nanobotd.llm.reply import UsageMeter
 from nanobotd.memory import history
 from tests.jobs.lifecycle.scenario import (
     NOW,
+    OFFLINE,
     lifecycle,
     standard_workspace,
     workspace,
@@ -83,3 +88,29 @@ def test_a_run_with_nothing_to_do_records_no_change(tmp_path, store):
     run_id, manifest = lifecycle(ws, store)
     assert manifest["executed"] == [] and store.get_run(run_id).outcome == "no_change"
     assert store.query("SELECT outcome FROM outcomes") == [("no_change",)]
+
+
+def test_an_archive_folder_symlinked_outside_the_workspace_receives_nothing(tmp_path, store):
+    ws = workspace(tmp_path)
+    note = write_note(ws, "2026-05-01.md")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (ws.path / "memory" / "archive").symlink_to(outside, target_is_directory=True)
+    _, manifest = lifecycle(ws, store)
+    assert list(outside.iterdir()) == []
+    assert note.is_file()
+    assert {"path": "memory/archive", "reason": "archive folder is a symlink"} in manifest["skipped"]
+
+
+def test_an_archive_folder_swapped_for_an_outside_symlink_after_planning_is_refused(tmp_path, store):
+    ws = workspace(tmp_path)
+    note = write_note(ws, "2026-05-01.md")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    run_id = store.create_run("lifecycle", ws.name)
+    plan, _ = plan_lifecycle(ws, store=store, now=NOW, run_id=run_id)
+    (ws.path / "memory" / "archive").symlink_to(outside, target_is_directory=True)
+    executor = _StepExecutor(ws, store, OFFLINE, run_id, NOW, {"backups": {}}, UsageMeter())
+    with pytest.raises(fsio.UnsafePath):
+        executor.move(plan[0])
+    assert list(outside.iterdir()) == [] and note.is_file()

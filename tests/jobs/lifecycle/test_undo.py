@@ -8,6 +8,7 @@ import pytest
 
 from nanobotd.jobs.common import RestoreRefused
 from nanobotd.jobs.lifecycle.undo import restore_lifecycle_run
+from nanobotd.memory import history
 from tests.jobs.lifecycle.scenario import (
     lifecycle,
     standard_workspace,
@@ -69,3 +70,34 @@ def test_a_run_that_never_journaled_restores_to_nothing(store):
     flush_run = store.create_run("flush", "main")
     with pytest.raises(RestoreRefused, match="not a lifecycle run"):
         restore_lifecycle_run(store.get_run(flush_run), store=store, dry_run=True)
+
+
+def test_restore_refuses_when_an_expired_note_was_created_again_and_keeps_both(tmp_path, store):
+    ws = workspace(tmp_path)
+    old = write_note(ws, "archive/2026-03-01.md", extra="- the old content\n")
+    old_bytes = old.read_bytes()
+    run_id, _ = lifecycle(ws, store)
+    assert not old.exists()
+    summary = history.read_history(ws.path / "memory").entries
+    assert summary, "the expired note was summarised into history"
+    old.write_text("# 2026-03-01\n\n## Topics\n- written again later\n")
+    before = tree(ws)
+    with pytest.raises(RestoreRefused, match="created again") as refused:
+        restore_lifecycle_run(store.get_run(run_id), store=store, dry_run=False)
+    assert refused.value.conflicts and "archive/2026-03-01.md" in refused.value.conflicts[0]
+    assert tree(ws) == before  # nothing changed: the summary and the new note are both still there
+    backup = store.get_run(run_id).manifest["backups"]["memory/archive/2026-03-01.md"]["backup"]
+    assert Path(backup).read_bytes() == old_bytes
+
+
+def test_restore_after_the_new_note_is_moved_aside_brings_the_old_one_back(tmp_path, store):
+    ws = workspace(tmp_path)
+    old = write_note(ws, "archive/2026-03-01.md", extra="- the old content\n")
+    old_bytes = old.read_bytes()
+    run_id, _ = lifecycle(ws, store)
+    old.write_text("written again\n")
+    old.rename(old.with_name("elsewhere.md"))
+    restore_lifecycle_run(store.get_run(run_id), store=store, dry_run=False)
+    assert old.read_bytes() == old_bytes
+    assert old.with_name("elsewhere.md").read_text() == "written again\n"
+    assert history.read_history(ws.path / "memory").entries == []

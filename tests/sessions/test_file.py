@@ -1,0 +1,88 @@
+"""nanobotd/sessions/file.py: reading session lines from any bytes at all, and only from regular files."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nanobotd import fsio
+from nanobotd.sessions import file as sessionfile
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
+    max_leaves=10)
+RECORDS = st.one_of(
+    st.fixed_dictionaries({"role": st.one_of(st.sampled_from(["user", "assistant", "tool"]), JSON_VALUES)},
+                          optional={"content": JSON_VALUES, "timestamp": JSON_VALUES, "tool_calls": JSON_VALUES,
+                                    "_command": JSON_VALUES, "_hidden_history": JSON_VALUES}),
+    st.fixed_dictionaries({"_type": st.just("metadata")},
+                          optional={"key": JSON_VALUES, "last_archived": JSON_VALUES,
+                                    "last_consolidated": JSON_VALUES}),
+    JSON_VALUES,
+)
+LINES = st.one_of(RECORDS.map(lambda record: json.dumps(record).encode()), st.binary(max_size=60),
+                  st.just(b"[" * 5000 + b"]" * 5000), st.just(b'{"role": "user", "content": "cut'))
+
+
+def write(content: bytes) -> Path:
+    folder = Path(tempfile.mkdtemp(prefix="nbf-"))
+    path = folder / "c2Vzc2lvbg.jsonl"
+    path.write_bytes(content)
+    return path
+
+
+@settings(max_examples=200, deadline=None)
+@given(content=st.binary(max_size=400), limit=st.integers(min_value=1, max_value=64))
+def test_lines_of_any_bytes_are_the_non_blank_lines_or_say_they_were_too_long(content, limit):
+    lines = list(sessionfile.iter_raw_lines(write(content), max_line_bytes=limit))
+    expected = [piece for piece in content.split(b"\n")]
+    kept = [line.data for line in lines if line.data is not None]
+    assert kept == [piece.strip() for piece in expected if piece.strip() and len(piece) <= limit]
+    for line in lines:
+        if line.data is None:
+            assert line.oversized > limit
+    assert all(line.end <= len(content) for line in lines)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lines=st.lists(LINES, max_size=12))
+def test_any_line_decodes_to_a_record_or_none_and_a_header_stays_sane(lines):
+    header = sessionfile.SessionHeader()
+    for raw in sessionfile.iter_raw_lines(write(b"\n".join(lines))):
+        record = sessionfile.decode_record(raw)
+        if record is None:
+            continue
+        assert isinstance(record, dict)
+        if record.get("_type") == "metadata":
+            sessionfile.read_header(record, header)
+        fields = sessionfile.message_fields(record)
+        if fields is not None:
+            role, text, timestamp = fields
+            assert isinstance(text, str) and isinstance(timestamp, str)
+            assert len(sessionfile.message_digest(role, text, timestamp)) == 32
+    assert isinstance(header.last_archived, int) and header.last_archived >= 0
+
+
+def test_a_fifo_and_a_link_to_dev_zero_are_refused_before_any_read(tmp_path):
+    fifo = tmp_path / "Zmlmbw.jsonl"
+    os.mkfifo(fifo)
+    link = tmp_path / "emVybw.jsonl"
+    link.symlink_to("/dev/zero")
+    for path in (fifo, link):
+        with pytest.raises(fsio.NotRegularFile):
+            list(sessionfile.iter_raw_lines(path))
+
+
+def test_a_line_over_the_cap_is_reported_with_its_size_and_the_next_line_still_read(tmp_path):
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(b"x" * 100 + b"\n" + b'{"role": "user"}\n')
+    lines = list(sessionfile.iter_raw_lines(path, max_line_bytes=50))
+    assert lines[0].data is None and lines[0].oversized == 100
+    assert lines[1].data == b'{"role": "user"}'

@@ -1,0 +1,152 @@
+"""fsio against real file systems: symlink escapes, full disks, torn lines, FIFOs and devices."""
+
+from __future__ import annotations
+
+import errno
+import os
+import resource
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from nanobotd import fsio
+
+
+@pytest.fixture
+def outside(tmp_path) -> Path:
+    """A file outside the workspace that an escaping write would change."""
+    target = tmp_path / "outside" / "secret.txt"
+    target.parent.mkdir()
+    target.write_bytes(b"untouched\n")
+    return target
+
+
+@pytest.fixture
+def workspace(tmp_path) -> Path:
+    folder = tmp_path / "workspace"
+    (folder / "memory").mkdir(parents=True)
+    return folder
+
+
+def test_an_append_through_a_symlink_leading_outside_the_workspace_is_refused(workspace, outside):
+    link = workspace / "memory" / "history.jsonl"
+    link.symlink_to(outside)
+    with pytest.raises(fsio.UnsafePath, match="outside"):
+        fsio.append_record(link, b'{"cursor": 1}\n', root=workspace)
+    assert outside.read_bytes() == b"untouched\n"
+    assert link.is_symlink()
+
+
+def test_a_write_under_a_symlinked_folder_leading_outside_is_refused(workspace, outside):
+    archive = workspace / "memory" / "archive"
+    archive.symlink_to(outside.parent, target_is_directory=True)
+    with pytest.raises(fsio.UnsafePath):
+        fsio.atomic_write(archive / "2026-01-01.md", "note", root=workspace)
+    with pytest.raises(fsio.UnsafePath):
+        with fsio.file_lock(archive / ".lock", root=workspace):
+            pass
+    assert sorted(path.name for path in outside.parent.iterdir()) == ["secret.txt"]
+
+
+def test_a_symlink_that_stays_inside_the_workspace_is_written_through(workspace):
+    real = workspace / "memory" / "real.jsonl"
+    real.write_bytes(b"a\n")
+    link = workspace / "memory" / "history.jsonl"
+    link.symlink_to(real)
+    fsio.append_record(link, b"b\n", root=workspace)
+    assert real.read_bytes() == b"a\nb\n"
+
+
+def test_an_append_that_fills_a_real_disk_leaves_the_file_as_it_was(tiny_tmpfs):
+    path = tiny_tmpfs / "history.jsonl"
+    path.write_bytes(b'{"cursor": 1, "content": "kept"}\n' * 100)
+    before = path.read_bytes()
+    with pytest.raises(OSError) as caught:
+        fsio.append_record(path, b"x" * 200_000 + b"\n")
+    assert caught.value.errno == errno.ENOSPC
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tiny_tmpfs.iterdir()) == ["history.jsonl"]
+
+
+def test_an_append_over_the_file_size_limit_is_cut_back_off(tmp_path):
+    """RLIMIT_FSIZE makes the kernel fail the write part-way (EFBIG) without any mount, in a forked child."""
+    path = tmp_path / "history.jsonl"
+    path.write_bytes(b"line\n" * 10)
+    pid = os.fork()
+    if pid == 0:  # child: only os calls, then _exit with a code the parent reads
+        code = 1
+        try:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+            fsio.append_record(path, b"y" * 10_000 + b"\n")
+        except OSError as exc:
+            code = 0 if exc.errno == errno.EFBIG else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert path.read_bytes() == b"line\n" * 10
+
+
+def test_a_torn_last_line_moves_to_a_torn_side_file(workspace):
+    path = workspace / "memory" / "history.jsonl"
+    path.write_bytes(b'{"cursor": 1}\n{"cursor": 2, "cont')
+    moved = fsio.repair_torn_tail(path, root=workspace, is_whole=lambda line: line.endswith(b"}"))
+    assert moved == len(b'{"cursor": 2, "cont')
+    assert path.read_bytes() == b'{"cursor": 1}\n'
+    assert (workspace / "memory" / "history.jsonl.torn").read_bytes() == b'{"cursor": 2, "cont\n'
+
+
+def test_a_whole_last_line_without_its_newline_only_gets_the_newline(workspace):
+    path = workspace / "memory" / "history.jsonl"
+    path.write_bytes(b'{"cursor": 1}\n{"cursor": 2}')
+    assert fsio.repair_torn_tail(path, root=workspace, is_whole=lambda line: line.endswith(b"}")) == 0
+    assert path.read_bytes() == b'{"cursor": 1}\n{"cursor": 2}\n'
+    assert not (workspace / "memory" / "history.jsonl.torn").exists()
+
+
+def test_a_file_ending_in_a_newline_is_left_alone(workspace):
+    path = workspace / "memory" / "history.jsonl"
+    path.write_bytes(b'{"cursor": 1}\n')
+    assert fsio.repair_torn_tail(path, root=workspace) == 0
+    assert path.read_bytes() == b'{"cursor": 1}\n'
+
+
+def test_opening_a_fifo_is_refused_at_once_instead_of_blocking(tmp_path):
+    fifo = tmp_path / "session.jsonl"
+    os.mkfifo(fifo)
+    outcome: list = []
+    reader = threading.Thread(target=lambda: outcome.append(_try_open(fifo)), daemon=True)
+    started = time.monotonic()
+    reader.start()
+    reader.join(timeout=5)
+    assert not reader.is_alive(), "open_regular blocked on a FIFO"
+    assert time.monotonic() - started < 2
+    assert isinstance(outcome[0], fsio.NotRegularFile) and "FIFO" in str(outcome[0])
+
+
+def test_a_symlink_to_dev_zero_is_refused_before_reading(tmp_path):
+    link = tmp_path / "session.jsonl"
+    link.symlink_to("/dev/zero")
+    with pytest.raises(fsio.NotRegularFile, match="symlink"):
+        fsio.open_regular(link)
+    with pytest.raises(fsio.NotRegularFile, match="character device"):
+        fsio.read_text_lossy(link)  # memory files may be links, but only to regular files
+
+
+def test_a_regular_file_opens_and_reads(tmp_path):
+    path = tmp_path / "note.md"
+    path.write_bytes(b"hello")
+    with fsio.open_regular(path) as handle:
+        assert handle.read() == b"hello"
+
+
+def _try_open(path: Path):
+    try:
+        fsio.open_regular(path).close()
+    except OSError as exc:
+        return exc
+    return None
