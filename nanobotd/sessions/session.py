@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nanobotd.memory.transcript import record_json
 from nanobotd.sessions.scan import MessageInfo, Tail
 from nanobotd.state.store import StateStore
 from nanobotd.timestamps import iso_local
@@ -143,3 +144,24 @@ def store_message_cache(db, session_id: int, old: list[MessageInfo], new: list[M
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         [(session_id, seq, info.line_digest, info.digest, info.role, info.timestamp, info.tokens, info.flags)
          for seq, info in enumerate(new[prefix:], start=prefix)])
+
+
+def vanished_in_spool(store: StateStore, session_id: int) -> int:
+    """Spooled messages no longer in the session file (in SQL: no message cache is loaded)."""
+    return store.query(
+        "SELECT count(*) FROM spool s WHERE s.session_id=? AND NOT EXISTS"
+        " (SELECT 1 FROM messages m WHERE m.session_id=s.session_id AND m.digest=s.digest)", (session_id,))[0][0]
+
+
+def respool(store: StateStore, session_id: int, run_id: str, records: list[tuple[str, dict, int]],
+            now: float) -> None:
+    """Forget run *run_id*'s archive marks and put its messages back at the head of the spool."""
+    with store.transaction() as db:
+        db.execute("DELETE FROM archived WHERE session_id=? AND run_id=?", (session_id, run_id))
+        next_seq = db.execute("SELECT COALESCE(MIN(seq), 1) FROM spool WHERE session_id=?",
+                              (session_id,)).fetchone()[0] - len(records) - 1
+        db.executemany(
+            "INSERT OR IGNORE INTO spool (session_id, digest, seq, role, timestamp, tokens, record, seen_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [(session_id, digest, next_seq + offset, str(record.get("role", "?")), str(record.get("timestamp", "")),
+              tokens, record_json(record), now) for offset, (digest, record, tokens) in enumerate(records)])

@@ -28,8 +28,10 @@ from nanobotd.sessions.session import (
     insert_session,
     load_sessions,
     record_archived_twice,
+    respool,
     save_session,
     store_message_cache,
+    vanished_in_spool,
 )
 from nanobotd.state.store import StateStore
 
@@ -251,12 +253,7 @@ class SessionTracker:
     def vanished_count(self, key: str) -> int:
         """Spooled messages no longer in the session file (in SQL: no message cache is loaded)."""
         session = self.sessions.get(key)
-        if session is None:
-            return 0
-        return self.store.query(
-            "SELECT count(*) FROM spool s WHERE s.session_id=? AND NOT EXISTS"
-            " (SELECT 1 FROM messages m WHERE m.session_id=s.session_id AND m.digest=s.digest)",
-            (session.session_id,))[0][0]
+        return vanished_in_spool(self.store, session.session_id) if session is not None else 0
 
     def _save_session(self, session: SessionState) -> None:
         save_session(self.store, session, self.clock())
@@ -359,17 +356,7 @@ class SessionTracker:
         session = self.sessions.get(key)
         if session is None:
             return 0
-        now = self.clock()
-        with self.store.transaction() as db:
-            db.execute("DELETE FROM archived WHERE session_id=? AND run_id=?", (session.session_id, run_id))
-            next_seq = db.execute("SELECT COALESCE(MIN(seq), 1) FROM spool WHERE session_id=?",
-                                  (session.session_id,)).fetchone()[0] - len(records) - 1
-            for offset, (digest, record, tokens) in enumerate(records):
-                db.execute(
-                    "INSERT OR IGNORE INTO spool (session_id, digest, seq, role, timestamp, tokens, record, seen_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (session.session_id, digest, next_seq + offset, str(record.get("role", "?")),
-                     str(record.get("timestamp", "")), tokens, record_json(record), now))
+        respool(self.store, session.session_id, run_id, records, self.clock())
         with self._lock:
             archived, spool = self._archived_set(session), self._spool_map(session)
             for digest, _, tokens in records:
