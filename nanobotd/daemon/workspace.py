@@ -58,8 +58,7 @@ class Workspace:
         self.llm = LLMClient(settings.llm, settings.api_key)
         self.git = GitStore(settings.path)
         self.env = JobEnv(settings, store, self.tracker, self.llm, now, git=self.git, clock=clock, kinds=JOB_KINDS)
-        self.index = BuiltinIndex(settings.path, state_dir / "index" / f"{settings.name}.sqlite",
-                                  settings.sessions_dir)
+        self.index = BuiltinIndex(settings.path, state_dir / "index" / f"{settings.name}.sqlite")
         self.qmd = self._make_qmd(state_dir, environ)
         self.sessions_dirs: list[Path] = []
         self.last_reconcile: float | None = None
@@ -99,8 +98,6 @@ class Workspace:
     # -- open / close --------------------------------------------------------------------------------
     async def open(self) -> None:
         """After the start-up scan: open git, write the skill file, start QMD (the index refresh follows)."""
-        if self.sessions_dirs and self.index.sessions_dir is None:
-            self.index.sessions_dir = self.sessions_dirs[0]
         try:
             await self.git.call(self.git.open)
         except Exception as exc:
@@ -125,6 +122,7 @@ class Workspace:
         """(Re)discover the sessions folders and re-read the agent's settings; cheap, called at every reconcile."""
         self.sessions_dirs = discovery.discover_sessions_dirs(self.settings.path, self.settings.sessions_dir,
                                                               self.home)
+        self.index.set_sessions_dirs(self.sessions_dirs)  # every folder: both layouts may hold sessions
         candidates = discovery.candidate_config_dirs(self.settings.path, self.home)
         self.agent = read_agent_settings(find_agent_config(self.sessions_dirs, candidates))
         return self.sessions_dirs

@@ -330,3 +330,21 @@ def test_other_window_sizes_rebuild_the_session_windows(tmp_path, workspace):
     hit = second.search("M-5")[0]
     assert report["units_added"] == 3 + 9 and hit.message_end - hit.message_start <= 1
     second.close()
+
+
+def test_sessions_in_every_folder_are_indexed_and_a_dropped_folder_is_forgotten(tmp_path, workspace):
+    root, legacy = workspace
+    current = tmp_path / "config" / "sessions" / "93b919bdf3574fe472f4373d44fb8233"
+    current.mkdir(parents=True)
+    write_session(legacy, "cli:old", [{"role": "user", "content": "the old layout mentions axolotl",
+                                       "timestamp": "2026-11-01T10:00:00"}])
+    write_session(current, "telegram:7", [{"role": "user", "content": "the new layout mentions axolotl",
+                                           "timestamp": "2026-11-02T10:00:00"}])
+    index = BuiltinIndex(root, tmp_path / "both.db", [current, legacy])
+    index.refresh()
+    assert {hit.session_key for hit in index.search("axolotl")} == {"cli:old", "telegram:7"}
+
+    index.set_sessions_dirs([current])
+
+    assert [hit.session_key for hit in index.search("axolotl")] == ["telegram:7"]
+    index.close()
