@@ -22,11 +22,14 @@ from loguru import logger
 from nanobotd.fsio import read_text_lossy
 from nanobotd.index import ftsdb
 from nanobotd.index.hit import SearchHit
-from nanobotd.index.query import date_words, parse_query
+from nanobotd.index.query import parse_query
 from nanobotd.index.ranking import build_hits
+from nanobotd.index.searching import ranked_units
 from nanobotd.index.selectivity import MATCH_BUDGET, ClauseSelector
 from nanobotd.index.sessionunits import STRIDE, WINDOW, is_skipped_session, session_key_for, session_units
 from nanobotd.index.sources import SourceSet
+from nanobotd.index.stems import Stemmer
+from nanobotd.index.timeintent import date_words
 from nanobotd.index.units import (
     HISTORY_UNIT_CHARS,
     MAX_UNIT_CHARS,
@@ -40,8 +43,8 @@ from nanobotd.index.units import (
 MAX_MARKDOWN_BYTES = 32 * 1024 * 1024
 INSERT_BATCH = 500
 # Candidates fetched per hit asked for: trimming overlapping windows drops some of them.
-CANDIDATES_PER_HIT = 6
-MIN_CANDIDATES = 60
+CANDIDATES_PER_HIT = 4
+MIN_CANDIDATES = 40
 MAX_LIMIT = 500
 # Bump when the way files become units changes: an index made the old way is then rebuilt.
 UNITS_VERSION = 1
@@ -67,6 +70,7 @@ class BuiltinIndex:
         # Set when a damaged database was replaced by an empty one: the next call fills it again.
         self._refill = False
         self._selector = ClauseSelector(match_budget)
+        self._stemmer = Stemmer()
         self._units = 0
         self._layout = f"v{UNITS_VERSION} window={window} stride={stride} chars={MAX_UNIT_CHARS}/{HISTORY_UNIT_CHARS}"
         self._connection: sqlite3.Connection | None = self._open()
@@ -99,19 +103,18 @@ class BuiltinIndex:
             self._reset()
             return self._with_recovery(lambda: self._refresh(None), lambda: self._refresh(None))
 
-    def search(self, query: str, *, limit: int = 10) -> list[SearchHit]:
-        """The best *limit* hits for free text; any string is safe, an empty one finds nothing."""
+    def search(self, query: str, *, limit: int = 10, min_score: float = 0.0) -> list[SearchHit]:
+        """The best *limit* hits for free text scoring at least *min_score* (0-1); any string is safe."""
         parsed = parse_query(query, now=self._clock())
         if not parsed.clauses or limit <= 0:
             return []
         limit = min(limit, MAX_LIMIT)
         wanted = max(limit * CANDIDATES_PER_HIT, MIN_CANDIDATES)
 
-        def run() -> list[ftsdb.MatchRow]:
-            chosen = self._selector.select(self._conn(), parsed.clauses, self._units)
-            return ftsdb.match(self._conn(), " OR ".join(chosen.clauses), wanted, chosen.min_rowid)
+        def run() -> list[tuple[ftsdb.MatchRow, float]]:
+            return ranked_units(self._conn(), parsed, self._selector, self._stemmer, self._units, wanted)
 
-        def refill_and_run() -> list[ftsdb.MatchRow]:
+        def refill_and_run() -> list[tuple[ftsdb.MatchRow, float]]:
             self._refresh(None)
             return run()
 
@@ -121,7 +124,7 @@ class BuiltinIndex:
             except sqlite3.Error as exc:
                 logger.warning("builtin search failed for {!r}: {}", query[:200], exc)
                 return []
-        return build_hits(rows, parsed.terms, limit, self.sources.display_path)
+        return build_hits(rows, parsed.terms, limit, self.sources.display_path, min_score)
 
     def stats(self) -> dict:
         """Size and freshness of the index; never waits for a running refresh (status must stay instant)."""

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
-from nanobotd.index.query import date_words
+from nanobotd.index.timeintent import date_words
 from nanobotd.index.units import Unit, iso_seconds, parse_timestamp
 from nanobotd.sessions.file import (
     RawLine,
