@@ -23,6 +23,7 @@ from nanobotd.daemon.skill import ensure_skill_file
 from nanobotd.gitstore.store import GitStore
 from nanobotd.index.builtin import BuiltinIndex
 from nanobotd.index.qmd import QmdBackend
+from nanobotd.index.qmdexport import QmdExport
 from nanobotd.jobs.common import JobEnv
 from nanobotd.jobs.registry import JOB_KINDS
 from nanobotd.llm.client import LLMClient
@@ -74,9 +75,13 @@ class Workspace:
         search = self.settings.search
         if search.backend not in ("qmd", "both"):
             return None
-        return QmdBackend(self.settings.path, state_dir / "qmd" / self.settings.name, QmdSettings(
+        home = state_dir / "qmd" / self.settings.name
+        # History and session transcripts reach QMD as markdown exported beside its index.
+        export = QmdExport(home / "export", self.index.sources)
+        return QmdBackend(self.settings.path, home, QmdSettings(
             command=search.qmd_command, timeout_seconds=search.qmd_timeout_seconds,
-            debounce_seconds=search.debounce_seconds, vectors=search.qmd_vectors), environ=dict(environ))
+            debounce_seconds=search.debounce_seconds, vectors=search.qmd_vectors), environ=dict(environ),
+            export=export)
 
     @property
     def name(self) -> str:
