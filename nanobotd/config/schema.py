@@ -85,7 +85,7 @@ class SearchSettings:
     """Which search backend answers and how QMD is driven.
 
     qmd_timeout_seconds bounds a whole QMD search (an agent is waiting: past it the builtin index
-    answers, and the reply says so).
+    answers, and the reply says so); min_score (0-1) drops weaker hits of every backend.
     """
 
     backend: str = "builtin"
@@ -93,6 +93,7 @@ class SearchSettings:
     qmd_timeout_seconds: float = 3.0
     qmd_vectors: bool = False
     debounce_seconds: float = 2.0
+    min_score: float = 0.0
 
 
 @dataclass(frozen=True)

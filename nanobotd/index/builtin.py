@@ -14,6 +14,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from nanobotd.index import ftsdb
 from nanobotd.index.hit import SearchHit
 from nanobotd.index.query import parse_query
 from nanobotd.index.ranking import build_hits
-from nanobotd.index.searching import ranked_units
+from nanobotd.index.searching import ranked_units, score_rows
 from nanobotd.index.selectivity import MATCH_BUDGET, ClauseSelector
 from nanobotd.index.sessionunits import STRIDE, WINDOW, is_skipped_session, session_key_for, session_units
 from nanobotd.index.sources import SourceSet
@@ -38,6 +39,7 @@ from nanobotd.index.units import (
     iso_seconds,
     markdown_units,
     note_date,
+    parse_timestamp,
 )
 
 MAX_MARKDOWN_BYTES = 32 * 1024 * 1024
@@ -125,6 +127,23 @@ class BuiltinIndex:
                 logger.warning("builtin search failed for {!r}: {}", query[:200], exc)
                 return []
         return build_hits(rows, parsed.terms, limit, self.sources.display_path, min_score)
+
+    def rescore(self, query: str, hits: list[SearchHit]) -> list[SearchHit]:
+        """Hits of another backend scored as this index scores its own, so min_score means the same everywhere."""
+        parsed = parse_query(query, now=self._clock())
+        rows = [ftsdb.MatchRow(index, 0, hit.path, hit.source, 0, 0, hit.when, hit.session_key, None,
+                               body=hit.text or hit.snippet, score=0.0, dates=date_words(parse_timestamp(hit.when)))
+                for index, hit in enumerate(hits)]
+        if not parsed.clauses or not rows:
+            return hits
+        with self._lock:
+            try:
+                scored = score_rows(self._conn(), parsed, self._selector, self._stemmer, self._units, rows)
+            except sqlite3.Error as exc:
+                logger.warning("could not score hits for {!r}: {}", query[:200], exc)
+                return hits
+        by_position = {row.unit_id: round(score, 4) for row, score in scored}
+        return [replace(hit, score=by_position.get(index, 0.0)) for index, hit in enumerate(hits)]
 
     def stats(self) -> dict:
         """Size and freshness of the index; never waits for a running refresh (status must stay instant)."""
