@@ -86,12 +86,19 @@ def search(client: Client, arguments: Mapping[str, Any]) -> str:
 
 
 def hit_label(hit: Mapping[str, Any]) -> str:
-    """`note · memory/2026-11-20.md lines 3-5 · 2026-11-20`: source, where, when."""
-    if hit.get("session_key"):
-        where = f"session {hit['session_key']}{span(' messages ', hit.get('message_start'), hit.get('message_end'))}"
+    """`history · memory/history.jsonl lines 7 (session cli:a) · 2026-11-20 10:15`: source, where, when.
+
+    A session window is named by its session key and message range (its file name is base64 noise);
+    anything else by its file and lines, with the session it came from when known.
+    """
+    key = hit.get("session_key")
+    if key and hit.get("source") == "session":
+        where = f"session {key}{span(' messages ', hit.get('message_start'), hit.get('message_end'))}"
     else:
         where = f"{hit.get('path') or '?'}{span(' lines ', hit.get('line_start'), hit.get('line_end'))}"
-    return " · ".join(part for part in (str(hit.get("source") or "memory"), where, str(hit.get("when") or "")) if part)
+        where += f" (session {key})" if key else ""
+    when = str(hit.get("when") or "").replace("T", " ")[:16]
+    return " · ".join(part for part in (str(hit.get("source") or "memory"), where, when) if part)
 
 
 def hit_text(hit: Mapping[str, Any]) -> str:

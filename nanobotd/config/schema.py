@@ -82,13 +82,18 @@ class LifecycleSettings:
 
 @dataclass(frozen=True)
 class SearchSettings:
-    """Which search backend answers and how QMD is driven."""
+    """Which search backend answers and how QMD is driven.
+
+    qmd_timeout_seconds bounds a whole QMD search (an agent is waiting: past it the builtin index
+    answers, and the reply says so); min_score (0-1) drops weaker hits of every backend.
+    """
 
     backend: str = "builtin"
     qmd_command: str = "qmd"
-    qmd_timeout_seconds: float = 10.0
+    qmd_timeout_seconds: float = 3.0
     qmd_vectors: bool = False
     debounce_seconds: float = 2.0
+    min_score: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -96,11 +101,14 @@ class QmdSettings:
     """How the qmd executable is driven, derived from the search.qmd_* keys.
 
     vectors: run `qmd embed` and allow vsearch/query (they need local models); mcp_server: answer BM25
-    searches from a long-lived `qmd mcp --http` child instead of one CLI process per search.
+    searches from a long-lived `qmd mcp --http` child instead of one CLI process per search;
+    start_timeout_seconds: the calls made once at start (a Node start can take seconds on a busy machine),
+    while timeout_seconds bounds each search an agent waits for.
     """
 
     command: str = "qmd"
-    timeout_seconds: float = 10.0
+    timeout_seconds: float = 3.0
+    start_timeout_seconds: float = 30.0
     debounce_seconds: float = 2.0
     vectors: bool = False
     mcp_server: bool = True

@@ -14,8 +14,10 @@ MAX_WAIT_FACTOR = 5  # changes wait at most this many debounce periods for the i
 
 
 def session_changed(core: Core, workspace: Workspace, path: Path) -> None:
-    """A session file changed: the index refreshes it (debounced)."""
+    """A session file changed: the indexes refresh it (debounced)."""
     schedule_refresh(core, workspace, {path})
+    if workspace.qmd is not None:
+        workspace.qmd.request_update()  # its markdown export of the session changes too
 
 
 def memory_changed(core: Core, workspace: Workspace) -> None:

@@ -24,6 +24,7 @@ from nanobotd.daemon.skill import ensure_skill_file
 from nanobotd.gitstore.store import GitStore
 from nanobotd.index.builtin import BuiltinIndex
 from nanobotd.index.qmd import QmdBackend
+from nanobotd.index.qmdexport import QmdExport
 from nanobotd.jobs.common import JobEnv
 from nanobotd.jobs.registry import JOB_KINDS
 from nanobotd.llm.client import LLMClient
@@ -60,8 +61,7 @@ class Workspace:
         self.llm = LLMClient(settings.llm, settings.api_key)
         self.git = GitStore(settings.path)
         self.env = JobEnv(settings, store, self.tracker, self.llm, now, git=self.git, clock=clock, kinds=JOB_KINDS)
-        self.index = BuiltinIndex(settings.path, state_dir / "index" / f"{settings.name}.sqlite",
-                                  settings.sessions_dir)
+        self.index = BuiltinIndex(settings.path, state_dir / "index" / f"{settings.name}.sqlite")
         self.qmd = self._make_qmd(state_dir, environ)
         self.sessions_dirs: list[Path] = []
         self.last_reconcile: float | None = None
@@ -79,9 +79,13 @@ class Workspace:
         search = self.settings.search
         if search.backend not in ("qmd", "both"):
             return None
-        return QmdBackend(self.settings.path, state_dir / "qmd" / self.settings.name, QmdSettings(
+        home = state_dir / "qmd" / self.settings.name
+        # History and session transcripts reach QMD as markdown exported beside its index.
+        export = QmdExport(home / "export", self.index.sources)
+        return QmdBackend(self.settings.path, home, QmdSettings(
             command=search.qmd_command, timeout_seconds=search.qmd_timeout_seconds,
-            debounce_seconds=search.debounce_seconds, vectors=search.qmd_vectors), environ=dict(environ))
+            debounce_seconds=search.debounce_seconds, vectors=search.qmd_vectors), environ=dict(environ),
+            export=export)
 
     @property
     def name(self) -> str:
@@ -140,10 +144,9 @@ class Workspace:
         """(Re)discover the sessions folders and re-read the agent's settings; cheap, called at every reconcile."""
         self.sessions_dirs = discovery.discover_sessions_dirs(self.settings.path, self.settings.sessions_dir,
                                                               self.home)
+        self.index.set_sessions_dirs(self.sessions_dirs)  # every folder: both layouts may hold sessions
         candidates = discovery.candidate_config_dirs(self.settings.path, self.home)
         self.agent = read_agent_settings(find_agent_config(self.sessions_dirs, candidates))
-        if self.sessions_dirs and self.index.sessions_dir is None:  # the agent made its folder after our start
-            self.index.sessions_dir = self.sessions_dirs[0]
         return self.sessions_dirs
 
     def owns(self, path: Path) -> bool:

@@ -14,6 +14,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -22,30 +23,30 @@ from loguru import logger
 from nanobotd.fsio import read_text_lossy
 from nanobotd.index import ftsdb
 from nanobotd.index.hit import SearchHit
-from nanobotd.index.query import date_words, parse_query
+from nanobotd.index.query import parse_query
 from nanobotd.index.ranking import build_hits
+from nanobotd.index.searching import ranked_units, score_rows
 from nanobotd.index.selectivity import MATCH_BUDGET, ClauseSelector
 from nanobotd.index.sessionunits import STRIDE, WINDOW, is_skipped_session, session_key_for, session_units
+from nanobotd.index.sources import SourceSet
+from nanobotd.index.stems import Stemmer
+from nanobotd.index.timeintent import date_words
 from nanobotd.index.units import (
     HISTORY_UNIT_CHARS,
     MAX_UNIT_CHARS,
-    NOTE_NAME,
     Unit,
     history_units,
     iso_seconds,
     markdown_units,
     note_date,
+    parse_timestamp,
 )
-from nanobotd.sessions.file import is_session_file
 
-MEMORY_FILES = ("SOUL.md", "USER.md", "memory/MEMORY.md")
-HISTORY_FILE = "memory/history.jsonl"
-NOTE_DIRS = ("memory", "memory/archive")
 MAX_MARKDOWN_BYTES = 32 * 1024 * 1024
 INSERT_BATCH = 500
 # Candidates fetched per hit asked for: trimming overlapping windows drops some of them.
-CANDIDATES_PER_HIT = 6
-MIN_CANDIDATES = 60
+CANDIDATES_PER_HIT = 4
+MIN_CANDIDATES = 40
 MAX_LIMIT = 500
 # Bump when the way files become units changes: an index made the old way is then rebuilt.
 UNITS_VERSION = 1
@@ -54,12 +55,16 @@ UNITS_VERSION = 1
 class BuiltinIndex:
     """Search over one workspace: refresh incrementally, search with BM25 plus date and overlap handling."""
 
-    def __init__(self, workspace: Path, db_path: Path, sessions_dir: Path | None = None, *,
+    def __init__(self, workspace: Path, db_path: Path, sessions_dirs: Path | Iterable[Path] | None = None, *,
                  clock: Callable[[], datetime] = datetime.now, window: int = WINDOW, stride: int = STRIDE,
                  match_budget: int = MATCH_BUDGET):
-        self.workspace = Path(workspace).expanduser().resolve()
+        if sessions_dirs is None:
+            sessions_dirs = ()
+        elif isinstance(sessions_dirs, (str, Path)):
+            sessions_dirs = (Path(sessions_dirs),)
+        self.sources = SourceSet(workspace, sessions_dirs)
+        self.workspace = self.sources.workspace
         self.db_path = Path(db_path)
-        self.sessions_dir = Path(sessions_dir).expanduser().resolve() if sessions_dir else None
         self.window, self.stride = window, stride
         self._clock = clock
         self._lock = threading.RLock()
@@ -67,11 +72,26 @@ class BuiltinIndex:
         # Set when a damaged database was replaced by an empty one: the next call fills it again.
         self._refill = False
         self._selector = ClauseSelector(match_budget)
+        self._stemmer = Stemmer()
         self._units = 0
         self._layout = f"v{UNITS_VERSION} window={window} stride={stride} chars={MAX_UNIT_CHARS}/{HISTORY_UNIT_CHARS}"
         self._connection: sqlite3.Connection | None = self._open()
 
     # -- public interface -------------------------------------------------------------------------
+
+    @property
+    def sessions_dirs(self) -> tuple[Path, ...]:
+        """The sessions folders covered."""
+        return self.sources.sessions_dirs
+
+    def set_sessions_dirs(self, folders: Iterable[Path]) -> None:
+        """Cover exactly these sessions folders; a change makes the next refresh check every file.
+
+        No lock: the daemon calls this at every reconcile and must not wait for a long refresh; swapping
+        the tuple is atomic, and a refresh running meanwhile sees the old or the new folders.
+        """
+        if self.sources.set_sessions_dirs(folders):
+            self._refill = True
 
     def refresh(self, changed: Iterable[Path] | None = None) -> dict:
         """Re-index what changed: every source by fingerprint (None), or exactly the given paths."""
@@ -85,19 +105,18 @@ class BuiltinIndex:
             self._reset()
             return self._with_recovery(lambda: self._refresh(None), lambda: self._refresh(None))
 
-    def search(self, query: str, *, limit: int = 10) -> list[SearchHit]:
-        """The best *limit* hits for free text; any string is safe, an empty one finds nothing."""
+    def search(self, query: str, *, limit: int = 10, min_score: float = 0.0) -> list[SearchHit]:
+        """The best *limit* hits for free text scoring at least *min_score* (0-1); any string is safe."""
         parsed = parse_query(query, now=self._clock())
         if not parsed.clauses or limit <= 0:
             return []
         limit = min(limit, MAX_LIMIT)
         wanted = max(limit * CANDIDATES_PER_HIT, MIN_CANDIDATES)
 
-        def run() -> list[ftsdb.MatchRow]:
-            chosen = self._selector.select(self._conn(), parsed.clauses, self._units)
-            return ftsdb.match(self._conn(), " OR ".join(chosen.clauses), wanted, chosen.min_rowid)
+        def run() -> list[tuple[ftsdb.MatchRow, float]]:
+            return ranked_units(self._conn(), parsed, self._selector, self._stemmer, self._units, wanted)
 
-        def refill_and_run() -> list[ftsdb.MatchRow]:
+        def refill_and_run() -> list[tuple[ftsdb.MatchRow, float]]:
             self._refresh(None)
             return run()
 
@@ -107,7 +126,24 @@ class BuiltinIndex:
             except sqlite3.Error as exc:
                 logger.warning("builtin search failed for {!r}: {}", query[:200], exc)
                 return []
-        return build_hits(rows, parsed.terms, limit, self._display_path)
+        return build_hits(rows, parsed.terms, limit, self.sources.display_path, min_score)
+
+    def rescore(self, query: str, hits: list[SearchHit]) -> list[SearchHit]:
+        """Hits of another backend scored as this index scores its own, so min_score means the same everywhere."""
+        parsed = parse_query(query, now=self._clock())
+        rows = [ftsdb.MatchRow(index, 0, hit.path, hit.source, 0, 0, hit.when, hit.session_key, None,
+                               body=hit.text or hit.snippet, score=0.0, dates=date_words(parse_timestamp(hit.when)))
+                for index, hit in enumerate(hits)]
+        if not parsed.clauses or not rows:
+            return hits
+        with self._lock:
+            try:
+                scored = score_rows(self._conn(), parsed, self._selector, self._stemmer, self._units, rows)
+            except sqlite3.Error as exc:
+                logger.warning("could not score hits for {!r}: {}", query[:200], exc)
+                return hits
+        by_position = {row.unit_id: round(score, 4) for row, score in scored}
+        return [replace(hit, score=by_position.get(index, 0.0)) for index, hit in enumerate(hits)]
 
     def stats(self) -> dict:
         """Size and freshness of the index; never waits for a running refresh (status must stay instant)."""
@@ -191,7 +227,7 @@ class BuiltinIndex:
         connection = self._conn()
         known = ftsdb.all_files(connection)
         if changed is None:
-            targets = {path: (source, False) for path, source in self._sources().items()}
+            targets = {path: (source, False) for path, source in self.sources.all().items()}
             stale = [record for path, record in known.items() if path not in targets]
         else:
             targets, stale = self._changed_targets(changed, known)
@@ -229,7 +265,7 @@ class BuiltinIndex:
             path = Path(raw).expanduser()
             path = (path if path.is_absolute() else self.workspace / path).resolve()
             if path.is_dir():
-                sources = self._sources() if sources is None else sources
+                sources = self.sources.all() if sources is None else sources
                 prefix = str(path) + os.sep
                 for candidate, source in sources.items():
                     if candidate.startswith(prefix):
@@ -237,7 +273,7 @@ class BuiltinIndex:
                 stale += [record for name, record in known.items()
                           if name.startswith(prefix) and name not in sources]
                 continue
-            source = self._classify(path)
+            source = self.sources.classify(path)
             if source is not None:
                 targets[str(path)] = (source, True)
             elif str(path) in known:
@@ -291,62 +327,9 @@ class BuiltinIndex:
         when = iso_seconds(datetime.fromtimestamp(path.stat().st_mtime))
         return markdown_units(text, source, when)
 
-    # -- sources ----------------------------------------------------------------------------------
-
-    def _sources(self) -> dict[str, str]:
-        """Every file the index covers, by resolved path, with its source kind."""
-        found: dict[str, str] = {}
-        for relative in MEMORY_FILES:
-            path = self.workspace / relative
-            if path.is_file():
-                found[str(path)] = "memory"
-        for folder in NOTE_DIRS:
-            for path in _listdir(self.workspace / folder):
-                if NOTE_NAME.match(path.name) and path.is_file():
-                    found[str(path)] = "note"
-        history = self.workspace / HISTORY_FILE
-        if history.is_file():
-            found[str(history)] = "history"
-        if self.sessions_dir is not None:
-            for path in _listdir(self.sessions_dir):
-                if is_session_file(path) and path.is_file():
-                    found[str(path)] = "session"
-        return found
-
-    def _classify(self, path: Path) -> str | None:
-        """The source kind of a path the index covers, or None."""
-        if self.sessions_dir is not None and path.parent == self.sessions_dir and is_session_file(path):
-            return "session"
-        try:
-            relative = path.relative_to(self.workspace).as_posix()
-        except ValueError:
-            return None
-        if relative in MEMORY_FILES:
-            return "memory"
-        if relative == HISTORY_FILE:
-            return "history"
-        if str(Path(relative).parent.as_posix()) in NOTE_DIRS and NOTE_NAME.match(path.name):
-            return "note"
-        return None
-
-    def _display_path(self, stored: str) -> str:
-        """Workspace-relative when the file is inside the workspace, else absolute."""
-        try:
-            return Path(stored).relative_to(self.workspace).as_posix()
-        except ValueError:
-            return stored
-
-
 def _fingerprint(path: str) -> str | None:
     try:
         stat = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
     return f"{stat.st_ino}:{stat.st_size}:{stat.st_mtime_ns}"
-
-
-def _listdir(folder: Path) -> list[Path]:
-    try:
-        return sorted(folder.iterdir())
-    except (FileNotFoundError, NotADirectoryError, PermissionError):
-        return []

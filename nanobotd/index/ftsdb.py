@@ -77,6 +77,7 @@ class MatchRow:
     parts: str | None
     body: str
     score: float
+    dates: str = ""
 
 
 def is_corruption(error: sqlite3.Error) -> bool:
@@ -206,13 +207,19 @@ def clear(connection: sqlite3.Connection) -> None:
     connection.execute("DELETE FROM files")
 
 
-def match(connection: sqlite3.Connection, expression: str, limit: int, min_rowid: int = 0) -> list[MatchRow]:
-    """The *limit* best units (with id > *min_rowid*) for an FTS5 expression, by bm25 (higher is better)."""
-    ranked = connection.execute(
-        f"SELECT rowid, bm25(units_fts, {BODY_WEIGHT}, {DATES_WEIGHT}) AS rank_value, body FROM units_fts "
-        "WHERE units_fts MATCH ? AND rowid > ? ORDER BY rank_value LIMIT ?",
-        (expression, min_rowid, limit),
-    ).fetchall()
+def match(connection: sqlite3.Connection, expression: str, limit: int, *, newest_first: bool = False) -> list[MatchRow]:
+    """The *limit* best units for an FTS5 expression by bm25 (higher is better), or the newest ones.
+
+    bm25() counts every unit holding each phrase before it ranks any, so callers keep expressions
+    whose words are everywhere for *newest_first*, which reads only the first *limit* matches.
+    """
+    if newest_first:
+        sql = ("SELECT rowid, 0.0, body, dates FROM units_fts WHERE units_fts MATCH ? "
+               "ORDER BY rowid DESC LIMIT ?")
+    else:
+        sql = (f"SELECT rowid, bm25(units_fts, {BODY_WEIGHT}, {DATES_WEIGHT}) AS rank_value, body, dates "
+               "FROM units_fts WHERE units_fts MATCH ? ORDER BY rank_value LIMIT ?")
+    ranked = connection.execute(sql, (expression, limit)).fetchall()
     if not ranked:
         return []
     marks = ",".join("?" * len(ranked))
@@ -224,11 +231,8 @@ def match(connection: sqlite3.Connection, expression: str, limit: int, min_rowid
             [row[0] for row in ranked],
         )
     }
-    rows = []
-    for unit_id, rank_value, body in ranked:
-        if unit_id in meta:
-            rows.append(MatchRow(*meta[unit_id], body=body, score=-rank_value))
-    return rows
+    return [MatchRow(*meta[unit_id], body=body, score=-rank_value, dates=dates or "")
+            for unit_id, rank_value, body, dates in ranked if unit_id in meta]
 
 
 def counts(connection: sqlite3.Connection) -> tuple[int, int]:

@@ -6,9 +6,12 @@ user's home. Layout under `<state_dir>/qmd/`: `config/`, `cache/qmd/` (index fil
 vector models), `<name>.update.lock`. Every call passes `--index <name>` and runs from that folder, so a
 `.qmd/` folder above some working directory can never redirect the index.
 
-BM25 searches go to a long-lived `qmd mcp --http` child when it is up (~30 ms) and to the CLI
-otherwise (~0.3 s). Vector modes (vsearch, query) need local models; when they are off or fail, the
-search is answered with BM25 and each hit says why in extra["degraded"].
+A second collection holds the workspace's history entries and session transcripts exported as markdown
+(index.qmdexport, under `<state_dir>/export/`), synced before every `qmd update`, so QMD searches every
+source the builtin index does. BM25 searches go to a long-lived `qmd mcp --http` child when it is up
+(~30 ms) and to the CLI otherwise (~0.3 s); a whole search is bounded by search.qmd_timeout_seconds.
+Vector modes (vsearch, query) need local models; when they are off or fail, the search is answered
+with BM25 and each hit says why in extra["degraded"].
 """
 
 from __future__ import annotations
@@ -19,22 +22,41 @@ import dataclasses
 import hashlib
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from loguru import logger
 
 from nanobotd.config.schema import QmdSettings
-from nanobotd.fsio import LockTimeout, file_lock
 from nanobotd.index.hit import SearchBackendError, SearchHit
-from nanobotd.index.qmdoutput import collection_fields, hit_from_result, iso_time, json_array, read_index_stats
-from nanobotd.index.qmdproc import McpServer, QmdResult, check_version, child_environment, resolve_command, run_qmd
+from nanobotd.index.qmdexport import QmdExport
+from nanobotd.index.qmdoutput import (
+    collection_fields,
+    hits_from_results,
+    iso_time,
+    json_array,
+    normalize_query,
+    read_index_stats,
+)
+from nanobotd.index.qmdproc import (
+    McpServer,
+    QmdResult,
+    QmdTimeout,
+    check_version,
+    child_environment,
+    index_lock,
+    resolve_command,
+    run_qmd,
+)
 from nanobotd.index.qmdvectors import VectorHealth
 
 COLLECTION_PREFIX = "nb-"
 # QMD takes a comma-separated list of globs; memory/*.md covers MEMORY.md and the daily notes, and
 # leaves out memory/history.jsonl and anything that is not markdown.
 COLLECTION_MASK = "SOUL.md,USER.md,memory/*.md,memory/archive/*.md"
+# History entries and session transcripts, exported as markdown into the state dir (index.qmdexport).
+EXPORT_SUFFIX = "-x"
+EXPORT_MASK = "history/*.md,sessions/*/*.md"
 SEARCH_MODES = ("search", "vsearch", "query")
 UPDATE_TIMEOUT_SECONDS = 120.0
 UPDATE_RETRY_SECONDS = 30.0
@@ -58,10 +80,13 @@ class QmdBackend:
         *,
         clock: Callable[[], float] = time.time,
         environ: Mapping[str, str] | None = None,
+        export: QmdExport | None = None,
     ) -> None:
         self.workspace = Path(os.path.realpath(workspace))
         self.settings = settings
         self.name = collection_name(self.workspace)
+        self.export = export
+        self.export_name = self.name + EXPORT_SUFFIX
         self.home = Path(state_dir) / "qmd"
         self.index_path = self.home / "cache" / "qmd" / f"{self.name}.sqlite"
         self.config_path = self.home / "config" / f"{self.name}.yml"
@@ -70,6 +95,7 @@ class QmdBackend:
         self._env = child_environment(self.home, os.environ if environ is None else environ)
         self._lock_path = self.home / f"{self.name}.update.lock"
         self._update_timeout = max(settings.timeout_seconds, UPDATE_TIMEOUT_SECONDS)
+        self._start_timeout = settings.start_timeout_seconds
         self._executable: str | None = None
         self._version: str | None = None
         self._available = False
@@ -100,7 +126,7 @@ class QmdBackend:
             self.home.mkdir(parents=True, exist_ok=True)
             self._executable = resolve_command(self.settings.command, self._env)
             self._version = await check_version(
-                self._executable, env=self._env, cwd=self.home, timeout=self.settings.timeout_seconds
+                self._executable, env=self._env, cwd=self.home, timeout=self._start_timeout
             )
             created = await self._ensure_collection()
         except (SearchBackendError, OSError) as exc:
@@ -133,6 +159,8 @@ class QmdBackend:
             requests_covered = self._requests_seen
             self._updating = True
             try:
+                if self.export is not None:
+                    await self._sync_export()
                 result = await self._qmd("update", timeout=self._update_timeout)
                 if result.returncode != 0:
                     raise SearchBackendError(f"qmd update failed: {result.error_text()}")
@@ -207,22 +235,35 @@ class QmdBackend:
     # -- start -------------------------------------------------------------------------------------
 
     async def _ensure_collection(self) -> bool:
-        """Make the collection match the workspace and mask; True when it was (re)created and indexed."""
+        """Make the collections match the workspace (and the export); True when one was (re)created."""
         if not self.workspace.is_dir():
             raise SearchBackendError(f"workspace {self.workspace} is not a directory")
+        wanted = [(self.name, self.workspace, COLLECTION_MASK)]
+        if self.export is not None:
+            self.export.export_dir.mkdir(parents=True, exist_ok=True)
+            wanted.append((self.export_name, self.export.export_dir.resolve(), EXPORT_MASK))
+        created = False
         # Under the lock: another process may be creating the same collection right now.
         async with self._index_lock():
-            show = await self._qmd("collection", "show", self.name, timeout=self.settings.timeout_seconds)
-            fields = collection_fields(show.stdout) if show.returncode == 0 else {}
-            if fields.get("Path") == str(self.workspace) and fields.get("Pattern") == COLLECTION_MASK:
-                return False
-            if fields:
-                await self._checked("collection", "remove", self.name)
-            await self._checked(
-                "collection", "add", str(self.workspace), "--name", self.name, "--mask", COLLECTION_MASK
-            )
-        self._last_update = self._clock()
-        return True
+            for name, folder, mask in wanted:
+                show = await self._qmd("collection", "show", name, timeout=self._start_timeout)
+                fields = collection_fields(show.stdout) if show.returncode == 0 else {}
+                if fields.get("Path") == str(folder) and fields.get("Pattern") == mask:
+                    continue
+                if fields:
+                    await self._checked("collection", "remove", name)
+                await self._checked("collection", "add", str(folder), "--name", name, "--mask", mask)
+                created = True
+        if created:
+            self._last_update = self._clock()
+        return created
+
+    async def _sync_export(self) -> None:
+        try:
+            report = await asyncio.to_thread(self.export.sync)
+        except OSError as exc:
+            raise SearchBackendError(f"cannot export history and sessions for qmd: {exc}") from exc
+        logger.debug("qmd export of {}: {}", self.name, report)
 
     # -- updates -----------------------------------------------------------------------------------
 
@@ -255,25 +296,9 @@ class QmdBackend:
                     self._timer = asyncio.get_running_loop().call_later(UPDATE_RETRY_SECONDS, self._on_timer)
                 return
 
-    @contextlib.asynccontextmanager
-    async def _index_lock(self) -> AsyncIterator[None]:
+    def _index_lock(self) -> contextlib.AbstractAsyncContextManager[None]:
         """Exclusive use of the index: one update at a time in this process and across processes."""
-        async with self._update_mutex:
-            lock = file_lock(self._lock_path, timeout=self._update_timeout)
-            acquiring = asyncio.ensure_future(asyncio.to_thread(lock.__enter__))
-            try:
-                await asyncio.shield(acquiring)
-            except asyncio.CancelledError:
-                acquiring.add_done_callback(lambda task: _release_if_acquired(lock, task))
-                raise
-            except LockTimeout as exc:
-                raise SearchBackendError(f"qmd index busy: {exc}") from exc
-            except OSError as exc:
-                raise SearchBackendError(f"cannot lock the qmd index: {exc}") from exc
-            try:
-                yield
-            finally:
-                lock.__exit__(None, None, None)
+        return index_lock(self._update_mutex, self._lock_path, self._update_timeout)
 
     def _start_embedding(self) -> None:
         # Embedding runs beside updates, not under the index lock: it can take minutes (a model
@@ -298,12 +323,19 @@ class QmdBackend:
     # -- search ------------------------------------------------------------------------------------
 
     async def _lexical_search(self, query: str, limit: int) -> list[SearchHit]:
+        """BM25, from the server or else the CLI, within one timeout in all (an agent is waiting)."""
+        try:
+            return await asyncio.wait_for(self._lexical_attempts(query, limit), self.settings.timeout_seconds)
+        except TimeoutError:
+            raise QmdTimeout(f"qmd search timed out after {self.settings.timeout_seconds:g}s") from None
+
+    async def _lexical_attempts(self, query: str, limit: int) -> list[SearchHit]:
         if self.settings.mcp_server and self._mcp is not None:
             self._mcp.ensure_started()
             if self._mcp.ready:
                 payload = {
                     "searches": [{"type": "lex", "query": query}],
-                    "collections": [self.name],
+                    "collections": self._collections(),
                     "limit": limit,
                     "rerank": False,
                 }
@@ -319,7 +351,7 @@ class QmdBackend:
     async def _cli_search(self, mode: str, query: str, limit: int) -> list[SearchHit]:
         try:
             result = await self._qmd(
-                mode, "--format", "json", "-n", str(limit), "-c", self.name, "--", query,
+                mode, "--format", "json", "-n", str(limit), *self._collection_args(), "--", query,
                 timeout=self.settings.timeout_seconds,
             )
             if result.returncode != 0:
@@ -331,14 +363,14 @@ class QmdBackend:
         return hits
 
     def _hits(self, items: list, *, mode: str, transport: str) -> list[SearchHit]:
-        if not isinstance(items, list):
-            raise SearchBackendError(f"qmd {mode} answered {type(items).__name__}, expected a list")
-        hits = []
-        for item in items:
-            hit = hit_from_result(item, self.name, mode=mode, transport=transport)
-            if hit is not None:
-                hits.append(hit)
-        return hits
+        export = (self.export_name, self.export) if self.export is not None else None
+        return hits_from_results(items, self.name, export, self.workspace, mode=mode, transport=transport)
+
+    def _collections(self) -> list[str]:
+        return [self.name] + ([self.export_name] if self.export is not None else [])
+
+    def _collection_args(self) -> list[str]:
+        return [word for name in self._collections() for word in ("-c", name)]
 
     # -- plumbing ----------------------------------------------------------------------------------
 
@@ -355,16 +387,3 @@ class QmdBackend:
         if result.returncode != 0:
             raise SearchBackendError(f"qmd {' '.join(args[:2])} failed: {result.error_text()}")
         return result
-
-
-def normalize_query(query: str) -> str:
-    """One line with balanced quotes: QMD rejects newlines and a lone double quote."""
-    text = " ".join(query.split())
-    if text.count('"') % 2:
-        text = " ".join(text.replace('"', " ").split())
-    return text
-
-
-def _release_if_acquired(lock: contextlib.AbstractContextManager, task: asyncio.Future) -> None:
-    if not task.cancelled() and task.exception() is None:
-        lock.__exit__(None, None, None)

@@ -17,6 +17,7 @@ from urllib.parse import unquote
 from loguru import logger
 
 from nanobotd.index.hit import SearchBackendError, SearchHit
+from nanobotd.index.qmdexport import QmdExport
 
 MEMORY_FILES = frozenset({"SOUL.md", "USER.md", "memory/MEMORY.md"})
 HUNK_PATTERN = re.compile(r"^@@ -(\d+),(\d+) @@")
@@ -34,6 +35,63 @@ class IndexStats:
     last_write: str | None = None
 
 
+def normalize_query(query: str) -> str:
+    """One line with balanced quotes: QMD rejects newlines and a lone double quote."""
+    text = " ".join(query.split())
+    if text.count('"') % 2:
+        text = " ".join(text.replace('"', " ").split())
+    return text
+
+
+def hits_from_results(items: object, collection: str, export: tuple[str, QmdExport] | None, workspace: Path,
+                      *, mode: str, transport: str) -> list[SearchHit]:
+    """SearchHits from a QMD answer: memory files of *collection*, history and sessions of the export."""
+    if not isinstance(items, list):
+        raise SearchBackendError(f"qmd {mode} answered {type(items).__name__}, expected a list")
+    hits = []
+    for item in items:
+        hit = hit_from_result(item, collection, mode=mode, transport=transport)
+        if hit is None and export is not None:
+            hit = export_hit(item, export[0], export[1], workspace, mode=mode, transport=transport)
+        if hit is not None:
+            hits.append(hit)
+    return hits
+
+
+def export_hit(item: dict, collection: str, export: QmdExport, workspace: Path, *, mode: str,
+               transport: str) -> SearchHit | None:
+    """A hit in the exported history and sessions, located by the headings of its lines."""
+    prefix = f"qmd://{collection}/"
+    location = str(item.get("file", "")).split("?", 1)[0]
+    if not location.startswith(prefix):
+        return None
+    relative = unquote(location[len(prefix):])
+    snippet, line_start, line_end = parse_snippet(
+        str(item.get("snippet", "")), item.get("line"), numbered=transport == "mcp")
+    found = export.locate(relative, line_start, line_end)
+    if found is None:
+        return None
+    try:
+        path = Path(found.path).relative_to(workspace).as_posix()
+    except ValueError:
+        path = found.path
+    extra = {"docid": item.get("docid", ""), "mode": mode, "transport": transport, "export": relative}
+    common = dict(source=found.source, path=path, snippet=snippet.strip() or found.text[:240],
+                  score=_score(item), text=found.text, when=found.when, session_key=found.session_key,
+                  backend="qmd", extra=extra)
+    if found.source == "session":
+        return SearchHit(**common, message_start=found.first, message_end=found.last)
+    first_line, last_line = found.history_lines or (None, None)
+    return SearchHit(**common, line_start=first_line or None, line_end=last_line or None)
+
+
+def _score(item: dict) -> float:
+    try:
+        return float(item.get("score", 0.0))
+    except (TypeError, ValueError):
+        return 0.0
+
+
 def hit_from_result(item: dict, collection: str, *, mode: str, transport: str) -> SearchHit | None:
     """A SearchHit from one QMD JSON result, or None when it is not a file of *collection*."""
     if not isinstance(item, dict):
@@ -48,10 +106,7 @@ def hit_from_result(item: dict, collection: str, *, mode: str, transport: str) -
     )
     source = "memory" if path in MEMORY_FILES else "note"
     date = NOTE_DATE.search(path) if source == "note" else None
-    try:
-        score = float(item.get("score", 0.0))
-    except (TypeError, ValueError):
-        score = 0.0
+    score = _score(item)
     return SearchHit(
         source=source,
         path=path,

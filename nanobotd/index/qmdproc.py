@@ -17,12 +17,13 @@ import re
 import shutil
 import signal
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from loguru import logger
 
+from nanobotd.fsio import LockTimeout, file_lock
 from nanobotd.index.hit import SearchBackendError
 
 STDERR_TAIL_LINES = 20
@@ -115,6 +116,32 @@ def _describe(argv: Sequence[str]) -> str:
             break
         command.append(word)
     return "qmd " + " ".join(command or words[:1])
+
+
+@contextlib.asynccontextmanager
+async def index_lock(mutex: asyncio.Lock, lock_path: Path, timeout: float) -> AsyncIterator[None]:
+    """Exclusive use of a qmd index: *mutex* within this process, an flock on *lock_path* across processes."""
+    async with mutex:
+        lock = file_lock(lock_path, timeout=timeout)
+        acquiring = asyncio.ensure_future(asyncio.to_thread(lock.__enter__))
+        try:
+            await asyncio.shield(acquiring)
+        except asyncio.CancelledError:
+            acquiring.add_done_callback(lambda task: _release_if_acquired(lock, task))
+            raise
+        except LockTimeout as exc:
+            raise SearchBackendError(f"qmd index busy: {exc}") from exc
+        except OSError as exc:
+            raise SearchBackendError(f"cannot lock the qmd index: {exc}") from exc
+        try:
+            yield
+        finally:
+            lock.__exit__(None, None, None)
+
+
+def _release_if_acquired(lock: contextlib.AbstractContextManager, task: asyncio.Future) -> None:
+    if not task.cancelled() and task.exception() is None:
+        lock.__exit__(None, None, None)
 
 
 def resolve_command(command: str, env: Mapping[str, str]) -> str:

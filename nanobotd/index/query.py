@@ -3,29 +3,25 @@
 Users and agents type free text ("what did we decide about C++ (NEAR the deadline)?"), so the text is
 never handed to FTS5 as syntax: words are extracted, stopwords dropped, each word quoted, and the words
 joined with OR (implicit AND would lose every unit that misses one word). Dates named in the query
-("13 October 2023", "2023-10-13", "yesterday") also become phrases matched against the `dates` column,
-which holds the date words of every dated unit.
+("13 October 2023", "2023-10-13", "yesterday", "last week", "between May 2 and May 5 2023") become
+phrases matched against the `dates` column instead of words (index.timeintent). A query that names
+only a time ("what did we discuss yesterday?") searches nothing but that time: a filter, not a boost.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta
+from datetime import datetime
+
+from nanobotd.index.timeintent import date_phrase, date_words, find_time, month_phrase, named_dates, named_months
+
+__all__ = ["Query", "date_phrase", "date_words", "month_phrase", "named_dates", "named_months", "parse_query",
+           "quote"]
 
 MAX_TERMS = 40
+MAX_DATE_PHRASES = 62
 WORD = re.compile(r"\w+", re.UNICODE)
-MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
-          "november", "december")
-MONTH_ALTERNATION = "|".join([name for name in MONTHS] + [name[:3] for name in MONTHS] + ["sept"])
-DAY_MONTH_YEAR = re.compile(
-    rf"\b(\d{{1,2}})(?:st|nd|rd|th)?\s+(?:of\s+)?({MONTH_ALTERNATION})\.?,?\s+(\d{{4}})\b", re.I)
-MONTH_DAY_YEAR = re.compile(rf"\b({MONTH_ALTERNATION})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?,?\s+(\d{{4}})\b", re.I)
-ISO_DATE = re.compile(r"\b(\d{4})-(\d{1,2})-(\d{1,2})\b")
-MONTH_YEAR = re.compile(rf"\b({MONTH_ALTERNATION})\.?,?\s+(\d{{4}})\b", re.I)
-DAYS_AGO = re.compile(r"\b(\d{1,3})\s+days?\s+ago\b", re.I)
-WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
-LAST_WEEKDAY = re.compile(r"\blast\s+(" + "|".join(WEEKDAYS) + r")\b", re.I)
 # "may" is a stopword (the modal verb) unless the text uses it as the month.
 MAY_MONTH = re.compile(r"\b(?:in|of|since|during|until|before|after|early|late|mid|last|this|next)\s+may\b|"
                        r"\bmay\s+\d|\d(?:st|nd|rd|th)?\s+may\b", re.I)
@@ -42,110 +38,54 @@ those through to too under until up upon very was we were what when where which 
 will with would you your yours yourself yourselves s t d ll m re ve don didn doesn isn wasn aren weren won
 may might must
 please tell remind know recall remember thing things kind type
+happen happened happening discuss discussed talk talked say said mention mentioned
 """.split())
 
 
 @dataclass(frozen=True)
 class Query:
-    """A parsed query: the words searched, the date phrases, and their FTS5 clauses (none = no search)."""
+    """A parsed query: the words searched, the date phrases, and their FTS5 clauses (none = no search).
+
+    time_only: the query names a time and no word worth searching, so only that time is searched.
+    """
 
     terms: list[str] = field(default_factory=list)
     date_phrases: list[str] = field(default_factory=list)
     clauses: list[str] = field(default_factory=list)
+    time_only: bool = False
 
     @property
     def expression(self) -> str:
         """All clauses OR-ed: the FTS5 MATCH expression."""
         return " OR ".join(self.clauses)
 
+    @property
+    def term_clauses(self) -> list[str]:
+        """The clauses of the words alone."""
+        return [quote(term) for term in self.terms]
+
 
 def parse_query(text: str, now: datetime | None = None) -> Query:
-    """Words (stopwords dropped unless nothing else is left) and dates of *text*, as a safe expression."""
+    """Words (stopwords and date expressions dropped) and dates of *text*, as a safe expression."""
     text = text or ""
-    words = [word.lower() for word in WORD.findall(text)]
-    terms = _unique(word for word in words if word not in STOPWORDS and word != "_")
-    if MAY_MONTH.search(text):
+    intent = find_time(text, now)
+    found = [(match.group().lower(), intent.covers(match.start(), match.end())) for match in WORD.finditer(text)]
+    words = [word for word, _ in found]
+    terms = _unique(word for word, dated in found if not dated and word not in STOPWORDS and word != "_")
+    if MAY_MONTH.search(text) and not any(month == 5 for month, _ in intent.months) and "may" not in terms:
         terms.append("may")
-    if not terms:
+    phrases = _unique([date_phrase(day) for day in intent.days] +
+                      [month_phrase(month, year) for month, year in intent.months])[:MAX_DATE_PHRASES]
+    if not terms and not phrases:
         terms = _unique(word for word in words if word != "_")
     terms = [term for term in terms if len(term) <= 64][:MAX_TERMS]
-    phrases = [date_phrase(day) for day in named_dates(text, now)]
-    phrases += [month_phrase(month, year) for month, year in named_months(text)]
-    phrases = _unique(phrases)
     clauses = [quote(term) for term in terms] + [f"dates : {quote(phrase)}" for phrase in phrases]
-    return Query(terms, phrases, clauses)
+    return Query(terms, phrases, clauses, time_only=bool(phrases) and not terms)
 
 
 def quote(term: str) -> str:
     """An FTS5 string literal: whatever it holds is matched as words, never parsed as syntax."""
     return '"' + term.replace('"', '""') + '"'
-
-
-def date_words(moment: date | datetime | None) -> str:
-    """The words stored in the `dates` column for a unit dated *moment* ("Friday 13 October 2023")."""
-    if moment is None:
-        return ""
-    return f"{WEEKDAYS[moment.weekday()].title()} {moment.day} {MONTHS[moment.month - 1].title()} {moment.year}"
-
-
-def date_phrase(day: date) -> str:
-    """The phrase that matches the `dates` column of units from *day*."""
-    return f"{day.day} {MONTHS[day.month - 1]} {day.year}"
-
-
-def month_phrase(month: int, year: int) -> str:
-    """The phrase that matches the `dates` column of units from a month."""
-    return f"{MONTHS[month - 1]} {year}"
-
-
-def named_dates(text: str, now: datetime | None = None) -> list[date]:
-    """Calendar days named in *text*: absolute dates always, relative ones ("yesterday") given *now*."""
-    days: list[date] = []
-    for match in DAY_MONTH_YEAR.finditer(text):
-        days += _valid_day(match.group(3), _month_number(match.group(2)), match.group(1))
-    for match in MONTH_DAY_YEAR.finditer(text):
-        days += _valid_day(match.group(3), _month_number(match.group(1)), match.group(2))
-    for match in ISO_DATE.finditer(text):
-        days += _valid_day(match.group(1), int(match.group(2)), match.group(3))
-    if now is not None:
-        days += _relative_days(text.lower(), now.date())
-    return days
-
-
-def named_months(text: str) -> list[tuple[int, int]]:
-    """(month, year) pairs named without a day ("in May 2023")."""
-    months = []
-    for match in MONTH_YEAR.finditer(text):
-        months.append((_month_number(match.group(1)), int(match.group(2))))
-    return months
-
-
-def _relative_days(lowered: str, today: date) -> list[date]:
-    days = []
-    if re.search(r"\btoday\b", lowered):
-        days.append(today)
-    if re.search(r"\byesterday\b", lowered):
-        days.append(today - timedelta(days=1))
-    if re.search(r"\blast\s+week\b", lowered):
-        days += [today - timedelta(days=offset) for offset in range(1, 8)]
-    for match in DAYS_AGO.finditer(lowered):
-        days.append(today - timedelta(days=int(match.group(1))))
-    for match in LAST_WEEKDAY.finditer(lowered):
-        back = (today.weekday() - WEEKDAYS.index(match.group(1))) % 7 or 7
-        days.append(today - timedelta(days=back))
-    return days
-
-
-def _month_number(name: str) -> int:
-    prefix = name.lower()[:3]
-    return next(number for number, month in enumerate(MONTHS, start=1) if month.startswith(prefix))
-
-
-def _valid_day(year: str, month: int, day: str) -> list[date]:
-    try:
-        return [date(int(year), month, int(day))]
-    except ValueError:
-        return []
 
 
 def _unique(items) -> list:

@@ -13,41 +13,44 @@ import json
 import re
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import replace
 
 from nanobotd.index.ftsdb import MatchRow
 from nanobotd.index.hit import SearchHit
 
 SNIPPET_CHARS = 240
 SNIPPET_LEAD = 60
-WORD = re.compile(r"\w+", re.UNICODE)
 
 
-def build_hits(rows: list[MatchRow], terms: list[str], limit: int,
-               display_path: Callable[[str], str]) -> list[SearchHit]:
-    """The first *limit* distinct hits of *rows* (best first), each shown at most once per message."""
+def build_hits(rows: list[tuple[MatchRow, float]], terms: list[str], limit: int,
+               display_path: Callable[[str], str], min_score: float = 0.0) -> list[SearchHit]:
+    """The first *limit* distinct hits of scored *rows* (best first) scoring at least *min_score*,
+    each message shown at most once."""
     shown: dict[str, set[int]] = defaultdict(set)
     hits: list[SearchHit] = []
-    for row in rows:
-        if len(hits) >= limit:
+    pattern = highlighter(terms)
+    for row, score in rows:
+        if len(hits) >= limit or score < min_score:
             break
+        row = replace(row, score=round(score, 4))
         if row.source == "session" and row.parts:
-            hit = _session_hit(row, terms, shown[row.path], display_path)
+            hit = _session_hit(row, pattern, shown[row.path], display_path)
         else:
-            hit = _file_hit(row, terms, display_path)
+            hit = _file_hit(row, pattern, display_path)
         if hit is not None:
             hits.append(hit)
     return hits
 
 
-def _file_hit(row: MatchRow, terms: list[str], display_path: Callable[[str], str]) -> SearchHit:
+def _file_hit(row: MatchRow, pattern: re.Pattern | None, display_path: Callable[[str], str]) -> SearchHit:
     return SearchHit(
-        source=row.source, path=display_path(row.path), snippet=make_snippet(row.body, terms),
+        source=row.source, path=display_path(row.path), snippet=make_snippet(row.body, pattern),
         score=row.score, text=row.body, when=row.when, line_start=row.first, line_end=row.last,
         session_key=row.session_key, extra={"unit_id": row.unit_id},
     )
 
 
-def _session_hit(row: MatchRow, terms: list[str], shown: set[int],
+def _session_hit(row: MatchRow, pattern: re.Pattern | None, shown: set[int],
                  display_path: Callable[[str], str]) -> SearchHit | None:
     try:
         parts = [(int(part[0]), int(part[1]), str(part[2])) for part in json.loads(row.parts)]
@@ -64,7 +67,7 @@ def _session_hit(row: MatchRow, terms: list[str], shown: set[int],
     text = row.body[start_offset:end_offset]
     shown.update(part[0] for part in parts[first:last + 1])
     return SearchHit(
-        source="session", path=display_path(row.path), snippet=make_snippet(text, terms),
+        source="session", path=display_path(row.path), snippet=make_snippet(text, pattern),
         score=row.score, text=text, when=parts[first][2] or row.when,
         session_key=row.session_key, message_start=parts[first][0], message_end=parts[last][0],
         extra={"unit_id": row.unit_id, "trimmed": first > 0 or last < len(parts) - 1},
@@ -86,22 +89,23 @@ def _longest_fresh_run(parts: list[tuple[int, int, str]], shown: set[int]) -> tu
     return best
 
 
-def make_snippet(text: str, terms: list[str]) -> str:
+def highlighter(terms: list[str]) -> re.Pattern | None:
+    """A pattern finding the query's words in text (by crude stem), or None for a query without words."""
+    stems = sorted({_stem(term) for term in terms}, key=len, reverse=True)
+    return re.compile(r"\b(" + "|".join(map(re.escape, stems)) + ")", re.I) if stems else None
+
+
+def make_snippet(text: str, pattern: re.Pattern | None) -> str:
     """The line of *text* matching most query words, cut to SNIPPET_CHARS around its first match."""
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         return ""
-    stems = [_stem(term) for term in terms]
-    best_line, best_score, best_at = lines[0], -1, 0
-    for line in lines:
-        matched, first_at = set(), None
-        for word in WORD.finditer(line.lower()):
-            for stem in stems:
-                if word.group().startswith(stem):
-                    matched.add(stem)
-                    first_at = word.start() if first_at is None else first_at
-        if len(matched) > best_score:
-            best_line, best_score, best_at = line, len(matched), first_at or 0
+    best_line, best_score, best_at = lines[0], 0, 0
+    for line in lines if pattern else ():
+        found = list(pattern.finditer(line))
+        matched = len({match.group(1).lower() for match in found})
+        if matched > best_score:
+            best_line, best_score, best_at = line, matched, found[0].start()
     start = max(0, best_at - SNIPPET_LEAD) if len(best_line) > SNIPPET_CHARS else 0
     snippet = best_line[start:start + SNIPPET_CHARS]
     return ("…" if start else "") + snippet + ("…" if start + SNIPPET_CHARS < len(best_line) else "")

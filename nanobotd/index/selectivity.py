@@ -1,32 +1,34 @@
-"""Keep a query affordable on a large index by leaving out its most common words.
+"""Keep a query affordable on a large index: rank with the rarer words, fall back to the newest matches.
 
-FTS5's bm25() counts every unit matching each clause before it ranks anything, so a query costs
-about a microsecond per posting of every word in it: "2026" on a year of history is 150,000
-postings, 170 ms. A word found in that many units adds little to the ranking (its IDF is low), so
-clauses are kept rarest first while their postings fit MATCH_BUDGET (the rarest always). On a small
-index nothing is counted and nothing is dropped; clauses matching nothing are dropped for free.
-Counting stops at the budget, so choosing costs at most a few milliseconds per word. When even the
-rarest word is everywhere, only the newest MATCH_BUDGET units are ranked (by rowid, which grows as
-units are indexed): a word that common ranks nothing well anyway, and the cost stays bounded. Counts are
-cached until the index grows or shrinks by a tenth: they only steer which words are searched.
+FTS5's bm25() first walks the whole posting list of every phrase in the expression (to count the units
+holding it), then scores every matching unit: about 80 ns per posting plus 2 µs per matching unit. "2026"
+on a year of history is 150,000 postings: 30 ms. So clauses are kept rarest first while the units they
+match fit MATCH_BUDGET (1,000: about 3 ms); a word found in that many units adds little to the
+ranking anyway (its IDF is low), and the reranker still weighs it in every candidate's text. When even
+the rarest word is everywhere, no bm25() runs at all: the newest units holding any of the words are
+the candidates (FTS5 reads them newest first and stops at the limit), and the reranker orders them.
+
+How common a clause is gets counted up to the budget (counting stops there) and cached until the index
+grows or shrinks by a tenth: the counts steer which words are searched and weigh them in the reranker.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-MATCH_BUDGET = 10_000
+MATCH_BUDGET = 1_000
 CACHE_SIZE = 4096
 DRIFT = 0.1
 
 
 @dataclass(frozen=True)
 class Selection:
-    """The clauses to search and the lowest unit id worth ranking (0 = all)."""
+    """The clauses to search, whether to take the newest matches instead of ranking, and each clause's count."""
 
     clauses: list[str]
-    min_rowid: int = 0
+    newest_first: bool = False
+    counts: dict[str, int] = field(default_factory=dict)
 
 
 class ClauseSelector:
@@ -38,33 +40,30 @@ class ClauseSelector:
         self._units_seen = 0
 
     def select(self, connection: sqlite3.Connection, clauses: list[str], units: int) -> Selection:
-        """The clauses to search, in their original order, and where the ranked units start."""
-        if units * len(clauses) <= self.budget:
-            return Selection(clauses)
+        """The clauses to search, in their original order, with how many units hold each (capped)."""
         if abs(units - self._units_seen) > DRIFT * max(self._units_seen, 1):
             self._counts.clear()
             self._units_seen = units
-        ranked = sorted((self._count(connection, clause), order, clause) for order, clause in enumerate(clauses))
+        counts = {clause: self.count(connection, clause) for clause in clauses}
+        ranked = sorted((count, order, clause) for order, (clause, count) in enumerate(counts.items()) if count)
+        if not ranked:
+            return Selection([], counts=counts)
         kept, spent = [], 0
         for count, order, clause in ranked:
-            if count == 0:
-                continue  # matches nothing: searching it changes no result
-            if kept and spent + count > self.budget:
+            if spent + count > self.budget:
                 break
             kept.append((order, clause))
             spent += count
         if not kept:
-            return Selection(clauses[:1])
-        if spent <= self.budget:
-            return Selection([clause for _, clause in sorted(kept)])
-        newest = connection.execute("SELECT max(id) FROM units").fetchone()[0] or 0
-        return Selection([clause for _, clause in sorted(kept)], max(0, newest - self.budget))
+            # Every word is everywhere: bm25 over any of them would cost its whole posting list.
+            return Selection([clause for _, _, clause in ranked], newest_first=True, counts=counts)
+        return Selection([clause for _, clause in sorted(kept)], counts=counts)
 
-    def _count(self, connection: sqlite3.Connection, clause: str) -> int:
+    def count(self, connection: sqlite3.Connection, clause: str) -> int:
+        """Units matching *clause*, counted up to just past the budget (more makes no difference)."""
         if clause not in self._counts:
             if len(self._counts) >= CACHE_SIZE:
                 self._counts.clear()
-            # Counting stops past the budget: beyond it, how common a clause is no longer matters.
             row = connection.execute(
                 "SELECT count(*) FROM (SELECT rowid FROM units_fts WHERE units_fts MATCH ? LIMIT ?)",
                 (clause, self.budget + 1),

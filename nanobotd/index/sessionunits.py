@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
-from nanobotd.index.query import date_words
+from nanobotd.index.timeintent import date_words
 from nanobotd.index.units import Unit, iso_seconds, parse_timestamp
 from nanobotd.sessions.file import (
     RawLine,
@@ -118,7 +118,7 @@ def _decode_window(key: str, items: list[tuple[int, RawLine]], session_key: str 
     first_when = ""
     for position, line in items:
         record = decode_line(line)
-        rendered = _render(record) if record is not None else None
+        rendered = render_message(record) if record is not None else None
         if rendered is None:
             continue
         text, timestamp = rendered
@@ -135,7 +135,7 @@ def _decode_window(key: str, items: list[tuple[int, RawLine]], session_key: str 
                 tuple(parts))
 
 
-def _render(record: dict) -> tuple[str, str] | None:
+def render_message(record: dict) -> tuple[str, str] | None:
     """"label: text" for a conversation message, or None for what is not conversation."""
     if record.get("_command") or record.get("_hidden_history"):
         return None

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
 
-from nanobotd.index.query import date_words
+from nanobotd.index.timeintent import date_words
 from nanobotd.memory.history import parse_entry
 from nanobotd.sessions.file import iter_raw_lines
 

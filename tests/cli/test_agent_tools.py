@@ -113,3 +113,11 @@ def test_a_daemon_error_is_passed_on_as_a_tool_error(serve) -> None:
     client, _ = serve({"/v1/recall": ApiError(400, "bad_param", "ask for at most 31 days at a time")})
     assert agent_tools.call_tool(client, "memory_recall", {"date": "2026-11-20"}) == (
         "nanobotd could not answer: ask for at most 31 days at a time", True)
+
+
+def test_a_history_hit_keeps_its_file_and_line_beside_its_session_and_a_short_date(serve) -> None:
+    hit = {"source": "history", "path": "memory/history.jsonl", "line_start": 4, "line_end": 4,
+           "session_key": "telegram:9", "when": "2026-11-20T10:15:00", "text": "- [durable] tea at four"}
+    client, _ = serve({"/v1/search": {"hits": [hit]}})
+    text, _ = agent_tools.call_tool(client, "memory_search", {"query": "tea"})
+    assert "[1] history · memory/history.jsonl lines 4 (session telegram:9) · 2026-11-20 10:15\n" in text

@@ -330,3 +330,51 @@ def test_other_window_sizes_rebuild_the_session_windows(tmp_path, workspace):
     hit = second.search("M-5")[0]
     assert report["units_added"] == 3 + 9 and hit.message_end - hit.message_start <= 1
     second.close()
+
+
+def test_sessions_in_every_folder_are_indexed_and_a_dropped_folder_is_forgotten(tmp_path, workspace):
+    root, legacy = workspace
+    current = tmp_path / "config" / "sessions" / "93b919bdf3574fe472f4373d44fb8233"
+    current.mkdir(parents=True)
+    write_session(legacy, "cli:old", [{"role": "user", "content": "the old layout mentions axolotl",
+                                       "timestamp": "2026-11-01T10:00:00"}])
+    write_session(current, "telegram:7", [{"role": "user", "content": "the new layout mentions axolotl",
+                                           "timestamp": "2026-11-02T10:00:00"}])
+    index = BuiltinIndex(root, tmp_path / "both.db", [current, legacy])
+    index.refresh()
+    assert {hit.session_key for hit in index.search("axolotl")} == {"cli:old", "telegram:7"}
+
+    index.set_sessions_dirs([current])
+
+    assert [hit.session_key for hit in index.search("axolotl")] == ["telegram:7"]
+    index.close()
+
+
+def test_a_query_naming_only_a_time_returns_that_time_and_nothing_else(index, workspace):
+    root, _ = workspace
+    for day in (20, 21):
+        write(root / "memory" / f"2026-11-{day:02d}.md", f"## Topics\n- yesterday we said many things {day}\n")
+    index.refresh()
+    hits = index.search("what did we discuss yesterday?")
+    assert [hit.path for hit in hits] == ["memory/2026-11-21.md"]
+
+
+def test_scores_are_between_zero_and_one_and_rank_fuller_matches_higher(index, workspace):
+    root, _ = workspace
+    sections = "".join(f"## Item {n}\n- a gadget report number {n}\n\n" for n in range(20))
+    write(root / "memory" / "MEMORY.md", "# Memory\n\n" + sections + "## Odd\n- the gadget with a kumquat\n")
+    index.refresh()
+    hits = index.search("kumquat gadget", limit=5)
+    assert "kumquat" in hits[0].text
+    assert all(0 < hit.score <= 1 for hit in hits)
+    assert hits[0].score > 0.9 and hits[1].score < 0.5 * hits[0].score
+
+
+def test_min_score_leaves_out_weak_hits(index, workspace):
+    root, _ = workspace
+    sections = "".join(f"## Item {n}\n- a gadget report number {n}\n\n" for n in range(20))
+    write(root / "memory" / "MEMORY.md", "# Memory\n\n" + sections + "## Odd\n- the gadget with a kumquat\n")
+    index.refresh()
+    assert len(index.search("kumquat gadget", limit=10)) == 10
+    strong = index.search("kumquat gadget", limit=10, min_score=0.5)
+    assert len(strong) == 1 and "kumquat" in strong[0].text

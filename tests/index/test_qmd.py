@@ -355,7 +355,7 @@ def test_hanging_binary_is_killed_with_its_process_group_within_timeout(workspac
 
     async def scenario():
         hangs_at_start = make_backend(
-            workspace, tmp_path, environ, timeout_seconds=1.0,
+            workspace, tmp_path, environ, timeout_seconds=1.0, start_timeout_seconds=1.0,
             command=str(fake_qmd(tmp_path / "a", workspace, version=hang_with_child(version_pid))),
         )
         hangs_in_search = make_backend(

@@ -74,3 +74,19 @@ def test_date_words_name_weekday_day_month_and_year(connection):
     hits = connection.execute("SELECT rowid FROM units_fts WHERE units_fts MATCH ?",
                               (parse_query("on 13 October 2023").expression,)).fetchall()
     assert hits == [(1,)]
+
+
+def test_words_that_name_a_time_are_matched_as_dates_not_as_words():
+    now = datetime(2023, 10, 14, 9, 0)
+    parsed = parse_query("what did we discuss yesterday?", now=now)
+    assert parsed.terms == [] and parsed.date_phrases == ["13 october 2023"] and parsed.time_only
+    mixed = parse_query("the kestrel budget on 13 October 2023", now=now)
+    assert mixed.terms == ["kestrel", "budget"] and not mixed.time_only
+
+
+def test_a_range_names_every_day_in_it_and_last_month_names_the_month():
+    parsed = parse_query("Where was John between August 11 and August 15 2023?")
+    assert parsed.terms == ["john"]
+    assert parsed.date_phrases == [f"{day} august 2023" for day in (15, 11, 12, 13, 14)]
+    assert parse_query("invoices last month", now=datetime(2024, 1, 10)).date_phrases == ["december 2023"]
+    assert len(parse_query("what did we do this week", now=datetime(2023, 10, 11)).date_phrases) == 3

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from dataclasses import dataclass
 from datetime import date
 
 from nanobotd.api.router import ApiError, Request
@@ -46,43 +47,50 @@ class SearchHandlers:
         if mode not in SEARCH_MODES:
             raise ApiError(400, "bad_param", f"mode must be one of {', '.join(SEARCH_MODES)}")
         workspace = one_workspace(self.core, request)
-        hits, backend, degraded = await self.run_search(workspace, query, limit, mode)
-        answer = {"backend": backend, "query": query, "hits": [hit.to_json() for hit in hits]}
-        if degraded:
-            answer["degraded"] = degraded
-        return answer
+        min_score = query_score(request, workspace.settings.search.min_score)
+        found = await self.run_search(workspace, query, limit, mode, min_score)
+        return {"query": query, **found.summary(), "hits": [hit.to_json() for hit in found.hits]}
 
-    async def run_search(self, workspace: Workspace, query: str, limit: int, mode: str):
-        """QMD when configured and healthy, else the builtin index (the reason is reported)."""
+    async def run_search(self, workspace: Workspace, query: str, limit: int, mode: str = "search",
+                         min_score: float | None = None) -> Found:
+        """The configured backend's hits (QMD, builtin or both fused); when QMD fails or is too slow the
+        builtin index answers and the reply names it. Every hit is scored on one scale, so *min_score*
+        (default: search.min_score) means the same whichever backend answered."""
+        min_score = workspace.settings.search.min_score if min_score is None else min_score
         degraded = None
         if workspace.qmd is not None:
             try:
-                hits = await workspace.qmd.search(query, limit=limit, mode=mode)
+                found = await workspace.qmd.search(query, limit=limit, mode=mode)
+                hits = [hit for hit in await self._executor(workspace.index.rescore, query, found)
+                        if hit.score >= min_score]
                 if workspace.settings.search.backend == "qmd":
-                    return hits, "qmd", None
-                builtin = await self._builtin(workspace, query, limit)
-                return fuse(hits, builtin, limit), "both", None
+                    return Found(hits, "qmd")
+                builtin = await self._builtin(workspace, query, limit, min_score)
+                return Found(fuse(hits, builtin, limit), "both")
             except SearchBackendError as exc:
-                degraded = f"qmd unavailable, builtin index used: {exc}"
-        return await self._builtin(workspace, query, limit), "builtin", degraded
+                degraded = f"{exc}; answered by the builtin index"
+        hits = await self._builtin(workspace, query, limit, min_score)
+        return Found(hits, "builtin", degraded, "builtin" if degraded else None)
 
-    async def _builtin(self, workspace: Workspace, query: str, limit: int):
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.core.executor, lambda: workspace.index.search(query, limit=limit))
+    async def _builtin(self, workspace: Workspace, query: str, limit: int, min_score: float):
+        return await self._executor(lambda: workspace.index.search(query, limit=limit, min_score=min_score))
+
+    async def _executor(self, function, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.core.executor, function, *args)
 
     async def context(self, request: Request) -> dict:
+        """The budgeted context; its search hits come from the same search as /v1/search (backend per config)."""
         workspace = one_workspace(self.core, request)
         settings = workspace.settings.context
         budget = request.query_int("budget_tokens", settings.budget_tokens, minimum=1, maximum=2_000_000)
         query = request.query.get("query", "")
-
-        def search(text: str, limit: int):
-            return workspace.index.search(text, limit=limit)
-
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.core.executor, lambda: agent_context.build_context(
-            workspace.settings.path, settings=settings, budget_tokens=budget, query=query, search=search,
-            session_key=request.query.get("session") or None))
+        found = Found([], "none")
+        if query.strip():
+            found = await self.run_search(workspace, query, agent_context.SEARCH_FETCH)
+        answer = await self._executor(lambda: agent_context.build_context(
+            workspace.settings.path, settings=settings, budget_tokens=budget, query=query,
+            search=lambda text, limit: found.hits[:limit], session_key=request.query.get("session") or None))
+        return {**answer, "search": found.summary()}
 
     async def recall(self, request: Request) -> dict:
         """The daily notes and history entries of the days from..to (to defaults to from), capped."""
@@ -121,6 +129,37 @@ def query_date(request: Request, name: str, default: date | None = None) -> date
     except ValueError:
         message = f"query parameter '{name}' must be a date as YYYY-MM-DD, not {raw!r}"
         raise ApiError(400, "bad_param", message) from None
+
+
+@dataclass(frozen=True)
+class Found:
+    """What one search gave: hits, which backend answered, and why not the configured one (if so)."""
+
+    hits: list
+    backend: str
+    degraded: str | None = None
+    fallback: str | None = None
+
+    def summary(self) -> dict:
+        """backend, and degraded/fallback when the configured backend could not answer."""
+        answer = {"backend": self.backend}
+        if self.degraded:
+            answer.update(degraded=self.degraded, fallback=self.fallback)
+        return answer
+
+
+def query_score(request: Request, default: float) -> float:
+    """The min_score query parameter, a number in 0..1; 400 naming it otherwise."""
+    raw = request.query.get("min_score", "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(raw)
+    except ValueError:
+        raise ApiError(400, "bad_param", "query parameter 'min_score' must be a number in 0..1") from None
+    return value
 
 
 def fuse(first: list, second: list, limit: int) -> list:

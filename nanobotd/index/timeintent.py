@@ -1,0 +1,153 @@
+"""The time a query asks about: named dates, months, ranges and relative days, with where they are in the text.
+
+"What did we decide yesterday?", "the trip in May 2023", "between August 11 and August 15 2023": the
+days found become phrases matched against the `dates` column of the index (which holds the date words
+of every dated unit), and the words that named them are not searched as words ("yesterday" in a
+message says nothing about the day it was written).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import date, datetime, timedelta
+
+MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
+          "november", "december")
+WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+MONTH_ALTERNATION = "|".join(list(MONTHS) + [name[:3] for name in MONTHS] + ["sept"])
+ORDINAL = r"(?:st|nd|rd|th)?"
+DAY_MONTH_YEAR = re.compile(
+    rf"\b(\d{{1,2}}){ORDINAL}\s+(?:of\s+)?({MONTH_ALTERNATION})\.?,?\s+(\d{{4}})\b", re.I)
+MONTH_DAY_YEAR = re.compile(rf"\b({MONTH_ALTERNATION})\.?\s+(\d{{1,2}}){ORDINAL},?\s+(\d{{4}})\b", re.I)
+ISO_DATE = re.compile(r"\b(\d{4})-(\d{1,2})-(\d{1,2})\b")
+MONTH_YEAR = re.compile(rf"\b({MONTH_ALTERNATION})\.?,?\s+(\d{{4}})\b", re.I)
+# The first end of a range may leave its year to the second: "between August 11 and August 15 2023".
+RANGE_START = re.compile(rf"\b(?:between|from)\s+(?:({MONTH_ALTERNATION})\.?\s+(\d{{1,2}}){ORDINAL}|"
+                         rf"(\d{{1,2}}){ORDINAL}\s+(?:of\s+)?({MONTH_ALTERNATION}))\.?,?\s+(?:and|to|until)\s+", re.I)
+DAYS_AGO = re.compile(r"\b(\d{1,3})\s+(days?|weeks?)\s+ago\b", re.I)
+LAST_WEEKDAY = re.compile(r"\blast\s+(" + "|".join(WEEKDAYS) + r")\b", re.I)
+RELATIVE = re.compile(r"\b(today|yesterday|(?:last|this|past)\s+(?:week|month))\b", re.I)
+MAX_RANGE_DAYS = 62
+
+
+@dataclass
+class TimeIntent:
+    """Days and months a query names, and the character spans that named them."""
+
+    days: list[date] = field(default_factory=list)
+    months: list[tuple[int, int]] = field(default_factory=list)
+    spans: list[tuple[int, int]] = field(default_factory=list)
+
+    def covers(self, start: int, end: int) -> bool:
+        """True when text[start:end] lies inside a date expression."""
+        return any(first <= start and end <= last for first, last in self.spans)
+
+
+def date_words(moment: date | datetime | None) -> str:
+    """The words stored in the `dates` column for a unit dated *moment* ("Friday 13 October 2023")."""
+    if moment is None:
+        return ""
+    return f"{WEEKDAYS[moment.weekday()].title()} {moment.day} {MONTHS[moment.month - 1].title()} {moment.year}"
+
+
+def date_phrase(day: date) -> str:
+    """The phrase that matches the `dates` column of units from *day*."""
+    return f"{day.day} {MONTHS[day.month - 1]} {day.year}"
+
+
+def month_phrase(month: int, year: int) -> str:
+    """The phrase that matches the `dates` column of units from a month."""
+    return f"{MONTHS[month - 1]} {year}"
+
+
+def find_time(text: str, now: datetime | None = None) -> TimeIntent:
+    """Every date, month, range and (given *now*) relative day named in *text*."""
+    intent = TimeIntent()
+    _absolute_days(text, intent)
+    for match in MONTH_YEAR.finditer(text):
+        if not intent.covers(match.start(), match.end()):
+            intent.months.append((month_number(match.group(1)), int(match.group(2))))
+            intent.spans.append(match.span())
+    _ranges(text, intent)
+    if now is not None:
+        _relative(text, now, intent)
+    return intent
+
+
+def named_dates(text: str, now: datetime | None = None) -> list[date]:
+    """Calendar days named in *text*: absolute dates always, relative ones ("yesterday") given *now*."""
+    return find_time(text, now).days
+
+
+def named_months(text: str) -> list[tuple[int, int]]:
+    """(month, year) pairs named without a day ("in May 2023")."""
+    return find_time(text).months
+
+
+def month_number(name: str) -> int:
+    """1-12 for a month name or its abbreviation."""
+    prefix = name.lower()[:3]
+    return next(number for number, month in enumerate(MONTHS, start=1) if month.startswith(prefix))
+
+
+def _absolute_days(text: str, intent: TimeIntent) -> None:
+    found: list[tuple[int, int, date]] = []
+    for match in DAY_MONTH_YEAR.finditer(text):
+        found += [(*match.span(), day) for day in _valid(match.group(3), month_number(match.group(2)), match.group(1))]
+    for match in MONTH_DAY_YEAR.finditer(text):
+        found += [(*match.span(), day) for day in _valid(match.group(3), month_number(match.group(1)), match.group(2))]
+    for match in ISO_DATE.finditer(text):
+        found += [(*match.span(), day) for day in _valid(match.group(1), int(match.group(2)), match.group(3))]
+    for start, end, day in sorted(found):
+        intent.days.append(day)
+        intent.spans.append((start, end))
+
+
+def _ranges(text: str, intent: TimeIntent) -> None:
+    """"between <day> and <date>": every day of the range, the first end's year taken from the second."""
+    for match in RANGE_START.finditer(text):
+        following = [(start, day) for (start, _), day in zip(intent.spans, intent.days, strict=False)
+                     if start == match.end()]
+        if not following:
+            continue
+        last = following[0][1]
+        name, number = (match.group(1), match.group(2)) if match.group(1) else (match.group(4), match.group(3))
+        first = _valid(str(last.year), month_number(name), number)
+        if not first or not 0 < (last - first[0]).days <= MAX_RANGE_DAYS:
+            continue
+        intent.days += [first[0] + timedelta(days=offset) for offset in range((last - first[0]).days)]
+        intent.spans.append(match.span())
+
+
+def _relative(text: str, now: datetime, intent: TimeIntent) -> None:
+    today = now.date()
+    for match in RELATIVE.finditer(text):
+        phrase = " ".join(match.group(1).lower().split())
+        if phrase == "today":
+            intent.days.append(today)
+        elif phrase == "yesterday":
+            intent.days.append(today - timedelta(days=1))
+        elif phrase.endswith("week"):
+            back = range(1, 8) if phrase.startswith(("last", "past")) else range(0, today.weekday() + 1)
+            intent.days += [today - timedelta(days=offset) for offset in back]
+        else:
+            first_of_month = today.replace(day=1)
+            month = first_of_month - timedelta(days=1) if phrase.startswith("last") else today
+            intent.months.append((month.month, month.year))
+        intent.spans.append(match.span())
+    for match in DAYS_AGO.finditer(text):
+        days = int(match.group(1)) * (7 if match.group(2).lower().startswith("week") else 1)
+        intent.days.append(today - timedelta(days=days))
+        intent.spans.append(match.span())
+    for match in LAST_WEEKDAY.finditer(text):
+        back = (today.weekday() - WEEKDAYS.index(match.group(1).lower())) % 7 or 7
+        intent.days.append(today - timedelta(days=back))
+        intent.spans.append(match.span())
+
+
+def _valid(year: str, month: int, day: str) -> list[date]:
+    try:
+        return [date(int(year), month, int(day))]
+    except ValueError:
+        return []
