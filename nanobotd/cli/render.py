@@ -5,7 +5,6 @@ Nothing here writes or talks to the daemon, so every rendering is testable on pl
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -57,15 +56,6 @@ def format_fields(data: Mapping[str, Any], indent: str = "") -> list[str]:
             lines.extend(format_fields(value, indent + "  "))
         else:
             lines.append(f"{indent}{str(key) + ':':<{width + 1}} {format_cell(value)}")
-    return lines
-
-
-def format_run(run: Mapping[str, Any]) -> list[str]:
-    """A run's fields, then its manifest as indented JSON, which is too nested for field lines."""
-    lines = format_fields({key: value for key, value in run.items() if key != "manifest"})
-    if run.get("manifest") is not None:
-        lines.append("manifest:")
-        lines.append(json.dumps(run["manifest"], indent=2, ensure_ascii=False))
     return lines
 
 

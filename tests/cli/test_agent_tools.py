@@ -29,6 +29,8 @@ class Canned:
     async def answer(self, request: Request) -> dict:
         self.queries.append(dict(request.query))
         answer = self.answers[request.path]
+        if callable(answer):
+            answer = answer(request)
         if isinstance(answer, ApiError):
             raise answer
         return answer
@@ -113,3 +115,15 @@ def test_a_daemon_error_is_passed_on_as_a_tool_error(serve) -> None:
     client, _ = serve({"/v1/recall": ApiError(400, "bad_param", "ask for at most 31 days at a time")})
     assert agent_tools.call_tool(client, "memory_recall", {"date": "2026-11-20"}) == (
         "nanobotd could not answer: ask for at most 31 days at a time", True)
+
+
+def test_a_session_the_daemon_does_not_know_yet_gets_the_context_without_it(serve) -> None:
+    def context(request: Request):
+        if request.query.get("session"):
+            return ApiError(404, "unknown_session", "no session 'cli:new'")
+        return {"text": "# Memory", "tokens": 3, "budget_tokens": 3500}
+
+    client, canned = serve({"/v1/context": context})
+    text, is_error = agent_tools.call_tool(client, "memory_context", {"session_key": "cli:new"})
+    assert not is_error and text.startswith("# Memory")
+    assert [query.get("session") for query in canned.queries] == ["cli:new", None]
