@@ -23,6 +23,11 @@ LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL
 SEARCH_BACKENDS = ("builtin", "qmd", "both")
 CONSOLIDATION_MODES = ("auto", "companion", "owner")
 WORKSPACE_KEYS = {"path", "sessions_dir", "name"}
+# Keys people try that do not exist, with what to write instead.
+KEY_HINTS = {
+    "api_key": "the key itself never goes in the config: put it in an environment variable and name that "
+               "variable in llm.api_key_env, e.g. api_key_env = \"OPENAI_API_KEY\"",
+}
 
 
 class ConfigError(ValueError):
@@ -140,7 +145,8 @@ def _make(cls: type, values: dict, prefix: str, base: Any = None) -> Any:
     updates = {}
     for key, value in values.items():
         if key not in fields:
-            raise ConfigError(f"{prefix}.{key}: unknown key (known: {', '.join(sorted(fields))})")
+            hint = KEY_HINTS.get(key) or f"known: {', '.join(sorted(fields))}"
+            raise ConfigError(f"{prefix}.{key}: unknown key ({hint})")
         updates[key] = _coerce(value, _field_type(fields[key], getattr(current, key)), f"{prefix}.{key}")
     return dataclasses.replace(current, **updates)
 
