@@ -7,9 +7,8 @@ import re
 from datetime import date
 
 from nanobotd.api.router import ApiError, Request
-from nanobotd.daemon import indexing
 from nanobotd.daemon.core import Core
-from nanobotd.daemon.handlers.common import named_workspaces, one_workspace
+from nanobotd.daemon.handlers.common import one_workspace, session_workspace
 from nanobotd.daemon.workspace import Workspace
 from nanobotd.index import agent_context
 from nanobotd.index.hit import SearchBackendError
@@ -23,13 +22,12 @@ DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
 def routes(core: Core) -> list:
-    """The search, context, recall and reindex endpoints."""
+    """The search, context and recall endpoints."""
     handlers = SearchHandlers(core)
     return [
         ("GET", "/v1/search", handlers.search),
         ("GET", "/v1/context", handlers.context),
         ("GET", "/v1/recall", handlers.recall),
-        ("POST", "/v1/reindex", handlers.reindex),
     ]
 
 
@@ -47,9 +45,12 @@ class SearchHandlers:
             raise ApiError(400, "bad_param", f"mode must be one of {', '.join(SEARCH_MODES)}")
         workspace = one_workspace(self.core, request)
         hits, backend, degraded = await self.run_search(workspace, query, limit, mode)
-        answer = {"backend": backend, "query": query, "hits": [hit.to_json() for hit in hits]}
+        answer = {"backend": backend, "query": query, "mode": mode, "hits": [hit.to_json() for hit in hits]}
         if degraded:
             answer["degraded"] = degraded
+        fallback = mode_fallback(workspace, mode, backend, hits)
+        if fallback:
+            answer["fallback"] = fallback
         return answer
 
     async def run_search(self, workspace: Workspace, query: str, limit: int, mode: str):
@@ -71,7 +72,12 @@ class SearchHandlers:
         return await loop.run_in_executor(self.core.executor, lambda: workspace.index.search(query, limit=limit))
 
     async def context(self, request: Request) -> dict:
-        workspace = one_workspace(self.core, request)
+        """The budgeted context; an unknown session is a 404, and a context that came out empty says why."""
+        session_key = request.query.get("session") or None
+        if session_key:
+            workspace = session_workspace(self.core, session_key, request.query.get("workspace"))
+        else:
+            workspace = one_workspace(self.core, request)
         settings = workspace.settings.context
         budget = request.query_int("budget_tokens", settings.budget_tokens, minimum=1, maximum=2_000_000)
         query = request.query.get("query", "")
@@ -80,9 +86,12 @@ class SearchHandlers:
             return workspace.index.search(text, limit=limit)
 
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.core.executor, lambda: agent_context.build_context(
+        answer = await loop.run_in_executor(self.core.executor, lambda: agent_context.build_context(
             workspace.settings.path, settings=settings, budget_tokens=budget, query=query, search=search,
-            session_key=request.query.get("session") or None))
+            session_key=session_key))
+        if not str(answer.get("text") or "").strip():
+            answer["warning"] = empty_context_warning(answer, budget)
+        return answer
 
     async def recall(self, request: Request) -> dict:
         """The daily notes and history entries of the days from..to (to defaults to from), capped."""
@@ -100,11 +109,26 @@ class SearchHandlers:
                                             lambda: recall.collect(memory_dir, first, last, max_chars))
         return {"workspace": workspace.name, **answer}
 
-    async def reindex(self, request: Request) -> dict:
-        results = {}
-        for workspace in named_workspaces(self.core, request, request.json_object()):
-            results[workspace.name] = await indexing.reindex(self.core, workspace)
-        return {"reindexed": results}
+
+def mode_fallback(workspace: Workspace, mode: str, backend: str, hits: list) -> str | None:
+    """Why a vector mode (vsearch, query) searched by keywords instead, or None when it did not."""
+    if mode == "search":
+        return None
+    if backend == "builtin":
+        return (f"--mode {mode} needs QMD with vectors (search.backend = \"qmd\" or \"both\", "
+                f"search.qmd_vectors = true); the builtin index searched by keywords instead")
+    reasons = sorted({str(hit.extra.get("degraded")) for hit in hits if (hit.extra or {}).get("degraded")})
+    return f"QMD could not {mode} ({'; '.join(reasons)}); it searched by keywords instead" if reasons else None
+
+
+def empty_context_warning(answer: dict, budget: int) -> str:
+    """Why the context is empty: the budget fit nothing that exists, or there is no memory yet."""
+    omitted = answer.get("omitted") or []
+    too_big = [item.get("name") for item in omitted if "budget" in str(item.get("reason", ""))]
+    if too_big:
+        return (f"the context is empty: a budget of {budget} tokens fits none of {', '.join(map(str, too_big))}; "
+                f"raise the budget")
+    return "the context is empty: this workspace has no bootstrap files, MEMORY.md or history yet"
 
 
 def query_date(request: Request, name: str, default: date | None = None) -> date:

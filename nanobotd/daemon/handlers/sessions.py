@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from nanobotd.api.router import ApiError, Request
+from nanobotd.daemon import runview
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.handlers.common import session_workspace
 
 MAX_RUNS_LIMIT = 1000
+TRUE_VALUES = ("1", "true", "yes")
 
 
 def routes(core: Core) -> list:
@@ -29,7 +31,7 @@ class SessionHandlers:
     async def sessions(self, request: Request) -> dict:
         rows = []
         scanning = []
-        name = request.query.get("workspace")
+        name = workspace_filter(self.core, request)
         for workspace in self.core.workspaces.values():
             if name and name != workspace.name:
                 continue
@@ -62,14 +64,31 @@ class SessionHandlers:
         return {"session": data}
 
     async def runs(self, request: Request) -> dict:
+        """Newest first; runs that changed nothing are left out (and counted) unless all=true."""
         limit = request.query_int("limit", 50, minimum=1)
-        runs = self.core.store.list_runs(kind=request.query.get("kind") or None,
-                                         workspace=request.query.get("workspace") or None,
-                                         limit=min(limit, MAX_RUNS_LIMIT))
-        return {"runs": [run.to_json(with_manifest=False) for run in runs]}
+        kind = request.query.get("kind") or None
+        workspace = workspace_filter(self.core, request)
+        everything = request.query.get("all", "").lower() in TRUE_VALUES
+        runs = self.core.store.list_runs(kind=kind, workspace=workspace, limit=min(limit, MAX_RUNS_LIMIT),
+                                         unchanged=everything)
+        hidden = 0 if everything else self.core.store.count_unchanged_runs(kind=kind, workspace=workspace)
+        return {"runs": [run.to_json(with_manifest=False) for run in runs], "hidden_unchanged": hidden}
 
     async def run(self, request: Request) -> dict:
+        """One run with its manifest, what it changed and, while open, how far it has got."""
         run = self.core.store.get_run(request.params["run_id"])
         if run is None:
             raise ApiError(404, "unknown_run", f"no run {request.params['run_id']!r}")
-        return {"run": run.to_json()}
+        phase = self.core.queue.phase(run.run_id) if self.core.queue else None
+        return {"run": runview.run_json(run, phase=phase, now=self.core.clock())}
+
+
+def workspace_filter(core: Core, request: Request) -> str | None:
+    """The configured name of the workspace a listing is filtered by, given by name or by path."""
+    value = request.query.get("workspace") or None
+    if value is None:
+        return None
+    try:
+        return core.workspace(value).name
+    except KeyError:
+        return value  # an unknown filter matches nothing
