@@ -125,6 +125,13 @@ def test_every_argument_and_option_in_the_help_is_described() -> None:
     assert "30m, 12h" in commands["observe"]._option_string_actions["--since"].help
 
 
+def test_the_readme_lists_every_command() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    cli_section = readme.split("## CLI", 1)[1].split("\n## ", 1)[0]
+    listed = {line.split()[1] for line in cli_section.splitlines() if line.startswith("nanobotctl ")}
+    assert set(subcommands_of(ctl.build_parser())) - listed == set()
+
+
 def test_runs_refuses_an_unknown_kind_before_asking_the_daemon(socket_path: Path, daemon: FakeDaemon,
                                                                capsys: pytest.CaptureFixture) -> None:
     assert run_ctl(socket_path, "runs", "--kind", "nap")[0] == 2
