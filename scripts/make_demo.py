@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Generate a demo nanobot workspace with realistic sessions in nanobot 0.3.5's on-disk format.
 
-Usage: python scripts/make_demo.py DIR   (DIR/workspace and DIR/.nanobot/sessions/<id>/ are created)
+Usage: python scripts/make_demo.py DIR
+
+Creates DIR/workspace (AGENTS.md, SOUL.md, USER.md, memory/MEMORY.md and .nanobot/workspace-id) and four
+sessions in DIR/sessions/<workspace-id>/, DIR standing for nanobot's config folder (~/.nanobot), where
+nanobotd finds them on its own. Prints the workspace path.
 """
 
 from __future__ import annotations

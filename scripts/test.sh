@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Install nanobotd with its test dependencies, QMD and (for compatibility tests) nanobot-ai in its own venv;
 # check the layer contracts and the linter; then run the whole test suite.
+# Disk: .venv about 400 MB; QMD and its Node 22 in .qmd-prefix/ about 1.1 GB (skipped without npm: its
+# tests skip); nanobot-ai in the user's cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}

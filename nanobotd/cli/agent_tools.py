@@ -121,7 +121,13 @@ def context(client: Client, arguments: Mapping[str, Any]) -> str:
     query = {"session": text_argument(arguments, "session_key"), "query": text_argument(arguments, "query"),
              "budget_tokens": int_argument(arguments, "budget_tokens", DEFAULT_CONTEXT_BUDGET, 200,
                                            MAX_CONTEXT_BUDGET)}
-    data = client.get("/v1/context", query)
+    try:
+        data = client.get("/v1/context", query)
+    except DaemonError as exc:
+        if exc.code != "unknown_session":
+            raise
+        # A session nanobotd has not seen yet (just started): the context without skipping its turns.
+        data = client.get("/v1/context", dict(query, session=""))
     text = str(data.get("text") or "").strip()
     if not text:
         return "Memory is empty: no bootstrap files, MEMORY.md, history or matching notes yet."

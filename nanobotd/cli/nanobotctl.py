@@ -1,8 +1,9 @@
 """nanobotctl: the command-line client of a running nanobotd, over its control socket.
 
 Standard library only, importing nothing of nanobotd but `cli` and `config.paths`, so `nanobotctl status`
-starts in tens of milliseconds. Exit codes: 0 ok, 1 the daemon refused or a run failed, 2 cannot connect.
-This module holds the argument parser and `main`; the commands live in `nanobotd.cli.commands`.
+starts in tens of milliseconds. Exit codes: 0 ok, 1 the daemon refused or a run failed, 2 cannot connect
+(or a usage error), 130 interrupted. This module holds the argument parser and `main`; the commands live in
+`nanobotd.cli.commands`, and values are checked here, naming the option, before the daemon is asked.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from nanobotd import __version__
+from nanobotd.cli.arguments import duration_text, positive_number, whole_number, workspace_name
 from nanobotd.cli.client import DEFAULT_TIMEOUT_SECONDS, CannotConnect, Client, DaemonError, resolve_socket
-from nanobotd.cli.commands import jobs, mcp, reports, search, sessions, setup
+from nanobotd.cli.commands import jobs, mcp, reports, search, sessions, setup, status
 from nanobotd.cli.invocation import (
     EXIT_BROKEN_PIPE,
     EXIT_CANNOT_CONNECT,
@@ -27,10 +29,11 @@ from nanobotd.cli.invocation import (
 )
 
 # The daemon's vocabulary and limits, repeated here because nanobotctl must not import the daemon.
-RUN_KINDS = ("consolidate", "flush", "dream", "lifecycle", "restore")
+RUN_KINDS = ("consolidate", "flush", "dream", "lifecycle", "restore", "reindex")
 SEARCH_MODES = ("search", "vsearch", "query")
 DEFAULT_RUNS_LIMIT, MAX_RUNS_LIMIT = 50, 1000
 DEFAULT_SEARCH_LIMIT, MAX_SEARCH_LIMIT = 10, 100
+MAX_CONTEXT_BUDGET = 2_000_000
 
 Command = Callable[[Invocation], int]
 AddCommand = Callable[[str, Command, str], argparse.ArgumentParser]
@@ -59,22 +62,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_session_commands(add: AddCommand) -> None:
-    add("status", sessions.status, "daemon and workspace health")
+    add("status", status.status, "daemon and workspace health")
     add("sessions", sessions.sessions, "list tracked sessions")
     _add_session_key(add("session", sessions.session, "show one session"))
-    runs = add("runs", sessions.runs, "list recent runs, newest first")
+    runs = add("runs", sessions.runs, "list recent runs, newest first (runs that changed nothing are hidden)")
     runs.add_argument("--kind", choices=RUN_KINDS, help="only runs of this job kind")
-    runs.add_argument("--limit", type=int, metavar="N",
+    runs.add_argument("--limit", type=whole_number("--limit", 1, MAX_RUNS_LIMIT), metavar="N",
                       help=f"show at most N runs (default {DEFAULT_RUNS_LIMIT}, at most {MAX_RUNS_LIMIT})")
-    add("run", sessions.run, "show one run and its manifest").add_argument(
+    runs.add_argument("--all", action="store_true", help="also list the runs that changed nothing")
+    add("run", sessions.run, "show what one run did (--json: its whole manifest)").add_argument(
         "run_id", metavar="RUN_ID", help="the run's id, as `nanobotctl runs` lists it")
 
 
 def _add_job_commands(add: AddCommand) -> None:
-    for name, handler, help_text in (("consolidate", jobs.consolidate, "archive a session's unarchived tail now"),
+    for name, handler, help_text in (("consolidate", jobs.consolidate,
+                                      "archive everything unarchived in a session now (beside an agent that "
+                                      "archives by itself: what left its session file)"),
                                      ("flush", jobs.flush, "flush durable facts from a session into today's note")):
         _add_wait(_add_session_key(add(name, handler, help_text)))
-    dream = add("dream", jobs.dream, "queue a dream now, whatever the schedule")
+    dream = add("dream", jobs.dream, "dream now, whatever the schedule")
     _add_wait(dream)
     add("dream-log", jobs.dream_log, "show a dream commit").add_argument(
         "target", nargs="?", metavar="RUN_ID|SHA", help="a dream's run id or commit (default: the newest dream)")
@@ -86,20 +92,20 @@ def _add_job_commands(add: AddCommand) -> None:
     lifecycle = add("lifecycle", jobs.lifecycle, "age daily notes and compact history now")
     lifecycle.add_argument("--dry-run", action="store_true", help="show what would move or compact")
     _add_wait(lifecycle)
-    add("reindex", jobs.reindex, "refresh the search indexes and print what was indexed")
+    _add_wait(add("reindex", jobs.reindex, "rebuild the search indexes and say what was indexed"))
 
 
 def _add_report_commands(add: AddCommand) -> None:
     add("audit", reports.audit, "check each workspace's memory layout")
     add("observe", reports.observe, "job outcome metrics").add_argument(
-        "--since", default="7d", metavar="PERIOD",
+        "--since", default="7d", type=duration_text("--since"), metavar="PERIOD",
         help="how far back: a number and a unit, m h d or w, e.g. 30m, 12h, 2w (default 7d)")
 
 
 def _add_search_commands(add: AddCommand) -> None:
     found = add("search", search.search, "search memory")
     found.add_argument("query", help="the words to look for")
-    found.add_argument("--limit", type=int, metavar="N",
+    found.add_argument("--limit", type=whole_number("--limit", 1, MAX_SEARCH_LIMIT), metavar="N",
                        help=f"show at most N hits (default {DEFAULT_SEARCH_LIMIT}, at most {MAX_SEARCH_LIMIT})")
     found.add_argument("--mode", choices=SEARCH_MODES,
                        help="how QMD searches: search by keywords (default), vsearch by meaning, query by both, "
@@ -107,7 +113,7 @@ def _add_search_commands(add: AddCommand) -> None:
     context = _add_session_key(add("context", search.context, "the budgeted memory context for a session"))
     context.add_argument("--query", default="", metavar="TEXT",
                          help="what the agent is about to answer, to pick the memory that matters")
-    context.add_argument("--budget", type=int, metavar="TOKENS",
+    context.add_argument("--budget", type=whole_number("--budget", 1, MAX_CONTEXT_BUDGET), metavar="TOKENS",
                          help="token budget (default: the workspace's context.budget_tokens)")
 
 
@@ -135,17 +141,23 @@ def _add_global_options(parser: argparse.ArgumentParser, *, argparse_defaults: b
 
     parser.add_argument("--socket", default=default(None), metavar="PATH", help="control socket path")
     parser.add_argument("--config", default=default(None), metavar="FILE", help="read [daemon] socket from this config")
-    parser.add_argument("--workspace", default=default(None), metavar="NAME",
+    parser.add_argument("--workspace", default=default(None), type=workspace_name, metavar="NAME|PATH",
                         help="workspace name or path (needed when the daemon manages several)")
-    parser.add_argument("--json", action="store_true", default=default(False), help="print the raw JSON answer")
-    parser.add_argument("--timeout", type=float, default=default(DEFAULT_TIMEOUT_SECONDS), metavar="SECONDS",
+    parser.add_argument("--json", action="store_true", default=default(False),
+                        help="print the daemon's whole answer as JSON, for scripts")
+    parser.add_argument("--timeout", type=positive_number("--timeout"), default=default(DEFAULT_TIMEOUT_SECONDS),
+                        metavar="SECONDS",
                         help=f"seconds to wait for each answer (default {DEFAULT_TIMEOUT_SECONDS:g})")
 
 
 def _add_wait(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--wait", action="store_true", help="wait for the run to finish and print it")
+    waiting = parser.add_mutually_exclusive_group()
+    waiting.add_argument("--no-wait", dest="wait", action="store_false",
+                         help="queue the run and return at once; follow it with `nanobotctl run RUN_ID`")
+    waiting.add_argument("--wait", dest="wait", action="store_true",
+                         help="wait for the run to end and say what it changed (the default)")
+    parser.set_defaults(wait=True)
     return parser
-
 
 
 def main(argv: list[str] | None = None, *, environ: Mapping[str, str] | None = None,

@@ -1,4 +1,5 @@
-"""`nanobotd`: argv -> config -> Daemon. Exit 2 on a bad config, naming the key."""
+"""`nanobotd`: argv -> config -> Daemon. Exit 2 on a bad config, naming the key; warnings for a config that
+loads but cannot work as meant (a model without its API key)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
+from urllib.parse import urlsplit
 
 from nanobotd import __version__
 from nanobotd.config.load import ConfigError, load_config
 
 EXIT_CONFIG = 2
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 RUN_HELP = "run the daemon (the default)"
 CHECK_HELP = "validate the config and print the effective settings"
 
@@ -46,13 +50,32 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nanobotd: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     if args.command == "check-config":
+        for warning in config_warnings(config):
+            print(f"nanobotd: warning: {warning}", file=sys.stderr)
         print(json.dumps(config.to_json(), indent=2))
         return 0
-    return run_daemon(config, polling=args.polling)
+    exit_now(run_daemon(config, polling=args.polling))
+
+
+def config_warnings(config) -> list[str]:
+    """What a valid config still gets wrong: an LLM configured whose API key variable is not set (a server
+    on this machine, as llm.api_base, usually needs none)."""
+    warnings = []
+    for workspace in config.workspaces:
+        llm = workspace.llm
+        host = urlsplit(llm.api_base).hostname if llm.api_base else None
+        if llm.model.lower() == "none" or workspace.api_key or host in LOCAL_HOSTS:
+            continue
+        warnings.append(f"workspace {workspace.name}: llm.model is {llm.model!r} but ${llm.api_key_env} "
+                        f"(named by llm.api_key_env) is not set: LLM calls will fail and consolidation "
+                        f"falls back to raw archives")
+    return warnings
 
 
 def run_daemon(config, *, polling: bool = False) -> int:
     """Configure logging and notification, then run the daemon until it is told to stop."""
+    from loguru import logger
+
     from nanobotd.api.server import ControlSocketError
     from nanobotd.daemon.daemon import Daemon
     from nanobotd.logsetup import configure_logging
@@ -60,17 +83,41 @@ def run_daemon(config, *, polling: bool = False) -> int:
 
     secrets = [workspace.api_key for workspace in config.workspaces if workspace.api_key]
     configure_logging(config.daemon.log_level, under_systemd=config.under_systemd, secrets=secrets)
+    for warning in config_warnings(config):
+        logger.warning("{}", warning)
     daemon = Daemon(config, notifier=Notifier(dict(os.environ)), polling=polling)
     try:
-        return asyncio.run(daemon.run())
+        return run_loop(daemon.run())
     except ControlSocketError as exc:
         print(f"nanobotd: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # noqa: BLE001 - the message is the point
-        from loguru import logger
-
         logger.opt(exception=exc).critical("nanobotd stopped: {}", exc)
         return 1
+
+
+def run_loop(main_task) -> int:
+    """asyncio.run, except that threads libraries left behind (litellm's import, say) are not waited for:
+    the daemon has stopped and closed what is its own, so they hold nothing that must be kept."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(main_task)
+    finally:
+        leftovers = asyncio.all_tasks(loop)
+        for task in leftovers:
+            task.cancel()
+        if leftovers:
+            loop.run_until_complete(asyncio.gather(*leftovers, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()  # shuts the default executor down without waiting for its threads
+
+
+def exit_now(code: int) -> NoReturn:
+    """Leave once stopped: state is closed and logs flushed, and tearing down litellm's module graph and
+    joining library threads at interpreter exit would keep a stopped daemon alive for seconds."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

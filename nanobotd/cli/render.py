@@ -5,7 +5,6 @@ Nothing here writes or talks to the daemon, so every rendering is testable on pl
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -71,16 +70,6 @@ def format_fields(data: Mapping[str, Any], indent: str = "") -> list[str]:
             lines.extend(format_fields(value, indent + "  "))
         else:
             lines.append(f"{indent}{printable(str(key)) + ':':<{width + 1}} {format_cell(value)}")
-    return lines
-
-
-def format_run(run: Mapping[str, Any]) -> list[str]:
-    """A run's fields, then its manifest as indented JSON, which is too nested for field lines."""
-    lines = format_fields({key: value for key, value in run.items() if key != "manifest"})
-    if run.get("manifest") is not None:
-        lines.append("manifest:")
-        text = json.dumps(run["manifest"], indent=2, ensure_ascii=False)
-        lines.append("\n".join(printable(line) for line in text.split("\n")))
     return lines
 
 

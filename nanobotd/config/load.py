@@ -33,6 +33,11 @@ LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL
 SEARCH_BACKENDS = ("builtin", "qmd", "both")
 CONSOLIDATION_MODES = ("auto", "companion", "owner")
 WORKSPACE_KEYS = {"path", "sessions_dir", "name"}
+# Keys people try that do not exist, with what to write instead.
+KEY_HINTS = {
+    "api_key": "the key itself never goes in the config: put it in an environment variable and name that "
+               "variable in llm.api_key_env, e.g. api_key_env = \"OPENAI_API_KEY\"",
+}
 
 __all__ = ["Config", "ConfigError", "build_config", "check_cron", "load_config", "socket_group_id"]
 
@@ -156,7 +161,8 @@ def _make(cls: type, values: dict, prefix: str, base: Any = None) -> Any:
     updates = {}
     for key, value in values.items():
         if key not in fields:
-            raise ConfigError(f"{prefix}.{key}: unknown key (known: {', '.join(sorted(fields))})")
+            hint = KEY_HINTS.get(key) or f"known: {', '.join(sorted(fields))}"
+            raise ConfigError(f"{prefix}.{key}: unknown key ({hint})")
         updates[key] = _coerce(value, _field_type(fields[key], getattr(current, key)), f"{prefix}.{key}")
         if isinstance(updates[key], (int, float)) and not isinstance(updates[key], bool):
             check_number(updates[key], f"{prefix}.{key}", f"{prefix.rsplit('.', 1)[-1]}.{key}")

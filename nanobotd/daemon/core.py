@@ -10,6 +10,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 from nanobotd.config.load import Config
@@ -54,7 +55,7 @@ class Core:
             if name in self.workspaces:
                 return self.workspaces[name]
             for workspace in self.workspaces.values():
-                if str(workspace.settings.path) == name:
+                if same_path(workspace.settings.path, name):
                     return workspace
             raise KeyError(f"no workspace named {name!r} (known: {', '.join(self.workspaces)})")
         if len(self.workspaces) == 1:
@@ -79,6 +80,18 @@ class Core:
         sessions = sum(len(workspace.tracker.sessions) for workspace in workspaces)
         tokens = sum(workspace.tracker.totals()["unarchived_tokens"] for workspace in workspaces)
         return f"{len(workspaces)} workspace(s), {sessions} session(s), {tokens} unarchived tokens"
+
+
+def same_path(path: Path, text: str) -> bool:
+    """Whether *text* names *path*: `~`, a trailing slash or a symlink on the way make no difference."""
+    if str(path) == text:
+        return True
+    if "/" not in text and not text.startswith("~"):
+        return False
+    try:
+        return Path(text).expanduser().resolve() == Path(path).resolve()
+    except (OSError, RuntimeError):
+        return False
 
 
 def config_timezone(config: Config):

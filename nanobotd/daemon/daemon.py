@@ -58,7 +58,9 @@ class Daemon:
         core = self.core
         loop = asyncio.get_running_loop()
         core.store.open()
-        if core.store.rebuilt:
+        if core.store.first_start:
+            logger.info("state database created at {} (first start)", core.store.path)
+        elif core.store.rebuilt:
             logger.warning("state database was (re)created; session progress is rebuilt from the files")
         core.queue = JobQueue(core.store, llm_concurrency=max(ws.llm.concurrency for ws in self.config.workspaces))
         for settings in self.config.workspaces:

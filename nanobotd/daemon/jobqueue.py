@@ -1,8 +1,10 @@
 """The job queue: every job is a run; one job per session at a time; bounded LLM concurrency.
 
 Submitting a job that is already queued for the same target returns the queued run (coalescing), so a
-burst of triggers costs one run. Runs are created in the ledger as "queued" before anything happens,
-so `nanobotctl run RUN_ID` can follow a job from the 202 answer on.
+burst of triggers costs one run; a queued job of smaller scope (a budget consolidation) is not joined by
+one that must do more (a manual one), which queues behind it instead. Runs are created in the ledger as
+"queued" before anything happens, so `nanobotctl run RUN_ID` can follow a job from the 202 answer on,
+and every run that ends gets one INFO line in the log.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 
 from loguru import logger
 
+from nanobotd.daemon import runview
 from nanobotd.state.store import StateStore
 
 JobBody = Callable[[str], Awaitable[object]]
@@ -25,6 +28,8 @@ class _Job:
     target: tuple[str, str]
     body: JobBody
     uses_llm: bool
+    scope: int = 0
+    phase: str = "queued"
     task: asyncio.Task | None = None
 
 
@@ -36,8 +41,9 @@ class JobQueue:
         self.llm_slots = asyncio.Semaphore(llm_concurrency)
         self.llm_concurrency = llm_concurrency
         self._target_locks: dict[tuple[str, str], asyncio.Lock] = {}
-        self._queued: dict[tuple[str, str, str], _Job] = {}
+        self._queued: dict[tuple[str, str, str], _Job] = {}  # the job a submit for this key joins
         self._running: dict[str, _Job] = {}
+        self._jobs: dict[str, _Job] = {}  # every job not yet ended, by run id
         self._accepting = True
         self.llm_in_flight = 0
         self.llm_in_flight_max = 0
@@ -48,32 +54,49 @@ class JobQueue:
         return self._accepting
 
     def submit(self, kind: str, workspace: str, target: str, body: JobBody, *, session_key: str | None = None,
-               uses_llm: bool = True, manifest: dict | None = None, join_running: bool = False) -> str:
+               uses_llm: bool = True, manifest: dict | None = None, join_running: bool = False,
+               scope: int = 0) -> str:
         """Queue a job; returns its run_id.
 
-        An already queued job for the same kind and target is reused; with *join_running*, so is a running
-        one (a nightly job is never started twice at once, nor queued again behind itself).
+        An already queued job for the same kind and target is reused when its *scope* is at least this one's;
+        with *join_running*, so is a running one (a nightly job is never started twice at once, nor queued
+        again behind itself).
         """
         if not self._accepting:
             raise RuntimeError("the daemon is stopping and takes no new jobs")
         coalesce_key = (kind, workspace, target)
+        joined = self.joinable(kind, workspace, target, scope=scope, join_running=join_running)
+        if joined is not None:
+            return joined
+        run_id = self.store.create_run(kind, workspace, session_key=session_key, manifest=manifest or {},
+                                       state="queued")
+        job = _Job(run_id, kind, (workspace, target), body, uses_llm, scope)
+        self._queued[coalesce_key] = job
+        self._jobs[run_id] = job
+        job.task = asyncio.get_running_loop().create_task(self._run(job, coalesce_key), name=f"job-{run_id}")
+        return run_id
+
+    def joinable(self, kind: str, workspace: str, target: str, *, scope: int = 0,
+                 join_running: bool = False) -> str | None:
+        """The run a submit with these arguments would join instead of queueing a new one, if any."""
+        coalesce_key = (kind, workspace, target)
         queued = self._queued.get(coalesce_key)
-        if queued is not None:
+        if queued is not None and queued.scope >= scope:
             return queued.run_id
         if join_running:
             for job in self._running.values():
                 if (job.kind, *job.target) == coalesce_key:
                     return job.run_id
-        run_id = self.store.create_run(kind, workspace, session_key=session_key, manifest=manifest or {},
-                                       state="queued")
-        job = _Job(run_id, kind, (workspace, target), body, uses_llm)
-        self._queued[coalesce_key] = job
-        job.task = asyncio.get_running_loop().create_task(self._run(job, coalesce_key), name=f"job-{run_id}")
-        return run_id
+        return None
+
+    def phase(self, run_id: str) -> str | None:
+        """queued, waiting_for_llm or running for a job this queue holds; None otherwise."""
+        job = self._jobs.get(run_id)
+        return job.phase if job is not None else None
 
     def busy(self, workspace: str, target: str) -> bool:
         """A job for this target is queued or running."""
-        return any(job.target == (workspace, target) for job in [*self._queued.values(), *self._running.values()])
+        return any(job.target == (workspace, target) for job in self._jobs.values())
 
     def running_kinds(self) -> list[str]:
         """Kinds of the jobs running now (for status)."""
@@ -83,21 +106,32 @@ class JobQueue:
         lock = self._target_locks.setdefault(job.target, asyncio.Lock())
         try:
             async with lock:
-                self._queued.pop(coalesce_key, None)
+                self._leave_queue(job, coalesce_key)
                 if job.uses_llm:
+                    job.phase = "waiting_for_llm"
                     async with self.llm_slots:
                         await self._execute(job)
                 else:
                     await self._execute(job)
         except asyncio.CancelledError:
-            self._queued.pop(coalesce_key, None)
+            self._leave_queue(job, coalesce_key)
             run = self.store.get_run(job.run_id)
             if run is not None and run.state == "queued":
                 self.store.finish_run(job.run_id, state="cancelled", outcome="cancelled")
+                logger.info("run {} ({}, workspace {}) cancelled before it started", job.run_id, job.kind,
+                            job.target[0])
             raise
+        finally:
+            self._jobs.pop(job.run_id, None)
+
+    def _leave_queue(self, job: _Job, coalesce_key: tuple[str, str, str]) -> None:
+        # A job of wider scope may have taken the slot meanwhile: only free the slot this job holds.
+        if self._queued.get(coalesce_key) is job:
+            del self._queued[coalesce_key]
 
     async def _execute(self, job: _Job) -> None:
         self._running[job.run_id] = job
+        job.phase = "running"
         self.store.start_run(job.run_id)
         if job.uses_llm:
             self.llm_in_flight += 1
@@ -116,13 +150,23 @@ class JobQueue:
             if job.uses_llm:
                 self.llm_in_flight -= 1
             self._running.pop(job.run_id, None)
+            self._log_end(job.run_id)
+
+    def _log_end(self, run_id: str) -> None:
+        try:
+            run = self.store.get_run(run_id)
+        except Exception as exc:  # the store may be closing under a cancelled job; the line is not worth a crash
+            logger.debug("no end line for run {}: {}", run_id, exc)
+            return
+        if run is not None:
+            logger.info("{}", runview.end_line(run))
 
     async def drain(self, timeout: float) -> None:
         """Stop accepting; cancel queued jobs; give running ones *timeout* seconds to reach their end."""
         self._accepting = False
-        for job in list(self._queued.values()):
-            if job.task is not None and job.run_id not in self._running:
-                job.task.cancel()
+        waiting = [job.task for job in self._jobs.values() if job.task is not None and job.phase != "running"]
+        for task in waiting:
+            task.cancel()
         tasks = [job.task for job in self._running.values() if job.task is not None]
         if tasks:
             done, pending = await asyncio.wait(tasks, timeout=timeout)
@@ -130,14 +174,13 @@ class JobQueue:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=2)
-        queued_tasks = [job.task for job in self._queued.values() if job.task is not None]
-        if queued_tasks:
-            await asyncio.wait(queued_tasks, timeout=2)
+        if waiting:
+            await asyncio.wait(waiting, timeout=2)
 
     async def wait_idle(self) -> None:
         """Wait until nothing is queued or running (tests and one-shot mode)."""
-        while self._queued or self._running:
-            tasks = [job.task for job in [*self._queued.values(), *self._running.values()] if job.task]
+        while self._jobs:
+            tasks = [job.task for job in self._jobs.values() if job.task]
             if tasks:
                 await asyncio.wait(tasks)
             else:

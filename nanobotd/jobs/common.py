@@ -65,6 +65,14 @@ class RestoreRefused(Exception):
         self.conflicts = conflicts or []
 
 
+def note_progress(manifest: dict, step: str, done: int | None = None, total: int | None = None) -> None:
+    """Say in the manifest how far the run has got (step, n of m), so a waiting `nanobotctl` can show it.
+
+    The caller journals the manifest, as before any step that changes files.
+    """
+    manifest["progress"] = {"step": step, "done": done, "total": total}
+
+
 def refuse_if_expired(run: RunRecord) -> None:
     """Refuse runs whose backups were pruned after the restore window."""
     if run.manifest.get(EXPIRED):

@@ -15,7 +15,7 @@ from loguru import logger
 
 from nanobotd import fsio
 from nanobotd.config.schema import WorkspaceSettings
-from nanobotd.jobs.common import JobEnv, RestoreRefused, refuse_if_expired
+from nanobotd.jobs.common import JobEnv, RestoreRefused, note_progress, refuse_if_expired
 from nanobotd.llm.client import LLMClient
 from nanobotd.llm.failures import LLMError
 from nanobotd.llm.reply import UsageMeter
@@ -95,6 +95,8 @@ async def flush_session(
     known = _known_bullets(note)
     prompt = build_prompt(conversation, day, known, llm)
     manifest["sent"] = prompt.pop("sent")
+    note_progress(manifest, f"asking the LLM for durable facts in {len(conversation)} messages")
+    store.journal(run_id, manifest)
     try:
         reply = await llm.complete(prompt["messages"], max_tokens=REPLY_MAX_TOKENS, temperature=0.0)
     except LLMError as exc:

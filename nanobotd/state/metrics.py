@@ -98,32 +98,41 @@ def summarize_outcomes(store: StateStore, *, since: float, now: float) -> dict:
         if outcome == RESTORED_OUTCOME:
             continue  # a restore's marker row, not an update attempt; restores are counted from the runs
         groups.setdefault((kind, workspace), _Group()).add(outcome, reason, tokens, latency_ms)
-    for key, count in _restores(store, since, now).items():
+    restores = _restores(store, since, now)
+    for key, count in restores.pop("by_row").items():
         groups.setdefault(key, _Group()).restored = count
     return {
         "since": iso_local(since),
         "now": iso_local(now),
         "rows": [group.to_json(kind, workspace) for (kind, workspace), group in sorted(groups.items())],
+        "restores": restores,
     }
 
 
-def _restores(store: StateStore, since: float, now: float) -> Counter:
-    """Finished restore runs in the window, counted by (kind of the run they undid, workspace)."""
-    restored: Counter = Counter()
+def _restores(store: StateStore, since: float, now: float) -> dict:
+    """Every restore run in the window: how many, by outcome and by the kind of run undone; and the
+    finished ones counted by (kind of the run they undid, workspace) for the rows."""
+    by_row: Counter = Counter()
+    by_outcome: Counter = Counter()
+    by_kind: Counter = Counter()
     rows = store.query(
-        "SELECT workspace, manifest FROM runs WHERE kind=? AND state='finished' AND started_at >= ?"
-        " AND started_at <= ?",
+        "SELECT workspace, state, outcome, manifest FROM runs WHERE kind=? AND started_at >= ?"
+        " AND started_at <= ? AND state NOT IN ('queued', 'started')",
         (RESTORE_KIND, since, now),
     )
-    for workspace, manifest_text in rows:
+    for workspace, state, outcome, manifest_text in rows:
+        by_outcome[outcome or state] += 1
+        if state != "finished":
+            continue
         try:
             manifest = json.loads(manifest_text)
         except ValueError:
-            continue
-        kind = _target_kind(store, manifest) if isinstance(manifest, dict) else None
-        if kind:
-            restored[(kind, workspace)] += 1
-    return restored
+            manifest = None
+        kind = (_target_kind(store, manifest) if isinstance(manifest, dict) else None) or "unknown"
+        by_kind[kind] += 1
+        by_row[(kind, workspace)] += 1
+    return {"total": sum(by_outcome.values()), "by_outcome": dict(by_outcome), "by_kind": dict(by_kind),
+            "by_row": by_row}
 
 
 def _target_kind(store: StateStore, manifest: dict) -> str | None:

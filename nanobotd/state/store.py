@@ -25,6 +25,9 @@ from nanobotd.timestamps import iso_local
 DB_NAME = "state.db"
 RUNS_DIR = "runs"
 OPEN_RUN_STATES = ("queued", "started")
+# Outcomes of finished runs that changed nothing; `nanobotctl runs` hides them unless asked (--all).
+# (A consolidation whose summary is "nothing" still archived its messages: outcome "nothing", shown.)
+UNCHANGED_OUTCOMES = ("no_change", "skipped_offline")
 
 MIGRATIONS: list[str] = [
     # 1: sessions, cached message list, nanobotd's archive marks, spool, runs, outcomes, job state
@@ -170,12 +173,18 @@ class StateStore:
         self.path = self.state_dir / DB_NAME
         self.clock = clock
         self.rebuilt = False
+        self.first_start = False
         self._lock = threading.RLock()
         self._db: sqlite3.Connection | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
     def open(self) -> StateStore:
-        """Open (creating or migrating) the database; a corrupt one is moved aside and recreated."""
+        """Open (creating or migrating) the database; a corrupt one is moved aside and recreated.
+
+        `first_start` tells a database created in an empty state folder (nothing was lost) from one
+        recreated beside earlier state (deleted, moved aside), which is worth a warning.
+        """
+        self.first_start = not self.state_dir.is_dir() or not any(self.state_dir.iterdir())
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         (self.state_dir / RUNS_DIR).mkdir(exist_ok=True, mode=0o700)
         try:
@@ -185,6 +194,7 @@ class StateStore:
             self._move_aside()
             self._db = self._connect()
             self.rebuilt = True
+            self.first_start = False
         return self
 
     def close(self) -> None:
@@ -293,21 +303,18 @@ class StateStore:
         return _run_from_row(rows[0]) if rows else None
 
     def list_runs(self, *, kind: str | None = None, workspace: str | None = None, limit: int = 50,
-                  states: tuple[str, ...] | None = None) -> list[RunRecord]:
-        """Newest first."""
-        sql, args = "SELECT * FROM runs WHERE 1=1", []
-        if kind:
-            sql += " AND kind=?"
-            args.append(kind)
-        if workspace:
-            sql += " AND workspace=?"
-            args.append(workspace)
-        if states:
-            sql += f" AND state IN ({','.join('?' * len(states))})"
-            args.extend(states)
-        sql += " ORDER BY started_at DESC, rowid DESC LIMIT ?"
-        args.append(limit)
-        return [_run_from_row(row) for row in self.query(sql, tuple(args))]
+                  states: tuple[str, ...] | None = None, unchanged: bool = True) -> list[RunRecord]:
+        """Newest first; *unchanged* False leaves out the finished runs that changed nothing."""
+        where, args = _run_filter(kind, workspace, states, unchanged)
+        sql = f"SELECT * FROM runs WHERE {where} ORDER BY started_at DESC, rowid DESC LIMIT ?"
+        return [_run_from_row(row) for row in self.query(sql, (*args, limit))]
+
+    def count_unchanged_runs(self, *, kind: str | None = None, workspace: str | None = None) -> int:
+        """How many finished runs changed nothing, so a listing that hides them can say so."""
+        where, args = _run_filter(kind, workspace, ("finished",), True)
+        placeholders = ",".join("?" * len(UNCHANGED_OUTCOMES))
+        sql = f"SELECT count(*) FROM runs WHERE {where} AND outcome IN ({placeholders})"
+        return self.query(sql, (*args, *UNCHANGED_OUTCOMES))[0][0]
 
     # -- outcomes and job state --------------------------------------------------------------------
     def record_outcome(self, kind: str, workspace: str, outcome: str, *, run_id: str | None = None,
@@ -339,6 +346,26 @@ class StateStore:
                 " last_run_id=excluded.last_run_id",
                 (job, workspace, when if when is not None else self.clock(), run_id),
             )
+
+
+def _run_filter(kind: str | None, workspace: str | None, states: tuple[str, ...] | None,
+                unchanged: bool) -> tuple[str, list]:
+    """The WHERE clause (and its arguments) shared by the run listings."""
+    clauses, args = ["1=1"], []
+    if kind:
+        clauses.append("kind=?")
+        args.append(kind)
+    if workspace:
+        clauses.append("workspace=?")
+        args.append(workspace)
+    if states:
+        clauses.append(f"state IN ({','.join('?' * len(states))})")
+        args.extend(states)
+    if not unchanged:
+        placeholders = ",".join("?" * len(UNCHANGED_OUTCOMES))
+        clauses.append(f"NOT (state='finished' AND coalesce(outcome, '') IN ({placeholders}))")
+        args.extend(UNCHANGED_OUTCOMES)
+    return " AND ".join(clauses), args
 
 
 def _run_from_row(row: tuple) -> RunRecord:

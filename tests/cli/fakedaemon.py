@@ -14,6 +14,7 @@ from nanobotd.api.server import ControlServer
 from nanobotd.cli import nanobotctl
 
 NANOBOTCTL = Path(sys.executable).with_name("nanobotctl")
+REPO = Path(__file__).resolve().parents[2]
 
 STATUS = {
     "version": "0.1.0", "pid": 4321, "uptime_seconds": 3725,
@@ -21,12 +22,19 @@ STATUS = {
         {"name": "main", "path": "/srv/ws", "sessions_dir": "/srv/ws/sessions", "sessions_watched": 3,
          "unarchived_messages": 12, "unarchived_tokens": 3400,
          "watcher": {"healthy": True, "mode": "inotify", "last_reconcile": "2025-01-01T10:00:00"},
-         "llm_mode": "openai/gpt-4o-mini", "git": {"head": "abc123", "dirty": False},
+         "llm_mode": "openai/gpt-4o-mini",
+         "git": {"available": True, "reason": None, "head": "abc123def4567890", "dirty_tracked_files": []},
          "jobs": {"dream": {"last_success": "2025-01-01T04:15:00", "next_run": "2025-01-02T04:15:00",
                             "running": False},
                   "lifecycle": {"last_success": None, "next_run": "2025-01-02T04:45:00", "running": True}},
-         "search": {"backend": "builtin", "documents": 120}},
-        {"name": "second", "path": "/srv/ws2", "llm_mode": "offline", "watcher": {"healthy": False}},
+         "search": {"backend": "builtin",
+                    "builtin": {"units": 185, "files": 8, "last_refresh": "2025-01-01T10:00:01", "db_bytes": 457328},
+                    "last_refresh": {"files_checked": 8, "files_reindexed": 2, "units_added": 20, "units_removed": 3,
+                                     "seconds": 0.03},
+                    "pending_changes": 0}},
+        {"name": "second", "path": "/srv/ws2", "llm_mode": "offline", "watcher": {"healthy": False},
+         "jobs": {"dream": {"off": "the dream needs an LLM", "last_success": None, "next_run": None,
+                            "running": False}}},
     ],
 }
 
@@ -74,24 +82,43 @@ class FakeDaemon:
         if request.params["key"] == "nope":
             raise ApiError(404, "unknown_session", "no session 'nope' in workspace main")
         return {"session": {"key": request.params["key"], "messages": 3, "budget": 190000,
+                            "unarchived_messages": 4, "unarchived_tokens": 120,
                             "last_run": {"run_id": "r7", "state": "done"}}}
 
     async def runs(self, request: Request) -> dict:
         return {"runs": [{"run_id": "r1", "kind": request.query.get("kind", "dream"), "workspace": "main",
-                          "session_key": None, "state": "done", "outcome": "written",
+                          "session_key": None, "state": "finished", "outcome": "written",
                           "started_at": "2025-01-01T04:15:00", "finished_at": "2025-01-01T04:16:00"}],
-                "query": request.query}
+                "hidden_unchanged": 0 if request.query.get("all") else 3, "query": request.query}
 
     async def run(self, request: Request) -> dict:
         run_id = request.params["run_id"]
-        states = self.run_states.get(run_id) or ["done"]
+        if run_id == "nope":
+            raise ApiError(404, "unknown_run", "no run 'nope'")
+        states = self.run_states.get(run_id) or ["finished"]
         state = states.pop(0) if len(states) > 1 else states[0]
-        return {"run": {"run_id": run_id, "kind": "consolidate", "state": state,
-                        "manifest": {"files": ["memory/history.jsonl"], "cursor": [10, 12]}}}
+        run = {"run_id": run_id, "kind": "consolidate", "workspace": "main", "session_key": "cli:direct",
+               "state": state, "outcome": {"finished": "summarized", "failed": "error"}.get(state),
+               "started_at": "2025-01-01T10:00:00", "finished_at": None, "duration_seconds": None,
+               "progress": None, "changes": {"files": [], "commits": []},
+               "manifest": {"chunks": [{"count": 30, "tokens": 900, "outcome": "summarized", "cursors": [10, 11]}],
+                            "cursors": [10, 11], "removed_transcript": "x" * 2000}}
+        if state in ("queued", "started"):
+            run["progress"] = {"phase": "running" if state == "started" else "queued", "step": "archiving",
+                               "done": 1, "total": 3, "elapsed_seconds": 2.0}
+        else:
+            run.update(finished_at="2025-01-01T10:00:02", duration_seconds=2.25,
+                       changes={"entries_added": 2, "messages_archived": 30, "files": ["memory/history.jsonl"],
+                                "commits": []})
+        if state == "failed":
+            run.update(error="LLMUnavailable: connection refused",
+                       changes={"files": [], "commits": []})
+        return {"run": run}
 
     async def queue(self, request: Request) -> Response:
         session = request.body_value("session", str)
-        return Response(202, {"run_id": f"run-{session}"})
+        return Response(202, {"run_id": f"run-{session}", "session": session, "joined": session == "joined",
+                              "consolidation_mode": "companion" if session == "agent" else "owner"})
 
     async def dream(self, request: Request) -> Response:
         return Response(202, {"run_ids": ["d-main", "d-second"]})
@@ -104,8 +131,8 @@ class FakeDaemon:
     async def restore(self, request: Request) -> Response | dict:
         body = request.json_object()
         if body.get("dry_run"):
-            return {"plan": [f"revert {body['target']}", "restore memory/MEMORY.md"]}
-        return Response(202, {"run_id": "restore-1"})
+            return {"plan": [f"revert {body['target']}", "restore memory/MEMORY.md"], "kind": "dream"}
+        return Response(202, {"run_id": "restore-1", "status_url": "/v1/runs/restore-1"})
 
     async def lifecycle(self, request: Request) -> Response | dict:
         if request.json_object().get("dry_run"):
@@ -120,10 +147,13 @@ class FakeDaemon:
         return {"since": request.query.get("since"), "rows": [
             {"kind": "consolidate", "workspace": "main", "total": 10, "written": 8, "no_change": 1,
              "guard_rejected": 0, "raw_fallback": 1, "error": 0, "rates": {"error": 0.0}, "tokens": 12345,
-             "latency_ms_p50": 800, "latency_ms_p95": 2100, "restored": 0}]}
+             "latency_ms_p50": 800, "latency_ms_p95": 2100, "restored": 2,
+             "fallback_reasons": {"LLM failed: timeout": 1}}],
+            "restores": {"total": 3, "by_outcome": {"restored": 2, "refused": 1}, "by_kind": {"consolidate": 2}}}
 
     async def search(self, request: Request) -> dict:
-        return {"backend": "builtin", "degraded": "qmd unavailable", "hits": [
+        fallback = {"fallback": "vsearch needs QMD"} if request.query.get("mode") == "vsearch" else {}
+        return {**fallback, "backend": "builtin", "degraded": "qmd unavailable", "hits": [
             {"source": "memory", "path": "memory/MEMORY.md", "line_start": 10, "line_end": 14,
              "session_key": None, "when": "2025-01-01", "snippet": f"about {request.query['q']}", "score": 3.5},
             {"source": "session", "path": "sessions/cli_direct.jsonl", "line_start": None, "line_end": None,
@@ -131,12 +161,17 @@ class FakeDaemon:
              "snippet": "we talked\nabout it", "score": 1.25}]}
 
     async def context(self, request: Request) -> dict:
+        if request.query.get("session") == "nope":
+            raise ApiError(404, "unknown_session", "no session 'nope'")
+        if request.query.get("budget_tokens") == "1":
+            return {"text": "", "tokens": 0, "budget_tokens": 1, "parts": [], "omitted": [],
+                    "warning": "the context is empty: a budget of 1 tokens fits none of SOUL.md; raise the budget"}
         return {"text": f"# Memory\nfor {request.query['session']}: {request.query.get('query')}",
                 "tokens": 12, "budget_tokens": int(request.query.get("budget_tokens", 0)), "parts": [],
                 "omitted": []}
 
-    async def reindex(self, request: Request) -> dict:
-        return {"indexed": 12}
+    async def reindex(self, request: Request) -> Response:
+        return Response(202, {"run_id": "reindex-1"})
 
 
 class ServerThread:
@@ -167,6 +202,7 @@ def run_ctl(socket_path: Path, *argv: str, environ: dict | None = None) -> tuple
 
 
 def subprocess_env(socket_path: Path) -> dict:
-    """A minimal environment in which a nanobotctl subprocess finds *socket_path* and nothing real."""
+    """A minimal environment in which a nanobotctl subprocess finds *socket_path* and nothing real, and
+    imports the nanobotd of this checkout (not whichever one the venv was installed from)."""
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NANOBOTD_SOCKET": str(socket_path),
-            "HOME": str(socket_path.parent), "XDG_CONFIG_HOME": str(socket_path.parent)}
+            "HOME": str(socket_path.parent), "XDG_CONFIG_HOME": str(socket_path.parent), "PYTHONPATH": str(REPO)}

@@ -29,6 +29,8 @@ class Canned:
     async def answer(self, request: Request) -> dict:
         self.queries.append(dict(request.query))
         answer = self.answers[request.path]
+        if callable(answer):
+            answer = answer(request)
         if isinstance(answer, ApiError):
             raise answer
         return answer
@@ -121,3 +123,15 @@ def test_a_history_hit_keeps_its_file_and_line_beside_its_session_and_a_short_da
     client, _ = serve({"/v1/search": {"hits": [hit]}})
     text, _ = agent_tools.call_tool(client, "memory_search", {"query": "tea"})
     assert "[1] history · memory/history.jsonl lines 4 (session telegram:9) · 2026-11-20 10:15\n" in text
+
+
+def test_a_session_the_daemon_does_not_know_yet_gets_the_context_without_it(serve) -> None:
+    def context(request: Request):
+        if request.query.get("session"):
+            return ApiError(404, "unknown_session", "no session 'cli:new'")
+        return {"text": "# Memory", "tokens": 3, "budget_tokens": 3500}
+
+    client, canned = serve({"/v1/context": context})
+    text, is_error = agent_tools.call_tool(client, "memory_context", {"session_key": "cli:new"})
+    assert not is_error and text.startswith("# Memory")
+    assert [query.get("session") for query in canned.queries] == ["cli:new", None]

@@ -64,5 +64,14 @@ def test_the_socket_comes_from_env_then_config_then_the_default(tmp_path: Path) 
 def test_workspace_is_sent_as_query_or_body_param(socket_path: Path, daemon: FakeDaemon) -> None:
     run_ctl(socket_path, "--workspace", "second", "sessions")
     assert daemon.requests[-1].query == {"workspace": "second"}
-    run_ctl(socket_path, "dream", "--workspace", "second")
+    run_ctl(socket_path, "dream", "--workspace", "second", "--no-wait")
     assert daemon.requests[-1].body == {"workspace": "second"}
+
+
+def test_a_workspace_path_is_sent_absolute_because_the_daemon_runs_elsewhere(socket_path: Path, daemon: FakeDaemon,
+                                                                           monkeypatch) -> None:
+    monkeypatch.chdir(socket_path.parent)
+    run_ctl(socket_path, "--workspace", "./ws", "runs")
+    assert daemon.requests[-1].query == {"workspace": str(socket_path.parent / "ws")}
+    run_ctl(socket_path, "--workspace", "~/ws/", "sessions")
+    assert daemon.requests[-1].query == {"workspace": str(Path.home() / "ws")}

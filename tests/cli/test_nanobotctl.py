@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nanobotd.cli import invocation
+from nanobotd.cli import invocation, nanobotd
 from nanobotd.cli import nanobotctl as ctl
 from tests.cli.fakedaemon import NANOBOTCTL, STATUS, FakeDaemon, run_ctl, subprocess_env
 
@@ -23,7 +23,8 @@ ALLOWED_OWN_MODULES = {"nanobotd", "nanobotd.cli", "nanobotd.cli.client", "nanob
                        "nanobotd.cli.commands.mcp", "nanobotd.cli.commands.setup",
                        "nanobotd.cli.nanobotctl", "nanobotd.cli.render", "nanobotd.cli.commands",
                        "nanobotd.cli.commands.jobs", "nanobotd.cli.commands.reports", "nanobotd.cli.commands.search",
-                       "nanobotd.cli.commands.sessions", "nanobotd.config", "nanobotd.config.paths"}
+                       "nanobotd.cli.commands.sessions", "nanobotd.cli.commands.status", "nanobotd.cli.arguments",
+                       "nanobotd.cli.runtext", "nanobotd.cli.waiting", "nanobotd.config", "nanobotd.config.paths"}
 
 
 def test_json_output_is_the_raw_answer(socket_path: Path, daemon: FakeDaemon) -> None:
@@ -105,16 +106,30 @@ def test_nanobotctl_status_answers_quickly(socket_path: Path, daemon: FakeDaemon
     assert statistics.median(durations) < 0.5
 
 
+def subcommands_of(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """A parser's sub-commands by name (empty when it has none)."""
+    found = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    return dict(found[0].choices) if found else {}
+
+
 def test_every_argument_and_option_in_the_help_is_described() -> None:
-    parser = ctl.build_parser()
-    subcommands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
-    undescribed = [f"{name} {action.dest}"
-                   for name, command in [("nanobotctl", parser), *subcommands.choices.items()]
-                   for action in command._actions
-                   if not action.help and action.dest != "deprecated_now"]
-    assert undescribed == []
-    assert set(subcommands.choices["runs"]._option_string_actions["--kind"].choices) == set(ctl.RUN_KINDS)
-    assert "30m, 12h" in subcommands.choices["observe"]._option_string_actions["--since"].help
+    for program, parser in (("nanobotctl", ctl.build_parser()), ("nanobotd", nanobotd.build_parser())):
+        commands = subcommands_of(parser)
+        undescribed = [f"{program} {name} {action.dest}"
+                       for name, command in [("", parser), *commands.items()]
+                       for action in command._actions if not action.help]
+        assert undescribed == []
+        assert not [name for name, command in commands.items() if not command.description]
+    commands = subcommands_of(ctl.build_parser())
+    assert set(commands["runs"]._option_string_actions["--kind"].choices) == set(ctl.RUN_KINDS)
+    assert "30m, 12h" in commands["observe"]._option_string_actions["--since"].help
+
+
+def test_the_readme_lists_every_command() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    cli_section = readme.split("## CLI", 1)[1].split("\n## ", 1)[0]
+    listed = {line.split()[1] for line in cli_section.splitlines() if line.startswith("nanobotctl ")}
+    assert set(subcommands_of(ctl.build_parser())) - listed == set()
 
 
 def test_runs_refuses_an_unknown_kind_before_asking_the_daemon(socket_path: Path, daemon: FakeDaemon,

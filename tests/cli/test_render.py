@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from nanobotd.cli import render
@@ -19,14 +17,6 @@ def test_format_rows_picks_columns_by_key_or_says_there_is_nothing() -> None:
     assert render.format_rows([("KEY", "key"), ("COUNT", "count")], items, "none") == [
         "KEY  COUNT", "a        1", "bb       -"]
     assert render.format_rows([("KEY", "key")], [], "no sessions tracked") == ["no sessions tracked"]
-
-
-def test_format_run_puts_the_manifest_last_as_json() -> None:
-    lines = render.format_run({"run_id": "r1", "manifest": {"files": ["USER.md"]}, "state": "done"})
-    assert lines[:2] == ["run_id: r1", "state:  done"]
-    assert lines[2] == "manifest:"
-    assert json.loads(lines[3]) == {"files": ["USER.md"]}
-    assert render.format_run({"run_id": "r2"}) == ["run_id: r2"]
 
 
 def test_format_duration_uses_the_largest_units_and_passes_other_values_through() -> None:

@@ -1,4 +1,4 @@
-"""nanobotd/cli/commands/sessions.py: status, sessions, session, runs and run."""
+"""nanobotd/cli/commands/sessions.py: sessions, session, runs and run."""
 
 from __future__ import annotations
 
@@ -6,18 +6,6 @@ import json
 from pathlib import Path
 
 from tests.cli.fakedaemon import FakeDaemon, run_ctl
-
-
-def test_status_prints_one_block_per_workspace(socket_path: Path, daemon: FakeDaemon) -> None:
-    code, out, err = run_ctl(socket_path, "status")
-    assert (code, err) == (0, "")
-    assert "nanobotd 0.1.0  pid 4321  up 1h 2m 5s" in out
-    assert "workspace main  (/srv/ws)" in out
-    assert "workspace second  (/srv/ws2)" in out
-    assert "12 messages, 3400 tokens" in out
-    assert "healthy (inotify)" in out and "UNHEALTHY" in out
-    assert "next 2025-01-02T04:45:00 (running)" in out
-    assert "head=abc123, dirty=no" in out
 
 
 def test_sessions_prints_an_aligned_table(socket_path: Path, daemon: FakeDaemon) -> None:
@@ -36,7 +24,7 @@ def test_a_session_key_with_slash_and_colon_round_trips(socket_path: Path, daemo
     code, out, _ = run_ctl(socket_path, "session", key)
     assert code == 0
     assert daemon.requests[-1].params["key"] == key
-    assert f"key:      {key}" in out
+    assert f"key:                 {key}" in out
     assert "last_run:" in out and "  run_id: r7" in out
 
 
@@ -50,9 +38,33 @@ def test_runs_sends_filters_and_prints_a_table(socket_path: Path, daemon: FakeDa
     assert daemon.requests[-1].query == {}
 
 
-def test_run_prints_fields_then_the_manifest(socket_path: Path, daemon: FakeDaemon) -> None:
+def test_runs_hides_the_runs_that_changed_nothing_and_says_how_many(socket_path: Path, daemon: FakeDaemon) -> None:
+    out = run_ctl(socket_path, "runs")[1]
+    assert out.splitlines()[-1] == ("(3 runs that changed nothing not shown: --all lists them; "
+                                    "`nanobotctl observe` counts them)")
+    out = run_ctl(socket_path, "runs", "--all")[1]
+    assert daemon.requests[-1].query == {"all": "true"}
+    assert "not shown" not in out
+
+
+def test_run_reads_as_a_summary_and_json_keeps_the_manifest(socket_path: Path, daemon: FakeDaemon) -> None:
     code, out, _ = run_ctl(socket_path, "run", "r-5")
     assert code == 0
-    fields, _, manifest = out.partition("manifest:\n")
-    assert "run_id: r-5" in fields
-    assert json.loads(manifest) == {"files": ["memory/history.jsonl"], "cursor": [10, 12]}
+    lines = out.splitlines()
+    assert lines[0] == "run r-5"
+    assert "  outcome:               summarized" in lines and "  took:                  2.25s" in lines
+    assert "  files:                 memory/history.jsonl" in lines
+    assert "removed_transcript" not in out and "{" not in out
+    assert lines[-1] == "(--json shows the whole manifest)"
+    data = json.loads(run_ctl(socket_path, "--json", "run", "r-5")[1])
+    assert data["run"]["manifest"]["removed_transcript"] == "x" * 2000
+
+
+def test_an_open_run_shows_how_far_it_has_got(socket_path: Path, daemon: FakeDaemon) -> None:
+    daemon.run_states["r-6"] = ["started"]
+    out = run_ctl(socket_path, "run", "r-6")[1]
+    assert "  progress:  running, archiving 2/3, 2.00s" in out.splitlines()
+
+
+def test_an_unknown_run_exits_1_with_the_daemons_message(socket_path: Path, daemon: FakeDaemon) -> None:
+    assert run_ctl(socket_path, "run", "nope")[::2] == (1, "nanobotctl: no run 'nope'\n")

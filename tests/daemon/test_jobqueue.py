@@ -82,3 +82,65 @@ def test_a_failing_job_is_recorded_and_the_queue_goes_on(tmp_path):
     bad, good = asyncio.run(scenario())
     assert store.get_run(bad).state == "failed" and "bug" in store.get_run(bad).manifest["error"]
     assert store.get_run(good).state == "finished"
+
+
+def test_a_wider_job_does_not_join_a_narrower_queued_one_but_queues_behind_it(tmp_path):
+    store = StateStore(tmp_path).open()
+
+    async def scenario():
+        queue = JobQueue(store, llm_concurrency=1)
+        release = asyncio.Event()
+        done = []
+
+        def body(name):
+            async def run(run_id):
+                await release.wait()
+                done.append(name)
+                store.finish_run(run_id, state="finished", outcome="ok")
+            return run
+
+        running = queue.submit("consolidate", "ws", "session:x", body("running"), scope=0)
+        await asyncio.sleep(0.01)
+        budget = queue.submit("consolidate", "ws", "session:x", body("budget"), scope=0)
+        manual = queue.submit("consolidate", "ws", "session:x", body("manual"), scope=1)
+        phases = (queue.phase(running), queue.phase(budget), queue.phase(manual))
+        later_budget = queue.submit("consolidate", "ws", "session:x", body("later"), scope=0)
+        release.set()
+        await queue.wait_idle()
+        return running, budget, manual, later_budget, phases, done
+
+    running, budget, manual, later_budget, phases, done = asyncio.run(scenario())
+    assert len({running, budget, manual}) == 3, "the manual run is its own, not the queued budget one"
+    assert later_budget == manual, "a narrower trigger joins the wider queued run"
+    assert phases == ("running", "queued", "queued")
+    assert done == ["running", "budget", "manual"]
+
+
+def test_every_run_that_ends_gets_one_info_line_in_the_log(tmp_path):
+    from loguru import logger
+
+    store = StateStore(tmp_path).open()
+    lines = []
+    sink = logger.add(lambda message: lines.append(message.record), level="INFO")
+
+    async def scenario():
+        queue = JobQueue(store)
+
+        async def body(run_id):
+            store.finish_run(run_id, state="finished", outcome="raw_fallback",
+                             manifest={"chunks": [{"done": True, "count": 4}], "cursors": [7]})
+
+        run_id = queue.submit("consolidate", "ws", "session:x", body, session_key="cli:a")
+        await queue.wait_idle()
+        return run_id
+
+    try:
+        run_id = asyncio.run(scenario())
+    finally:
+        logger.remove(sink)
+    ends = [record for record in lines if record["message"].startswith(f"run {run_id}")]
+    assert len(ends) == 1 and ends[0]["level"].name == "INFO"
+    assert ends[0]["message"].startswith(f"run {run_id} (consolidate, workspace ws session cli:a) finished: "
+                                         "raw_fallback in ")
+    assert ends[0]["message"].endswith("history entries added: 1, messages archived: 4, "
+                                       "files: memory/history.jsonl")

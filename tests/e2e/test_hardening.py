@@ -199,7 +199,7 @@ def test_sigterm_during_a_stuck_llm_call_exits_within_job_stop_seconds(tmp_path,
         write_session(sessions, "cli:a", conversation(6))
         proc.start()
         proc.wait_for(lambda: proc.session("cli:a"))
-        assert proc.ctl("consolidate", "cli:a").returncode == 0
+        assert proc.ctl("consolidate", "--no-wait", "cli:a").returncode == 0
         proc.wait_for(lambda: fake.requests)
         proc.sessions = sessions
         elapsed = stop_within(proc, JOB_STOP_SECONDS + 3)

@@ -9,6 +9,11 @@ from tests.support.fakellm import FakeLLM, Text
 from tests.support.workspace import make_workspace
 
 
+def dream_runs(proc) -> list[dict]:
+    """Every dream run, those that changed nothing included (a dream with nothing to read changes nothing)."""
+    return proc.ctl_json("runs", "--all", "--kind", "dream")["runs"]
+
+
 def test_nightly_dream_missed_during_downtime_runs_once_at_start(tmp_path, daemon_process):
     workspace, _ = make_workspace(tmp_path)
     with FakeLLM(default=Text("[SKIP]")) as fake:
@@ -20,21 +25,21 @@ max_retries = 0
 """)
         try:
             proc.start()
-            assert proc.ctl_json("runs", "--kind", "dream")["runs"] == []
+            assert dream_runs(proc) == []
             proc.stop()
             db = sqlite3.connect(proc.state_dir / "state.db")
             with db:
                 db.execute("UPDATE job_state SET last_success=? WHERE job='dream'", (time.time() - 3 * 86400,))
             db.close()
             proc.start()
-            runs = proc.wait_for(lambda: proc.ctl_json("runs", "--kind", "dream")["runs"], timeout=30)
-            proc.wait_for(lambda: proc.ctl_json("runs", "--kind", "dream")["runs"][0]["state"] == "finished", 30)
+            runs = proc.wait_for(lambda: dream_runs(proc), timeout=30)
+            proc.wait_for(lambda: dream_runs(proc)[0]["state"] == "finished", 30)
             time.sleep(1)
-            assert len(proc.ctl_json("runs", "--kind", "dream")["runs"]) == 1
+            assert len(dream_runs(proc)) == 1
             proc.stop()
             proc.start()
             time.sleep(1.5)
-            assert len(proc.ctl_json("runs", "--kind", "dream")["runs"]) == 1, "caught up only once"
+            assert len(dream_runs(proc)) == 1, "caught up only once"
             assert runs[0]["kind"] == "dream"
         finally:
             proc.kill()

@@ -49,7 +49,7 @@ max_retries = 0
                 write_session(sessions, f"cli:s{session}", session_messages(session, counts[session]))
             time.sleep(0.3)
             for session in range(SESSIONS):
-                proc.ctl("consolidate", f"cli:s{session}")
+                proc.ctl("consolidate", f"cli:s{session}", "--no-wait")
             # litellm's first import takes seconds: spread the kills over import, LLM call and append
             time.sleep(rng.uniform(0.1, 3.5))
             proc.kill()

@@ -98,6 +98,13 @@ def test_counts_rates_and_latency_percentiles_are_exact(store, clock):
     assert rows[("flush", "other")]["latency_ms_p95"] == 80.0
 
 
+def test_every_restore_run_is_counted_by_outcome_and_by_the_kind_it_undid(store, clock):
+    scripted_day(store, clock)
+    report = summarize_outcomes(store, since=DAY_START.timestamp(), now=NOW.timestamp())
+    assert report["restores"] == {"total": 2, "by_outcome": {"restored": 1, "error": 1},
+                                  "by_kind": {"consolidate": 1}}
+
+
 def test_a_window_without_rows_is_empty(store, clock):
     scripted_day(store, clock)
     since = (NOW + timedelta(days=5)).timestamp()

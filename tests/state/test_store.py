@@ -44,3 +44,27 @@ def test_an_existing_database_is_reopened_without_loss(tmp_path):
     store = StateStore(tmp_path).open()
     assert not store.rebuilt
     assert store.get_run(run_id).manifest == {"a": 1}
+
+
+def test_a_first_start_is_told_apart_from_a_database_that_was_lost(tmp_path):
+    first = StateStore(tmp_path / "state").open()
+    assert first.rebuilt and first.first_start
+    first.close()
+    assert not StateStore(tmp_path / "state").open().first_start
+    (tmp_path / "state" / "state.db").unlink()
+    lost = StateStore(tmp_path / "state").open()
+    assert lost.rebuilt and not lost.first_start
+
+
+def test_runs_that_changed_nothing_can_be_left_out_and_counted(tmp_path):
+    store = StateStore(tmp_path).open()
+    changed = store.create_run("consolidate", "ws")
+    store.finish_run(changed, state="finished", outcome="raw_fallback")
+    for _ in range(2):
+        idle = store.create_run("consolidate", "ws")
+        store.finish_run(idle, state="finished", outcome="no_change")
+    failed = store.create_run("flush", "ws")
+    store.finish_run(failed, state="failed", outcome="no_change")
+    assert [run.run_id for run in store.list_runs(unchanged=False)] == [failed, changed]
+    assert len(store.list_runs()) == 4
+    assert store.count_unchanged_runs() == 2 and store.count_unchanged_runs(kind="flush") == 0

@@ -1,54 +1,63 @@
-"""Commands that start jobs (consolidate, flush, dream, lifecycle, reindex, restore) and show dream commits.
+"""Commands that start runs (consolidate, flush, dream, lifecycle, reindex, restore) and show dream commits.
 
-A job command prints the queued run ids, a plan (--dry-run), or with --wait the finished runs.
+A run command waits for its run by default, with a live progress line on a terminal, and ends with what
+the run changed; --no-wait queues it and says how to follow it; --dry-run prints the plan. Ctrl-C stops
+the waiting, not the run.
 """
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
+from urllib.parse import quote
 
-from nanobotd.cli.commands.sessions import fetch_run
-from nanobotd.cli.invocation import EXIT_DAEMON_ERROR, EXIT_OK, Invocation
-from nanobotd.cli.render import format_cell, format_fields, format_run
+from nanobotd.cli.client import DaemonError
+from nanobotd.cli.invocation import EXIT_DAEMON_ERROR, EXIT_INTERRUPTED, EXIT_OK, Invocation
+from nanobotd.cli.render import format_cell
+from nanobotd.cli.runtext import summary_lines
+from nanobotd.cli.waiting import StoppedWaiting, wait_for_runs
 
-POLL_SECONDS = 0.2
-PENDING_STATES = ("queued", "started")
-FAILED_STATE = "failed"
+FAILED_STATES = ("failed", "rolled_back", "cancelled")
+
+# Once the runs have ended: more (label, text) rows for the summary, notes below it, and more JSON fields
+# (what a consolidation left unarchived, say).
+Epilogue = Callable[[Invocation, list[dict]], tuple[list[tuple[str, str]], list[str], dict]]
 
 
 def consolidate(invocation: Invocation) -> int:
-    """Archive a session's unarchived tail now, instead of waiting for the token threshold."""
-    return report_started(invocation, invocation.client.post("/v1/consolidate", {"session": invocation.args.key}))
+    """Archive what a session has unarchived now, then say what is left (and whether a queued run was joined)."""
+    key = invocation.args.key
+    answer = invocation.client.post("/v1/consolidate", {"session": key})
+    return start_runs(invocation, answer, epilogue=lambda invocation, runs: _left_in_session(invocation, answer))
 
 
 def flush(invocation: Invocation) -> int:
     """Extract durable facts from a session into today's note now, instead of waiting for the flush threshold."""
-    return report_started(invocation, invocation.client.post("/v1/flush", {"session": invocation.args.key}))
+    return start_runs(invocation, invocation.client.post("/v1/flush", {"session": invocation.args.key}))
 
 
 def dream(invocation: Invocation) -> int:
-    """Queue a dream now, whatever the schedule says, to tidy memory after a busy day."""
-    return report_started(invocation, invocation.client.post("/v1/dream"))
+    """Dream now, whatever the schedule says, to tidy memory after a busy day."""
+    return start_runs(invocation, invocation.client.post("/v1/dream"))
 
 
 def lifecycle(invocation: Invocation) -> int:
     """Age daily notes and compact history now instead of on schedule, or show the plan."""
-    return report_started(invocation, invocation.client.post("/v1/lifecycle", {"dry_run": invocation.args.dry_run}))
+    answer = invocation.client.post("/v1/lifecycle", {"dry_run": invocation.args.dry_run})
+    return start_runs(invocation, answer, dry_run_subject="the lifecycle", apply_hint="nanobotctl lifecycle")
 
 
 def reindex(invocation: Invocation) -> int:
-    """Refresh the search indexes, after editing memory files by hand for instance.
-
-    The daemon answers once the indexes are rebuilt, so there is no run to wait for.
-    """
-    return report_started(invocation, invocation.client.post("/v1/reindex"))
+    """Rebuild the search indexes, after editing memory files by hand for instance."""
+    return start_runs(invocation, invocation.client.post("/v1/reindex"))
 
 
 def restore(invocation: Invocation) -> int:
-    """Undo a run or a dream commit as a new change (with --dry-run: show the plan)."""
+    """Undo a run or a dream commit as a new change (with --dry-run: show the plan, change nothing)."""
     args = invocation.args
     body = {"target": args.target, "dry_run": args.dry_run, "force": args.force}
-    return report_started(invocation, invocation.client.post("/v1/restore", body))
+    force = " --force" if args.force else ""
+    return start_runs(invocation, invocation.client.post("/v1/restore", body),
+                      dry_run_subject=f"restoring {args.target}", apply_hint=f"nanobotctl restore {args.target}{force}")
 
 
 def dream_log(invocation: Invocation) -> int:
@@ -57,37 +66,66 @@ def dream_log(invocation: Invocation) -> int:
                              _commit_lines)
 
 
-def report_started(invocation: Invocation, data: dict) -> int:
-    """Print a plan, the queued run ids, or (with --wait) the finished runs; 1 when a waited run failed."""
-    run_ids = [data["run_id"]] if data.get("run_id") else list(data.get("run_ids") or [])
-    if not run_ids or not getattr(invocation.args, "wait", False):
-        return invocation.answer(data, lambda data: _started_lines(data, run_ids))
-    runs = [wait_for_run(invocation, run_id) for run_id in run_ids]
+def start_runs(invocation: Invocation, answer: dict, *, epilogue: Epilogue | None = None,
+               dry_run_subject: str = "it", apply_hint: str = "") -> int:
+    """Print a plan, or the queued runs (--no-wait), or wait and summarise; 1 when a run failed, 130 on Ctrl-C."""
+    run_ids = [answer["run_id"]] if answer.get("run_id") else list(answer.get("run_ids") or [])
+    if "plan" in answer:
+        return invocation.answer(answer, lambda data: _plan_lines(data, dry_run_subject, apply_hint))
+    if not run_ids or not invocation.args.wait:
+        return invocation.answer(answer, lambda data: _queued_lines(data, run_ids))
+    try:
+        runs = wait_for_runs(invocation, run_ids)
+    except StoppedWaiting as stopped:
+        follow = "; ".join(f"nanobotctl run {run_id}" for run_id in stopped.run_ids)
+        invocation.warn(f"stopped waiting; the run goes on in the daemon (Ctrl-C does not cancel it). "
+                        f"Follow it with: {follow}")
+        return EXIT_INTERRUPTED
+    extra_rows, notes, extra_data = epilogue(invocation, runs) if epilogue is not None else ([], [], {})
     if invocation.as_json:
-        invocation.emit_json({"run": runs[0]} if len(runs) == 1 else {"runs": runs})
+        invocation.emit_json({**answer, **({"run": runs[0]} if len(runs) == 1 else {"runs": runs}), **extra_data})
     else:
+        if answer.get("joined"):
+            invocation.out(f"joined run {run_ids[0]}, already queued for session {answer.get('session')}")
         for index, run in enumerate(runs):
             if index:
                 invocation.out()
-            invocation.out_lines(format_run(run))
-    return EXIT_DAEMON_ERROR if any(run.get("state") == FAILED_STATE for run in runs) else EXIT_OK
+            invocation.out_lines(summary_lines(run, extra_rows if index == len(runs) - 1 else []))
+        invocation.out_lines(notes)
+    return EXIT_DAEMON_ERROR if any(run.get("state") in FAILED_STATES for run in runs) else EXIT_OK
 
 
-def wait_for_run(invocation: Invocation, run_id: str) -> dict:
-    """Poll the run until it has left the queue and finished, then return it."""
-    while True:
-        run = fetch_run(invocation, run_id).get("run") or {}
-        if run.get("state") not in PENDING_STATES:
-            return run
-        time.sleep(POLL_SECONDS)
+def _queued_lines(data: dict, run_ids: list[str]) -> list[str]:
+    if not run_ids:
+        return ["nothing to do: no run was started"]
+    lines = [f"queued run {run_id}" for run_id in run_ids]
+    target = run_ids[0] if len(run_ids) == 1 else "RUN_ID"
+    return lines + [f"Follow it with: nanobotctl run {target}"]
 
 
-def _started_lines(data: dict, run_ids: list[str]) -> list[str]:
-    if "plan" in data:
-        return [str(line) for line in data.get("plan") or ["nothing to do"]]
-    if run_ids:
-        return [f"queued run {run_id}" for run_id in run_ids]
-    return format_fields(data) or ["done"]
+def _plan_lines(data: dict, subject: str, apply_hint: str) -> list[str]:
+    plan = [str(line) for line in data.get("plan") or []] or ["nothing to do"]
+    lines = [f"Dry run: {subject} would"] + [f"  {line}" for line in plan]
+    lines.append("Nothing was changed." + (f" To do it: {apply_hint}" if apply_hint else ""))
+    return lines
+
+
+def _left_in_session(invocation: Invocation, answer: dict) -> tuple[list[tuple[str, str]], list[str], dict]:
+    """After a consolidation: what the session still has unarchived, and why, beside an agent."""
+    key = answer.get("session")
+    if not key:
+        return [], [], {}
+    try:
+        session = invocation.client.get(f"/v1/sessions/{quote(key, safe='')}").get("session") or {}
+    except DaemonError:
+        return [], [], {}
+    messages, tokens = session.get("unarchived_messages") or 0, session.get("unarchived_tokens") or 0
+    rows = [("left unarchived", f"{format_cell(messages)} messages, {format_cell(tokens)} tokens")]
+    notes = []
+    if messages and answer.get("consolidation_mode") == "companion":
+        notes.append("Companion mode: messages still in the session file are the agent's to archive; "
+                     "nanobotd archives what leaves the file unarchived.")
+    return rows, notes, {"left_unarchived": {"messages": messages, "tokens": tokens}}
 
 
 def _commit_lines(data: dict) -> list[str]:

@@ -45,4 +45,26 @@ def _metric_lines(data: Mapping[str, Any]) -> list[str]:
     twice = data.get("archived_twice") or {}
     return [f"since {format_cell(data.get('since'))}",
             *format_rows(METRIC_COLUMNS, data.get("rows") or [], "no runs in this period"),
+            *_restore_lines(data.get("restores") or {}),
+            *_reason_lines(data.get("rows") or []),
             *(f"archived twice in {name}: {count} message(s) (goal: 0)" for name, count in twice.items())]
+
+
+def _restore_lines(restores: Mapping[str, Any]) -> list[str]:
+    """`restores: 3 (restored 3: consolidate 2, dream 1)`, refusals and failures named."""
+    if not restores.get("total"):
+        return ["restores: none"]
+    outcomes = ", ".join(f"{outcome} {count}" for outcome, count in sorted((restores.get("by_outcome") or {}).items()))
+    kinds = ", ".join(f"{kind} {count}" for kind, count in sorted((restores.get("by_kind") or {}).items()))
+    return [f"restores: {restores['total']} ({outcomes}){'; undid ' + kinds if kinds else ''}"]
+
+
+def _reason_lines(rows: list[Mapping[str, Any]]) -> list[str]:
+    """Why runs fell back to raw, were refused by the guard, or failed: the top reasons per row."""
+    lines = []
+    for row in rows:
+        for key, label in (("fallback_reasons", "raw fallback"), ("guard_reasons", "guard refusal"),
+                           ("error_reasons", "error")):
+            for reason, count in (row.get(key) or {}).items():
+                lines.append(f"{label} in {row.get('kind')}/{row.get('workspace')}: {format_cell(reason)} (x{count})")
+    return lines

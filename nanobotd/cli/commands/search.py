@@ -18,17 +18,23 @@ def search(invocation: Invocation) -> int:
     return invocation.answer(data, _hit_lines)
 
 
+def _fallback_lines(data: Mapping[str, Any]) -> list[str]:
+    return [f"note: {format_cell(data['fallback'])}"] if data.get("fallback") else []
+
+
 def context(invocation: Invocation) -> int:
     """The budgeted memory context an agent would inject for a session and query, to check what it sees."""
     args = invocation.args
     data = invocation.client.get("/v1/context", {"session": args.key, "query": args.query,
                                                  "budget_tokens": args.budget})
+    if data.get("warning") and not invocation.as_json:
+        invocation.warn(str(data["warning"]))
     return invocation.answer(data, _context_lines)
 
 
 def _hit_lines(data: Mapping[str, Any]) -> list[str]:
     hits = data.get("hits") or []
-    lines = [] if hits else ["no hits"]
+    lines = _fallback_lines(data) + ([] if hits else ["no hits"])
     for number, hit in enumerate(hits, 1):
         score = hit.get("score")
         score_text = f"{score:.3f}" if isinstance(score, (int, float)) else format_cell(score)

@@ -1,4 +1,4 @@
-"""Memory jobs on demand: consolidate, flush, dream, lifecycle, restore, and what a dream changed."""
+"""Memory jobs on demand: consolidate, flush, dream, lifecycle, restore, reindex, and what a dream changed."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ def routes(core: Core) -> list:
         ("GET", "/v1/dream-log", handlers.dream_log),
         ("POST", "/v1/restore", handlers.restore),
         ("POST", "/v1/lifecycle", handlers.lifecycle),
+        ("POST", "/v1/reindex", handlers.reindex),
     ]
 
 
@@ -38,8 +39,18 @@ class MemoryHandlers:
         return session_workspace(self.core, key, body.get("workspace")), key
 
     async def consolidate(self, request: Request) -> Response:
+        """Archive everything unarchived now (what the agent's own archive left, beside an agent).
+
+        The answer says whether the run was already queued (joined) and in which mode, so the caller can
+        tell what is left afterwards.
+        """
         workspace, key = self._session_job(request)
-        return started([triggers.submit_consolidate(self.core, workspace, key, reason="manual")])
+        waiting = runs.joinable(self.core, workspace, "consolidate", session_key=key, reason="manual")
+        run_id = triggers.submit_consolidate(self.core, workspace, key, reason="manual")
+        answer = started([run_id])
+        answer.body.update(joined=waiting == run_id, session=key, workspace=workspace.name,
+                           consolidation_mode=workspace.mode)
+        return answer
 
     async def flush(self, request: Request) -> Response:
         workspace, key = self._session_job(request)
@@ -91,6 +102,12 @@ class MemoryHandlers:
         if run is not None and not body.get("workspace") and run.workspace in self.core.workspaces:
             return self.core.workspaces[run.workspace]
         return one_workspace(self.core, request, body)
+
+    async def reindex(self, request: Request) -> Response:
+        """Rebuild the search indexes of the named workspace (or all) as runs the caller can follow."""
+        body = request.json_object()
+        return started([runs.submit_reindex(self.core, workspace)
+                        for workspace in named_workspaces(self.core, request, body)])
 
     async def lifecycle(self, request: Request):
         body = request.json_object()

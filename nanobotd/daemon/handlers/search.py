@@ -8,9 +8,8 @@ from dataclasses import dataclass
 from datetime import date
 
 from nanobotd.api.router import ApiError, Request
-from nanobotd.daemon import indexing
 from nanobotd.daemon.core import Core
-from nanobotd.daemon.handlers.common import named_workspaces, one_workspace
+from nanobotd.daemon.handlers.common import one_workspace, session_workspace
 from nanobotd.daemon.workspace import Workspace
 from nanobotd.index import agent_context
 from nanobotd.index.hit import SearchBackendError
@@ -24,13 +23,12 @@ DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
 def routes(core: Core) -> list:
-    """The search, context, recall and reindex endpoints."""
+    """The search, context and recall endpoints."""
     handlers = SearchHandlers(core)
     return [
         ("GET", "/v1/search", handlers.search),
         ("GET", "/v1/context", handlers.context),
         ("GET", "/v1/recall", handlers.recall),
-        ("POST", "/v1/reindex", handlers.reindex),
     ]
 
 
@@ -49,7 +47,12 @@ class SearchHandlers:
         workspace = one_workspace(self.core, request)
         min_score = query_score(request, workspace.settings.search.min_score)
         found = await self.run_search(workspace, query, limit, mode, min_score)
-        return {"query": query, **found.summary(), "hits": [hit.to_json() for hit in found.hits]}
+        answer = {"query": query, "mode": mode, **found.summary(), "hits": [hit.to_json() for hit in found.hits]}
+        reasons = (answer.get("fallback"), mode_fallback(workspace, mode, found.backend, found.hits))
+        fallbacks = [text for text in reasons if text]
+        if fallbacks:
+            answer["fallback"] = "; ".join(fallbacks)
+        return answer
 
     async def run_search(self, workspace: Workspace, query: str, limit: int, mode: str = "search",
                          min_score: float | None = None) -> Found:
@@ -70,7 +73,7 @@ class SearchHandlers:
             except SearchBackendError as exc:
                 degraded = f"{exc}; answered by the builtin index"
         hits = await self._builtin(workspace, query, limit, min_score)
-        return Found(hits, "builtin", degraded, "builtin" if degraded else None)
+        return Found(hits, "builtin", degraded, "the builtin index answered instead of QMD" if degraded else None)
 
     async def _builtin(self, workspace: Workspace, query: str, limit: int, min_score: float):
         return await self._executor(lambda: workspace.index.search(query, limit=limit, min_score=min_score))
@@ -79,8 +82,13 @@ class SearchHandlers:
         return await asyncio.get_running_loop().run_in_executor(self.core.executor, function, *args)
 
     async def context(self, request: Request) -> dict:
-        """The budgeted context; its search hits come from the same search as /v1/search (backend per config)."""
-        workspace = one_workspace(self.core, request)
+        """The budgeted context; its search hits come from the same search as /v1/search (backend per config).
+        An unknown session is a 404, and a context that came out empty says why."""
+        session_key = request.query.get("session") or None
+        if session_key:
+            workspace = session_workspace(self.core, session_key, request.query.get("workspace"))
+        else:
+            workspace = one_workspace(self.core, request)
         settings = workspace.settings.context
         budget = request.query_int("budget_tokens", settings.budget_tokens, minimum=1, maximum=2_000_000)
         query = request.query.get("query", "")
@@ -89,7 +97,9 @@ class SearchHandlers:
             found = await self.run_search(workspace, query, agent_context.SEARCH_FETCH)
         answer = await self._executor(lambda: agent_context.build_context(
             workspace.settings.path, settings=settings, budget_tokens=budget, query=query,
-            search=lambda text, limit: found.hits[:limit], session_key=request.query.get("session") or None))
+            search=lambda text, limit: found.hits[:limit], session_key=session_key))
+        if not str(answer.get("text") or "").strip():
+            answer["warning"] = empty_context_warning(answer, budget)
         return {**answer, "search": found.summary()}
 
     async def recall(self, request: Request) -> dict:
@@ -108,11 +118,26 @@ class SearchHandlers:
                                             lambda: recall.collect(memory_dir, first, last, max_chars))
         return {"workspace": workspace.name, **answer}
 
-    async def reindex(self, request: Request) -> dict:
-        results = {}
-        for workspace in named_workspaces(self.core, request, request.json_object()):
-            results[workspace.name] = await indexing.reindex(self.core, workspace)
-        return {"reindexed": results}
+
+def mode_fallback(workspace: Workspace, mode: str, backend: str, hits: list) -> str | None:
+    """Why a vector mode (vsearch, query) searched by keywords instead, or None when it did not."""
+    if mode == "search":
+        return None
+    if backend == "builtin":
+        return (f"--mode {mode} needs QMD with vectors (search.backend = \"qmd\" or \"both\", "
+                f"search.qmd_vectors = true); the builtin index searched by keywords instead")
+    reasons = sorted({str(hit.extra.get("degraded")) for hit in hits if (hit.extra or {}).get("degraded")})
+    return f"QMD could not {mode} ({'; '.join(reasons)}); it searched by keywords instead" if reasons else None
+
+
+def empty_context_warning(answer: dict, budget: int) -> str:
+    """Why the context is empty: the budget fit nothing that exists, or there is no memory yet."""
+    omitted = answer.get("omitted") or []
+    too_big = [item.get("name") for item in omitted if "budget" in str(item.get("reason", ""))]
+    if too_big:
+        return (f"the context is empty: a budget of {budget} tokens fits none of {', '.join(map(str, too_big))}; "
+                f"raise the budget")
+    return "the context is empty: this workspace has no bootstrap files, MEMORY.md or history yet"
 
 
 def query_date(request: Request, name: str, default: date | None = None) -> date:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from nanobotd.api.router import ApiError, Request
+from nanobotd.daemon import runview
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.handlers.common import named_workspaces, session_workspace
 
 MAX_RUNS_LIMIT = 1000
+TRUE_VALUES = ("1", "true", "yes")
 
 
 def routes(core: Core) -> list:
@@ -61,14 +63,21 @@ class SessionHandlers:
         return {"session": data}
 
     async def runs(self, request: Request) -> dict:
+        """Newest first; runs that changed nothing are left out (and counted) unless all=true."""
         limit = request.query_int("limit", 50, minimum=1)
+        kind = request.query.get("kind") or None
         workspace = named_workspaces(self.core, request)[0].name if request.query.get("workspace") else None
-        runs = self.core.store.list_runs(kind=request.query.get("kind") or None, workspace=workspace,
-                                         limit=min(limit, MAX_RUNS_LIMIT))
-        return {"runs": [run.to_json(with_manifest=False) for run in runs]}
+        everything = request.query.get("all", "").lower() in TRUE_VALUES
+        runs = self.core.store.list_runs(kind=kind, workspace=workspace, limit=min(limit, MAX_RUNS_LIMIT),
+                                         unchanged=everything)
+        hidden = 0 if everything else self.core.store.count_unchanged_runs(kind=kind, workspace=workspace)
+        return {"runs": [run.to_json(with_manifest=False) for run in runs], "hidden_unchanged": hidden}
 
     async def run(self, request: Request) -> dict:
+        """One run with its manifest, what it changed and, while open, how far it has got."""
         run = self.core.store.get_run(request.params["run_id"])
         if run is None:
             raise ApiError(404, "unknown_run", f"no run {request.params['run_id']!r}")
-        return {"run": run.to_json()}
+        phase = self.core.queue.phase(run.run_id) if self.core.queue else None
+        return {"run": runview.run_json(run, phase=phase, now=self.core.clock())}
+

@@ -16,7 +16,7 @@ from pathlib import Path
 from loguru import logger
 
 from nanobotd import fsio
-from nanobotd.jobs.common import JobEnv
+from nanobotd.jobs.common import JobEnv, note_progress
 from nanobotd.jobs.consolidate.prompt import NOTHING, archive_messages, parse_summary
 from nanobotd.llm.failures import LLMError
 from nanobotd.llm.reply import UsageMeter
@@ -26,6 +26,9 @@ from nanobotd.state.store import RunRecord
 
 SAFETY_MARGIN = 1.2
 PROMPT_OVERHEAD_TOKENS = 600
+OFFLINE_REASON = "offline mode: no LLM configured"
+NOTHING_LEFT_REASON = "nothing unarchived to archive"
+OVERSIZED_REASON = "a message over half the context window is never sent to the LLM"
 
 
 @dataclass
@@ -116,11 +119,14 @@ def _last_user_boundary(items: list[tuple[int, PendingMessage]]) -> int:
     return 0
 
 
-async def summarize_chunk(ctx: JobEnv, chunk: Chunk, session_key: str, usage: UsageMeter) -> tuple[str, list[str]]:
-    """(outcome, entry contents): summarized | nothing | raw_fallback."""
+async def summarize_chunk(ctx: JobEnv, chunk: Chunk, session_key: str,
+                          usage: UsageMeter) -> tuple[str, list[str], str]:
+    """(outcome, entry contents, reason): summarized | nothing | raw_fallback, with why it fell back."""
     settings = ctx.settings.consolidation
-    if chunk.oversized or ctx.llm.offline:
-        return "raw_fallback", raw_entries(chunk.messages, settings.raw_max_chars)
+    if chunk.oversized:
+        return "raw_fallback", raw_entries(chunk.messages, settings.raw_max_chars), OVERSIZED_REASON
+    if ctx.llm.offline:
+        return "raw_fallback", raw_entries(chunk.messages, settings.raw_max_chars), OFFLINE_REASON
     try:
         reply = await ctx.llm.complete(archive_messages(transcript(chunk.messages), session_key),
                                        max_tokens=min(ctx.settings.llm.max_tokens, 4096))
@@ -128,17 +134,17 @@ async def summarize_chunk(ctx: JobEnv, chunk: Chunk, session_key: str, usage: Us
     except LLMError as exc:
         usage.add_error(exc)
         logger.warning("consolidation of {}: LLM failed ({}); archiving raw", session_key, exc)
-        return "raw_fallback", raw_entries(chunk.messages, settings.raw_max_chars)
+        return "raw_fallback", raw_entries(chunk.messages, settings.raw_max_chars), f"LLM failed: {exc}"
     summary = None
     if reply.finish_reason not in ("length",) and not reply.tool_calls:
         summary = parse_summary(reply.content, settings.summary_max_chars)
     if summary is None:
-        logger.warning("consolidation of {}: unusable answer (finish={}, tool_calls={}); archiving raw",
-                       session_key, reply.finish_reason, len(reply.tool_calls))
-        return "raw_fallback", raw_entries(chunk.messages, settings.raw_max_chars)
+        reason = f"unusable answer (finish={reply.finish_reason}, tool_calls={len(reply.tool_calls)})"
+        logger.warning("consolidation of {}: {}; archiving raw", session_key, reason)
+        return "raw_fallback", raw_entries(chunk.messages, settings.raw_max_chars), reason
     if summary == NOTHING:
-        return "nothing", []
-    return "summarized", [summary]
+        return "nothing", [], ""
+    return "summarized", [summary], ""
 
 
 def _backup_chunk(ctx: JobEnv, run_id: str, number: int, chunk: Chunk) -> Path:
@@ -164,13 +170,20 @@ async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, rea
         manifest["vanished_only"] = True
     usage = UsageMeter()
     if not items:
-        ctx.store.finish_run(run_id, state="finished", outcome="nothing", manifest=manifest)
+        ctx.store.finish_run(run_id, state="finished", outcome="no_change", manifest=manifest)
+        # counted as a pass, so the metrics see the runs `nanobotctl runs` hides
+        ctx.store.record_outcome("consolidate", ctx.settings.name, "no_change", run_id=run_id,
+                                 reason=NOTHING_LEFT_REASON)
         return manifest
     rounds = ctx.settings.consolidation.max_rounds
     chunks = plan_chunks(ctx, items)
+    chunks = chunks[:rounds] if reason == "budget" else chunks
     outcomes = []
-    for number, chunk in enumerate(chunks[:rounds] if reason == "budget" else chunks):
+    for number, chunk in enumerate(chunks):
+        note_progress(manifest, "archiving", number, len(chunks))
+        ctx.store.journal(run_id, manifest)
         outcomes.append(await archive_chunk(ctx, session_key, run_id, number, chunk, manifest, usage))
+    note_progress(manifest, "archived", len(chunks), len(chunks))
     ctx.tracker.set_cycle(session_key, next_cycle=True)
     overall = ("raw_fallback" if "raw_fallback" in outcomes else "summarized" if "summarized" in outcomes
                else "nothing")
@@ -183,13 +196,15 @@ async def archive_chunk(ctx: JobEnv, session_key: str, run_id: str, number: int,
                         usage: UsageMeter) -> str:
     """Summarise one chunk and append its entries, journalling the chunk's backup and cursors before the append,
     so recovery can finish or roll back a chunk a crash cut short; returns the chunk's outcome."""
-    outcome, contents = await summarize_chunk(ctx, chunk, session_key, usage)
+    outcome, contents, reason = await summarize_chunk(ctx, chunk, session_key, usage)
     record = {
         "seq": [chunk.items[0][0], chunk.items[-1][0]], "count": len(chunk.items),
         "first_digest": chunk.items[0][1].digest, "last_digest": chunk.items[-1][1].digest,
         "tokens": chunk.tokens, "outcome": outcome, "oversized": chunk.oversized,
         "backup": str(_backup_chunk(ctx, run_id, number, chunk)), "done": False,
     }
+    if reason:
+        record["fallback_reason"] = reason
     manifest["chunks"].append(record)
     manifest["tokens"] = usage.to_json()
     ctx.store.journal(run_id, manifest)
@@ -210,7 +225,7 @@ async def archive_chunk(ctx: JobEnv, session_key: str, run_id: str, number: int,
     manifest["cursors"].extend(record["cursors"])
     ctx.store.journal(run_id, manifest)
     row = {"summarized": "written", "nothing": "no_change"}.get(outcome, outcome)
-    ctx.store.record_outcome("consolidate", ctx.settings.name, row, run_id=run_id,
+    ctx.store.record_outcome("consolidate", ctx.settings.name, row, run_id=run_id, reason=reason,
                              tokens=usage.prompt_tokens + usage.completion_tokens,
                              latency_ms=usage.latencies_ms[-1] if usage.latencies_ms else None)
     return outcome

@@ -16,7 +16,7 @@ from loguru import logger
 
 from nanobotd import fsio
 from nanobotd.config.schema import WorkspaceSettings
-from nanobotd.jobs.common import EXPIRED, compact_history
+from nanobotd.jobs.common import EXPIRED, compact_history, describe_step, note_progress
 from nanobotd.jobs.lifecycle.plan import plan_lifecycle
 from nanobotd.jobs.lifecycle.summary import summarise_notes
 from nanobotd.llm.client import LLMClient
@@ -47,6 +47,7 @@ async def run_lifecycle(ws: WorkspaceSettings, *, store: StateStore, llm: LLMCli
     try:
         for index, step in enumerate(plan):
             manifest["pending"] = index
+            note_progress(manifest, describe_step(step), index, len(plan))
             store.journal(run_id, manifest)
             await executor.execute(step)
             manifest["executed"].append(step)

@@ -125,7 +125,7 @@ def test_a_slow_qmd_is_answered_by_the_builtin_index_and_the_reply_names_it(sear
     client, workspace = searchable
     workspace.qmd = StandInQmd(error=QmdTimeout("qmd search timed out after 3s"))
     answer = client.get("/v1/search", {"q": "heron key"})
-    assert (answer["backend"], answer["fallback"]) == ("builtin", "builtin")
+    assert answer["backend"] == "builtin" and "builtin index answered" in answer["fallback"]
     assert answer["degraded"] == "qmd search timed out after 3s; answered by the builtin index"
     [hit] = answer["hits"]
     assert (hit["session_key"], hit["message_start"], hit["when"]) == ("telegram:3", 0, "2026-11-20T10:15:00")

@@ -208,3 +208,19 @@ def test_restore_removes_entries_and_rewinds_so_they_are_archived_again(tmp_path
     run_job(ctx, "cli:a")
     entries = history_entries(ctx.settings.path)
     assert [entry["cursor"] for entry in entries] == [2]
+
+
+def test_a_raw_fallback_records_why_and_a_run_with_nothing_to_archive_counts_as_no_change(tmp_path):
+    with FakeLLM() as fake:
+        fake.push(HttpError(500))
+        ctx, sessions = make_context(tmp_path, online(fake))
+        ctx.tracker.scan(write_session(sessions, "cli:a", conversation(4)))
+        run, manifest = run_job(ctx, "cli:a")
+        again, _ = run_job(ctx, "cli:a")
+    assert run.outcome == "raw_fallback"
+    assert manifest["chunks"][0]["fallback_reason"].startswith("LLM failed: ")
+    assert manifest["progress"] == {"step": "archived", "done": 1, "total": 1}
+    assert again.outcome == "no_change"
+    rows = ctx.store.query("SELECT outcome, reason FROM outcomes ORDER BY id")
+    assert [row[0] for row in rows] == ["raw_fallback", "no_change"]
+    assert rows[0][1].startswith("LLM failed: ") and rows[1][1] == "nothing unarchived to archive"

@@ -1,0 +1,105 @@
+"""Waiting for runs to end: poll the daemon, keep one live progress line on a terminal, let Ctrl-C go.
+
+The progress line goes to stderr and only when stderr is a terminal, so pipes and scripts see nothing but
+the result. Ctrl-C stops the waiting, never the run: the daemon carries on, and the message says so.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TextIO
+from urllib.parse import quote
+
+from nanobotd.cli.invocation import Invocation
+from nanobotd.cli.runtext import OPEN_STATES, progress_text
+
+POLL_SECONDS = 0.2
+REDRAW_SECONDS = 0.1
+FALLBACK_WIDTH = 80
+
+
+class StoppedWaiting(Exception):
+    """Ctrl-C while waiting; *run_ids* are the runs still going on in the daemon."""
+
+    def __init__(self, run_ids: list[str]) -> None:
+        super().__init__(", ".join(run_ids))
+        self.run_ids = run_ids
+
+
+class ProgressLine:
+    """One line rewritten in place on a terminal; silent when the stream is not one."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.enabled = is_terminal(stream)
+        self.shown = False
+
+    def show(self, text: str) -> None:
+        """Replace the line with *text*, cut to the terminal's width so it never wraps."""
+        if not self.enabled:
+            return
+        width = _terminal_width(self.stream)
+        self.stream.write("\r" + text[:max(10, width - 1)] + "\x1b[K")
+        self.stream.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        """Remove the line, so what follows starts on a clean line."""
+        if self.shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self.shown = False
+
+
+def is_terminal(stream: TextIO) -> bool:
+    """Whether *stream* is an interactive terminal (a test's StringIO or a pipe is not)."""
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def fetch_run(invocation: Invocation, run_id: str) -> dict:
+    """The daemon's answer about one run (GET /v1/runs/{id})."""
+    return invocation.client.get(f"/v1/runs/{quote(run_id, safe='')}")
+
+
+def wait_for_runs(invocation: Invocation, run_ids: list[str]) -> list[dict]:
+    """Each run once it has ended, showing its progress meanwhile; StoppedWaiting on Ctrl-C."""
+    line = ProgressLine(invocation.stderr)
+    finished: list[dict] = []
+    try:
+        for run_id in run_ids:
+            finished.append(_wait_for_run(invocation, run_id, line))
+    except KeyboardInterrupt:
+        raise StoppedWaiting(run_ids[len(finished):]) from None
+    finally:
+        line.clear()
+    return finished
+
+
+def _wait_for_run(invocation: Invocation, run_id: str, line: ProgressLine) -> dict:
+    began = time.monotonic()
+    offset = None
+    next_poll = 0.0
+    run: dict = {}
+    while True:
+        now = time.monotonic()
+        if now >= next_poll:
+            run = fetch_run(invocation, run_id).get("run") or {}
+            if run.get("state") not in OPEN_STATES:
+                return run
+            next_poll = now + POLL_SECONDS
+            if offset is None:
+                offset = float((run.get("progress") or {}).get("elapsed_seconds") or 0.0)
+        elapsed = (offset or 0.0) + now - began
+        line.show(f"{run.get('kind', 'run')} {run_id}: {progress_text(run, elapsed)}")
+        time.sleep(REDRAW_SECONDS if line.enabled else POLL_SECONDS)
+
+
+def _terminal_width(stream: TextIO) -> int:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or FALLBACK_WIDTH
+    except (AttributeError, ValueError, OSError):
+        return FALLBACK_WIDTH
