@@ -1,48 +1,53 @@
 #!/usr/bin/env python3
-"""Retrieval benchmark on LoCoMo: does the builtin index find the turns that answer a question?
+"""Retrieval benchmark on LoCoMo: does search find the turns that answer a question, in few words, fast?
 
-For each conversation a temporary workspace is built with one nanobot session file per LoCoMo session
-(file name = nanobot's base64 of the session key, real session dates in the message timestamps,
-speaker A as `user`, speaker B as `assistant`, the speaker's name in `name`, an image's caption as
-text, the LoCoMo `dia_id` kept as an extra field of each message record). The real BuiltinIndex
-indexes it, and every question goes through the same `BuiltinIndex.search` the daemon serves. A hit
-covers the dia_ids of the messages in its range (session key + message_start..message_end).
+For each conversation a temporary workspace holds one nanobot session file per LoCoMo session (nanobot's
+base64 file names, real session dates, speaker A as `user`, B as `assistant`, the speaker's name in
+`name`, an image by its caption). Every question goes through the same search the daemon serves; a hit
+covers the dia_ids of its messages (with --history observations also history facts). Categories 1-4:
+  R@k    percent of questions with ANY evidence id inside the top k hits;  MRR of the first such hit
+  W@10   words in the text of the top 10 hits;  p50/p95  milliseconds per question
+Printed: the lexical figure with the shipped defaults; the honest 2-fold estimate (conversations split in
+two halves; on each half the grid of window sizes and reranker weights is tuned for R@10 within 1,000
+words, and the other half is measured; the two held-out halves merged); each mode (builtin, qmd, both,
+builtin+embeddings) with its latency; and plain bm25 over single turns as a baseline.
 
-Metrics (per category 1-5 and over categories 1-4):
-  R@k   percent of questions with ANY of their evidence dia_ids inside the top k hits
-  MRR   mean reciprocal rank of the first hit holding an evidence id (0 when none in the top 10)
-  W@10  mean number of words (whitespace-separated) in the text of the top 10 hits
-Questions whose evidence holds no valid id (after normalising with D(\\d+):(\\d+)) are skipped.
-
-With --history observations, memory/history.jsonl also gets one entry per session made of LoCoMo's
-observation facts (the kind of fact lines nanobot's consolidation writes); a history hit covers the
-dia_ids of the facts it shows. The headline numbers are without it (transcripts only).
-
-Baselines from the same run, over the same turns and the same query words:
-  grep_turns  turns containing any query word, ranked by how many distinct words they contain
-  bm25_turns  SQLite FTS5 bm25 over single turns (porter stemming, query words OR-ed)
-
-    scripts/bench_locomo.py --data ../shared/bench-data/locomo/locomo-dev.json [--json out.json]
+    scripts/bench_locomo.py --data ../shared/bench-data/locomo/locomo-dev.json [--qmd PATH] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import itertools
 import json
+import os
 import re
 import sqlite3
+import statistics
 import sys
 import tempfile
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from nanobotd.config.schema import LLMSettings, QmdSettings  # noqa: E402
+from nanobotd.daemon.handlers.search import fuse  # noqa: E402
+from nanobotd.index import rerank  # noqa: E402
 from nanobotd.index.builtin import BuiltinIndex  # noqa: E402
+from nanobotd.index.qmd import QmdBackend  # noqa: E402
+from nanobotd.index.qmdexport import QmdExport  # noqa: E402
 from nanobotd.index.query import parse_query, quote  # noqa: E402
 from nanobotd.index.sessionunits import STRIDE, WINDOW  # noqa: E402
+from nanobotd.index.sources import SourceSet  # noqa: E402
+from nanobotd.llm.embeddings import Embedder  # noqa: E402
 from nanobotd.sessions.file import filename_for_key  # noqa: E402
 
 DIA_ID = re.compile(r"D(\d+):(\d+)")
@@ -51,6 +56,7 @@ DATE_FORMAT = "%I:%M %p on %d %B, %Y"
 TURN_SECONDS = 30
 TOP = 10
 HEADLINE = (1, 2, 3, 4)
+WORD_BUDGET = 1000  # words in the top 10 a tuned setting may use
 
 
 def load_conversations(path: Path) -> list[dict]:
@@ -139,12 +145,10 @@ def write_history(conversation: dict, memory_dir: Path) -> dict[str, str]:
     return facts
 
 
-def builtin_ranking(index: BuiltinIndex, layout: dict[str, list[str]], facts: dict[str, str],
-                    question: str) -> list[tuple[set, int]]:
-    """(dia_ids, words) of the index's top hits: a session window covers its messages, a history
-    entry the facts it shows."""
+def covered_ranking(hits, layout: dict[str, list[str]], facts: dict[str, str]) -> list[tuple[set, int]]:
+    """(dia_ids, words) of hits: a session hit covers its messages, a history hit the facts it shows."""
     ranked = []
-    for hit in index.search(question, limit=TOP):
+    for hit in hits[:TOP]:
         if hit.source == "history":
             covered = {facts[line.strip()] for line in hit.text.splitlines() if line.strip() in facts}
         else:
@@ -158,19 +162,6 @@ def all_turns(conversation: dict) -> list[tuple[str, str]]:
     """(dia_id, "Speaker: text") of every turn, in conversation order."""
     return [(turn["dia_id"], f"{turn['speaker']}: {turn_text(turn)}")
             for session in conversation["sessions"] for turn in session["turns"]]
-
-
-def grep_ranking(turns: list[tuple[str, str]], question: str) -> list[tuple[set, int]]:
-    """Turns containing any query word, most distinct words first (conversation order on ties)."""
-    terms = parse_query(question).terms
-    patterns = [re.compile(rf"\b{re.escape(term)}\b", re.IGNORECASE) for term in terms]
-    scored = []
-    for order, (dia_id, text) in enumerate(turns):
-        matched = sum(1 for pattern in patterns if pattern.search(text))
-        if matched:
-            scored.append((-matched, order, dia_id, text))
-    scored.sort()
-    return [({dia_id}, len(text.split())) for _, _, dia_id, text in scored[:TOP]]
 
 
 class TurnBM25:
@@ -188,90 +179,204 @@ class TurnBM25:
             return []
         rows = self.connection.execute(
             "SELECT dia_id, body FROM turns WHERE turns MATCH ? ORDER BY bm25(turns) LIMIT ?",
-                                       (" OR ".join(quote(term) for term in terms), TOP)).fetchall()
+            (" OR ".join(quote(term) for term in terms), TOP)).fetchall()
         return [({dia_id}, len(body.split())) for dia_id, body in rows]
 
 
 class Scores:
-    """Accumulates R@5, R@10, MRR and W@10 per category."""
+    """R@5, R@10, MRR and W@10 per category, and the time each question took."""
 
     def __init__(self):
         self.rows: dict[int, list[tuple[bool, bool, float, int]]] = defaultdict(list)
+        self.seconds: list[float] = []
 
-    def add(self, category: int, evidence: set, ranked: list[tuple[set, int]]) -> None:
+    def add(self, category: int, evidence: set, ranked: list[tuple[set, int]], seconds: float = 0.0) -> None:
         first = next((rank for rank, (ids, _) in enumerate(ranked[:TOP], start=1) if ids & evidence), None)
         words = sum(count for _, count in ranked[:TOP])
         self.rows[category].append((first is not None and first <= 5, first is not None,
                                     1 / first if first else 0.0, words))
+        self.seconds.append(seconds)
 
-    def summary(self, categories) -> dict:
+    def merge(self, other: Scores) -> Scores:
+        for category, rows in other.rows.items():
+            self.rows[category].extend(rows)
+        self.seconds.extend(other.seconds)
+        return self
+
+    def summary(self, categories=HEADLINE) -> dict:
         rows = [row for category in categories for row in self.rows.get(category, [])]
         if not rows:
             return {"R@5": 0.0, "R@10": 0.0, "MRR": 0.0, "W@10": 0.0, "questions": 0}
         count = len(rows)
+        ordered = sorted(self.seconds) or [0.0]
         return {"R@5": round(100 * sum(r[0] for r in rows) / count, 1),
                 "R@10": round(100 * sum(r[1] for r in rows) / count, 1),
                 "MRR": round(sum(r[2] for r in rows) / count, 3), "W@10": round(sum(r[3] for r in rows) / count, 1),
-                "questions": count}
+                "questions": count, "p50_ms": round(1000 * statistics.median(ordered), 2),
+                "p95_ms": round(1000 * ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))], 2)}
 
 
-def run(data: Path, limit: int | None, window: int, stride: int, history: bool = False) -> dict:
-    """Index every conversation, ask every question; return the report."""
-    conversations = load_conversations(data)[:limit] if limit else load_conversations(data)
-    builtin, grep, bm25 = Scores(), Scores(), Scores()
-    timings = {"index_seconds": 0.0, "search_seconds": 0.0, "questions": 0}
-    for conversation in conversations:
-        with tempfile.TemporaryDirectory(prefix="locomo-") as tmp:
-            root = Path(tmp)
-            (root / "workspace" / "memory").mkdir(parents=True)
-            layout = write_sessions(conversation, root / "sessions")
-            facts = write_history(conversation, root / "workspace" / "memory") if history else {}
+@dataclass(frozen=True)
+class Config:
+    """One setting of the knobs the 2-fold estimate tunes: window sizes and the reranker's two weights."""
+
+    window: int = WINDOW
+    stride: int = STRIDE
+    part_weight: float = rerank.PART_WEIGHT
+    coverage_share: float = rerank.COVERAGE_SHARE
+
+
+DEFAULT = Config()
+GRID = [Config(window, stride, part, coverage) for window, stride in ((4, 2), (5, 2), (3, 1))
+        for part in (0.0, 0.5, 1.0) for coverage in (0.0, 0.5, 1.0)]
+
+
+@contextlib.contextmanager
+def prepared(conversation: dict, history: bool):
+    """A temporary workspace holding the conversation as nanobot session files (and history)."""
+    with tempfile.TemporaryDirectory(prefix="locomo-") as tmp:
+        root = Path(tmp)
+        (root / "workspace" / "memory").mkdir(parents=True)
+        layout = write_sessions(conversation, root / "sessions")
+        facts = write_history(conversation, root / "workspace" / "memory") if history else {}
+        yield root, layout, facts
+
+
+def asked_at(conversation: dict) -> datetime:
+    """When the questions are asked: the day after the last session (what "last week" is relative to)."""
+    return max(session["date"] for session in conversation["sessions"]) + timedelta(days=1)
+
+
+def run_builtin(conversation: dict, configs: list[Config], history: bool, embed=None) -> dict[Config, Scores]:
+    """Every question through BuiltinIndex.search for each config (one index per window size)."""
+    results = {}
+    for (window, stride), group in itertools.groupby(sorted(configs, key=lambda c: (c.window, c.stride)),
+                                                     key=lambda c: (c.window, c.stride)):
+        with prepared(conversation, history) as (root, layout, facts):
             index = BuiltinIndex(root / "workspace", root / "state" / "index.db", root / "sessions",
-                                 window=window, stride=stride)
-            started = time.monotonic()
+                                 clock=lambda: asked_at(conversation), window=window, stride=stride, embed=embed)
             index.refresh()
-            timings["index_seconds"] += time.monotonic() - started
-            turns = all_turns(conversation)
-            turn_bm25 = TurnBM25(turns)
-            for question in conversation["questions"]:
-                started = time.monotonic()
-                ranked = builtin_ranking(index, layout, facts, question["question"])
-                timings["search_seconds"] += time.monotonic() - started
-                timings["questions"] += 1
-                builtin.add(question["category"], question["evidence"], ranked)
-                grep.add(question["category"], question["evidence"], grep_ranking(turns, question["question"]))
-                bm25.add(question["category"], question["evidence"], turn_bm25.ranking(question["question"]))
+            for config in group:
+                rerank.PART_WEIGHT, rerank.COVERAGE_SHARE = config.part_weight, config.coverage_share
+                scores = results[config] = Scores()
+                for question in conversation["questions"]:
+                    started = time.perf_counter()
+                    hits = index.search(question["question"], limit=TOP)
+                    elapsed = time.perf_counter() - started
+                    scores.add(question["category"], question["evidence"], covered_ranking(hits, layout, facts),
+                               elapsed)
             index.close()
-    categories = sorted(builtin.rows)
-    return {
-        "overall_1_4": builtin.summary(HEADLINE),
-        "per_category": {str(category): builtin.summary([category]) for category in categories},
-        "baselines": {"grep_turns": grep.summary(HEADLINE), "bm25_turns": bm25.summary(HEADLINE)},
-        "baselines_per_category": {"grep_turns": {str(c): grep.summary([c]) for c in categories},
-                                   "bm25_turns": {str(c): bm25.summary([c]) for c in categories}},
-        "settings": {"window": window, "stride": stride, "conversations": len(conversations), "top": TOP,
-                     "history": "observations" if history else "none"},
-        "timings": {key: round(value, 2) if isinstance(value, float) else value for key, value in timings.items()},
-    }
+    rerank.PART_WEIGHT, rerank.COVERAGE_SHARE = DEFAULT.part_weight, DEFAULT.coverage_share
+    return results
+
+
+def two_fold(per_conversation: dict[str, dict[Config, Scores]]) -> tuple[Scores, list[dict]]:
+    """Tune on one half of the conversations, measure on the other, both ways; the held-out scores merged."""
+    ids = sorted(per_conversation)
+    folds = [ids[0::2], ids[1::2]]
+    held_out, choices = Scores(), []
+    for tune, test in (folds, folds[::-1]):
+        tuned = {config: merged(per_conversation, config, tune).summary() for config in GRID}
+        best = max(GRID, key=lambda config: (tuned[config]["W@10"] <= WORD_BUDGET, tuned[config]["R@10"],
+                                             -tuned[config]["W@10"]))
+        measured = merged(per_conversation, best, test)
+        held_out.merge(measured)
+        choices.append({"tuned_on": tune, "tested_on": test, "config": dataclasses.asdict(best),
+                        "held_out": measured.summary()})
+    return held_out, choices
+
+
+def merged(per_conversation: dict[str, dict[Config, Scores]], config: Config, names: list[str]) -> Scores:
+    """The scores of *config* over the conversations *names*, as one."""
+    return functools.reduce(Scores.merge, (per_conversation[name][config] for name in names), Scores())
+
+
+async def run_qmd(conversation: dict, qmd: str, history: bool) -> tuple[Scores, Scores]:
+    """Every question through the QMD backend (markdown export of the sessions), and fused with builtin."""
+    qmd_scores, both_scores = Scores(), Scores()
+    with prepared(conversation, history) as (root, layout, facts):
+        workspace, sessions = root / "workspace", root / "sessions"
+        index = BuiltinIndex(workspace, root / "state" / "index.db", sessions, clock=lambda: asked_at(conversation))
+        index.refresh()
+        export = QmdExport(root / "state" / "export", SourceSet(workspace, [sessions]))
+        environ = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(root / "home"), "CI": "true"}
+        backend = QmdBackend(workspace, root / "state" / "qmd", QmdSettings(command=qmd, timeout_seconds=30),
+                             environ=environ, export=export)
+        await backend.start()
+        try:
+            await backend.update_now()
+            await backend.warm_up()
+            for question in conversation["questions"]:
+                started = time.perf_counter()
+                hits = await backend.search(question["question"], limit=TOP)
+                middle = time.perf_counter()
+                fused = fuse(hits, index.search(question["question"], limit=TOP), TOP)
+                ended = time.perf_counter()
+                qmd_scores.add(question["category"], question["evidence"], covered_ranking(hits, layout, facts),
+                               middle - started)
+                both_scores.add(question["category"], question["evidence"], covered_ranking(fused, layout, facts),
+                                ended - started)
+        finally:
+            await backend.close()
+            index.close()
+    return qmd_scores, both_scores
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Index every conversation, ask every question in every mode; return the report."""
+    conversations = load_conversations(args.data)[:args.limit_conversations or None]
+    history = args.history == "observations"
+    per_conversation = {conversation["id"]: run_builtin(conversation, GRID, history)
+                        for conversation in conversations}
+    lexical = functools.reduce(Scores.merge, (runs[DEFAULT] for runs in per_conversation.values()), Scores())
+    held_out, choices = two_fold(per_conversation)
+    baseline = Scores()
+    for conversation in conversations:
+        turns = TurnBM25(all_turns(conversation))
+        for question in conversation["questions"]:
+            baseline.add(question["category"], question["evidence"], turns.ranking(question["question"]))
+    modes = {"builtin": lexical.summary(), "bm25_turns": baseline.summary()}
+    if args.qmd:
+        pairs = [asyncio.run(run_qmd(conversation, args.qmd, history)) for conversation in conversations]
+        modes["qmd"] = functools.reduce(Scores.merge, (pair[0] for pair in pairs), Scores()).summary()
+        modes["both"] = functools.reduce(Scores.merge, (pair[1] for pair in pairs), Scores()).summary()
+    else:
+        modes["qmd"] = modes["both"] = "skipped: no --qmd given"
+    if args.embeddings:
+        embedder = Embedder(args.embeddings, LLMSettings(api_base=args.api_base or ""),
+                            os.environ.get("OPENAI_API_KEY"))
+        runs = [run_builtin(conversation, [DEFAULT], history, embedder.embed)[DEFAULT]
+                for conversation in conversations]
+        modes["builtin+embeddings"] = functools.reduce(Scores.merge, runs, Scores()).summary()
+    else:
+        modes["builtin+embeddings"] = "skipped: no --embeddings model given (none is reachable offline)"
+    return {"lexical": lexical.summary(), "per_category": {str(c): lexical.summary([c]) for c in sorted(lexical.rows)},
+            "two_fold": {"held_out": held_out.summary(), "folds": choices}, "modes": modes,
+            "settings": {"conversations": [c["id"] for c in conversations], "top": TOP, "word_budget": WORD_BUDGET,
+                         "default": dataclasses.asdict(DEFAULT), "grid": len(GRID), "history": args.history}}
 
 
 def print_report(report: dict) -> None:
     """A readable table of the report."""
-    def line(name: str, row: dict) -> str:
+    def line(name: str, row) -> str:
+        if isinstance(row, str):
+            return f"{name:<22} {row}"
         return (f"{name:<22} R@5 {row['R@5']:5.1f}  R@10 {row['R@10']:5.1f}  MRR {row['MRR']:.3f}  "
-                f"W@10 {row['W@10']:7.1f}  n={row['questions']}")
+                f"W@10 {row['W@10']:7.1f}  p50 {row.get('p50_ms', 0):6.2f} ms  p95 {row.get('p95_ms', 0):6.2f} ms  "
+                f"n={row['questions']}")
 
     settings = report["settings"]
-    print(f"LoCoMo retrieval, {settings['conversations']} conversations, session windows of "
-          f"{settings['window']} messages, stride {settings['stride']}, history: {settings['history']}")
-    print(line("builtin cat 1-4", report["overall_1_4"]))
+    print(f"LoCoMo retrieval, {len(settings['conversations'])} conversations, categories 1-4, top {settings['top']}, "
+          f"history: {settings['history']}, defaults {settings['default']}")
+    print(line("lexical (defaults)", report["lexical"]))
     for category, row in report["per_category"].items():
-        print(line(f"builtin cat {category}", row))
-    print(line("grep_turns cat 1-4", report["baselines"]["grep_turns"]))
-    print(line("bm25_turns cat 1-4", report["baselines"]["bm25_turns"]))
-    timings = report["timings"]
-    per_query = 1000 * timings["search_seconds"] / max(1, timings["questions"])
-    print(f"indexing {timings['index_seconds']:.2f}s, search {per_query:.2f} ms/question")
+        print(line(f"  category {category}", row))
+    print(line("2-fold held-out", report["two_fold"]["held_out"]))
+    for fold in report["two_fold"]["folds"]:
+        print(f"  tuned on {','.join(fold['tuned_on'])}: {fold['config']} -> held-out "
+              f"R@10 {fold['held_out']['R@10']} W@10 {fold['held_out']['W@10']}")
+    for name, row in report["modes"].items():
+        print(line(f"mode {name}", row))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -280,12 +385,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, required=True, help="locomo JSON (never copied into the repo)")
     parser.add_argument("--json", type=Path, help="write the report as JSON to this file")
     parser.add_argument("--limit-conversations", type=int, help="only the first N conversations")
-    parser.add_argument("--window", type=int, default=WINDOW, help="messages per session window")
-    parser.add_argument("--stride", type=int, default=STRIDE, help="messages between window starts")
     parser.add_argument("--history", choices=("none", "observations"), default="none",
                         help="also index history.jsonl entries made of LoCoMo's per-session observations")
+    parser.add_argument("--qmd", help="qmd executable: also run the qmd and both modes")
+    parser.add_argument("--embeddings", help="litellm embedding model: also run builtin+embeddings")
+    parser.add_argument("--api-base", help="OpenAI-compatible base URL for --embeddings")
     args = parser.parse_args(argv)
-    report = run(args.data, args.limit_conversations, args.window, args.stride, args.history == "observations")
+    report = run(args)
     print_report(report)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

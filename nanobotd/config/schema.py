@@ -85,7 +85,8 @@ class SearchSettings:
     """Which search backend answers and how QMD is driven.
 
     qmd_timeout_seconds bounds a whole QMD search (an agent is waiting: past it the builtin index
-    answers, and the reply says so); min_score (0-1) drops weaker hits of every backend.
+    answers, and the reply says so); min_score (0-1) drops weaker hits of every backend; embeddings
+    is "none" or a litellm embedding model reached through [llm] api_base and key, fused with BM25.
     """
 
     backend: str = "builtin"
@@ -94,6 +95,8 @@ class SearchSettings:
     qmd_vectors: bool = False
     debounce_seconds: float = 2.0
     min_score: float = 0.0
+    embeddings: str = "none"
+    embedding_dimensions: int = 0
 
 
 @dataclass(frozen=True)

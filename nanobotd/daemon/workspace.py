@@ -28,6 +28,7 @@ from nanobotd.index.qmdexport import QmdExport
 from nanobotd.jobs.common import JobEnv
 from nanobotd.jobs.registry import JOB_KINDS
 from nanobotd.llm.client import LLMClient
+from nanobotd.llm.embeddings import Embedder
 from nanobotd.memory import history
 from nanobotd.sessions import discovery
 from nanobotd.sessions.agent_config import AgentSettings, find_agent_config, read_agent_settings
@@ -61,7 +62,10 @@ class Workspace:
         self.llm = LLMClient(settings.llm, settings.api_key)
         self.git = GitStore(settings.path)
         self.env = JobEnv(settings, store, self.tracker, self.llm, now, git=self.git, clock=clock, kinds=JOB_KINDS)
-        self.index = BuiltinIndex(settings.path, state_dir / "index" / f"{settings.name}.sqlite")
+        self.embedder = Embedder(settings.search.embeddings, settings.llm, settings.api_key,
+                                 dimensions=settings.search.embedding_dimensions)
+        self.index = BuiltinIndex(settings.path, state_dir / "index" / f"{settings.name}.sqlite",
+                                  embed=self.embedder.embed if self.embedder.enabled else None)
         self.qmd = self._make_qmd(state_dir, environ)
         self.sessions_dirs: list[Path] = []
         self.last_reconcile: float | None = None

@@ -41,6 +41,7 @@ from nanobotd.index.units import (
     note_date,
     parse_timestamp,
 )
+from nanobotd.index.vectors import MAX_EMBED_PER_REFRESH, Embed, VectorIndex, with_vectors
 
 MAX_MARKDOWN_BYTES = 32 * 1024 * 1024
 INSERT_BATCH = 500
@@ -57,7 +58,7 @@ class BuiltinIndex:
 
     def __init__(self, workspace: Path, db_path: Path, sessions_dirs: Path | Iterable[Path] | None = None, *,
                  clock: Callable[[], datetime] = datetime.now, window: int = WINDOW, stride: int = STRIDE,
-                 match_budget: int = MATCH_BUDGET):
+                 match_budget: int = MATCH_BUDGET, embed: Embed | None = None):
         if sessions_dirs is None:
             sessions_dirs = ()
         elif isinstance(sessions_dirs, (str, Path)):
@@ -73,6 +74,8 @@ class BuiltinIndex:
         self._refill = False
         self._selector = ClauseSelector(match_budget)
         self._stemmer = Stemmer()
+        # Optional embeddings (search.embeddings): fused with BM25 when the model answers.
+        self._vectors = VectorIndex(embed) if embed is not None else None
         self._units = 0
         self._layout = f"v{UNITS_VERSION} window={window} stride={stride} chars={MAX_UNIT_CHARS}/{HISTORY_UNIT_CHARS}"
         self._connection: sqlite3.Connection | None = self._open()
@@ -97,7 +100,25 @@ class BuiltinIndex:
         """Re-index what changed: every source by fingerprint (None), or exactly the given paths."""
         with self._lock:
             paths = None if changed is None or self._refill else list(changed)
-            return self._with_recovery(lambda: self._refresh(paths), lambda: self._refresh(None))
+            totals = self._with_recovery(lambda: self._refresh(paths), lambda: self._refresh(None))
+        if self._vectors is not None:
+            totals["units_embedded"] = self._embed_pending()
+        return totals
+
+    def _embed_pending(self) -> int:
+        """Embed units without a vector, a batch at a time, asking the model outside the lock (searches
+        go on meanwhile); at most MAX_EMBED_PER_REFRESH per refresh, the rest at the next one."""
+        done = 0
+        while done < MAX_EMBED_PER_REFRESH:
+            with self._lock:
+                batch = self._with_recovery(lambda: self._vectors.pending(self._conn()), lambda: [])
+            codes = self._vectors.codes_for(batch) if batch else None
+            if codes is None:
+                break
+            with self._lock, ftsdb.transaction(self._conn()):
+                self._vectors.store(self._conn(), batch, codes)
+            done += len(batch)
+        return done
 
     def rebuild(self) -> dict:
         """Forget everything and index the workspace from scratch."""
@@ -114,7 +135,10 @@ class BuiltinIndex:
         wanted = max(limit * CANDIDATES_PER_HIT, MIN_CANDIDATES)
 
         def run() -> list[tuple[ftsdb.MatchRow, float]]:
-            return ranked_units(self._conn(), parsed, self._selector, self._stemmer, self._units, wanted)
+            ranked = ranked_units(self._conn(), parsed, self._selector, self._stemmer, self._units, wanted)
+            if self._vectors is None or parsed.time_only:
+                return ranked
+            return with_vectors(self._conn(), ranked, self._vectors.nearest(self._conn(), query))
 
         def refill_and_run() -> list[tuple[ftsdb.MatchRow, float]]:
             self._refresh(None)
@@ -152,6 +176,7 @@ class BuiltinIndex:
         try:
             units, files = self._with_recovery(self._counts, self._counts)
             last = ftsdb.get_meta(self._conn(), "last_refresh")
+            vectors = self._conn().execute("SELECT count(*) FROM vectors").fetchone()[0] if self._vectors else 0
         finally:
             self._lock.release()
         size = 0
@@ -161,6 +186,8 @@ class BuiltinIndex:
             except FileNotFoundError:
                 pass
         self._last_stats = {"units": units, "files": files, "last_refresh": last, "db_bytes": size}
+        if self._vectors is not None:
+            self._last_stats["embeddings"] = {"vectors": vectors, **self._vectors.status()}
         return dict(self._last_stats)
 
     def close(self) -> None:
@@ -253,6 +280,8 @@ class BuiltinIndex:
         self._units = max(0, self._units + totals["units_added"] - totals["units_removed"])
         if changed is None:
             self._refill = False
+        if self._vectors is not None:
+            self._vectors.changed()
         totals["seconds"] = round(time.monotonic() - started, 4)
         return totals
 

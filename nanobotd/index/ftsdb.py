@@ -45,6 +45,7 @@ CREATE TABLE IF NOT EXISTS units (
     UNIQUE (file_id, unit_key)
 );
 CREATE VIRTUAL TABLE IF NOT EXISTS units_fts USING fts5(body, dates, tokenize='{TOKENIZER}');
+CREATE TABLE IF NOT EXISTS vectors (unit_id INTEGER PRIMARY KEY, code BLOB NOT NULL);
 """
 
 
@@ -188,6 +189,7 @@ def delete_units(connection: sqlite3.Connection, unit_ids: list[int]) -> int:
         batch = unit_ids[offset:offset + DELETE_BATCH]
         marks = ",".join("?" * len(batch))
         connection.execute(f"DELETE FROM units_fts WHERE rowid IN ({marks})", batch)
+        connection.execute(f"DELETE FROM vectors WHERE unit_id IN ({marks})", batch)
         connection.execute(f"DELETE FROM units WHERE id IN ({marks})", batch)
     return len(unit_ids)
 
@@ -203,6 +205,7 @@ def delete_file(connection: sqlite3.Connection, file_id: int) -> int:
 def clear(connection: sqlite3.Connection) -> None:
     """Drop every file and unit (the schema stays)."""
     connection.execute("DELETE FROM units_fts")
+    connection.execute("DELETE FROM vectors")
     connection.execute("DELETE FROM units")
     connection.execute("DELETE FROM files")
 
@@ -219,7 +222,21 @@ def match(connection: sqlite3.Connection, expression: str, limit: int, *, newest
     else:
         sql = (f"SELECT rowid, bm25(units_fts, {BODY_WEIGHT}, {DATES_WEIGHT}) AS rank_value, body, dates "
                "FROM units_fts WHERE units_fts MATCH ? ORDER BY rank_value LIMIT ?")
-    ranked = connection.execute(sql, (expression, limit)).fetchall()
+    return _with_locations(connection, connection.execute(sql, (expression, limit)).fetchall())
+
+
+def fetch(connection: sqlite3.Connection, unit_ids: list[int]) -> list[MatchRow]:
+    """The units with these ids (in that order, missing ones left out), with score 0."""
+    if not unit_ids:
+        return []
+    marks = ",".join("?" * len(unit_ids))
+    found = {row[0]: row for row in connection.execute(
+        f"SELECT rowid, 0.0, body, dates FROM units_fts WHERE rowid IN ({marks})", unit_ids)}
+    return _with_locations(connection, [found[unit_id] for unit_id in unit_ids if unit_id in found])
+
+
+def _with_locations(connection: sqlite3.Connection, ranked: list[tuple]) -> list[MatchRow]:
+    """(id, rank value, body, dates) rows joined with where their unit lives."""
     if not ranked:
         return []
     marks = ",".join("?" * len(ranked))

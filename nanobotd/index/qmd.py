@@ -35,6 +35,7 @@ from nanobotd.index.qmdoutput import (
     hits_from_results,
     iso_time,
     json_array,
+    lexical_searches,
     normalize_query,
     read_index_stats,
 )
@@ -49,6 +50,7 @@ from nanobotd.index.qmdproc import (
     run_qmd,
 )
 from nanobotd.index.qmdvectors import VectorHealth
+from nanobotd.index.query import parse_query
 
 COLLECTION_PREFIX = "nb-"
 # QMD takes a comma-separated list of globs; memory/*.md covers MEMORY.md and the daily notes, and
@@ -199,6 +201,11 @@ class QmdBackend:
             hits = [dataclasses.replace(hit, extra={**hit.extra, "degraded": degraded}) for hit in hits]
         return hits
 
+    async def warm_up(self) -> None:
+        """Start the BM25 server and wait until it answers, so the first searches do not pay for it."""
+        if self._available and self.settings.mcp_server and self._mcp is not None:
+            await self._mcp.wait_ready()
+
     def freshness(self) -> dict:
         """How current the index is, for the control API and the daemon's health tick."""
         stats = read_index_stats(self.index_path, self.name)
@@ -334,7 +341,7 @@ class QmdBackend:
             self._mcp.ensure_started()
             if self._mcp.ready:
                 payload = {
-                    "searches": [{"type": "lex", "query": query}],
+                    "searches": lexical_searches(query),
                     "collections": self._collections(),
                     "limit": limit,
                     "rerank": False,
@@ -346,7 +353,7 @@ class QmdBackend:
                     return hits
                 except SearchBackendError as exc:
                     logger.debug("qmd mcp search failed, using the CLI: {}", exc)
-        return await self._cli_search("search", query, limit)
+        return await self._cli_search("search", " ".join(parse_query(query).terms) or query, limit)
 
     async def _cli_search(self, mode: str, query: str, limit: int) -> list[SearchHit]:
         try:

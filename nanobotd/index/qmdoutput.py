@@ -18,12 +18,14 @@ from loguru import logger
 
 from nanobotd.index.hit import SearchBackendError, SearchHit
 from nanobotd.index.qmdexport import QmdExport
+from nanobotd.index.query import parse_query
 
 MEMORY_FILES = frozenset({"SOUL.md", "USER.md", "memory/MEMORY.md"})
 HUNK_PATTERN = re.compile(r"^@@ -(\d+),(\d+) @@")
 HTTP_LINE_NUMBER = re.compile(r"^\d+: ?")
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 NOTE_DATE = re.compile(r"(\d{4}-\d{2}-\d{2})\.md$")
+MAX_LEX_TERMS = 8
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,14 @@ class IndexStats:
     documents: int | None = None
     needs_embedding: int | None = None
     last_write: str | None = None
+
+
+def lexical_searches(query: str) -> list[dict]:
+    """QMD ANDs the words of a lex search, so a question finds nothing unless one document holds them all:
+    the query's words together, and each of its distinctive words alone, fused by QMD's rank fusion."""
+    terms = parse_query(query).terms[:MAX_LEX_TERMS]
+    searches = [{"type": "lex", "query": " ".join(terms) or query}]
+    return searches + [{"type": "lex", "query": term} for term in terms if len(terms) > 1]
 
 
 def normalize_query(query: str) -> str:

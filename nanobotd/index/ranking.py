@@ -30,8 +30,10 @@ def build_hits(rows: list[tuple[MatchRow, float]], terms: list[str], limit: int,
     hits: list[SearchHit] = []
     pattern = highlighter(terms)
     for row, score in rows:
-        if len(hits) >= limit or score < min_score:
+        if len(hits) >= limit:
             break
+        if score < min_score:
+            continue
         row = replace(row, score=round(score, 4))
         if row.source == "session" and row.parts:
             hit = _session_hit(row, pattern, shown[row.path], display_path)

@@ -436,3 +436,12 @@ def test_hanging_vector_search_degrades_to_bm25_within_the_timeout(workspace, tm
     assert (hit.line_start, hit.line_end) == (4, 5)
     assert hit.snippet == "The kumquat project ships in May."
     assert "timed out" in hit.extra["degraded"] and hit.extra["degraded"].endswith("answered with BM25")
+
+
+def test_a_question_becomes_one_lex_search_of_its_words_and_one_per_word():
+    from nanobotd.index.qmdoutput import lexical_searches
+
+    assert lexical_searches("What did Caroline research about adoption?") == [
+        {"type": "lex", "query": "caroline research adoption"}, {"type": "lex", "query": "caroline"},
+        {"type": "lex", "query": "research"}, {"type": "lex", "query": "adoption"}]
+    assert lexical_searches("kumquat") == [{"type": "lex", "query": "kumquat"}]

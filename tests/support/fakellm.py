@@ -9,6 +9,7 @@ server-sent chunks in OpenAI's streaming format (nanobot always streams). Also r
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import json
 import signal
@@ -26,6 +27,7 @@ DEFAULT_REPLY = "(nothing)"
 HUNG_REPLY = "(hung)"
 POLL_SECONDS = 0.02  # how fast serve_forever notices shutdown(); the stdlib default 0.5 s slows every test
 CLIENT_GONE_ERRORS = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
+EMBEDDING_DIMENSIONS = 64  # /v1/embeddings answers vectors this long unless the request asks "dimensions"
 STREAM_PIECE_CHARS = 16  # streamed content and tool arguments arrive in pieces this long, as real servers send them
 
 
@@ -93,7 +95,7 @@ ACTION_TYPES = (Text, ToolCalls, HttpError, Hang, Garbage, Empty, Responder)
 
 
 class FakeLLM:
-    """An OpenAI-compatible chat completions server that answers from a script queue, then a default."""
+    """An OpenAI-compatible server: chat completions from a script queue (then a default), embeddings by hashing."""
 
     def __init__(self, *, latency: float = 0.0, default: Any = None, host: str = "127.0.0.1", port: int = 0):
         self.latency = latency
@@ -109,6 +111,7 @@ class FakeLLM:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._call_ids = itertools.count(1)
+        self.embeddings_error: HttpError | None = None  # set to make /v1/embeddings fail
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -202,6 +205,22 @@ class FakeLLM:
         return f"call_{next(self._call_ids)}"
 
 
+def fake_embedding(text: str, size: int = 64) -> list[float]:
+    """A deterministic embedding: the text's letter trigrams hashed into *size* buckets, normalised.
+
+    Texts sharing pieces of words come out close ("destress" and "stress relief"), so tests can see a
+    vector search find what BM25's whole words miss, without any model.
+    """
+    vector = [0.0] * size
+    for word in text.lower().split():
+        padded = f" {''.join(ch for ch in word if ch.isalnum())} "
+        for start in range(len(padded) - 2):
+            digest = hashlib.blake2b(padded[start:start + 3].encode(), digest_size=4).digest()
+            vector[int.from_bytes(digest, "big") % size] += 1.0
+    norm = sum(value * value for value in vector) ** 0.5 or 1.0
+    return [value / norm for value in vector]
+
+
 def completion_body(action: Text | ToolCalls | Empty, model: str, call_ids: Callable[[], str]) -> dict:
     """The OpenAI chat.completion JSON for a message-shaped action."""
     message: dict[str, Any] = {"role": "assistant", "content": None}
@@ -293,6 +312,8 @@ def _make_handler(fake: FakeLLM) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
+            if self.path.rstrip("/").endswith("/embeddings"):
+                return self._embeddings(raw)
             if not self.path.rstrip("/").endswith("/chat/completions"):
                 self._send_json(404, {"error": {"message": f"no route {self.path}"}})
                 return
@@ -327,6 +348,22 @@ def _make_handler(fake: FakeLLM) -> type[BaseHTTPRequestHandler]:
                     self._send_stream(stream_chunks(body, include_usage=wants_usage(request)))
                 else:
                     self._send_json(200, body)
+
+        def _embeddings(self, raw: bytes) -> None:
+            try:
+                request = json.loads(raw or b"{}")
+            except ValueError:
+                request = {}
+            fake.record(request, {name.lower(): value for name, value in self.headers.items()})
+            if fake.embeddings_error is not None:
+                return self._send(fake.embeddings_error.status, fake.embeddings_error.body.encode(), "application/json")
+            texts = request.get("input") or []
+            texts = [texts] if isinstance(texts, str) else texts
+            size = int(request.get("dimensions") or EMBEDDING_DIMENSIONS)
+            data = [{"object": "embedding", "index": index, "embedding": fake_embedding(str(text), size)}
+                    for index, text in enumerate(texts)]
+            self._send_json(200, {"object": "list", "data": data, "model": request.get("model", FAKE_MODEL_NAME),
+                                  "usage": {"prompt_tokens": len(texts), "total_tokens": len(texts)}})
 
         def _drop(self) -> None:
             self.close_connection = True

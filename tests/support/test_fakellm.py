@@ -202,3 +202,21 @@ def test_the_real_nanobot_runs_a_turn_against_the_fake_and_saves_the_reply(fake,
     assert [message["role"] for message in messages] == ["user", "assistant"]
     assert messages[0]["content"] == "Where do the backups go? MSG-1"
     assert messages[1]["content"] == LONG_REPLY
+
+
+def test_embeddings_are_deterministic_and_close_for_texts_sharing_word_pieces() -> None:
+    import json as json_module
+    import urllib.request
+
+    from tests.support.fakellm import FakeLLM, fake_embedding
+
+    with FakeLLM() as fake:
+        body = json_module.dumps({"model": "fake-embed", "input": ["destress", "stress relief"],
+                                  "dimensions": 32}).encode()
+        request = urllib.request.Request(fake.base_url + "/embeddings", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            answer = json_module.loads(response.read())
+    first, second = (item["embedding"] for item in answer["data"])
+    assert first == fake_embedding("destress", 32) and len(second) == 32
+    assert sum(a * b for a, b in zip(first, second, strict=True)) > 0.4
+    assert sum(a * b for a, b in zip(first, fake_embedding("pelican", 32), strict=True)) < 0.2
