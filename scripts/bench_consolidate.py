@@ -36,7 +36,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_tracker import BenchDaemon, cpu_seconds, memory_mb, nanobot_conversation, percentile  # noqa: E402
+from bench_content import nanobot_conversation  # noqa: E402
+from bench_daemon import BenchDaemon, cpu_seconds, memory_mb, percentile  # noqa: E402
 
 from nanobotd.config.schema import LLMSettings  # noqa: E402
 from nanobotd.sessions import file as sessionfile  # noqa: E402

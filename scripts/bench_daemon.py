@@ -1,0 +1,179 @@
+"""A real `nanobotd run` under measurement: /proc readers and a daemon with the documented defaults.
+
+Shared by the benchmarks so every figure about a daemon is read the same way: CPU from /proc/<pid>/stat,
+memory from /proc/<pid>/status (the daemon alone, and with its children such as the LLM worker), imported
+libraries from /proc/<pid>/maps, and the daemon's own view over its control socket.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from nanobotd.cli.client import CannotConnect, Client, DaemonError  # noqa: E402
+from tests.support.daemonproc import DaemonProcess  # noqa: E402
+
+SETTLE_TIMEOUT_SECONDS = 1800.0
+QUIET_CPU_SECONDS = 0.02
+# litellm drags in these compiled modules; nothing else the daemon imports does (Python files are read,
+# not mapped, so litellm's own package never shows in /proc/<pid>/maps).
+LITELLM_SIGNATURES = ("/litellm/", "/pydantic_core/", "/tokenizers/", "/aiohttp/")
+
+
+# -- /proc readers ---------------------------------------------------------------------------------------
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """(utime + stime of the process, of its waited-for children) in seconds."""
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks, (int(fields[13]) + int(fields[14])) / ticks
+
+
+def memory_mb(pid: int | str = "self") -> dict[str, float]:
+    """VmRSS and VmHWM of a process, in MB (zeros for a process that is gone)."""
+    values = {"VmRSS": 0.0, "VmHWM": 0.0}
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                name, _, rest = line.partition(":")
+                if name in values:
+                    values[name] = int(rest.split()[0]) / 1024
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return values
+
+
+def child_pids(pid: int) -> list[int]:
+    """Live children of *pid* (found by parent pid, so kernels without /proc/.../children work too)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            children.append(int(entry.name))
+    return sorted(children)
+
+
+def tree_memory_mb(pid: int) -> dict:
+    """VmRSS of *pid* and of each of its children: what running the daemon costs the machine now."""
+    own = memory_mb(pid)["VmRSS"]
+    children = {child: memory_mb(child)["VmRSS"] for child in child_pids(pid)}
+    return {"daemon_mb": round(own, 1), "children_mb": {str(child): round(rss, 1) for child, rss in children.items()},
+            "total_mb": round(own + sum(children.values()), 1)}
+
+
+def litellm_mappings(pid: int) -> list[str]:
+    """Files mapped by *pid* that only an imported litellm would bring in."""
+    try:
+        with open(f"/proc/{pid}/maps") as handle:
+            paths = {line.split()[-1] for line in handle if "/" in line}
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+    return sorted(path for path in paths if any(mark in path for mark in LITELLM_SIGNATURES))
+
+
+def percentile(values: list[float], share: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(share * len(ordered)) - 1)]
+
+
+def verdict(ok: bool) -> str:
+    """PASS or FAIL against a target."""
+    return "PASS" if ok else "FAIL"
+
+
+# -- a daemon with the default [daemon] settings ----------------------------------------------------------
+class BenchDaemon(DaemonProcess):
+    """`nanobotd run` with the documented [daemon] defaults (debounce, reconcile period, INFO logging)."""
+
+    def __init__(self, folder: Path, workspace: Path, sessions_dir: Path, *, state_dir: Path | None = None,
+                 extra_tables: str = ""):
+        home = folder / "home"
+        runtime = folder / "run"
+        for path in (home, runtime):
+            path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        environment = {"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
+                       "XDG_STATE_HOME": str(home / ".state"), "XDG_RUNTIME_DIR": str(runtime)}
+        super().__init__(folder, workspace, sessions_dir=sessions_dir, env=environment)
+        for name in ("STATE_DIRECTORY", "RUNTIME_DIRECTORY", "NOTIFY_SOCKET", "WATCHDOG_USEC", "INVOCATION_ID"):
+            self.env.pop(name, None)
+        if state_dir is not None:
+            self.state_dir = state_dir
+        self.config_path.write_text(
+            f'[daemon]\nsocket = "{self.socket}"\nstate_dir = "{self.state_dir}"\nlog_level = "INFO"\n'
+            f"{extra_tables}\n"
+            f'[[workspaces]]\npath = "{workspace}"\nname = "ws"\nsessions_dir = "{sessions_dir}"\n')
+        self.client = Client(self.socket, timeout=60)
+        self.slowest_status_seconds = 0.0
+        self.poll_errors: list[str] = []
+
+    def status(self) -> dict | None:
+        """GET /v1/status, or None while nothing answers; remembers the slowest answer (a blocked loop)."""
+        asked = time.monotonic()
+        answer = self.poll("/v1/status")
+        if answer is not None:
+            self.slowest_status_seconds = max(self.slowest_status_seconds, time.monotonic() - asked)
+        return answer
+
+    def poll(self, path: str, query: dict | None = None) -> dict | None:
+        """GET *path*, or None when the daemon cannot be reached or answers an error (noted in poll_errors)."""
+        try:
+            return self.client.get(path, query)
+        except CannotConnect:
+            return None
+        except DaemonError as error:
+            self.poll_errors.append(f"{path}: {error}")
+            return None
+
+    def wait_settled(self, sessions: int, timeout: float = SETTLE_TIMEOUT_SECONDS) -> float:
+        """Until the start-up reconcile, the first index refresh and all jobs are done and CPU is quiet."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            self.check_alive()
+            status = self.status()
+            if status and settled(status, sessions):
+                break
+            time.sleep(0.1)
+        else:
+            raise RuntimeError(f"daemon did not settle in {timeout}s:\n{self.log()[-3000:]}")
+        while time.monotonic() - started < timeout:
+            before = cpu_seconds(self.proc.pid)[0]
+            time.sleep(1.0)
+            if cpu_seconds(self.proc.pid)[0] - before < QUIET_CPU_SECONDS:
+                break
+        return time.monotonic() - started
+
+    def wait_reconciled(self, sessions: int, started: float, timeout: float = SETTLE_TIMEOUT_SECONDS) -> float:
+        """Seconds from *started* (monotonic) until status shows the start-up reconcile of *sessions* done."""
+        while time.monotonic() - started < timeout:
+            self.check_alive()
+            status = self.status()
+            workspace = status["workspaces"][0] if status else {}
+            if workspace.get("last_reconcile") is not None and workspace.get("sessions_watched") == sessions:
+                return time.monotonic() - started
+            time.sleep(0.05)
+        raise RuntimeError(f"daemon never reported a reconcile of {sessions} sessions:\n{self.log()[-3000:]}")
+
+    def check_alive(self) -> None:
+        """Raise with the log's tail when the daemon has exited."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+
+
+def settled(status: dict, sessions: int) -> bool:
+    """Start-up reconcile done, every session watched, the index refreshed, no job running."""
+    workspace = status["workspaces"][0]
+    search = workspace.get("search") or {}
+    return (workspace.get("last_reconcile") is not None and workspace.get("sessions_watched") == sessions
+            and search.get("last_refresh") is not None and not search.get("pending_changes")
+            and not status.get("jobs_running"))
