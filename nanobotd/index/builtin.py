@@ -49,8 +49,9 @@ INSERT_BATCH = 500
 CANDIDATES_PER_HIT = 4
 MIN_CANDIDATES = 40
 MAX_LIMIT = 500
-# Bump when the way files become units changes: an index made the old way is then rebuilt.
-UNITS_VERSION = 1
+# Bump when the way files become units changes: an index made the old way is then rebuilt
+# (2: the dates column holds a key per day and month).
+UNITS_VERSION = 2
 
 
 class BuiltinIndex:
@@ -277,6 +278,7 @@ class BuiltinIndex:
             totals["units_added"] += added
             totals["units_removed"] += removed
         ftsdb.set_meta(connection, "last_refresh", iso_seconds(self._clock()))
+        ftsdb.trim_wal(connection, self.db_path)
         self._units = max(0, self._units + totals["units_added"] - totals["units_removed"])
         if changed is None:
             self._refill = False

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from nanobotd.index.timeintent import with_date_keys
 from nanobotd.index.units import Unit
 
 SCHEMA_VERSION = "1"
@@ -21,6 +22,9 @@ TOKENIZER = "porter unicode61 remove_diacritics 2"
 BODY_WEIGHT = 1.0
 DATES_WEIGHT = 1.0
 DELETE_BATCH = 500
+# A refresh that writes the whole index grows the WAL to the index's size; past a checkpoint it is cut
+# back to this, so the WAL does not keep that size on disk for as long as the daemon runs.
+WAL_SIZE_LIMIT = 8 * 1024 * 1024
 SIDE_FILES = ("-wal", "-shm", "-journal")
 
 SCHEMA = f"""
@@ -103,6 +107,7 @@ def connect(db_path: Path) -> sqlite3.Connection:
     try:
         connection.execute("PRAGMA journal_mode=WAL")
         connection.execute("PRAGMA synchronous=NORMAL")
+        connection.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
         connection.executescript(SCHEMA)
         row = connection.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
         if row is None:
@@ -116,6 +121,16 @@ def connect(db_path: Path) -> sqlite3.Connection:
         connection.close()
         raise
     return connection
+
+
+def trim_wal(connection: sqlite3.Connection, db_path: Path) -> None:
+    """After a large write, copy the WAL into the database and cut it to nothing (a no-op when small)."""
+    try:
+        size = os.stat(str(db_path) + "-wal").st_size
+    except FileNotFoundError:
+        return
+    if size >= WAL_SIZE_LIMIT:
+        connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
 @contextlib.contextmanager
@@ -178,7 +193,7 @@ def insert_units(connection: sqlite3.Connection, file_id: int, units: Iterable[U
             continue
         if unit.text.strip():
             connection.execute("INSERT INTO units_fts (rowid, body, dates) VALUES (?, ?, ?)",
-                               (cursor.lastrowid, unit.text, unit.dates))
+                               (cursor.lastrowid, unit.text, with_date_keys(unit.dates)))
         count += 1
     return count
 
@@ -214,25 +229,31 @@ def match(connection: sqlite3.Connection, expression: str, limit: int, *, newest
     """The *limit* best units for an FTS5 expression by bm25 (higher is better), or the newest ones.
 
     bm25() counts every unit holding each phrase before it ranks any, so callers keep expressions
-    whose words are everywhere for *newest_first*, which reads only the first *limit* matches.
+    whose words are everywhere for *newest_first*, which reads only the first *limit* matches. The
+    ranking reads no text: only the units kept have theirs read, afterwards.
     """
     if newest_first:
-        sql = ("SELECT rowid, 0.0, body, dates FROM units_fts WHERE units_fts MATCH ? "
-               "ORDER BY rowid DESC LIMIT ?")
+        sql = "SELECT rowid, 0.0 FROM units_fts WHERE units_fts MATCH ? ORDER BY rowid DESC LIMIT ?"
     else:
-        sql = (f"SELECT rowid, bm25(units_fts, {BODY_WEIGHT}, {DATES_WEIGHT}) AS rank_value, body, dates "
+        sql = (f"SELECT rowid, bm25(units_fts, {BODY_WEIGHT}, {DATES_WEIGHT}) AS rank_value "
                "FROM units_fts WHERE units_fts MATCH ? ORDER BY rank_value LIMIT ?")
-    return _with_locations(connection, connection.execute(sql, (expression, limit)).fetchall())
+    ranked = connection.execute(sql, (expression, limit)).fetchall()
+    return _with_locations(connection, _with_text(connection, ranked))
 
 
 def fetch(connection: sqlite3.Connection, unit_ids: list[int]) -> list[MatchRow]:
     """The units with these ids (in that order, missing ones left out), with score 0."""
-    if not unit_ids:
+    return _with_locations(connection, _with_text(connection, [(unit_id, 0.0) for unit_id in unit_ids]))
+
+
+def _with_text(connection: sqlite3.Connection, ranked: list[tuple]) -> list[tuple]:
+    """(id, rank value) rows with the body and dates of each unit: (id, rank value, body, dates)."""
+    if not ranked:
         return []
-    marks = ",".join("?" * len(unit_ids))
-    found = {row[0]: row for row in connection.execute(
-        f"SELECT rowid, 0.0, body, dates FROM units_fts WHERE rowid IN ({marks})", unit_ids)}
-    return _with_locations(connection, [found[unit_id] for unit_id in unit_ids if unit_id in found])
+    marks = ",".join("?" * len(ranked))
+    found = {row[0]: row[1:] for row in connection.execute(
+        f"SELECT rowid, body, dates FROM units_fts WHERE rowid IN ({marks})", [row[0] for row in ranked])}
+    return [(unit_id, rank_value, *found[unit_id]) for unit_id, rank_value in ranked if unit_id in found]
 
 
 def _with_locations(connection: sqlite3.Connection, ranked: list[tuple]) -> list[MatchRow]:

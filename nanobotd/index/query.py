@@ -14,7 +14,16 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from nanobotd.index.timeintent import date_phrase, date_words, find_time, month_phrase, named_dates, named_months
+from nanobotd.index.timeintent import (
+    date_phrase,
+    date_words,
+    day_key,
+    find_time,
+    month_key,
+    month_phrase,
+    named_dates,
+    named_months,
+)
 
 __all__ = ["Query", "date_phrase", "date_words", "month_phrase", "named_dates", "named_months", "parse_query",
            "quote"]
@@ -47,12 +56,14 @@ class Query:
     """A parsed query: the words searched, the date phrases, and their FTS5 clauses (none = no search).
 
     time_only: the query names a time and no word worth searching, so only that time is searched.
+    date_keys: the one-word key of each date phrase (index.timeintent), what the builtin index matches.
     """
 
     terms: list[str] = field(default_factory=list)
     date_phrases: list[str] = field(default_factory=list)
     clauses: list[str] = field(default_factory=list)
     time_only: bool = False
+    date_keys: list[str] = field(default_factory=list)
 
     @property
     def expression(self) -> str:
@@ -64,6 +75,12 @@ class Query:
         """The clauses of the words alone."""
         return [quote(term) for term in self.terms]
 
+    @property
+    def date_key_clauses(self) -> list[str]:
+        """One clause per date phrase on its key: the same units as the phrase, without reading the long
+        posting lists of month names and years."""
+        return [f"dates : {quote(key)}" for key in self.date_keys]
+
 
 def parse_query(text: str, now: datetime | None = None) -> Query:
     """Words (stopwords and date expressions dropped) and dates of *text*, as a safe expression."""
@@ -72,15 +89,18 @@ def parse_query(text: str, now: datetime | None = None) -> Query:
     found = [(match.group().lower(), intent.covers(match.start(), match.end())) for match in WORD.finditer(text)]
     words = [word for word, _ in found]
     terms = _unique(word for word, dated in found if not dated and word not in STOPWORDS and word != "_")
-    if MAY_MONTH.search(text) and not any(month == 5 for month, _ in intent.months) and "may" not in terms:
+    named_may = any(month == 5 for month, _ in intent.months) or any(day.month == 5 for day in intent.days)
+    if MAY_MONTH.search(text) and not named_may and "may" not in terms:
         terms.append("may")
-    phrases = _unique([date_phrase(day) for day in intent.days] +
-                      [month_phrase(month, year) for month, year in intent.months])[:MAX_DATE_PHRASES]
+    dated = _unique([(date_phrase(day), day_key(day)) for day in intent.days] +
+                    [(month_phrase(month, year), month_key(month, year))
+                     for month, year in intent.months])[:MAX_DATE_PHRASES]
+    phrases = [phrase for phrase, _ in dated]
     if not terms and not phrases:
         terms = _unique(word for word in words if word != "_")
     terms = [term for term in terms if len(term) <= 64][:MAX_TERMS]
     clauses = [quote(term) for term in terms] + [f"dates : {quote(phrase)}" for phrase in phrases]
-    return Query(terms, phrases, clauses, time_only=bool(phrases) and not terms)
+    return Query(terms, phrases, clauses, time_only=bool(phrases) and not terms, date_keys=[key for _, key in dated])
 
 
 def quote(term: str) -> str:

@@ -9,8 +9,8 @@ recall there (scripts/bench_locomo.py --history observations).
 
 from __future__ import annotations
 
+import functools
 import json
-import re
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import replace
@@ -29,6 +29,7 @@ def build_hits(rows: list[tuple[MatchRow, float]], terms: list[str], limit: int,
     shown: dict[str, set[int]] = defaultdict(set)
     hits: list[SearchHit] = []
     pattern = highlighter(terms)
+    display_path = functools.lru_cache(maxsize=None)(display_path)
     for row, score in rows:
         if len(hits) >= limit:
             break
@@ -44,7 +45,7 @@ def build_hits(rows: list[tuple[MatchRow, float]], terms: list[str], limit: int,
     return hits
 
 
-def _file_hit(row: MatchRow, pattern: re.Pattern | None, display_path: Callable[[str], str]) -> SearchHit:
+def _file_hit(row: MatchRow, pattern: tuple[str, ...], display_path: Callable[[str], str]) -> SearchHit:
     return SearchHit(
         source=row.source, path=display_path(row.path), snippet=make_snippet(row.body, pattern),
         score=row.score, text=row.body, when=row.when, line_start=row.first, line_end=row.last,
@@ -52,7 +53,7 @@ def _file_hit(row: MatchRow, pattern: re.Pattern | None, display_path: Callable[
     )
 
 
-def _session_hit(row: MatchRow, pattern: re.Pattern | None, shown: set[int],
+def _session_hit(row: MatchRow, pattern: tuple[str, ...], shown: set[int],
                  display_path: Callable[[str], str]) -> SearchHit | None:
     try:
         parts = [(int(part[0]), int(part[1]), str(part[2])) for part in json.loads(row.parts)]
@@ -91,26 +92,37 @@ def _longest_fresh_run(parts: list[tuple[int, int, str]], shown: set[int]) -> tu
     return best
 
 
-def highlighter(terms: list[str]) -> re.Pattern | None:
-    """A pattern finding the query's words in text (by crude stem), or None for a query without words."""
-    stems = sorted({_stem(term) for term in terms}, key=len, reverse=True)
-    return re.compile(r"\b(" + "|".join(map(re.escape, stems)) + ")", re.I) if stems else None
+def highlighter(terms: list[str]) -> tuple[str, ...]:
+    """The crude stems that find the query's words in text, longest first (none for a query without words)."""
+    return tuple(sorted({_stem(term.lower()) for term in terms}, key=len, reverse=True))
 
 
-def make_snippet(text: str, pattern: re.Pattern | None) -> str:
+def make_snippet(text: str, pattern: tuple[str, ...]) -> str:
     """The line of *text* matching most query words, cut to SNIPPET_CHARS around its first match."""
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         return ""
     best_line, best_score, best_at = lines[0], 0, 0
     for line in lines if pattern else ():
-        found = list(pattern.finditer(line))
-        matched = len({match.group(1).lower() for match in found})
+        matched, first = _word_starts(line.lower(), pattern)
         if matched > best_score:
-            best_line, best_score, best_at = line, matched, found[0].start()
+            best_line, best_score, best_at = line, matched, first
     start = max(0, best_at - SNIPPET_LEAD) if len(best_line) > SNIPPET_CHARS else 0
     snippet = best_line[start:start + SNIPPET_CHARS]
     return ("…" if start else "") + snippet + ("…" if start + SNIPPET_CHARS < len(best_line) else "")
+
+
+def _word_starts(lowered: str, stems: tuple[str, ...]) -> tuple[int, int]:
+    """How many of *stems* begin a word of *lowered*, and where the first such word is."""
+    matched, first = 0, len(lowered)
+    for stem in stems:
+        at = lowered.find(stem)
+        while at > 0 and (lowered[at - 1].isalnum() or lowered[at - 1] == "_"):
+            at = lowered.find(stem, at + 1)
+        if at >= 0:
+            matched += 1
+            first = min(first, at)
+    return matched, first
 
 
 def _stem(term: str) -> str:

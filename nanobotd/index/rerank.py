@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,6 +29,8 @@ PART_WEIGHT = 0.5
 # Share of the shown score that depends on how much of the query a hit matches.
 COVERAGE_SHARE = 0.5
 MIN_PREFIX_CHARS = 3
+# The rest of a word after a prefix found in it (unicode61's word characters: letters and digits).
+WORD_REST = re.compile(r"[^\W_]*")
 
 
 @dataclass(frozen=True)
@@ -71,16 +72,18 @@ def rerank(rows: list[MatchRow], weights: QueryWeights, stemmer: Stemmer,
     """(row, score in [0, 1]) best first; *parts_of* gives the (start, end) character span of each part."""
     if not rows or weights.total <= 0:
         return [(row, 0.0) for row in rows]
-    pattern = _word_pattern(weights)
-    found = [[_candidate_words(row.body[start:end], pattern) for start, end in parts_of(row) or [(0, len(row.body))]]
+    prefixes = _prefixes(weights)
+    found = [[_candidate_words(row.body[start:end], prefixes) for start, end in parts_of(row) or [(0, len(row.body))]]
              for row in rows]
     distinct = list({word for parts in found for words, _ in parts for word in words})
-    stem_of = dict(zip(distinct, stemmer.stems(distinct), strict=True))
+    stem_of = {word: stem for word, stem in zip(distinct, stemmer.stems(distinct), strict=True)
+               if stem in weights.stems}
     analysed = [_analyse(row, parts, stem_of, weights) for row, parts in zip(rows, found, strict=True)]
     average = sum(length for _, _, length, _ in analysed) / len(analysed) or 1.0
     part_average = _mean(length for _, parts, _, _ in analysed for _, length in parts) or 1.0
     unit_scores = [_bm25(counts, length, average, weights) for counts, _, length, _ in analysed]
-    part_scores = [max((_bm25(counts, length, part_average, weights) for counts, length in parts), default=0.0)
+    part_scores = [max((_bm25(counts, length, part_average, weights) for counts, length in parts if counts),
+                       default=0.0)
                    for _, parts, _, _ in analysed]
     top_unit, top_part = max(unit_scores) or 1.0, max(part_scores) or 1.0
     scored = []
@@ -92,44 +95,62 @@ def rerank(rows: list[MatchRow], weights: QueryWeights, stemmer: Stemmer,
     return scored
 
 
-def _word_pattern(weights: QueryWeights) -> re.Pattern | None:
-    """Words that may stem to a query stem: stemming only those keeps reranking cheap. A Porter stem is a
-    prefix of its word but for a final y turned i, so every such word starts with the stem less its last letter."""
-    prefixes = sorted({stem[:max(len(stem) - 1, min(len(stem), MIN_PREFIX_CHARS))] for stem in weights.stems},
-                      key=len, reverse=True)
-    if not prefixes:
-        return None
-    return re.compile(r"\b(?:" + "|".join(map(re.escape, prefixes)) + r")[^\W_]*", re.I)
+def _prefixes(weights: QueryWeights) -> tuple[str, ...]:
+    """What a word must start with to stem to a query stem: stemming only those keeps reranking cheap. A
+    Porter stem is a prefix of its word but for a final y turned i, so every such word starts with the
+    stem less its last letter."""
+    return tuple(sorted({stem[:max(len(stem) - 1, min(len(stem), MIN_PREFIX_CHARS))] for stem in weights.stems},
+                        key=len, reverse=True))
 
 
-def _candidate_words(text: str, pattern: re.Pattern | None) -> tuple[list[str], int]:
+def find_words(lowered: str, prefixes: tuple[str, ...]) -> list[str]:
+    """The words of lowercased text that start with one of *prefixes* (whole words: a prefix inside a
+    word does not count), each occurrence once. str.find, not a regular expression: compiling one per
+    query cost more than the search itself."""
+    found: dict[int, str] = {}
+    for prefix in prefixes:
+        at = lowered.find(prefix)
+        while at >= 0:
+            if at not in found and (at == 0 or not lowered[at - 1].isalnum()):
+                end = WORD_REST.match(lowered, at + len(prefix)).end()
+                found[at] = lowered[at:end]
+            at = lowered.find(prefix, at + 1)
+    return list(found.values())
+
+
+def _candidate_words(text: str, prefixes: tuple[str, ...]) -> tuple[list[str], int]:
     """The lowercased words of *text* that may match the query (non-ASCII ones always: diacritics fold),
     and how many words it has (split on whitespace: close enough for BM25's length, and cheap)."""
-    found = pattern.findall(text) if pattern else []
+    lowered = text.lower()
+    found = find_words(lowered, prefixes) if prefixes else []
     if not text.isascii():
-        found += [word for word in TOKEN.findall(text) if not word.isascii()]
-    return [word.lower() for word in found], len(text.split())
+        found += [word for word in TOKEN.findall(lowered) if not word.isascii()]
+    return found, len(text.split())
 
 
 def _analyse(row: MatchRow, parts: list[tuple[list[str], int]], stem_of: dict[str, str],
-             weights: QueryWeights) -> tuple[Counter, list[tuple[Counter, int]], int, float]:
+             weights: QueryWeights) -> tuple[dict, list[tuple[dict, int]], int, float]:
     """Query-stem counts of the unit and of each part, the unit's length, and the query weight it matches."""
     counted = []
-    total: Counter = Counter()
+    total: dict[str, int] = {}
     length = 0
     for words, size in parts:
-        counts = Counter(stem for stem in map(stem_of.__getitem__, words) if stem in weights.stems)
+        counts: dict[str, int] = {}
+        for word in words:
+            stem = stem_of.get(word)
+            if stem is not None:
+                counts[stem] = counts.get(stem, 0) + 1
+                total[stem] = total.get(stem, 0) + 1
         counted.append((counts, size))
-        total.update(counts)
         length += size
-    matched = sum(weight for stem, weight in weights.stems.items() if total[stem])
+    matched = sum(weights.stems[stem] for stem in total)
     if weights.dates_weight and weights.dated(row.dates):
         matched += weights.dates_weight
         total["\x00dates"] = 1
     return total, counted, length, matched
 
 
-def _bm25(counts: Counter, length: int, average: float, weights: QueryWeights) -> float:
+def _bm25(counts: dict, length: int, average: float, weights: QueryWeights) -> float:
     norm = K1 * (1 - B + B * length / average)
     score = sum(weights.stems[stem] * count * (K1 + 1) / (count + norm)
                 for stem, count in counts.items() if stem in weights.stems)

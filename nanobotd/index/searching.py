@@ -52,7 +52,7 @@ def _plan(connection: sqlite3.Connection, parsed: Query, selector: ClauseSelecto
     for term, stem in zip(parsed.terms, stems, strict=True):
         if stem:
             clause_of.setdefault(stem, quote(term))
-    date_clauses = parsed.clauses[len(parsed.terms):]
+    date_clauses = parsed.date_key_clauses
     selection = selector.select(connection, list(clause_of.values()) + date_clauses, units)
     if not selection.clauses:
         return None

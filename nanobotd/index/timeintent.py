@@ -4,6 +4,10 @@
 days found become phrases matched against the `dates` column of the index (which holds the date words
 of every dated unit), and the words that named them are not searched as words ("yesterday" in a
 message says nothing about the day it was written).
+
+Beside its date words, the `dates` column holds one key per day and per month ("d20231013 m202310"):
+the builtin index searches those, since a phrase like "13 october 2023" would walk the posting lists
+of "october" and "2023", which a year of history holds in nearly every unit.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ DAYS_AGO = re.compile(r"\b(\d{1,3})\s+(days?|weeks?)\s+ago\b", re.I)
 LAST_WEEKDAY = re.compile(r"\blast\s+(" + "|".join(WEEKDAYS) + r")\b", re.I)
 RELATIVE = re.compile(r"\b(today|yesterday|(?:last|this|past)\s+(?:week|month))\b", re.I)
 MAX_RANGE_DAYS = 62
+# What date_words writes: "Friday 13 October 2023".
+DATE_WORDS = re.compile(r"\b(\d{1,2}) (" + "|".join(MONTHS) + r") (\d{4})\b", re.I)
 
 
 @dataclass
@@ -49,6 +55,28 @@ def date_words(moment: date | datetime | None) -> str:
     if moment is None:
         return ""
     return f"{WEEKDAYS[moment.weekday()].title()} {moment.day} {MONTHS[moment.month - 1].title()} {moment.year}"
+
+
+def day_key(day: date) -> str:
+    """The one-word key of a day in the `dates` column ("d20231013")."""
+    return f"d{day.year:04d}{day.month:02d}{day.day:02d}"
+
+
+def month_key(month: int, year: int) -> str:
+    """The one-word key of a month in the `dates` column ("m202310")."""
+    return f"m{year:04d}{month:02d}"
+
+
+def with_date_keys(dates: str) -> str:
+    """The `dates` column of a unit: its date words followed by the key of each day and month they name."""
+    keys: dict[str, None] = {}
+    for match in DATE_WORDS.finditer(dates):
+        month = month_number(match.group(2))
+        day = _valid(match.group(3), month, match.group(1))
+        if day:
+            keys[day_key(day[0])] = None
+            keys[month_key(month, day[0].year)] = None
+    return " ".join([dates, *keys]) if keys else dates
 
 
 def date_phrase(day: date) -> str:

@@ -378,3 +378,35 @@ def test_min_score_leaves_out_weak_hits(index, workspace):
     assert len(index.search("kumquat gadget", limit=10)) == 10
     strong = index.search("kumquat gadget", limit=10, min_score=0.5)
     assert len(strong) == 1 and "kumquat" in strong[0].text
+
+
+def test_a_date_is_searched_by_its_day_key_not_by_the_words_every_unit_of_the_year_holds(tmp_path, workspace):
+    root, sessions = workspace
+    # Every entry says "2026" and "march": a phrase search would read both posting lists in full.
+    history = "".join(json.dumps({"cursor": n, "timestamp": f"2026-03-{1 + n % 28:02d} 10:00",
+                                  "content": f"- march 2026 budget line {n}"}) + "\n" for n in range(1, 200))
+    write(root / "memory" / "history.jsonl", history)
+    index = BuiltinIndex(root, tmp_path / "dates.db", sessions, match_budget=50)
+    index.refresh()
+    stored = index._conn().execute("SELECT dates FROM units_fts WHERE units_fts MATCH 'dates : d20260314'").fetchall()
+
+    hits = index.search("budget on 14 March 2026", limit=20)
+
+    assert stored and all(dates.endswith("d20260314 m202603") for dates, in stored)
+    assert {hit.when[:10] for hit in hits} == {"2026-03-14"} and len(hits) == len(stored)
+    index.close()
+
+
+def test_a_large_refresh_leaves_no_large_wal_behind(tmp_path, workspace):
+    root, sessions = workspace
+    write(root / "memory" / "history.jsonl", "".join(
+        json.dumps({"cursor": n, "timestamp": "2026-03-01 10:00", "content": f"- entry {n} " + "padding " * 60})
+        + "\n" for n in range(1, 30_000)))
+    db_path = tmp_path / "wal.db"
+    index = BuiltinIndex(root, db_path, sessions)
+    index.refresh()
+    wal = db_path.with_name("wal.db-wal")
+    assert not wal.exists() or wal.stat().st_size <= 8 * 1024 * 1024
+    assert index.stats()["db_bytes"] < 1.2 * db_path.stat().st_size
+    assert index.search("entry 29999")[0].line_start == 29_999
+    index.close()

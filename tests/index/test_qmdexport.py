@@ -114,3 +114,20 @@ def _stem() -> str:
 
     return filename_for_key("telegram:5").removesuffix(".jsonl")
 
+
+
+def test_sessions_of_every_folder_are_exported_and_a_dropped_folder_takes_its_files_away(tmp_path):
+    workspace, sessions, _, _ = setup(tmp_path)
+    other = tmp_path / "other-sessions"
+    other.mkdir()
+    write_session(other, "slack:9", conversation(4))
+    sources = SourceSet(workspace, [sessions, other])
+    export = QmdExport(tmp_path / "both-export", sources)
+
+    export.sync()
+    both = exported(export)
+    sources.set_sessions_dirs([sessions])
+    report = export.sync()
+
+    assert sum(name.startswith("sessions/") for name in both) == 3 + 1
+    assert report["files_removed"] == 1 and len(exported(export)) == len(both) - 1

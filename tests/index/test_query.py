@@ -8,6 +8,7 @@ import pytest
 
 from nanobotd.index.ftsdb import connect
 from nanobotd.index.query import date_words, named_dates, parse_query
+from nanobotd.index.timeintent import with_date_keys
 from tests.index.test_builtin import HOSTILE_QUERIES
 
 
@@ -90,3 +91,16 @@ def test_a_range_names_every_day_in_it_and_last_month_names_the_month():
     assert parsed.date_phrases == [f"{day} august 2023" for day in (15, 11, 12, 13, 14)]
     assert parse_query("invoices last month", now=datetime(2024, 1, 10)).date_phrases == ["december 2023"]
     assert len(parse_query("what did we do this week", now=datetime(2023, 10, 11)).date_phrases) == 3
+
+
+def test_each_date_phrase_has_a_one_word_key_the_dates_column_holds():
+    parsed = parse_query("the budget on 13 October 2023 and in May 2024")
+    assert parsed.date_phrases == ["13 october 2023", "may 2024"]
+    assert parsed.date_key_clauses == ['dates : "d20231013"', 'dates : "m202405"']
+    assert with_date_keys("Friday 13 October 2023 Saturday 14 October 2023") == (
+        "Friday 13 October 2023 Saturday 14 October 2023 d20231013 m202310 d20231014")
+    assert with_date_keys("") == ""
+
+
+def test_may_as_the_month_of_a_named_day_is_not_searched_as_a_word():
+    assert "may" not in parse_query("what happened with the kestrel on 21 May 2026").terms
