@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NoReturn
 
 from nanobotd.llm.failures import BAD_RESPONSE, Failure, LLMBadResponse, classify_failure, redact
 from nanobotd.llm.protocol import OP_CANCEL, OP_COMPLETE, OP_EMBED, decode, encode, failure_to_json
@@ -38,6 +38,15 @@ def import_litellm() -> Any:
 
     capture_library_loggers()
     return litellm
+
+
+def warm_up() -> None:
+    """Import what litellm's first call would (~450 modules of the openai SDK, a second or more on a busy
+    machine), so no call's timeout pays for it: the worker announces itself ready only after this."""
+    import openai
+
+    client = openai.AsyncOpenAI(api_key="sk-none", base_url="http://127.0.0.1/v1", max_retries=0)
+    _ = client.chat.completions, client.embeddings  # the SDK imports a resource when it is first touched
 
 
 class Channel:
@@ -140,8 +149,8 @@ class Worker:
         self.channel.send({"id": call_id, "failure": failure_to_json(failure)})
 
 
-def main() -> int:
-    """Serve the daemon on stdin/stdout until stdin closes."""
+def main() -> NoReturn:
+    """Serve the daemon on stdin/stdout until stdin closes, then exit."""
     # The daemon decides when the worker ends (it closes stdin, or dies): a terminal's Ctrl-C or a service
     # manager's SIGTERM to the whole group must not kill calls the daemon is still draining.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -150,9 +159,13 @@ def main() -> int:
     # Anything a library prints goes to stderr, never into the protocol.
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     litellm = import_litellm()
+    warm_up()
     logging.basicConfig(handlers=[ForwardingHandler(channel)], level=logging.WARNING, force=True)
     asyncio.run(Worker(litellm, channel).serve(sys.stdin.buffer))
-    return 0
+    # Nothing is left to save, and an interpreter tearing litellm down takes seconds (longer on a busy
+    # machine) while holding its ~190 MB: leave at once.
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
