@@ -1,13 +1,20 @@
 """Idle memory with an LLM configured (part 5 of bench_tracker): what a daemon keeps after its last LLM call.
 
-A real daemon talks to the fake OpenAI-compatible server (litellm runs for real), consolidates one session
-through it on request, then sits idle. Its RSS and its children's (the LLM worker, while it lives) are
-sampled, and read for the figure a fixed time after the fake server's last answer.
+A real daemon talks to the fake OpenAI-compatible server (litellm runs for real, in the daemon's LLM
+worker child), consolidates one session through it on request, then sits idle. Its RSS and its children's
+(the LLM worker, while it lives) are sampled, and read for the figure a fixed time after the fake server's
+last answer. The worker leaves after llm.idle_exit_seconds (300 by default).
+
+    scripts/bench_llm_idle.py [--idle-seconds N] [--idle-exit-seconds N] [--runs N] [--json FILE]
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import statistics
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -44,10 +51,12 @@ class AnswerClock:
         return Text(SUMMARY, prompt_tokens=3000, completion_tokens=20)
 
 
-def bench_llm_idle(root: Path, idle_seconds: float) -> dict:
-    """One consolidation through the fake LLM, then memory samples until *idle_seconds* after the answer."""
+def bench_llm_idle(root: Path, idle_seconds: float, idle_exit_seconds: float | None = None) -> dict:
+    """One consolidation through the fake LLM, then memory samples until *idle_seconds* after the answer;
+    *idle_exit_seconds* sets llm.idle_exit_seconds (None: the daemon's default)."""
+    exit_note = f", llm.idle_exit_seconds = {idle_exit_seconds:g}" if idle_exit_seconds is not None else ""
     print(f"\n5. Idle memory with an LLM configured: one consolidation through the fake server, then"
-          f" {idle_seconds:g} s idle")
+          f" {idle_seconds:g} s idle{exit_note}")
     from tests.support.workspace import make_workspace, write_session
 
     workspace, sessions = make_workspace(root / "llm-idle")
@@ -55,7 +64,8 @@ def bench_llm_idle(root: Path, idle_seconds: float) -> dict:
     write_session(sessions, key, nanobot_conversation(SESSION_MESSAGES, tag="l", seed=5))
     clock = AnswerClock()
     with FakeLLM(default=Responder(clock.answer)) as fake:
-        tables = (f'[llm]\nmodel = "{fake.model}"\napi_base = "{fake.base_url}"\n'
+        exit_line = f"idle_exit_seconds = {idle_exit_seconds:g}\n" if idle_exit_seconds is not None else ""
+        tables = (f'[llm]\nmodel = "{fake.model}"\napi_base = "{fake.base_url}"\n{exit_line}'
                   '[consolidation]\nmode = "owner"\nflush = false\n')
         daemon = BenchDaemon(root / "llm-idle-run", workspace, sessions, extra_tables=tables).start()
         try:
@@ -66,7 +76,7 @@ def bench_llm_idle(root: Path, idle_seconds: float) -> dict:
         finally:
             daemon.stop()
     figures.update({"llm_requests": len(clock.answers), "idle_seconds": idle_seconds,
-                    "before_call_daemon_mb": before["daemon_mb"]})
+                    "idle_exit_seconds": idle_exit_seconds, "before_call_daemon_mb": before["daemon_mb"]})
     print_llm_idle(figures)
     return figures
 
@@ -122,3 +132,34 @@ def print_llm_idle(figures: dict) -> None:
           f" children {children}; total {figures['total_mb']:.1f} MB   target < {TARGET_RSS_MB:.0f}"
           f"   {verdict(figures['pass'])}   (litellm in the daemon: "
           f"{'IMPORTED' if figures['daemon_litellm_imported'] else 'no'})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Part 5 alone, *runs* times, with the median and min of the idle figure."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--idle-seconds", type=float, default=300.0,
+                        help="read the figure this long after the last LLM answer (default 300)")
+    parser.add_argument("--idle-exit-seconds", type=float, default=None,
+                        help="llm.idle_exit_seconds for the daemon (default: the daemon's own, 300)")
+    parser.add_argument("--runs", type=int, default=3, help="runs, each a fresh daemon (default 3)")
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    runs = []
+    for number in range(1, args.runs + 1):
+        with tempfile.TemporaryDirectory(prefix="nanobotd-bench-llm-idle-") as root:
+            print(f"\nrun {number} of {args.runs}")
+            runs.append(bench_llm_idle(Path(root), args.idle_seconds, args.idle_exit_seconds))
+    totals = sorted(run["total_mb"] for run in runs)
+    summary = {"runs": runs, "total_mb_median": round(statistics.median(totals), 1), "total_mb_min": totals[0],
+               "target_mb": TARGET_RSS_MB}
+    print(f"\ndaemon + children RSS {args.idle_seconds:g} s after the last LLM answer, {len(runs)} run(s):"
+          f" median {summary['total_mb_median']:.1f} MB, min {totals[0]:.1f} MB   target < {TARGET_RSS_MB:.0f}"
+          f"   {verdict(summary['total_mb_median'] < TARGET_RSS_MB)}")
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        print(f"figures written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

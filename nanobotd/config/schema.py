@@ -36,6 +36,7 @@ class LLMSettings:
     concurrency: int = 2
     context_window: int = 200000
     max_tokens: int = 8192
+    idle_exit_seconds: float = 300  # the LLM worker process (and litellm's memory) goes after this long unused
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ NUMBER_BOUNDS: dict[str, tuple[float, bool, float]] = {
     "llm.concurrency": (1, True, 64),
     "llm.context_window": (1, True, 100_000_000),
     "llm.max_tokens": (1, True, 100_000_000),
+    "llm.idle_exit_seconds": (1, True, DAY),
     "consolidation.idle_minutes": (0, False, 365 * 24 * 60),
     "consolidation.reserve_floor": (0, True, 100_000_000),
     "consolidation.soft_threshold": (0, True, 100_000_000),

@@ -63,7 +63,7 @@ class Workspace:
         self.git = GitStore(settings.path)
         self.env = JobEnv(settings, store, self.tracker, self.llm, now, git=self.git, clock=clock, kinds=JOB_KINDS)
         self.embedder = Embedder(settings.search.embeddings, settings.llm, settings.api_key,
-                                 dimensions=settings.search.embedding_dimensions)
+                                 dimensions=settings.search.embedding_dimensions, worker=self.llm.worker)
         self.index = BuiltinIndex(settings.path, state_dir / "index" / f"{settings.name}.sqlite",
                                   embed=self.embedder.embed if self.embedder.enabled else None)
         self.qmd = self._make_qmd(state_dir, environ)
@@ -135,11 +135,12 @@ class Workspace:
                            moved, history.HISTORY_NAME, fsio.TORN_SUFFIX)
 
     async def close(self) -> None:
-        """Release what the workspace holds: refresh timer, QMD child, index, git thread."""
+        """Release what the workspace holds: refresh timer, QMD child, LLM worker, index, git thread."""
         if self.refresh_handle is not None:
             self.refresh_handle.cancel()
         if self.qmd is not None:
             await self.qmd.close()
+        await self.llm.aclose()
         self.index.close()
         self.git.close()
 

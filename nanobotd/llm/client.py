@@ -1,16 +1,15 @@
 """The LLM adapter: one async `complete` call over litellm, with our own timeout and retry policy.
 
 Callers only ever see `LLMError` subclasses (and `asyncio.CancelledError`), so a job can fall back
-(raw archive, no cursor advance) without knowing litellm. litellm costs seconds and ~165 MB to import,
-so it is imported on the first online call, in a worker thread, never at module import.
+(raw archive, no cursor advance) without knowing litellm. litellm costs seconds and ~190 MB to import
+and keeps that memory, so it never enters this process: calls run in a worker process started on the
+first online call and let go after `llm.idle_exit_seconds` without one (`llm.process`, `llm.worker`).
 What a reply holds lives in `llm.reply`; how a call fails and when to retry, in `llm.failures`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -22,21 +21,25 @@ from nanobotd.llm.failures import (
     Failure,
     LLMBadResponse,
     LLMUnavailable,
-    classify_failure,
     final_error,
     may_retry,
     redact,
     retry_delay,
 )
-from nanobotd.llm.reply import LLMReply, parse_reply, response_dict
+from nanobotd.llm.pool import WorkerHold
+from nanobotd.llm.process import LLMWorker, WorkerFailure
+from nanobotd.llm.protocol import error_name
+from nanobotd.llm.reply import LLMReply, parse_reply
 
 OFFLINE_MODELS = frozenset({"", "none"})
 PLACEHOLDER_API_KEY = "sk-none"
 ERROR_TEXT_LIMIT = 300
+WORKER_CLOSE_SECONDS = 5.0
 
 
 class LLMClient:
-    """Sends chat completions through litellm; bounded concurrency, per-attempt timeout, our retries."""
+    """Sends chat completions through litellm in the worker; bounded concurrency, per-attempt timeout, our
+    retries. *worker* names the worker to use; without it the client holds the process's shared one."""
 
     def __init__(
         self,
@@ -44,12 +47,16 @@ class LLMClient:
         api_key: str | None = None,
         *,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        worker: LLMWorker | None = None,
     ):
         self.settings = settings
         self._api_key = api_key
         self._sleep = sleep
-        self._litellm: Any = None
         self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+        # No process starts here: the first call starts the worker. Without one given, the client holds the
+        # process's shared worker (`llm.pool`), which embeddings use too, even offline.
+        self._hold = None if worker is not None else WorkerHold(self, settings.idle_exit_seconds)
+        self.worker = worker if worker is not None else self._hold.worker
 
     @property
     def offline(self) -> bool:
@@ -73,7 +80,6 @@ class LLMClient:
         """One completion, retried on timeouts, connection errors, 429 and 5xx; see `retry_delay`."""
         if self.offline:
             raise LLMUnavailable("offline mode", kind="offline")
-        litellm = await self._load_litellm()
         attempt_timeout = float(timeout if timeout is not None else self.settings.timeout_seconds)
         request = self._request(messages, tools, max_tokens, temperature, attempt_timeout)
         bad_responses = 0
@@ -81,11 +87,11 @@ class LLMClient:
         while True:
             attempt += 1
             try:
-                return await self._attempt(litellm, request, attempt_timeout, attempt)
+                return await self._attempt(request, attempt_timeout, attempt)
             except LLMBadResponse as error:
                 failure = Failure(BAD_RESPONSE, error)
-            except Exception as error:  # CancelledError is a BaseException and passes through
-                failure = classify_failure(error)
+            except WorkerFailure as error:  # CancelledError is a BaseException and passes through
+                failure = error.failure
             bad_responses += failure.kind == BAD_RESPONSE
             if not may_retry(failure, attempt, self.settings.max_retries, bad_responses):
                 raise final_error(failure, attempt, self._describe(failure.error)) from failure.error
@@ -93,7 +99,7 @@ class LLMClient:
             logger.warning(
                 "LLM call failed ({} {}: {}); attempt {} of {}, retrying in {:.1f}s",
                 failure.label,
-                type(failure.error).__name__,
+                error_name(failure.error),
                 self._describe(failure.error),
                 attempt,
                 self.settings.max_retries + 1,
@@ -101,13 +107,16 @@ class LLMClient:
             )
             await self._sleep(delay)
 
-    async def _attempt(self, litellm: Any, request: dict, attempt_timeout: float, attempt: int) -> LLMReply:
+    async def _attempt(self, request: dict, attempt_timeout: float, attempt: int) -> LLMReply:
+        """One attempt in the worker (which sends it once more to a new worker if the first dies under it)."""
         async with self._slot():
-            started = time.perf_counter()
-            # litellm's own timeout is not always honoured by a server that accepts and then stalls.
-            response = await asyncio.wait_for(litellm.acompletion(**request), attempt_timeout)
-            latency_ms = (time.perf_counter() - started) * 1000
-        return parse_reply(response_dict(response), latency_ms=latency_ms, attempts=attempt)
+            answer = await self.worker.call(request, attempt_timeout)
+        return parse_reply(answer.response, latency_ms=answer.latency_ms, attempts=attempt)
+
+    async def aclose(self) -> None:
+        """Let go of the shared worker (its last holder closes it); a worker given belongs to whoever made it."""
+        if self._hold is not None:
+            await asyncio.to_thread(self._hold.release, WORKER_CLOSE_SECONDS)
 
     def _request(
         self, messages: list[dict], tools: list[dict] | None, max_tokens: int | None, temperature: float, timeout: float
@@ -133,7 +142,7 @@ class LLMClient:
     def _describe(self, error: Exception) -> str:
         """The error's first line, short, with the API key and any bearer token blanked out."""
         lines = str(error).strip().splitlines()
-        text = lines[0] if lines else type(error).__name__
+        text = lines[0] if lines else error_name(error)
         return redact(text, self._api_key)[:ERROR_TEXT_LIMIT]
 
     def _slot(self) -> asyncio.Semaphore:
@@ -142,23 +151,3 @@ class LLMClient:
         if self._slots is None or self._slots[0] is not loop:
             self._slots = (loop, asyncio.Semaphore(max(1, self.settings.concurrency)))
         return self._slots[1]
-
-    async def _load_litellm(self) -> Any:
-        if self._litellm is None:
-            self._litellm = await asyncio.to_thread(import_litellm)
-        return self._litellm
-
-
-def import_litellm() -> Any:
-    """Import and quiet litellm: no network at import, no telemetry, no "Give Feedback" banners."""
-    # Without this litellm fetches its model cost map from GitHub while importing.
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    import litellm
-
-    litellm.telemetry = False
-    litellm.suppress_debug_info = True
-    # litellm attaches its own stderr handler at import; route it through ours (and its secret masking).
-    from nanobotd.logsetup import capture_library_loggers
-
-    capture_library_loggers()
-    return litellm

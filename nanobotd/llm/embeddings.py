@@ -1,18 +1,24 @@
 """Embeddings through the user's provider (litellm), for the optional vector half of search.
 
 Synchronous on purpose: the index embeds its units and queries on the daemon's executor threads, where a
-blocking call is what the caller wants. litellm is imported on the first call. Every failure becomes an
+blocking call is what the caller wants. The call runs in the LLM worker process (`llm.process`), the
+workspace's LLM client's when one is given, so litellm never enters the daemon. Every failure becomes an
 `EmbeddingError`, so search falls back to BM25 alone without knowing litellm.
 """
 
 from __future__ import annotations
 
-import threading
+import asyncio
+import concurrent.futures
+from collections.abc import Coroutine
 from typing import Any
 
 from nanobotd.config.schema import LLMSettings
-from nanobotd.llm.client import PLACEHOLDER_API_KEY, import_litellm
+from nanobotd.llm.client import PLACEHOLDER_API_KEY
 from nanobotd.llm.failures import redact
+from nanobotd.llm.pool import WorkerHold
+from nanobotd.llm.process import LLMWorker, WorkerAnswer, WorkerFailure
+from nanobotd.llm.protocol import OP_EMBED, error_name
 
 OFF = frozenset({"", "none"})
 ERROR_TEXT_LIMIT = 300
@@ -26,14 +32,15 @@ class Embedder:
     """Turns texts into vectors with one litellm embedding model; one request per call, no retries."""
 
     def __init__(self, model: str, llm: LLMSettings, api_key: str | None = None, *, dimensions: int = 0,
-                 timeout_seconds: float = 10.0):
+                 timeout_seconds: float = 10.0, worker: LLMWorker | None = None):
         self.model = model.strip()
         self._llm = llm
         self._api_key = api_key
         self._dimensions = dimensions
         self._timeout = timeout_seconds
-        self._litellm: Any = None
-        self._lock = threading.Lock()
+        # Without a worker given, the process's shared one (`llm.pool`; no process until the first call).
+        self._hold = None if worker is not None else WorkerHold(self, llm.idle_exit_seconds)
+        self._worker = worker if worker is not None else self._hold.worker
 
     @property
     def enabled(self) -> bool:
@@ -56,21 +63,32 @@ class Embedder:
             # litellm refuses the parameter for models it does not know to take it; then it is dropped.
             request.update(dimensions=self._dimensions, drop_params=True)
         try:
-            response = self._load().embedding(**request)
-            data = sorted(_field(response, "data"), key=lambda item: _field(item, "index"))
+            answer = run_blocking(self._worker.call(request, self._timeout, op=OP_EMBED))
+            data = sorted(_field(answer.response, "data"), key=lambda item: _field(item, "index"))
             vectors = [[float(value) for value in _field(item, "embedding")] for item in data]
-        except Exception as exc:  # litellm raises many types; the caller only needs "no vectors, why"
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise EmbeddingError(redact(message, self._api_key)[:ERROR_TEXT_LIMIT]) from exc
+        except WorkerFailure as exc:  # the worker names the library's error; the caller only needs "why"
+            raise EmbeddingError(self._describe(exc.failure.error)) from exc
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise EmbeddingError(f"{self.model} gave an answer of the wrong shape: {self._describe(exc)}") from exc
         if len(vectors) != len(texts) or any(not vector for vector in vectors):
             raise EmbeddingError(f"{self.model} gave {len(vectors)} vectors for {len(texts)} texts")
         return vectors
 
-    def _load(self) -> Any:
-        with self._lock:
-            if self._litellm is None:
-                self._litellm = import_litellm()
-            return self._litellm
+    def _describe(self, error: BaseException) -> str:
+        text = str(error).strip()
+        message = text.splitlines()[0] if text else error_name(error)
+        return redact(message, self._api_key)[:ERROR_TEXT_LIMIT]
+
+
+def run_blocking(call: Coroutine[Any, Any, WorkerAnswer]) -> WorkerAnswer:
+    """Wait for *call* from synchronous code: on this thread's own loop, or on a helper thread when this
+    thread already runs one (the worker answers any loop, so either way the answer arrives)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(call)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embed") as helper:
+        return helper.submit(asyncio.run, call).result()
 
 
 def _field(item: Any, name: str) -> Any:

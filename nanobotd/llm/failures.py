@@ -26,6 +26,7 @@ CONNECTION = "connection"
 HTTP_STATUS = "http"
 REJECTED = "rejected"
 BAD_RESPONSE = "bad_response"
+WORKER = "worker"  # the LLM worker process died twice on one attempt (see llm.process)
 
 
 class LLMError(Exception):
@@ -57,8 +58,9 @@ class Failure:
 
     @property
     def retryable(self) -> bool:
-        """A rejected request fails the same way every time; everything else may pass on a retry."""
-        return self.kind != REJECTED
+        """A rejected request fails the same way every time, and a worker that died twice on one call
+        (after a restart) will die again; everything else may pass on a retry."""
+        return self.kind not in (REJECTED, WORKER)
 
     @property
     def label(self) -> str:

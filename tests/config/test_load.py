@@ -93,6 +93,7 @@ def test_a_daemon_number_that_is_nan_inf_zero_or_huge_exits_2_naming_the_key(tmp
     ("llm", "timeout_seconds = 0", "llm.timeout_seconds"),
     ("llm", "timeout_seconds = nan", "llm.timeout_seconds"),
     ("llm", "max_retries = 100000000000", "llm.max_retries"),
+    ("llm", "idle_exit_seconds = 0", "llm.idle_exit_seconds"),
     ("search", "debounce_seconds = inf", "search.debounce_seconds"),
     ("search", "qmd_timeout_seconds = 0", "search.qmd_timeout_seconds"),
     ("consolidation", "idle_minutes = 0", "consolidation.idle_minutes"),

@@ -1,4 +1,5 @@
-"""The LLM adapter, through litellm for real, against an OpenAI-compatible server on 127.0.0.1."""
+"""The LLM adapter, through litellm for real (in the worker process), against an OpenAI-compatible server on
+127.0.0.1: replies, tool calls, concurrency, cancelling, offline mode. How calls fail: test_failures.py."""
 
 from __future__ import annotations
 
@@ -7,57 +8,22 @@ import http.client
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from loguru import logger
 
 from nanobotd.config.schema import LLMSettings
 from nanobotd.llm.client import LLMClient
-from nanobotd.llm.failures import LLMBadResponse, LLMUnavailable
+from nanobotd.llm.failures import LLMUnavailable
 from nanobotd.llm.reply import LLMReply, ToolCall, UsageMeter
-from tests.support.fakellm import Empty, FakeLLM, Garbage, Hang, HttpError, Responder, Text, ToolCalls
+from tests.llm.calls import API_KEY, READ_FILE_TOOL, USER_TURN, complete
+from tests.support.fakellm import Empty, Hang, HttpError, Responder, Text, ToolCalls
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-API_KEY = "sk-test-5ecret-do-not-log-0123456789"
-USER_TURN = [{"role": "user", "content": "What did we decide about the backups?"}]
-READ_FILE_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "read_file",
-        "description": "Read a memory file.",
-        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
-    },
-}
 
 
-@pytest.fixture
-def fake():
-    with FakeLLM() as server:
-        yield server
-
-
-@pytest.fixture
-def sleeps():
-    """Backoff delays the client asked for; the waiting itself is skipped."""
-    return []
-
-
-def make_client(fake: FakeLLM, sleeps: list, api_key: str | None = API_KEY, **overrides) -> LLMClient:
-    async def record_sleep(seconds: float) -> None:
-        sleeps.append(seconds)
-
-    settings = LLMSettings(model=fake.model, api_base=fake.base_url, **overrides)
-    return LLMClient(settings, api_key=api_key, sleep=record_sleep)
-
-
-def complete(client: LLMClient, messages=USER_TURN, **kwargs) -> LLMReply:
-    return asyncio.run(client.complete(messages, **kwargs))
-
-
-def test_a_text_reply_comes_back_with_its_usage(fake, sleeps):
+def test_a_text_reply_comes_back_with_its_usage(fake, sleeps, make_client):
     fake.push(Text("We keep nightly backups.", prompt_tokens=42, completion_tokens=7))
 
     reply = complete(make_client(fake, sleeps))
@@ -73,7 +39,7 @@ def test_a_text_reply_comes_back_with_its_usage(fake, sleeps):
     assert fake.request_headers[0]["authorization"] == f"Bearer {API_KEY}"
 
 
-def test_the_settings_and_call_arguments_reach_the_server(fake, sleeps):
+def test_the_settings_and_call_arguments_reach_the_server(fake, sleeps, make_client):
     complete(make_client(fake, sleeps, max_tokens=1234), temperature=0.3)
     complete(make_client(fake, sleeps), max_tokens=99)
 
@@ -84,7 +50,7 @@ def test_the_settings_and_call_arguments_reach_the_server(fake, sleeps):
     assert "tools" not in fake.requests[0]
 
 
-def test_a_tool_call_is_parsed_and_the_tools_were_sent(fake, sleeps):
+def test_a_tool_call_is_parsed_and_the_tools_were_sent(fake, sleeps, make_client):
     fake.push(ToolCalls([("read_file", {"path": "memory/MEMORY.md"}), ("read_file", {"path": "USER.md"})]))
 
     reply = complete(make_client(fake, sleeps), tools=[READ_FILE_TOOL])
@@ -101,7 +67,7 @@ def test_a_tool_call_is_parsed_and_the_tools_were_sent(fake, sleeps):
     assert json.loads(first.raw_arguments) == {"path": "memory/MEMORY.md"}
 
 
-def test_the_assistant_message_carries_the_tool_calls_into_the_next_turn(fake, sleeps):
+def test_the_assistant_message_carries_the_tool_calls_into_the_next_turn(fake, sleeps, make_client):
     fake.push(ToolCalls([("read_file", {"path": "USER.md"})]), Text("The user prefers tea."))
     client = make_client(fake, sleeps)
 
@@ -122,156 +88,7 @@ def test_the_assistant_message_carries_the_tool_calls_into_the_next_turn(fake, s
     assert sent[2]["tool_call_id"] == sent[1]["tool_calls"][0]["id"]
 
 
-def test_a_server_error_followed_by_success_is_retried_once(fake, sleeps):
-    fake.push(HttpError(500), Text("fine now"))
-
-    reply = complete(make_client(fake, sleeps))
-
-    assert reply.content == "fine now"
-    assert reply.attempts == 2
-    assert len(fake.requests) == 2
-    assert len(sleeps) == 1
-
-
-def test_a_rate_limit_is_retried_and_its_retry_after_is_honoured(fake, sleeps):
-    fake.push(HttpError(429, headers={"Retry-After": "3"}), Text("after the pause"))
-
-    reply = complete(make_client(fake, sleeps))
-
-    assert reply.content == "after the pause"
-    assert reply.attempts == 2
-    assert sleeps == [3.0]
-
-
-def test_a_huge_retry_after_is_capped(fake, sleeps):
-    fake.push(HttpError(429, headers={"Retry-After": "86400"}), Text("ok"))
-
-    complete(make_client(fake, sleeps))
-
-    assert sleeps == [30.0]
-
-
-def test_backoff_grows_exponentially_with_jitter(fake, sleeps):
-    fake.push(HttpError(503), HttpError(502), HttpError(500), Text("ok"))
-
-    reply = complete(make_client(fake, sleeps, max_retries=3))
-
-    assert reply.attempts == 4
-    assert 0.25 <= sleeps[0] <= 0.5
-    assert 0.5 <= sleeps[1] <= 1.0
-    assert 1.0 <= sleeps[2] <= 2.0
-
-
-def test_a_server_failing_forever_gives_unavailable_after_max_retries(fake, sleeps):
-    fake.default = HttpError(500)
-
-    with pytest.raises(LLMUnavailable) as raised:
-        complete(make_client(fake, sleeps, max_retries=2))
-
-    assert len(fake.requests) == 3
-    assert raised.value.status_code == 500
-    assert raised.value.attempts == 3
-    assert "boom" in str(raised.value)
-
-
-def test_a_bad_request_is_not_retried(fake, sleeps):
-    fake.push(HttpError(400, body='{"error": {"message": "messages must not be empty"}}'))
-
-    with pytest.raises(LLMUnavailable) as raised:
-        complete(make_client(fake, sleeps))
-
-    assert len(fake.requests) == 1
-    assert raised.value.kind == "rejected"
-    assert raised.value.status_code == 400
-    assert sleeps == []
-
-
-def test_an_authentication_error_is_not_retried(fake, sleeps):
-    fake.push(HttpError(401, body='{"error": {"message": "invalid api key"}}'))
-
-    with pytest.raises(LLMUnavailable) as raised:
-        complete(make_client(fake, sleeps))
-
-    assert len(fake.requests) == 1
-    assert raised.value.status_code == 401
-
-
-def test_a_hung_server_times_out_quickly(fake, sleeps):
-    fake.default = Hang()
-
-    started = time.monotonic()
-    with pytest.raises(LLMUnavailable) as raised:
-        complete(make_client(fake, sleeps, timeout_seconds=0.5, max_retries=1))
-
-    assert time.monotonic() - started < 3
-    assert raised.value.kind == "timeout"
-    assert len(fake.requests) == 2
-
-
-def test_the_timeout_argument_overrides_the_setting(fake, sleeps):
-    fake.push(Hang())
-
-    started = time.monotonic()
-    with pytest.raises(LLMUnavailable):
-        complete(make_client(fake, sleeps, timeout_seconds=60, max_retries=0), timeout=0.3)
-
-    assert time.monotonic() - started < 2
-
-
-def test_a_refused_connection_is_retried_then_unavailable(sleeps):
-    closed = FakeLLM().start()
-    client = make_client(closed, sleeps, max_retries=1)
-    closed.stop()
-
-    with pytest.raises(LLMUnavailable) as raised:
-        complete(client)
-
-    assert raised.value.kind == "connection"
-    assert raised.value.attempts == 2
-
-
-def test_a_garbage_body_is_a_bad_response_after_one_retry(fake, sleeps):
-    fake.default = Garbage()
-
-    with pytest.raises(LLMBadResponse):
-        complete(make_client(fake, sleeps, max_retries=5))
-
-    assert len(fake.requests) == 2
-
-
-def test_one_garbage_body_then_a_good_one_succeeds(fake, sleeps):
-    fake.push(Garbage(), Text("recovered"))
-
-    reply = complete(make_client(fake, sleeps))
-
-    assert (reply.content, reply.attempts) == ("recovered", 2)
-
-
-def test_a_body_without_choices_is_a_bad_response(fake, sleeps):
-    fake.default = Garbage(b'{"id": "chatcmpl-1", "object": "chat.completion", "choices": []}')
-
-    with pytest.raises(LLMBadResponse):
-        complete(make_client(fake, sleeps, max_retries=0))
-
-
-def test_malformed_tool_call_arguments_are_a_bad_response(fake, sleeps):
-    fake.default = ToolCalls([("read_file", '{"path": "USER.md"')])
-
-    with pytest.raises(LLMBadResponse) as raised:
-        complete(make_client(fake, sleeps), tools=[READ_FILE_TOOL])
-
-    assert "read_file" in str(raised.value)
-    assert len(fake.requests) == 2
-
-
-def test_tool_call_arguments_that_are_not_an_object_are_a_bad_response(fake, sleeps):
-    fake.push(ToolCalls([("read_file", '["USER.md"]')]))
-
-    with pytest.raises(LLMBadResponse):
-        complete(make_client(fake, sleeps, max_retries=0), tools=[READ_FILE_TOOL])
-
-
-def test_empty_tool_call_arguments_mean_no_arguments(fake, sleeps):
+def test_empty_tool_call_arguments_mean_no_arguments(fake, sleeps, make_client):
     fake.push(ToolCalls([("list_files", "")]))
 
     reply = complete(make_client(fake, sleeps))
@@ -279,7 +96,7 @@ def test_empty_tool_call_arguments_mean_no_arguments(fake, sleeps):
     assert reply.tool_calls[0].arguments == {}
 
 
-def test_an_empty_message_is_an_empty_reply_not_an_error(fake, sleeps):
+def test_an_empty_message_is_an_empty_reply_not_an_error(fake, sleeps, make_client):
     fake.push(Empty())
 
     reply = complete(make_client(fake, sleeps))
@@ -290,7 +107,7 @@ def test_an_empty_message_is_an_empty_reply_not_an_error(fake, sleeps):
     assert reply.assistant_message() == {"role": "assistant", "content": ""}
 
 
-def test_a_truncated_reply_reports_finish_reason_length(fake, sleeps):
+def test_a_truncated_reply_reports_finish_reason_length(fake, sleeps, make_client):
     fake.push(Text("We decided to", finish_reason="length"))
 
     reply = complete(make_client(fake, sleeps))
@@ -299,13 +116,13 @@ def test_a_truncated_reply_reports_finish_reason_length(fake, sleeps):
     assert reply.content == "We decided to"
 
 
-def test_a_local_server_gets_a_placeholder_key_when_none_is_configured(fake, sleeps):
+def test_a_local_server_gets_a_placeholder_key_when_none_is_configured(fake, sleeps, make_client):
     complete(make_client(fake, sleeps, api_key=None))
 
     assert fake.request_headers[0]["authorization"] == "Bearer sk-none"
 
 
-def test_concurrent_calls_are_limited_by_the_concurrency_setting(fake, sleeps):
+def test_concurrent_calls_are_limited_by_the_concurrency_setting(fake, sleeps, make_client):
     fake.latency = 0.2
     client = make_client(fake, sleeps, concurrency=2)
 
@@ -319,7 +136,7 @@ def test_concurrent_calls_are_limited_by_the_concurrency_setting(fake, sleeps):
     assert all(reply.latency_ms >= 150 for reply in replies)
 
 
-def test_cancelling_a_call_raises_cancelled_not_an_llm_error(fake, sleeps):
+def test_cancelling_a_call_raises_cancelled_not_an_llm_error(fake, sleeps, make_client):
     fake.default = Hang()
     client = make_client(fake, sleeps)
 
@@ -331,26 +148,6 @@ def test_cancelling_a_call_raises_cancelled_not_an_llm_error(fake, sleeps):
 
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(cancel_midway())
-
-
-def test_the_api_key_never_reaches_the_logs_or_the_error(fake, sleeps):
-    leaky_body = json.dumps({"error": {"message": f"upstream said: key {API_KEY} / Bearer {API_KEY}"}})
-    fake.default = HttpError(503, body=leaky_body)
-    lines: list[str] = []
-    handler_id = logger.add(lines.append, level="DEBUG", format="{level} {message}")
-    try:
-        with pytest.raises(LLMUnavailable) as raised:
-            complete(make_client(fake, sleeps, max_retries=2))
-    finally:
-        logger.remove(handler_id)
-
-    warnings = [line for line in lines if line.startswith("WARNING")]
-    assert len(warnings) == 2
-    assert "attempt 1 of 3" in warnings[0] and "attempt 2 of 3" in warnings[1]
-    assert all("http 503 ServiceUnavailableError" in line for line in warnings)
-    assert API_KEY not in "".join(lines)
-    assert API_KEY not in str(raised.value)
-    assert "[redacted]" in warnings[0]
 
 
 def test_offline_mode_fails_at_once_without_importing_litellm():
@@ -381,7 +178,7 @@ def test_an_empty_model_is_offline_too():
     assert LLMClient(LLMSettings(model="openai/gpt-4o-mini")).mode == "online"
 
 
-def test_the_usage_meter_adds_up_replies_and_errors(fake, sleeps):
+def test_the_usage_meter_adds_up_replies_and_errors(fake, sleeps, make_client):
     fake.push(Text("a", prompt_tokens=10, completion_tokens=2), HttpError(500))
     fake.push(Text("b", prompt_tokens=5, completion_tokens=1))
     client = make_client(fake, sleeps, max_retries=1)
@@ -401,7 +198,7 @@ def test_the_usage_meter_adds_up_replies_and_errors(fake, sleeps):
     assert json.loads(json.dumps(summary)) == summary
 
 
-def test_a_responder_answers_from_the_request_content(fake, sleeps):
+def test_a_responder_answers_from_the_request_content(fake, sleeps, make_client):
     fake.default = Responder(lambda request: Text(f"you said: {request['messages'][-1]['content']}"))
 
     reply = complete(make_client(fake, sleeps), [{"role": "user", "content": "ping"}])
@@ -413,7 +210,7 @@ def test_the_fake_server_streams_to_a_streaming_client(fake):
     fake.push(Text("streamed words"))
 
     async def stream() -> str:
-        from nanobotd.llm.client import import_litellm
+        from nanobotd.llm.worker import import_litellm
 
         litellm = import_litellm()
         response = await litellm.acompletion(

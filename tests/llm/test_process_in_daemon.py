@@ -1,0 +1,113 @@
+"""A real daemon with an LLM configured: its calls run in the worker child, litellm never enters the daemon's
+own process, and the worker leaves after llm.idle_exit_seconds. Read from /proc, not from the daemon's word."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.daemonproc import DaemonProcess
+from tests.support.fakellm import FakeLLM, Text
+from tests.support.workspace import conversation, history_entries, make_workspace, write_session
+
+KEY = "telegram:4242"
+SUMMARY = "- [durable] Backups run nightly at 02:00."
+IDLE_EXIT_SECONDS = 10
+GONE_SECONDS = 15
+LITELLM_LIBRARIES = ("/litellm/", "/pydantic_core/", "/tokenizers/", "/aiohttp/")
+
+
+def litellm_libraries(pid: int) -> set[str]:
+    """litellm's compiled dependencies mapped into *pid* (Python files are read, never mapped)."""
+    try:
+        text = Path(f"/proc/{pid}/maps").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return set()
+    return {library for library in LITELLM_LIBRARIES if library in text}
+
+
+def children(pid: int) -> list[int]:
+    """Live child processes of *pid*."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_daemon_that_called_the_llm_never_maps_litellm_and_its_worker_leaves_when_idle(tmp_path):
+    workspace, sessions = make_workspace(tmp_path / "ws")
+    write_session(sessions, KEY, conversation(40))
+    with FakeLLM(default=Text(SUMMARY)) as fake:
+        llm_table = (f'\n[llm]\nmodel = "{fake.model}"\napi_base = "{fake.base_url}"\n'
+                     f"idle_exit_seconds = {IDLE_EXIT_SECONDS}\n")
+        daemon = DaemonProcess(tmp_path, workspace, sessions_dir=sessions, extra_config=llm_table).start()
+        try:
+            daemon.wait_for(lambda: daemon.session(KEY), timeout=60)
+            assert daemon.ctl("consolidate", KEY).returncode == 0
+            daemon.wait_for(lambda: fake.requests, timeout=120)
+            workers = daemon.wait_for(lambda: [child for child in children(daemon.proc.pid)
+                                               if litellm_libraries(child)], timeout=30)
+            daemon.wait_for(lambda: any(SUMMARY in entry["content"] for entry in history_entries(workspace)),
+                            timeout=60)
+            mapped_after_the_call = litellm_libraries(daemon.proc.pid)
+
+            daemon.wait_for(lambda: not any(Path(f"/proc/{worker}").exists() for worker in workers), timeout=120)
+            mapped_when_idle = litellm_libraries(daemon.proc.pid)
+        finally:
+            daemon.stop()
+
+    assert len(workers) == 1
+    assert mapped_after_the_call == set()
+    assert mapped_when_idle == set()
+
+
+def wait_gone(pid: int, timeout: float = GONE_SECONDS) -> bool:
+    """Whether *pid* is gone (exited and reaped, or a zombie nobody reaps yet) within *timeout*."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_a_daemon_that_stops_or_dies_leaves_no_worker_behind(tmp_path, how):
+    workspace, sessions = make_workspace(tmp_path / "ws")
+    write_session(sessions, KEY, conversation(40))
+    with FakeLLM(default=Text(SUMMARY)) as fake:
+        llm_table = f'\n[llm]\nmodel = "{fake.model}"\napi_base = "{fake.base_url}"\n'  # idle exit: 300 s
+        daemon = DaemonProcess(tmp_path, workspace, sessions_dir=sessions, extra_config=llm_table).start()
+        try:
+            daemon.wait_for(lambda: daemon.session(KEY), timeout=60)
+            assert daemon.ctl("consolidate", KEY).returncode == 0
+            daemon.wait_for(lambda: any(SUMMARY in entry["content"] for entry in history_entries(workspace)),
+                            timeout=120)
+            workers = children(daemon.proc.pid)
+            assert len(workers) == 1 and litellm_libraries(workers[0])
+            if how == "SIGTERM":
+                assert daemon.stop() == 0
+            else:
+                daemon.kill()
+        finally:
+            daemon.stop()
+        gone = wait_gone(workers[0])
+
+    assert gone, f"the LLM worker {workers[0]} outlived its daemon ({how})"
+    if how == "SIGTERM":
+        log = daemon.log()
+        assert f"LLM worker {workers[0]} started (litellm ready in " in log
+        assert f"LLM worker {workers[0]} exited (closed) after " in log
