@@ -62,6 +62,7 @@ OVER_BUDGET = 1.5
 DRAIN_TIMEOUT_SECONDS = 900.0
 POLL_SECONDS = 0.25
 DAEMON_CONSOLIDATE_ROUNDS = 20
+STOP_SECONDS = 300.0
 PARTS = ("offline", "burst", "daemon")
 
 
@@ -344,7 +345,7 @@ def bench_daemon_consolidate(sizes: Sizes, root: Path) -> dict:
         memory = memory_mb(daemon.proc.pid)
         cpu = cpu_seconds(daemon.proc.pid)[0]
     finally:
-        daemon.stop()
+        _stop(daemon)
     entries = history_entries(workspace)
     found = Counter(marker for entry in entries for marker in markers_in(entry["content"]))
     missing = count - len(found)
@@ -371,6 +372,15 @@ def bench_daemon_consolidate(sizes: Sizes, root: Path) -> dict:
     print(f"   correctness: {count - missing}/{count} markers in history, {missing} missing, {duplicated} duplicated,"
           f" {left} left unarchived -> {verdict}")
     return figures
+
+
+def _stop(daemon: BenchDaemon) -> None:
+    """SIGTERM, waiting out the index refresh of the history just written; SIGKILL past STOP_SECONDS."""
+    try:
+        daemon.stop(timeout=STOP_SECONDS)
+    except subprocess.TimeoutExpired:
+        print(f"   (the daemon did not exit within {STOP_SECONDS:.0f} s of SIGTERM; killed)")
+        daemon.kill()
 
 
 def _unarchived(daemon: BenchDaemon, key: str) -> int:
