@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,6 +169,7 @@ class SessionTracker:
         below = {info.digest for info in messages[:agent_archived]} if agent_archived and spooled else set()
         to_spool = self._spool_rows(session, fresh, len(messages) - len(fresh), new_records, agent_archived)
         agent_done = [digest for digest in spooled if digest in below]
+        agent_done_tokens = [spooled[digest] for digest in agent_done]
         vanished = 0 if appended else sum(1 for digest in spooled if digest not in current)
         if not appended and agent_archived:
             self._count_overlap(session, messages[:agent_archived])
@@ -180,7 +183,12 @@ class SessionTracker:
         session.agent_archived = agent_archived
         session.message_count = len(messages)
         session.last_write = mtime
-        self._recount(session)
+        if appended:
+            # the new rows are all in the file; the agent's mark only took rows that were
+            session.unarchived_messages += len(to_spool) - len(agent_done)
+            session.unarchived_tokens += sum(row[3] for row in to_spool) - sum(agent_done_tokens)
+        else:
+            self._recount(session)
         return vanished
 
     def _spool_rows(self, session: SessionState, fresh: list[MessageInfo], first_index: int,
@@ -238,10 +246,15 @@ class SessionTracker:
         if session.spool is None:
             rows = self.store.query("SELECT digest, tokens FROM spool WHERE session_id=?", (session.session_id,))
             session.spool = dict(rows)
+            self._recount(session)  # the running totals start from the spool itself
         return session.spool
 
     def _recount(self, session: SessionState) -> None:
-        """Unarchived = spooled messages still present in the file (vanished ones wait for the rescue)."""
+        """Unarchived = spooled messages still present in the file (vanished ones wait for the rescue).
+
+        A full pass over the spool, for when the file's contents were replaced; the spool's small changes
+        in between (archived, respooled) keep the totals running with `_unspool` and `_respool`.
+        """
         spool = self._spool_map(session)
         if session.messages is None and session.fingerprint is not None:
             live = list(spool.values())
@@ -250,13 +263,28 @@ class SessionTracker:
         session.unarchived_messages = len(live)
         session.unarchived_tokens = sum(live)
 
+    @staticmethod
+    def _live(session: SessionState, digest: str) -> bool:
+        """A spooled message that counts as unarchived: still in the file (all of them while it is unread)."""
+        return (session.messages is None and session.fingerprint is not None) or digest in session.present
+
+    def _unspool(self, session: SessionState, digests) -> None:
+        """Drop *digests* from the in-memory spool, taking the live ones off the running totals."""
+        spool = self._spool_map(session)
+        for digest in digests:
+            tokens = spool.pop(digest, None)
+            if tokens is not None and self._live(session, digest):
+                session.unarchived_messages -= 1
+                session.unarchived_tokens -= tokens
+
     def vanished_count(self, key: str) -> int:
         """Spooled messages no longer in the session file (in SQL: no message cache is loaded)."""
         session = self.sessions.get(key)
         return vanished_in_spool(self.store, session.session_id) if session is not None else 0
 
     def _save_session(self, session: SessionState) -> None:
-        save_session(self.store, session, self.clock())
+        with self.store.transaction() as db:
+            save_session(db, session, self.clock())
 
     def forget_path(self, path: Path) -> ScanResult | None:
         """A session file disappeared: everything it still had in the spool is now vanished."""
@@ -301,19 +329,31 @@ class SessionTracker:
             result.append((seq, PendingMessage(digest, role, stamp, text, tokens, parsed), present))
         return result
 
-    def mark_archived(self, key: str, digests: list[str], run_id: str) -> None:
-        """Messages reached history.jsonl: record them as archived and drop them from the spool."""
-        self._record_archived(self.sessions[key], {digest: run_id for digest in digests})
+    def mark_archived(self, key: str, digests: list[str], run_id: str, *, seqs: list[int] | None = None,
+                      also: Callable[[sqlite3.Connection], None] | None = None) -> None:
+        """Messages reached history.jsonl: record them as archived and drop them from the spool.
 
-    def _record_archived(self, session: SessionState, runs_by_digest: dict[str, str]) -> None:
-        with self.store.transaction() as db:
+        *seqs*, their spool sequence numbers when known: the spool rows go by ranges instead of one by one.
+        *also* runs inside the same transaction (the run's journal says the chunk is done in the same
+        commit that marks its messages, so a crash leaves both or neither).
+        """
+        self._record_archived(self.sessions[key], {digest: run_id for digest in digests}, seqs=seqs, also=also)
+
+    def _record_archived(self, session: SessionState, runs_by_digest: dict[str, str], *,
+                         seqs: list[int] | None = None, also=None) -> None:
+        with self._lock, self.store.transaction() as db:
             db.executemany("INSERT OR IGNORE INTO archived (session_id, digest, run_id) VALUES (?, ?, ?)",
                            [(session.session_id, digest, run) for digest, run in runs_by_digest.items()])
-            db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
-                           [(session.session_id, digest) for digest in runs_by_digest])
-        with self._lock:
+            if seqs is not None and len(seqs) == len(runs_by_digest):
+                db.executemany("DELETE FROM spool WHERE session_id=? AND seq BETWEEN ? AND ?",
+                               [(session.session_id, first, last) for first, last in seq_ranges(seqs)])
+            else:
+                db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
+                               [(session.session_id, digest) for digest in runs_by_digest])
             self._forget_spooled(session, list(runs_by_digest))
-            self._save_session(session)
+            save_session(db, session, self.clock())
+            if also is not None:
+                also(db)
 
     def drop_agent_archived(self, key: str, digests: list[str]) -> None:
         """Messages that left the file and that the agent archived itself: out of the spool, not archived again."""
@@ -322,10 +362,7 @@ class SessionTracker:
             db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
                            [(session.session_id, digest) for digest in digests])
         with self._lock:
-            spool = self._spool_map(session)
-            for digest in digests:
-                spool.pop(digest, None)
-            self._recount(session)
+            self._unspool(session, digests)
             self._save_session(session)
 
     def count_archived_twice(self, key: str, digests: list[str]) -> int:
@@ -345,11 +382,8 @@ class SessionTracker:
 
     def _forget_spooled(self, session: SessionState, digests: list[str]) -> None:
         """Archived messages: marked in memory, out of the in-memory spool, counters updated."""
-        archived, spool = self._archived_set(session), self._spool_map(session)
-        for digest in digests:
-            archived.add(digest)
-            spool.pop(digest, None)
-        self._recount(session)
+        self._archived_set(session).update(digests)
+        self._unspool(session, digests)
 
     def unarchive(self, key: str, run_id: str, records: list[tuple[str, dict, int]]) -> int:
         """Undo an archive run: forget its archive marks and put its messages back in the spool."""
@@ -361,8 +395,11 @@ class SessionTracker:
             archived, spool = self._archived_set(session), self._spool_map(session)
             for digest, _, tokens in records:
                 archived.discard(digest)
-                spool.setdefault(digest, tokens)
-            self._recount(session)
+                if digest not in spool:
+                    spool[digest] = tokens
+                    if self._live(session, digest):
+                        session.unarchived_messages += 1
+                        session.unarchived_tokens += tokens
             self._save_session(session)
         return len(records)
 
@@ -392,3 +429,17 @@ class SessionTracker:
     def agent_marks(self) -> bool:
         """Some session file carries the agent's own archive mark: the agent consolidates by itself."""
         return any(session.agent_marked for session in self.sessions.values() if session.state != "deleted")
+
+
+def seq_ranges(seqs: Iterable[int]) -> Iterator[tuple[int, int]]:
+    """Runs of consecutive sequence numbers as (first, last) pairs: 1,2,3,7,8 -> (1, 3), (7, 8)."""
+    first = last = None
+    for seq in sorted(seqs):
+        if last is not None and seq == last + 1:
+            last = seq
+            continue
+        if first is not None:
+            yield first, last
+        first = last = seq
+    if first is not None:
+        yield first, last

@@ -22,7 +22,7 @@ from nanobotd.llm.failures import LLMError
 from nanobotd.llm.reply import UsageMeter
 from nanobotd.memory import history
 from nanobotd.memory.transcript import PendingMessage, raw_entries, transcript
-from nanobotd.state.store import RunRecord
+from nanobotd.state.store import RunRecord, journal_in
 
 SAFETY_MARGIN = 1.2
 PROMPT_OVERHEAD_TOKENS = 600
@@ -219,11 +219,12 @@ async def archive_chunk(ctx: JobEnv, session_key: str, run_id: str, number: int,
             "count": len(chunk.items)}
     written = history.append_entries(ctx.memory_dir, [(c, session_key) for c in contents], ctx.now(),
                                      before_write=journal_cursors, span=span)
-    ctx.tracker.mark_archived(session_key, [m.digest for m in chunk.messages], run_id)
     record["cursors"] = [entry.cursor for entry in written]
     record["done"] = True
     manifest["cursors"].extend(record["cursors"])
-    ctx.store.journal(run_id, manifest)
+    # one commit: the messages archived, out of the spool, and the journal saying the chunk is done
+    ctx.tracker.mark_archived(session_key, [m.digest for m in chunk.messages], run_id,
+                              seqs=[seq for seq, _ in chunk.items], also=lambda db: journal_in(db, run_id, manifest))
     row = {"summarized": "written", "nothing": "no_change"}.get(outcome, outcome)
     ctx.store.record_outcome("consolidate", ctx.settings.name, row, run_id=run_id, reason=reason,
                              tokens=usage.prompt_tokens + usage.completion_tokens,
