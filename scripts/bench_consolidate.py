@@ -334,7 +334,8 @@ def bench_daemon_consolidate(sizes: Sizes, root: Path) -> dict:
         commands, left = 0, None
         while commands < DAEMON_CONSOLIDATE_ROUNDS:
             commands += 1
-            done = subprocess.run([sys.executable, "-c", CTL, "--socket", str(daemon.socket), "consolidate", key],
+            done = subprocess.run([sys.executable, "-c", CTL, "--socket", str(daemon.socket),
+                                   "--timeout", str(DRAIN_TIMEOUT_SECONDS), "consolidate", key],
                                   capture_output=True, text=True, timeout=DRAIN_TIMEOUT_SECONDS)
             if done.returncode != 0:
                 raise RuntimeError(f"nanobotctl consolidate failed: {done.stderr}\n{daemon.log()[-3000:]}")

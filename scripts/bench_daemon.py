@@ -114,7 +114,7 @@ class BenchDaemon(DaemonProcess):
             f"{extra_tables}\n"
             f'[[workspaces]]\npath = "{workspace}"\nname = "ws"\nsessions_dir = "{sessions_dir}"\n'
             f"{workspace_lines}")
-        self.client = Client(self.socket, timeout=60)
+        self.client = Client(self.socket, timeout=600)
         self.slowest_status_seconds = 0.0
         self.poll_errors: list[str] = []
 
