@@ -19,6 +19,7 @@ DEFAULT_ENCODING = "o200k_base"
 CL100K_MODEL_HINTS = ("gpt-4-", "gpt-4", "gpt-3.5", "text-embedding", "claude")
 # Counting text far larger than any context window only tells us "huge"; cap the work it costs.
 MAX_COUNTED_CHARS = 4_000_000
+BATCH_THREADS = 4
 
 
 def encoding_name_for(model: str) -> str:
@@ -67,6 +68,18 @@ def count_tokens(text: str, encoding_name: str = DEFAULT_ENCODING) -> int:
         return len(encoding.encode(text, disallowed_special=()))
     head = len(encoding.encode(text[:MAX_COUNTED_CHARS], disallowed_special=()))
     return head + (len(text) - MAX_COUNTED_CHARS) // 4
+
+
+def count_tokens_batch(texts: list[str], encoding_name: str = DEFAULT_ENCODING) -> list[int]:
+    """count_tokens of each of *texts*, encoded on up to BATCH_THREADS threads (tiktoken releases the GIL)."""
+    if not texts:
+        return []
+    _Usage.last_used = time.monotonic()
+    encoding = get_encoding(encoding_name)
+    heads = [text[:MAX_COUNTED_CHARS] for text in texts]
+    threads = max(1, min(BATCH_THREADS, os.cpu_count() or 1))
+    counts = [len(tokens) for tokens in encoding.encode_ordinary_batch(heads, num_threads=threads)]
+    return [count + max(0, len(text) - MAX_COUNTED_CHARS) // 4 for count, text in zip(counts, texts, strict=True)]
 
 
 def encodings_loaded() -> bool:

@@ -17,12 +17,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from loguru import logger
 
+from nanobotd import fsio
 from nanobotd.memory.transcript import PendingMessage, record_json
 from nanobotd.sessions import file as sessionfile
-from nanobotd.sessions.scan import MessageInfo, parse_session
+from nanobotd.sessions.scan import LineRef, MessageInfo, parse_session, read_line
 from nanobotd.sessions.session import (
     SessionState,
     archived_twice_count,
@@ -36,6 +38,8 @@ from nanobotd.sessions.session import (
     vanished_in_spool,
 )
 from nanobotd.state.store import StateStore
+
+SPOOL_BATCH = 1000  # new spool rows read from the file and inserted together
 
 
 @dataclass(frozen=True)
@@ -109,14 +113,24 @@ class SessionTracker:
             known = self._session_by_path(path)
             if known is not None and known.fingerprint == fingerprint and not force:
                 return ScanResult(known.key, False)
-            parsed = self._parse(path, known)
-            if parsed is None:
+            try:
+                handle = fsio.open_regular(path)
+            except OSError as exc:
+                logger.warning("cannot read session file {}: {}", path, exc)
                 return None
-            session = self._session_for(parsed.key, path)
-            mark_before = session.agent_archived
-            tail_before = session.unarchived_tokens + 4 * session.unarchived_messages
-            vanished = self._apply(session, parsed.header, parsed.messages, parsed.new_records, fingerprint,
-                                   stat.st_mtime, appended=parsed.fast and known is session)
+            with handle:
+                # the open file is what is read (twice: the parse, then the new lines for the spool), so a
+                # rename over the path meanwhile cannot mix two versions
+                stat = os.fstat(handle.fileno())
+                fingerprint = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+                parsed = self._parse(path, known, handle)
+                if parsed is None:
+                    return None
+                session = self._session_for(parsed.key, path)
+                mark_before = session.agent_archived
+                tail_before = session.unarchived_tokens + 4 * session.unarchived_messages
+                vanished = self._apply(session, parsed.header, parsed.messages, parsed.new_records, fingerprint,
+                                       stat.st_mtime, appended=parsed.fast and known is session, handle=handle)
             mark_moved = known is session and session.agent_archived > mark_before
             session.corrupt_lines = corrupt = parsed.corrupt
             session.tail = parsed.tail
@@ -136,21 +150,22 @@ class SessionTracker:
         key = self._keys_by_path.get(path)
         return self.sessions.get(key) if key is not None else None
 
-    def _parse(self, path: Path, known: SessionState | None):
+    def _parse(self, path: Path, known: SessionState | None, handle: BinaryIO):
         """Read the file; only new messages are decoded and counted (see sessionscan)."""
         try:
             if known is None:
-                result = parse_session(path, self.encoding)
+                result = parse_session(path, self.encoding, handle=handle)
             else:
                 result = parse_session(path, self.encoding, cached=self._cached_messages(known),
-                                       tail=known.tail, corrupt_before=known.corrupt_lines)
+                                       tail=known.tail, corrupt_before=known.corrupt_lines, handle=handle)
         except OSError as exc:
             logger.warning("cannot read session file {}: {}", path, exc)
             return None
         return result
 
     def _apply(self, session: SessionState, header: sessionfile.SessionHeader, messages: list[MessageInfo],
-               new_records: dict[str, dict], fingerprint, mtime: float, *, appended: bool = False) -> int:
+               new_records: dict[str, LineRef], fingerprint, mtime: float, *, appended: bool = False,
+               handle: BinaryIO) -> int:
         """Update counters, the spool and the message cache; return how many spooled messages vanished.
 
         *appended*: the old messages are an unchanged prefix of *messages* (the fast path), so only the
@@ -174,7 +189,8 @@ class SessionTracker:
         if not appended and agent_archived:
             self._count_overlap(session, messages[:agent_archived])
         session.agent_marked = header.marked
-        self._write_spool(session, to_spool, agent_done, old, messages, known_prefix=len(old) if appended else 0)
+        self._write_spool(session, to_spool, agent_done, old, messages, known_prefix=len(old) if appended else 0,
+                          handle=handle)
         session.total_tokens = (session.total_tokens if appended else 0) + sum(info.tokens for info in fresh)
         session.messages = messages
         session.present = current
@@ -192,30 +208,40 @@ class SessionTracker:
         return vanished
 
     def _spool_rows(self, session: SessionState, fresh: list[MessageInfo], first_index: int,
-                    new_records: dict[str, dict], agent_archived: int) -> list[tuple]:
-        """Spool rows for the *fresh* conversation messages that neither the agent nor nanobotd archived."""
+                    new_records: dict[str, LineRef], agent_archived: int) -> list[tuple]:
+        """Spool rows for the *fresh* conversation messages that neither the agent nor nanobotd archived,
+        with where their line is (the record itself is read when the row is written)."""
         archived, spooled = self._archived_set(session), self._spool_map(session)
         rows = []
         for index, info in enumerate(fresh, start=first_index):
-            record = new_records.get(info.digest)
-            if (record is None or info.flags or index < agent_archived or info.digest in archived
+            ref = new_records.get(info.digest)
+            if (ref is None or info.flags or index < agent_archived or info.digest in archived
                     or info.digest in spooled or session.skipped):
                 continue
-            rows.append((info.digest, info.role, info.timestamp, info.tokens, record_json(record)))
+            rows.append((info.digest, info.role, info.timestamp, info.tokens, ref))
         return rows
 
     def _write_spool(self, session: SessionState, to_spool: list[tuple], agent_done: list[str],
-                     old: list[MessageInfo], messages: list[MessageInfo], *, known_prefix: int) -> None:
-        """Spool the new rows, drop those the agent archived, store the message cache: one transaction."""
+                     old: list[MessageInfo], messages: list[MessageInfo], *, known_prefix: int,
+                     handle: BinaryIO) -> None:
+        """Spool the new rows, drop those the agent archived, store the message cache: one transaction.
+
+        The records are read from *handle* (the file the parse read) a batch at a time, as their lines are.
+        """
         now = self.clock()
         with self.store.transaction() as db:
             next_seq = (db.execute("SELECT COALESCE(MAX(seq), 0) FROM spool WHERE session_id=?",
                                    (session.session_id,)).fetchone()[0]) + 1
-            db.executemany(
-                "INSERT OR IGNORE INTO spool (session_id, digest, seq, role, timestamp, tokens, record, seen_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [(session.session_id, digest, next_seq + index, role, stamp, tokens, rec, now)
-                 for index, (digest, role, stamp, tokens, rec) in enumerate(to_spool)])
+            for first in range(0, len(to_spool), SPOOL_BATCH):
+                batch = []
+                for index, (digest, role, stamp, tokens, ref) in enumerate(to_spool[first:first + SPOOL_BATCH],
+                                                                          start=first):
+                    record = _record_text(handle, ref)
+                    if record is not None:
+                        batch.append((session.session_id, digest, next_seq + index, role, stamp, tokens, record, now))
+                db.executemany(
+                    "INSERT OR IGNORE INTO spool (session_id, digest, seq, role, timestamp, tokens, record, seen_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)", batch)
             db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
                            [(session.session_id, digest) for digest in agent_done])
             store_message_cache(db, session.session_id, old, messages, known_prefix=known_prefix)
@@ -306,28 +332,60 @@ class SessionTracker:
 
     # -- the spool, for jobs -----------------------------------------------------------------------
     def pending(self, key: str, *, vanished_only: bool = False) -> list[tuple[int, PendingMessage, bool]]:
-        """Spooled messages of a session in first-seen order: (seq, message, still present in the file)."""
+        """Spooled messages of a session in first-seen order: (seq, message, still present in the file).
+
+        Every record is read and decoded: for the few messages a flush or the rescue needs; consolidation
+        plans with `spool_plan` and reads one chunk at a time with `spooled_messages`.
+        """
         session = self.sessions.get(key)
         if session is None:
             return []
-        if session.messages is None:
-            self._cached_messages(session)
-            session.present = {info.digest for info in session.messages or []}
+        present = self._present(session)
         rows = self.store.query(
             "SELECT seq, digest, role, timestamp, tokens, record FROM spool WHERE session_id=? ORDER BY seq",
             (session.session_id,))
         result = []
         for seq, digest, role, stamp, tokens, record in rows:
-            present = digest in session.present
-            if vanished_only and present:
+            here = digest in present
+            if vanished_only and here:
                 continue
-            try:
-                parsed = json.loads(record)
-            except ValueError:
-                parsed = {"role": role, "content": record, "timestamp": stamp}
-            text = sessionfile.flatten_content(parsed.get("content"))
-            result.append((seq, PendingMessage(digest, role, stamp, text, tokens, parsed), present))
+            result.append((seq, _pending_message(digest, role, stamp, tokens, record)[0], here))
         return result
+
+    def spool_plan(self, key: str) -> list[tuple[int, str, int, bool]]:
+        """(seq, role, tokens, still present in the file) of a session's spooled messages, in first-seen
+        order, without their records."""
+        session = self.sessions.get(key)
+        if session is None:
+            return []
+        present = self._present(session)
+        rows = self.store.query("SELECT seq, digest, role, tokens FROM spool WHERE session_id=? ORDER BY seq",
+                                (session.session_id,))
+        return [(seq, role, tokens, digest in present) for seq, digest, role, tokens in rows]
+
+    def spooled_messages(self, key: str, seqs: list[int]) -> list[tuple[int, PendingMessage, str]]:
+        """The spooled messages at *seqs* that are still spooled: (seq, message, its record as JSON text)."""
+        session = self.sessions.get(key)
+        if session is None or not seqs:
+            return []
+        wanted = set(seqs)
+        result = []
+        for first, last in seq_ranges(wanted):
+            rows = self.store.query(
+                "SELECT seq, digest, role, timestamp, tokens, record FROM spool"
+                " WHERE session_id=? AND seq BETWEEN ? AND ? ORDER BY seq", (session.session_id, first, last))
+            for seq, digest, role, stamp, tokens, record in rows:
+                if seq in wanted:
+                    message, text = _pending_message(digest, role, stamp, tokens, record)
+                    result.append((seq, message, text))
+        return result
+
+    def _present(self, session: SessionState) -> set[str]:
+        """Digests of the messages in the session file (its message cache read on first use)."""
+        if session.messages is None:
+            self._cached_messages(session)
+            session.present = {info.digest for info in session.messages or []}
+        return session.present
 
     def mark_archived(self, key: str, digests: list[str], run_id: str, *, seqs: list[int] | None = None,
                       also: Callable[[sqlite3.Connection], None] | None = None) -> None:
@@ -443,3 +501,28 @@ def seq_ranges(seqs: Iterable[int]) -> Iterator[tuple[int, int]]:
         first = last = seq
     if first is not None:
         yield first, last
+
+
+def _pending_message(digest: str, role: str, stamp: str, tokens: int, record: str) -> tuple[PendingMessage, str]:
+    """A spool row as a message, and its record as JSON text (an unreadable one becomes its content)."""
+    try:
+        parsed = json.loads(record)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        parsed = {"role": role, "content": record, "timestamp": stamp}
+        record = record_json(parsed)
+    text = sessionfile.flatten_content(parsed.get("content"))
+    return PendingMessage(digest, role, stamp, text, tokens, parsed), record
+
+
+def _record_text(handle: BinaryIO, ref: LineRef) -> str | None:
+    """A new message's record as the file has it (JSON text, not re-encoded); None if its bytes changed."""
+    data = read_line(handle, ref)
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:  # JSON in another encoding: as compact JSON text
+        record = json.loads(data)
+        return record_json(record)
