@@ -14,6 +14,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ from nanobotd.sessions.session import (
 )
 from nanobotd.state.store import StateStore
 
+CACHED_MESSAGES = 50_000  # message infos kept in memory for the sessions used last (a big one stays alone)
 SPOOL_BATCH = 1000  # new spool rows read from the file and inserted together
 
 
@@ -70,6 +72,7 @@ class SessionTracker:
         self.large_messages = 0
         self._lock = threading.RLock()
         self._keys_by_path: dict[Path, str] = {}
+        self._cached: OrderedDict[str, None] = OrderedDict()  # sessions whose caches are in memory, last used last
         self._load_sessions()
 
     # -- loading -----------------------------------------------------------------------------------
@@ -92,12 +95,32 @@ class SessionTracker:
         return session
 
     def _cached_messages(self, session: SessionState) -> list[MessageInfo]:
-        if session.messages is None:
-            rows = self.store.query(
-                "SELECT line_digest, digest, role, timestamp, tokens, flags FROM messages"
-                " WHERE session_id=? ORDER BY seq", (session.session_id,))
-            session.messages = [MessageInfo(*row) for row in rows]
-        return session.messages
+        """The session's message cache (and the digests present), read from the database when not in memory."""
+        with self._lock:
+            if session.messages is None:
+                rows = self.store.query(
+                    "SELECT line_digest, digest, role, timestamp, tokens, flags FROM messages"
+                    " WHERE session_id=? ORDER BY seq", (session.session_id,))
+                messages = [MessageInfo(*row) for row in rows]
+                session.present = {info.digest for info in messages}
+                session.messages = messages
+            self._cached[session.key] = None
+            self._cached.move_to_end(session.key)
+            return session.messages
+
+    def _trim_caches(self, keep: SessionState) -> None:
+        """Keep the message caches of the sessions used last, up to CACHED_MESSAGES messages (and always
+        *keep*'s); the others are read again from the database when next needed."""
+        total = 0
+        for key in reversed(list(self._cached)):
+            session = self.sessions.get(key)
+            size = len(session.messages or ()) if session is not None else 0
+            if session is keep or (session is not None and total + size <= CACHED_MESSAGES):
+                total += size
+                continue
+            del self._cached[key]
+            if session is not None:
+                session.messages, session.present, session.spool, session.archived = None, set(), None, None
 
     # -- scanning ----------------------------------------------------------------------------------
     def scan(self, path: Path, *, force: bool = False) -> ScanResult | None:
@@ -137,6 +160,8 @@ class SessionTracker:
             parsed_records = parsed.new_records
             key = parsed.key
             self._save_session(session)
+            self._cached_messages(session)
+            self._trim_caches(session)
             if corrupt:
                 logger.warning("session {}: skipped {} corrupt line(s)", key, corrupt)
             if parsed.large:
@@ -272,6 +297,8 @@ class SessionTracker:
         if session.spool is None:
             rows = self.store.query("SELECT digest, tokens FROM spool WHERE session_id=?", (session.session_id,))
             session.spool = dict(rows)
+            if session.fingerprint is not None:
+                self._cached_messages(session)
             self._recount(session)  # the running totals start from the spool itself
         return session.spool
 
@@ -289,10 +316,9 @@ class SessionTracker:
         session.unarchived_messages = len(live)
         session.unarchived_tokens = sum(live)
 
-    @staticmethod
-    def _live(session: SessionState, digest: str) -> bool:
-        """A spooled message that counts as unarchived: still in the file (all of them while it is unread)."""
-        return (session.messages is None and session.fingerprint is not None) or digest in session.present
+    def _live(self, session: SessionState, digest: str) -> bool:
+        """A spooled message that counts as unarchived: still in the file."""
+        return digest in self._present(session)
 
     def _unspool(self, session: SessionState, digests) -> None:
         """Drop *digests* from the in-memory spool, taking the live ones off the running totals."""
@@ -382,10 +408,9 @@ class SessionTracker:
 
     def _present(self, session: SessionState) -> set[str]:
         """Digests of the messages in the session file (its message cache read on first use)."""
-        if session.messages is None:
+        with self._lock:
             self._cached_messages(session)
-            session.present = {info.digest for info in session.messages or []}
-        return session.present
+            return session.present
 
     def mark_archived(self, key: str, digests: list[str], run_id: str, *, seqs: list[int] | None = None,
                       also: Callable[[sqlite3.Connection], None] | None = None) -> None:
