@@ -367,16 +367,16 @@ class SessionTracker:
         if session is None:
             return []
         present = self._present(session)
+        if vanished_only:  # few, usually: their records alone are read
+            rows = self.store.query("SELECT seq, digest FROM spool WHERE session_id=? ORDER BY seq",
+                                    (session.session_id,))
+            gone = [seq for seq, digest in rows if digest not in present]
+            return [(seq, message, False) for seq, message, _ in self.spooled_messages(key, gone)]
         rows = self.store.query(
             "SELECT seq, digest, role, timestamp, tokens, record FROM spool WHERE session_id=? ORDER BY seq",
             (session.session_id,))
-        result = []
-        for seq, digest, role, stamp, tokens, record in rows:
-            here = digest in present
-            if vanished_only and here:
-                continue
-            result.append((seq, _pending_message(digest, role, stamp, tokens, record)[0], here))
-        return result
+        return [(seq, _pending_message(digest, role, stamp, tokens, record)[0], digest in present)
+                for seq, digest, role, stamp, tokens, record in rows]
 
     def spool_plan(self, key: str) -> list[tuple[int, str, int, bool]]:
         """(seq, role, tokens, still present in the file) of a session's spooled messages, in first-seen
