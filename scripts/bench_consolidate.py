@@ -11,8 +11,12 @@
    The daemon is polled with the requests `nanobotctl --json sessions` and `nanobotctl --json runs` send,
    through nanobotctl's own client class in this process (a nanobotctl subprocess 4 times a second would
    take a good share of the 2 cores the daemon is measured on).
+3. The session of part 1 through a real daemon (offline, consolidation mode owner): from the process start
+   through its first scan, then `nanobotctl consolidate KEY` (the real command, waiting for its run) again
+   until the daemon reports nothing unarchived. Prints messages/s from the start and from the first
+   consolidate, the daemon's peak RSS (VmHWM), and checks every marker reached history.jsonl exactly once.
 
-    scripts/bench_consolidate.py [--quick] [--json FILE]
+    scripts/bench_consolidate.py [--quick] [--only PARTS] [--json FILE]
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import multiprocessing
 import os
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -42,6 +47,7 @@ from bench_daemon import BenchDaemon, cpu_seconds, memory_mb, percentile  # noqa
 from nanobotd.config.schema import LLMSettings  # noqa: E402
 from nanobotd.sessions import file as sessionfile  # noqa: E402
 from nanobotd.tokens import count_tokens  # noqa: E402
+from tests.support.daemonproc import CTL  # noqa: E402
 from tests.support.fakellm import FakeLLM, Responder, Text  # noqa: E402
 from tests.support.workspace import history_entries, make_workspace, write_session  # noqa: E402
 
@@ -55,6 +61,9 @@ CONCURRENCY = 2
 OVER_BUDGET = 1.5
 DRAIN_TIMEOUT_SECONDS = 900.0
 POLL_SECONDS = 0.25
+DAEMON_CONSOLIDATE_ROUNDS = 20
+STOP_SECONDS = 300.0
+PARTS = ("offline", "burst", "daemon")
 
 
 @dataclass(frozen=True)
@@ -305,20 +314,105 @@ def print_burst(figures: dict, count: int) -> None:
               f" p50 {ledger['p50']} / p95 {ledger['p95']} / max {ledger['max']} s")
 
 
+# -- 3: the offline session through a real daemon ------------------------------------------------------
+def bench_daemon_consolidate(sizes: Sizes, root: Path) -> dict:
+    """A real daemon (offline, owner) starts on one big session; `nanobotctl consolidate` until none is left."""
+    count = sizes.offline_messages
+    print(f"\n3. One {count}-message session through a real daemon (offline, owner):"
+          " start, first scan, `nanobotctl consolidate` until nothing is unarchived")
+    workspace, sessions = make_workspace(root / "daemon")
+    key = "telegram:434343"
+    path = write_session(sessions, key, nanobot_conversation(count, tag="c0"))
+    daemon = BenchDaemon(root / "daemon-run", workspace, sessions,
+                         workspace_lines='consolidation = { mode = "owner" }\n')
+    started = time.monotonic()
+    daemon.start(wait=False)
+    try:
+        scanned = daemon.wait_reconciled(1, started)
+        memory_after_scan = memory_mb(daemon.proc.pid)
+        consolidating = time.monotonic()
+        commands, left = 0, None
+        while commands < DAEMON_CONSOLIDATE_ROUNDS:
+            commands += 1
+            done = subprocess.run([sys.executable, "-c", CTL, "--socket", str(daemon.socket),
+                                   "--timeout", str(DRAIN_TIMEOUT_SECONDS), "consolidate", key],
+                                  capture_output=True, text=True, timeout=DRAIN_TIMEOUT_SECONDS)
+            if done.returncode != 0:
+                raise RuntimeError(f"nanobotctl consolidate failed: {done.stderr}\n{daemon.log()[-3000:]}")
+            left = _unarchived(daemon, key)
+            if left == 0:
+                break
+        finished = time.monotonic()
+        memory = memory_mb(daemon.proc.pid)
+        cpu = cpu_seconds(daemon.proc.pid)[0]
+    finally:
+        _stop(daemon)
+    entries = history_entries(workspace)
+    found = Counter(marker for entry in entries for marker in markers_in(entry["content"]))
+    missing = count - len(found)
+    duplicated = sum(times - 1 for times in found.values())
+    figures = {
+        "messages": count, "file_mb": round(path.stat().st_size / 1e6, 1),
+        "scan_seconds": round(scanned, 2), "consolidate_seconds": round(finished - consolidating, 2),
+        "total_seconds": round(finished - started, 2), "consolidate_commands": commands, "unarchived_after": left,
+        "end_to_end_messages_per_second": round(count / (finished - started)),
+        "consolidate_messages_per_second": round(count / (finished - consolidating)),
+        "daemon_cpu_seconds": round(cpu, 1), "vm_hwm_after_scan_mb": round(memory_after_scan["VmHWM"], 1),
+        "vm_hwm_mb": round(memory["VmHWM"], 1), "vm_rss_mb": round(memory["VmRSS"], 1),
+        "history_entries": len(entries), "markers_missing": missing, "markers_duplicated": duplicated,
+        "all_messages_in_history": missing == 0 and duplicated == 0 and left == 0,
+    }
+    print(f"   session file {figures['file_mb']} MB; first scan done {figures['scan_seconds']:.1f} s after the start;"
+          f" {commands} consolidate command(s) took {figures['consolidate_seconds']:.1f} s")
+    print(f"   throughput: {figures['end_to_end_messages_per_second']} messages/s from the start,"
+          f" {figures['consolidate_messages_per_second']} messages/s from the first consolidate"
+          f" (daemon CPU {figures['daemon_cpu_seconds']:.1f} s)")
+    print(f"   daemon peak RSS (VmHWM) {figures['vm_hwm_mb']:.1f} MB (after the scan"
+          f" {figures['vm_hwm_after_scan_mb']:.1f} MB); VmRSS at the end {figures['vm_rss_mb']:.1f} MB")
+    verdict = "OK" if figures["all_messages_in_history"] else "FAILED"
+    print(f"   correctness: {count - missing}/{count} markers in history, {missing} missing, {duplicated} duplicated,"
+          f" {left} left unarchived -> {verdict}")
+    return figures
+
+
+def _stop(daemon: BenchDaemon) -> None:
+    """SIGTERM, waiting out the index refresh of the history just written; SIGKILL past STOP_SECONDS."""
+    try:
+        daemon.stop(timeout=STOP_SECONDS)
+    except subprocess.TimeoutExpired:
+        print(f"   (the daemon did not exit within {STOP_SECONDS:.0f} s of SIGTERM; killed)")
+        daemon.kill()
+
+
+def _unarchived(daemon: BenchDaemon, key: str) -> int:
+    """The session's unarchived messages, as `nanobotctl sessions` shows them."""
+    rows = daemon.client.get("/v1/sessions")["sessions"]
+    return next(row["unarchived_messages"] for row in rows if row["key"] == key)
+
+
 # -- main -----------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     """Run both parts in a temporary folder and print (and optionally save) the figures."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
+    parser.add_argument("--only", help=f"comma-separated parts to run (default all: {','.join(PARTS)})")
     parser.add_argument("--json", type=Path, help="write the figures to this file")
     args = parser.parse_args(argv)
+    parts = args.only.split(",") if args.only else list(PARTS)
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        parser.error(f"unknown part(s) {', '.join(sorted(unknown))}; choose from {', '.join(PARTS)}")
     sizes = QUICK if args.quick else FULL
     print(f"nanobotd consolidation benchmark ({'quick' if args.quick else 'full'} sizes, {os.cpu_count()} CPUs)")
     figures: dict = {"sizes": asdict(sizes)}
     with tempfile.TemporaryDirectory(prefix="nanobotd-bench-consolidate-") as folder:
         root = Path(folder)
-        figures["offline"] = bench_offline(sizes, root)
-        figures["burst"] = bench_burst(sizes, root)
+        if "offline" in parts:
+            figures["offline"] = bench_offline(sizes, root)
+        if "burst" in parts:
+            figures["burst"] = bench_burst(sizes, root)
+        if "daemon" in parts:
+            figures["daemon"] = bench_daemon_consolidate(sizes, root)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
         print(f"\nfigures written to {args.json}")

@@ -97,7 +97,7 @@ class BenchDaemon(DaemonProcess):
     """`nanobotd run` with the documented [daemon] defaults (debounce, reconcile period, INFO logging)."""
 
     def __init__(self, folder: Path, workspace: Path, sessions_dir: Path, *, state_dir: Path | None = None,
-                 extra_tables: str = ""):
+                 extra_tables: str = "", workspace_lines: str = ""):
         home = folder / "home"
         runtime = folder / "run"
         for path in (home, runtime):
@@ -112,8 +112,9 @@ class BenchDaemon(DaemonProcess):
         self.config_path.write_text(
             f'[daemon]\nsocket = "{self.socket}"\nstate_dir = "{self.state_dir}"\nlog_level = "INFO"\n'
             f"{extra_tables}\n"
-            f'[[workspaces]]\npath = "{workspace}"\nname = "ws"\nsessions_dir = "{sessions_dir}"\n')
-        self.client = Client(self.socket, timeout=60)
+            f'[[workspaces]]\npath = "{workspace}"\nname = "ws"\nsessions_dir = "{sessions_dir}"\n'
+            f"{workspace_lines}")
+        self.client = Client(self.socket, timeout=600)
         self.slowest_status_seconds = 0.0
         self.poll_errors: list[str] = []
 

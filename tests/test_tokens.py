@@ -20,3 +20,10 @@ def test_an_idle_encoding_is_released_and_reloaded_on_demand():
     assert tokens.release_if_idle(3600) is True
     assert not tokens.encodings_loaded()
     assert tokens.count_tokens("hello world") == 2
+
+
+def test_a_batch_counts_exactly_what_one_text_at_a_time_counts():
+    texts = ["hello <|endoftext|> world", "", "x" * 10, "é" * 5, "\ud800 lone surrogate", "tool call {\"a\": 1}"]
+    texts = texts * 40  # large enough to be split over threads
+    assert tokens.count_tokens_batch(texts) == [tokens.count_tokens(text) for text in texts]
+    assert tokens.count_tokens_batch([]) == []

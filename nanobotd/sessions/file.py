@@ -16,6 +16,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from nanobotd import fsio
 
@@ -48,6 +49,7 @@ class RawLine:
     oversized: int = 0
     end: int = 0
     terminated: bool = True
+    start: int = 0  # the offset of its first byte (so its bytes can be read again from the same file)
 
 
 @dataclass(frozen=True)
@@ -92,45 +94,50 @@ def is_session_file(path: Path) -> bool:
     return name.endswith(SESSION_SUFFIX) and not name.startswith(".") and not name.endswith(".tmp")
 
 
-def iter_raw_lines(path: Path, max_line_bytes: int = MAX_LINE_BYTES, offset: int = 0) -> Iterator[RawLine]:
+def iter_raw_lines(path: Path, max_line_bytes: int = MAX_LINE_BYTES, offset: int = 0, *,
+                   handle: BinaryIO | None = None) -> Iterator[RawLine]:
     """Yield the file's non-blank lines from byte *offset*; a line over *max_line_bytes* has data=None.
 
-    Each line knows the byte offset just after it (`end`) and whether a newline ended it. Only a regular
-    file is read (fsio.NotRegularFile otherwise), and only up to its size at the open.
+    Each line knows the byte offsets of its start and just after it (`end`) and whether a newline ended it.
+    Only a regular file is read (fsio.NotRegularFile otherwise), and only up to its size at the open;
+    *handle*: read this open file (of *path*) instead of opening it.
     """
+    if handle is None:
+        with fsio.open_regular(path) as opened:
+            yield from iter_raw_lines(path, max_line_bytes, offset, handle=opened)
+        return
     number = 0
     pending = bytearray()
     skipping = 0
     position = offset
-    with fsio.open_regular(path) as handle:
-        remaining = os.fstat(handle.fileno()).st_size - offset
-        handle.seek(offset)
-        while remaining > 0:
-            chunk = handle.read(min(READ_CHUNK, remaining))
-            if not chunk:
+    remaining = os.fstat(handle.fileno()).st_size - offset
+    handle.seek(offset)
+    while remaining > 0:
+        chunk = handle.read(min(READ_CHUNK, remaining))
+        if not chunk:
+            break
+        remaining -= len(chunk)
+        start = 0
+        while True:
+            newline = chunk.find(b"\n", start)
+            piece = chunk[start:] if newline < 0 else chunk[start:newline]
+            if skipping:
+                skipping += len(piece)
+            else:
+                pending += piece
+                if len(pending) > max_line_bytes:
+                    skipping = len(pending)
+                    pending.clear()
+            if newline < 0:
                 break
-            remaining -= len(chunk)
-            start = 0
-            while True:
-                newline = chunk.find(b"\n", start)
-                piece = chunk[start:] if newline < 0 else chunk[start:newline]
-                if skipping:
-                    skipping += len(piece)
-                else:
-                    pending += piece
-                    if len(pending) > max_line_bytes:
-                        skipping = len(pending)
-                        pending.clear()
-                if newline < 0:
-                    break
-                number += 1
-                line = _finish_line(number, pending, skipping, position + newline + 1, True)
-                if line is not None:
-                    yield line
-                pending.clear()
-                skipping = 0
-                start = newline + 1
-            position += len(chunk)
+            number += 1
+            line = _finish_line(number, pending, skipping, position + newline + 1, True)
+            if line is not None:
+                yield line
+            pending.clear()
+            skipping = 0
+            start = newline + 1
+        position += len(chunk)
     if pending or skipping:
         line = _finish_line(number + 1, pending, skipping, position, False)
         if line is not None:
@@ -138,13 +145,19 @@ def iter_raw_lines(path: Path, max_line_bytes: int = MAX_LINE_BYTES, offset: int
 
 
 def _finish_line(number: int, pending: bytearray, skipping: int, end: int, terminated: bool) -> RawLine | None:
+    start = end - (skipping or len(pending)) - terminated
     if skipping:
         return RawLine(number, None, f"oversized:{number}:{skipping}", oversized=skipping, end=end,
-                       terminated=terminated)
+                       terminated=terminated, start=start)
     data = bytes(pending).strip()
     if not data:
         return None
-    return RawLine(number, data, hashlib.blake2b(data, digest_size=16).hexdigest(), end=end, terminated=terminated)
+    return RawLine(number, data, line_digest(data), end=end, terminated=terminated, start=start)
+
+
+def line_digest(data: bytes) -> str:
+    """The digest of a line's stripped bytes: the parse cache key."""
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
 def decode_record(line: RawLine) -> dict | None:

@@ -9,22 +9,23 @@ are hashed; when the file still starts with them, only the lines after them are 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, BinaryIO
 
 from loguru import logger
 
 from nanobotd import fsio
 from nanobotd.sessions import file as sessionfile
-from nanobotd.tokens import count_tokens
+from nanobotd.tokens import count_tokens_batch
 
 FLAG_COMMAND = 1
 FLAG_HIDDEN = 2
 HASH_BLOCK = 1024 * 1024
+TOKEN_BATCH = 512  # messages whose tokens are counted together
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MessageInfo:
     """What the tracker remembers of one message line (never its content)."""
 
@@ -49,6 +50,15 @@ class Tail:
     sha1: str
 
 
+@dataclass(frozen=True)
+class LineRef:
+    """Where a new message's line is in the file read (its bytes are read again from the same open file)."""
+
+    start: int
+    end: int
+    line_digest: str
+
+
 @dataclass
 class ParseResult:
     """A parsed session file."""
@@ -57,20 +67,34 @@ class ParseResult:
     header: sessionfile.SessionHeader
     messages: list[MessageInfo]
     corrupt: int
-    new_records: dict[str, dict] = field(default_factory=dict)
+    new_records: dict[str, LineRef] = field(default_factory=dict)  # the new counted messages, by digest
     tail: Tail | None = None
     fast: bool = False
     large: int = 0  # new messages over sessionfile.MAX_LINE_BYTES (read whole, archived raw in parts)
 
 
 def parse_session(path: Path, encoding: str, *, cached: list[MessageInfo] | None = None,
-                  tail: Tail | None = None, corrupt_before: int = 0) -> ParseResult:
-    """Parse *path*; with the previous scan's *cached* messages and *tail*, decode only what is new."""
+                  tail: Tail | None = None, corrupt_before: int = 0, handle: BinaryIO | None = None) -> ParseResult:
+    """Parse *path*; with the previous scan's *cached* messages and *tail*, decode only what is new.
+
+    *handle*: the file already open (the caller reads the new messages' lines from it again afterwards).
+    """
+    if handle is None:
+        with fsio.open_regular(path) as opened:
+            return parse_session(path, encoding, cached=cached, tail=tail, corrupt_before=corrupt_before,
+                                 handle=opened)
     if cached is not None and tail is not None:
-        result = _parse_appended(path, encoding, cached, tail, corrupt_before)
+        result = _parse_appended(path, handle, encoding, cached, tail, corrupt_before)
         if result is not None:
             return result
-    return _parse_all(path, encoding, cached or [])
+    return _parse_all(path, handle, encoding, cached or [])
+
+
+def read_line(handle: BinaryIO, ref: LineRef) -> bytes | None:
+    """The line *ref* points at, read again from *handle*; None when those bytes are no longer that line."""
+    handle.seek(ref.start)
+    data = handle.read(ref.end - ref.start).strip()
+    return data if sessionfile.line_digest(data) == ref.line_digest else None
 
 
 @dataclass
@@ -87,9 +111,11 @@ class _Reading:
     terminated: bool = True
     fast_ok: bool = True
     large: int = 0
-    new_records: dict[str, dict] = field(default_factory=dict)
+    new_records: dict[str, LineRef] = field(default_factory=dict)
     cache: dict[str, list[MessageInfo]] = field(default_factory=dict)
     line_copies: dict[str, int] = field(default_factory=dict)
+    encoding: str = ""
+    uncounted: list[tuple[int, str]] = field(default_factory=list)  # (index in messages, text to count)
 
     def reuse(self, line: sessionfile.RawLine) -> bool:
         """Take the cached parse of *line* when there is one; a line may repeat (same bytes twice), so
@@ -104,56 +130,70 @@ class _Reading:
         self.messages.append(info)
         return True
 
-    def take(self, info: MessageInfo, record: dict, size: int) -> None:
-        """A newly parsed message; one over MAX_LINE_BYTES is counted as large (it will be archived raw)."""
+    def take(self, info: MessageInfo, text: str | None, line: sessionfile.RawLine) -> None:
+        """A newly parsed message, its *text* to count (None: it counts none); one over MAX_LINE_BYTES is
+        counted as large (it will be archived raw)."""
         self.messages.append(info)
         if info.counts:
-            self.new_records[info.digest] = record
-        if size > sessionfile.MAX_LINE_BYTES:
+            self.new_records[info.digest] = LineRef(line.start, line.end, line.line_digest)
+        if text:
+            self.uncounted.append((len(self.messages) - 1, text))
+            if len(self.uncounted) >= TOKEN_BATCH:
+                self.count()
+        if len(line.data) > sessionfile.MAX_LINE_BYTES:
             self.large += 1
 
+    def count(self) -> None:
+        """Count the tokens of the messages parsed since the last count, as one batch."""
+        if not self.uncounted:
+            return
+        counts = count_tokens_batch([text for _, text in self.uncounted], self.encoding)
+        for (index, _), tokens in zip(self.uncounted, counts, strict=True):
+            self.messages[index] = replace(self.messages[index], tokens=tokens)
+        self.uncounted = []
 
-def _parse_all(path: Path, encoding: str, cached: list[MessageInfo]) -> ParseResult:
-    reading = _Reading(sessionfile.SessionHeader(), [], set())
+
+def _parse_all(path: Path, handle: BinaryIO, encoding: str, cached: list[MessageInfo]) -> ParseResult:
+    reading = _Reading(sessionfile.SessionHeader(), [], set(), encoding=encoding)
     for info in cached:
         reading.cache.setdefault(info.line_digest, []).append(info)
-    _read_lines(path, encoding, reading)
+    _read_lines(path, handle, reading)
     tail = None
     if reading.fast_ok and reading.terminated:
         length = reading.region_end - reading.region_start
-        tail = Tail(length, _hash_range(path, reading.region_start, length))
+        tail = Tail(length, _hash_range(handle, reading.region_start, length))
     return ParseResult(_key(path, reading.header), reading.header, reading.messages, reading.corrupt,
                        reading.new_records, tail, large=reading.large)
 
 
-def _parse_appended(path: Path, encoding: str, cached: list[MessageInfo], tail: Tail,
+def _parse_appended(path: Path, handle: BinaryIO, encoding: str, cached: list[MessageInfo], tail: Tail,
                     corrupt_before: int) -> ParseResult | None:
     """The fast path: None when the file no longer starts (after its metadata) with the known bytes."""
     header = sessionfile.SessionHeader()
-    known = _known_region(path, tail, header)
+    known = _known_region(handle, tail, header)
     if known is None:
         return None
     region_start, digest = known
     known_end = region_start + tail.length
     reading = _Reading(header, list(cached), {info.digest for info in cached}, corrupt=corrupt_before,
-                       region_start=region_start, region_end=known_end, leading=False)
-    if not _read_lines(path, encoding, reading, offset=known_end, appending=True):
+                       region_start=region_start, region_end=known_end, leading=False, encoding=encoding)
+    if not _read_lines(path, handle, reading, offset=known_end, appending=True):
         return None
     new_tail = None
     if reading.terminated:
         # the known bytes are hashed already: continue the same hash over the new ones
-        _update_hash(digest, path, known_end, reading.region_end - known_end)
+        _update_hash(digest, handle, known_end, reading.region_end - known_end)
         new_tail = Tail(reading.region_end - region_start, digest.hexdigest())
     return ParseResult(_key(path, header), header, reading.messages, reading.corrupt, reading.new_records,
                        new_tail, fast=True, large=reading.large)
 
 
-def _read_lines(path: Path, encoding: str, reading: _Reading, *, offset: int = 0, appending: bool = False) -> bool:
+def _read_lines(path: Path, handle: BinaryIO, reading: _Reading, *, offset: int = 0, appending: bool = False) -> bool:
     """The one loop over a file's lines, from *offset*, collecting into *reading*.
 
     *appending*: the lines follow known messages; returns False as soon as one needs the full parse.
     """
-    for line in sessionfile.iter_raw_lines(path, sessionfile.MESSAGE_LINE_BYTES, offset=offset):
+    for line in sessionfile.iter_raw_lines(path, sessionfile.MESSAGE_LINE_BYTES, offset=offset, handle=handle):
         reading.terminated = line.terminated
         reading.region_end = line.end
         if reading.leading and sessionfile.is_metadata_line(line):
@@ -175,11 +215,12 @@ def _read_lines(path: Path, encoding: str, reading: _Reading, *, offset: int = 0
             continue
         if appending and sessionfile.message_fields(record) is not None and _base_digest(record) in reading.taken:
             return False  # a copy of an earlier message: its numbering needs the full parse
-        info = _message_info(line.line_digest, record, reading.taken, encoding)
-        if info is None:
+        parsed = _message_info(line.line_digest, record, reading.taken)
+        if parsed is None:
             reading.corrupt += 1
             continue
-        reading.take(info, record, len(line.data))
+        reading.take(*parsed, line)
+    reading.count()
     return True
 
 
@@ -190,8 +231,9 @@ def _count_corrupt(path: Path, line: sessionfile.RawLine, reading: _Reading) -> 
                      line.oversized, sessionfile.MESSAGE_LINE_BYTES >> 20)
 
 
-def _message_info(line_digest: str, record: dict, taken: set[str], encoding: str) -> MessageInfo | None:
-    """Parse one message; a digest already taken in this file gets a numbered variant (#1, #2, ...)."""
+def _message_info(line_digest: str, record: dict, taken: set[str]) -> tuple[MessageInfo, str | None] | None:
+    """Parse one message (its tokens still to count) and the text to count them in (None: it counts none);
+    a digest already taken in this file gets a numbered variant (#1, #2, ...)."""
     fields = sessionfile.message_fields(record)
     if fields is None:
         return None
@@ -203,21 +245,21 @@ def _message_info(line_digest: str, record: dict, taken: set[str], encoding: str
         digest = hashlib.blake2b(f"{base}#{copy}".encode(), digest_size=16).hexdigest()
     taken.add(digest)
     flags = (FLAG_COMMAND if record.get("_command") else 0) | (FLAG_HIDDEN if record.get("_hidden_history") else 0)
-    tokens = 0 if flags else count_tokens(sessionfile.message_text_for_tokens(record, text), encoding)
-    return MessageInfo(line_digest, digest, role, timestamp, tokens, flags)
+    counted = None if flags else sessionfile.message_text_for_tokens(record, text)
+    return MessageInfo(line_digest, digest, role, timestamp, 0, flags), counted
 
 
-def _known_region(path: Path, tail: Tail, header: sessionfile.SessionHeader) -> tuple[int, Any] | None:
+def _known_region(handle: BinaryIO, tail: Tail, header: sessionfile.SessionHeader) -> tuple[int, Any] | None:
     """Read the leading metadata into *header* and hash the known message bytes after it.
 
     Returns where the message region starts and the running hash, or None when those bytes changed.
     """
-    with fsio.open_regular(path) as handle:
-        region_start = _read_leading_metadata(handle, header)
-        handle.seek(region_start)
-        digest = hashlib.sha1()
-        if _hash_from(handle, digest, tail.length) != tail.length or digest.hexdigest() != tail.sha1:
-            return None
+    handle.seek(0)
+    region_start = _read_leading_metadata(handle, header)
+    handle.seek(region_start)
+    digest = hashlib.sha1()
+    if _hash_from(handle, digest, tail.length) != tail.length or digest.hexdigest() != tail.sha1:
+        return None
     return region_start, digest
 
 
@@ -244,16 +286,15 @@ def _base_digest(record: dict) -> str:
     return sessionfile.message_digest(role, text, timestamp)
 
 
-def _hash_range(path: Path, start: int, length: int) -> str:
+def _hash_range(handle: BinaryIO, start: int, length: int) -> str:
     digest = hashlib.sha1()
-    _update_hash(digest, path, start, length)
+    _update_hash(digest, handle, start, length)
     return digest.hexdigest()
 
 
-def _update_hash(digest: Any, path: Path, start: int, length: int) -> None:
-    with fsio.open_regular(path) as handle:
-        handle.seek(start)
-        _hash_from(handle, digest, length)
+def _update_hash(digest: Any, handle: BinaryIO, start: int, length: int) -> None:
+    handle.seek(start)
+    _hash_from(handle, digest, length)
 
 
 def _hash_from(handle: IO[bytes], digest: Any, length: int) -> int:

@@ -85,18 +85,17 @@ def insert_session(store: StateStore, workspace_name: str, key: str, path: Path,
     return SessionState(session_id, key, path)
 
 
-def save_session(store: StateStore, session: SessionState, now: float) -> None:
-    """Write *session*'s counters and file identity back to its row."""
+def save_session(db, session: SessionState, now: float) -> None:
+    """Write *session*'s counters and file identity back to its row (inside the caller's transaction)."""
     inode, size, mtime_ns = session.fingerprint or (None, None, None)
-    with store.transaction() as db:
-        db.execute(
-            "UPDATE sessions SET path=?, inode=?, size=?, mtime_ns=?, agent_archived=?, messages=?,"
-            " corrupt_lines=?, total_tokens=?, unarchived_messages=?, unarchived_tokens=?, last_write=?,"
-            " flushed_cycle=?, cycle=?, state=?, agent_marked=?, updated_at=? WHERE id=?",
-            (str(session.path), inode, size, mtime_ns, session.agent_archived, session.message_count,
-             session.corrupt_lines, session.total_tokens, session.unarchived_messages,
-             session.unarchived_tokens, session.last_write, session.flushed_cycle, session.cycle,
-             session.state, int(session.agent_marked), now, session.session_id))
+    db.execute(
+        "UPDATE sessions SET path=?, inode=?, size=?, mtime_ns=?, agent_archived=?, messages=?,"
+        " corrupt_lines=?, total_tokens=?, unarchived_messages=?, unarchived_tokens=?, last_write=?,"
+        " flushed_cycle=?, cycle=?, state=?, agent_marked=?, updated_at=? WHERE id=?",
+        (str(session.path), inode, size, mtime_ns, session.agent_archived, session.message_count,
+         session.corrupt_lines, session.total_tokens, session.unarchived_messages,
+         session.unarchived_tokens, session.last_write, session.flushed_cycle, session.cycle,
+         session.state, int(session.agent_marked), now, session.session_id))
 
 
 def record_archived_twice(store: StateStore, session_id: int, digests: list[str], now: float) -> int:

@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import threading
 import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from loguru import logger
 
+from nanobotd import fsio
 from nanobotd.memory.transcript import PendingMessage, record_json
 from nanobotd.sessions import file as sessionfile
-from nanobotd.sessions.scan import MessageInfo, parse_session
+from nanobotd.sessions.scan import LineRef, MessageInfo, parse_session, read_line
 from nanobotd.sessions.session import (
     SessionState,
     archived_twice_count,
@@ -34,6 +39,9 @@ from nanobotd.sessions.session import (
     vanished_in_spool,
 )
 from nanobotd.state.store import StateStore
+
+CACHED_MESSAGES = 50_000  # message infos kept in memory for the sessions used last (a big one stays alone)
+SPOOL_BATCH = 1000  # new spool rows read from the file and inserted together
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,7 @@ class SessionTracker:
         self.large_messages = 0
         self._lock = threading.RLock()
         self._keys_by_path: dict[Path, str] = {}
+        self._cached: OrderedDict[str, None] = OrderedDict()  # sessions whose caches are in memory, last used last
         self._load_sessions()
 
     # -- loading -----------------------------------------------------------------------------------
@@ -86,12 +95,32 @@ class SessionTracker:
         return session
 
     def _cached_messages(self, session: SessionState) -> list[MessageInfo]:
-        if session.messages is None:
-            rows = self.store.query(
-                "SELECT line_digest, digest, role, timestamp, tokens, flags FROM messages"
-                " WHERE session_id=? ORDER BY seq", (session.session_id,))
-            session.messages = [MessageInfo(*row) for row in rows]
-        return session.messages
+        """The session's message cache (and the digests present), read from the database when not in memory."""
+        with self._lock:
+            if session.messages is None:
+                rows = self.store.query(
+                    "SELECT line_digest, digest, role, timestamp, tokens, flags FROM messages"
+                    " WHERE session_id=? ORDER BY seq", (session.session_id,))
+                messages = [MessageInfo(*row) for row in rows]
+                session.present = {info.digest for info in messages}
+                session.messages = messages
+            self._cached[session.key] = None
+            self._cached.move_to_end(session.key)
+            return session.messages
+
+    def _trim_caches(self, keep: SessionState) -> None:
+        """Keep the message caches of the sessions used last, up to CACHED_MESSAGES messages (and always
+        *keep*'s); the others are read again from the database when next needed."""
+        total = 0
+        for key in reversed(list(self._cached)):
+            session = self.sessions.get(key)
+            size = len(session.messages or ()) if session is not None else 0
+            if session is keep or (session is not None and total + size <= CACHED_MESSAGES):
+                total += size
+                continue
+            del self._cached[key]
+            if session is not None:
+                session.messages, session.present, session.spool, session.archived = None, set(), None, None
 
     # -- scanning ----------------------------------------------------------------------------------
     def scan(self, path: Path, *, force: bool = False) -> ScanResult | None:
@@ -107,20 +136,32 @@ class SessionTracker:
             known = self._session_by_path(path)
             if known is not None and known.fingerprint == fingerprint and not force:
                 return ScanResult(known.key, False)
-            parsed = self._parse(path, known)
-            if parsed is None:
+            try:
+                handle = fsio.open_regular(path)
+            except OSError as exc:
+                logger.warning("cannot read session file {}: {}", path, exc)
                 return None
-            session = self._session_for(parsed.key, path)
-            mark_before = session.agent_archived
-            tail_before = session.unarchived_tokens + 4 * session.unarchived_messages
-            vanished = self._apply(session, parsed.header, parsed.messages, parsed.new_records, fingerprint,
-                                   stat.st_mtime, appended=parsed.fast and known is session)
+            with handle:
+                # the open file is what is read (twice: the parse, then the new lines for the spool), so a
+                # rename over the path meanwhile cannot mix two versions
+                stat = os.fstat(handle.fileno())
+                fingerprint = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+                parsed = self._parse(path, known, handle)
+                if parsed is None:
+                    return None
+                session = self._session_for(parsed.key, path)
+                mark_before = session.agent_archived
+                tail_before = session.unarchived_tokens + 4 * session.unarchived_messages
+                vanished = self._apply(session, parsed.header, parsed.messages, parsed.new_records, fingerprint,
+                                       stat.st_mtime, appended=parsed.fast and known is session, handle=handle)
             mark_moved = known is session and session.agent_archived > mark_before
             session.corrupt_lines = corrupt = parsed.corrupt
             session.tail = parsed.tail
             parsed_records = parsed.new_records
             key = parsed.key
             self._save_session(session)
+            self._cached_messages(session)
+            self._trim_caches(session)
             if corrupt:
                 logger.warning("session {}: skipped {} corrupt line(s)", key, corrupt)
             if parsed.large:
@@ -134,21 +175,22 @@ class SessionTracker:
         key = self._keys_by_path.get(path)
         return self.sessions.get(key) if key is not None else None
 
-    def _parse(self, path: Path, known: SessionState | None):
+    def _parse(self, path: Path, known: SessionState | None, handle: BinaryIO):
         """Read the file; only new messages are decoded and counted (see sessionscan)."""
         try:
             if known is None:
-                result = parse_session(path, self.encoding)
+                result = parse_session(path, self.encoding, handle=handle)
             else:
                 result = parse_session(path, self.encoding, cached=self._cached_messages(known),
-                                       tail=known.tail, corrupt_before=known.corrupt_lines)
+                                       tail=known.tail, corrupt_before=known.corrupt_lines, handle=handle)
         except OSError as exc:
             logger.warning("cannot read session file {}: {}", path, exc)
             return None
         return result
 
     def _apply(self, session: SessionState, header: sessionfile.SessionHeader, messages: list[MessageInfo],
-               new_records: dict[str, dict], fingerprint, mtime: float, *, appended: bool = False) -> int:
+               new_records: dict[str, LineRef], fingerprint, mtime: float, *, appended: bool = False,
+               handle: BinaryIO) -> int:
         """Update counters, the spool and the message cache; return how many spooled messages vanished.
 
         *appended*: the old messages are an unchanged prefix of *messages* (the fast path), so only the
@@ -167,11 +209,13 @@ class SessionTracker:
         below = {info.digest for info in messages[:agent_archived]} if agent_archived and spooled else set()
         to_spool = self._spool_rows(session, fresh, len(messages) - len(fresh), new_records, agent_archived)
         agent_done = [digest for digest in spooled if digest in below]
+        agent_done_tokens = [spooled[digest] for digest in agent_done]
         vanished = 0 if appended else sum(1 for digest in spooled if digest not in current)
         if not appended and agent_archived:
             self._count_overlap(session, messages[:agent_archived])
         session.agent_marked = header.marked
-        self._write_spool(session, to_spool, agent_done, old, messages, known_prefix=len(old) if appended else 0)
+        self._write_spool(session, to_spool, agent_done, old, messages, known_prefix=len(old) if appended else 0,
+                          handle=handle)
         session.total_tokens = (session.total_tokens if appended else 0) + sum(info.tokens for info in fresh)
         session.messages = messages
         session.present = current
@@ -180,34 +224,49 @@ class SessionTracker:
         session.agent_archived = agent_archived
         session.message_count = len(messages)
         session.last_write = mtime
-        self._recount(session)
+        if appended:
+            # the new rows are all in the file; the agent's mark only took rows that were
+            session.unarchived_messages += len(to_spool) - len(agent_done)
+            session.unarchived_tokens += sum(row[3] for row in to_spool) - sum(agent_done_tokens)
+        else:
+            self._recount(session)
         return vanished
 
     def _spool_rows(self, session: SessionState, fresh: list[MessageInfo], first_index: int,
-                    new_records: dict[str, dict], agent_archived: int) -> list[tuple]:
-        """Spool rows for the *fresh* conversation messages that neither the agent nor nanobotd archived."""
+                    new_records: dict[str, LineRef], agent_archived: int) -> list[tuple]:
+        """Spool rows for the *fresh* conversation messages that neither the agent nor nanobotd archived,
+        with where their line is (the record itself is read when the row is written)."""
         archived, spooled = self._archived_set(session), self._spool_map(session)
         rows = []
         for index, info in enumerate(fresh, start=first_index):
-            record = new_records.get(info.digest)
-            if (record is None or info.flags or index < agent_archived or info.digest in archived
+            ref = new_records.get(info.digest)
+            if (ref is None or info.flags or index < agent_archived or info.digest in archived
                     or info.digest in spooled or session.skipped):
                 continue
-            rows.append((info.digest, info.role, info.timestamp, info.tokens, record_json(record)))
+            rows.append((info.digest, info.role, info.timestamp, info.tokens, ref))
         return rows
 
     def _write_spool(self, session: SessionState, to_spool: list[tuple], agent_done: list[str],
-                     old: list[MessageInfo], messages: list[MessageInfo], *, known_prefix: int) -> None:
-        """Spool the new rows, drop those the agent archived, store the message cache: one transaction."""
+                     old: list[MessageInfo], messages: list[MessageInfo], *, known_prefix: int,
+                     handle: BinaryIO) -> None:
+        """Spool the new rows, drop those the agent archived, store the message cache: one transaction.
+
+        The records are read from *handle* (the file the parse read) a batch at a time, as their lines are.
+        """
         now = self.clock()
         with self.store.transaction() as db:
             next_seq = (db.execute("SELECT COALESCE(MAX(seq), 0) FROM spool WHERE session_id=?",
                                    (session.session_id,)).fetchone()[0]) + 1
-            db.executemany(
-                "INSERT OR IGNORE INTO spool (session_id, digest, seq, role, timestamp, tokens, record, seen_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [(session.session_id, digest, next_seq + index, role, stamp, tokens, rec, now)
-                 for index, (digest, role, stamp, tokens, rec) in enumerate(to_spool)])
+            for first in range(0, len(to_spool), SPOOL_BATCH):
+                batch = []
+                for index, (digest, role, stamp, tokens, ref) in enumerate(to_spool[first:first + SPOOL_BATCH],
+                                                                          start=first):
+                    record = _record_text(handle, ref)
+                    if record is not None:
+                        batch.append((session.session_id, digest, next_seq + index, role, stamp, tokens, record, now))
+                db.executemany(
+                    "INSERT OR IGNORE INTO spool (session_id, digest, seq, role, timestamp, tokens, record, seen_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)", batch)
             db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
                            [(session.session_id, digest) for digest in agent_done])
             store_message_cache(db, session.session_id, old, messages, known_prefix=known_prefix)
@@ -238,10 +297,17 @@ class SessionTracker:
         if session.spool is None:
             rows = self.store.query("SELECT digest, tokens FROM spool WHERE session_id=?", (session.session_id,))
             session.spool = dict(rows)
+            if session.fingerprint is not None:
+                self._cached_messages(session)
+            self._recount(session)  # the running totals start from the spool itself
         return session.spool
 
     def _recount(self, session: SessionState) -> None:
-        """Unarchived = spooled messages still present in the file (vanished ones wait for the rescue)."""
+        """Unarchived = spooled messages still present in the file (vanished ones wait for the rescue).
+
+        A full pass over the spool, for when the file's contents were replaced; the spool's small changes
+        in between (archived, respooled) keep the totals running with `_unspool` and `_respool`.
+        """
         spool = self._spool_map(session)
         if session.messages is None and session.fingerprint is not None:
             live = list(spool.values())
@@ -250,13 +316,27 @@ class SessionTracker:
         session.unarchived_messages = len(live)
         session.unarchived_tokens = sum(live)
 
+    def _live(self, session: SessionState, digest: str) -> bool:
+        """A spooled message that counts as unarchived: still in the file."""
+        return digest in self._present(session)
+
+    def _unspool(self, session: SessionState, digests) -> None:
+        """Drop *digests* from the in-memory spool, taking the live ones off the running totals."""
+        spool = self._spool_map(session)
+        for digest in digests:
+            tokens = spool.pop(digest, None)
+            if tokens is not None and self._live(session, digest):
+                session.unarchived_messages -= 1
+                session.unarchived_tokens -= tokens
+
     def vanished_count(self, key: str) -> int:
         """Spooled messages no longer in the session file (in SQL: no message cache is loaded)."""
         session = self.sessions.get(key)
         return vanished_in_spool(self.store, session.session_id) if session is not None else 0
 
     def _save_session(self, session: SessionState) -> None:
-        save_session(self.store, session, self.clock())
+        with self.store.transaction() as db:
+            save_session(db, session, self.clock())
 
     def forget_path(self, path: Path) -> ScanResult | None:
         """A session file disappeared: everything it still had in the spool is now vanished."""
@@ -278,42 +358,85 @@ class SessionTracker:
 
     # -- the spool, for jobs -----------------------------------------------------------------------
     def pending(self, key: str, *, vanished_only: bool = False) -> list[tuple[int, PendingMessage, bool]]:
-        """Spooled messages of a session in first-seen order: (seq, message, still present in the file)."""
+        """Spooled messages of a session in first-seen order: (seq, message, still present in the file).
+
+        Every record is read and decoded: for the few messages a flush or the rescue needs; consolidation
+        plans with `spool_plan` and reads one chunk at a time with `spooled_messages`.
+        """
         session = self.sessions.get(key)
         if session is None:
             return []
-        if session.messages is None:
-            self._cached_messages(session)
-            session.present = {info.digest for info in session.messages or []}
+        present = self._present(session)
+        if vanished_only:  # few, usually: their records alone are read
+            rows = self.store.query("SELECT seq, digest FROM spool WHERE session_id=? ORDER BY seq",
+                                    (session.session_id,))
+            gone = [seq for seq, digest in rows if digest not in present]
+            return [(seq, message, False) for seq, message, _ in self.spooled_messages(key, gone)]
         rows = self.store.query(
             "SELECT seq, digest, role, timestamp, tokens, record FROM spool WHERE session_id=? ORDER BY seq",
             (session.session_id,))
+        return [(seq, _pending_message(digest, role, stamp, tokens, record)[0], digest in present)
+                for seq, digest, role, stamp, tokens, record in rows]
+
+    def spool_plan(self, key: str) -> list[tuple[int, str, int, bool]]:
+        """(seq, role, tokens, still present in the file) of a session's spooled messages, in first-seen
+        order, without their records."""
+        session = self.sessions.get(key)
+        if session is None:
+            return []
+        present = self._present(session)
+        rows = self.store.query("SELECT seq, digest, role, tokens FROM spool WHERE session_id=? ORDER BY seq",
+                                (session.session_id,))
+        return [(seq, role, tokens, digest in present) for seq, digest, role, tokens in rows]
+
+    def spooled_messages(self, key: str, seqs: list[int]) -> list[tuple[int, PendingMessage, str]]:
+        """The spooled messages at *seqs* that are still spooled: (seq, message, its record as JSON text)."""
+        session = self.sessions.get(key)
+        if session is None or not seqs:
+            return []
+        wanted = set(seqs)
         result = []
-        for seq, digest, role, stamp, tokens, record in rows:
-            present = digest in session.present
-            if vanished_only and present:
-                continue
-            try:
-                parsed = json.loads(record)
-            except ValueError:
-                parsed = {"role": role, "content": record, "timestamp": stamp}
-            text = sessionfile.flatten_content(parsed.get("content"))
-            result.append((seq, PendingMessage(digest, role, stamp, text, tokens, parsed), present))
+        for first, last in seq_ranges(wanted):
+            rows = self.store.query(
+                "SELECT seq, digest, role, timestamp, tokens, record FROM spool"
+                " WHERE session_id=? AND seq BETWEEN ? AND ? ORDER BY seq", (session.session_id, first, last))
+            for seq, digest, role, stamp, tokens, record in rows:
+                if seq in wanted:
+                    message, text = _pending_message(digest, role, stamp, tokens, record)
+                    result.append((seq, message, text))
         return result
 
-    def mark_archived(self, key: str, digests: list[str], run_id: str) -> None:
-        """Messages reached history.jsonl: record them as archived and drop them from the spool."""
-        self._record_archived(self.sessions[key], {digest: run_id for digest in digests})
+    def _present(self, session: SessionState) -> set[str]:
+        """Digests of the messages in the session file (its message cache read on first use)."""
+        with self._lock:
+            self._cached_messages(session)
+            return session.present
 
-    def _record_archived(self, session: SessionState, runs_by_digest: dict[str, str]) -> None:
-        with self.store.transaction() as db:
+    def mark_archived(self, key: str, digests: list[str], run_id: str, *, seqs: list[int] | None = None,
+                      also: Callable[[sqlite3.Connection], None] | None = None) -> None:
+        """Messages reached history.jsonl: record them as archived and drop them from the spool.
+
+        *seqs*, their spool sequence numbers when known: the spool rows go by ranges instead of one by one.
+        *also* runs inside the same transaction (the run's journal says the chunk is done in the same
+        commit that marks its messages, so a crash leaves both or neither).
+        """
+        self._record_archived(self.sessions[key], {digest: run_id for digest in digests}, seqs=seqs, also=also)
+
+    def _record_archived(self, session: SessionState, runs_by_digest: dict[str, str], *,
+                         seqs: list[int] | None = None, also=None) -> None:
+        with self._lock, self.store.transaction() as db:
             db.executemany("INSERT OR IGNORE INTO archived (session_id, digest, run_id) VALUES (?, ?, ?)",
                            [(session.session_id, digest, run) for digest, run in runs_by_digest.items()])
-            db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
-                           [(session.session_id, digest) for digest in runs_by_digest])
-        with self._lock:
+            if seqs is not None and len(seqs) == len(runs_by_digest):
+                db.executemany("DELETE FROM spool WHERE session_id=? AND seq BETWEEN ? AND ?",
+                               [(session.session_id, first, last) for first, last in seq_ranges(seqs)])
+            else:
+                db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
+                               [(session.session_id, digest) for digest in runs_by_digest])
             self._forget_spooled(session, list(runs_by_digest))
-            self._save_session(session)
+            save_session(db, session, self.clock())
+            if also is not None:
+                also(db)
 
     def drop_agent_archived(self, key: str, digests: list[str]) -> None:
         """Messages that left the file and that the agent archived itself: out of the spool, not archived again."""
@@ -322,10 +445,7 @@ class SessionTracker:
             db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
                            [(session.session_id, digest) for digest in digests])
         with self._lock:
-            spool = self._spool_map(session)
-            for digest in digests:
-                spool.pop(digest, None)
-            self._recount(session)
+            self._unspool(session, digests)
             self._save_session(session)
 
     def count_archived_twice(self, key: str, digests: list[str]) -> int:
@@ -345,11 +465,8 @@ class SessionTracker:
 
     def _forget_spooled(self, session: SessionState, digests: list[str]) -> None:
         """Archived messages: marked in memory, out of the in-memory spool, counters updated."""
-        archived, spool = self._archived_set(session), self._spool_map(session)
-        for digest in digests:
-            archived.add(digest)
-            spool.pop(digest, None)
-        self._recount(session)
+        self._archived_set(session).update(digests)
+        self._unspool(session, digests)
 
     def unarchive(self, key: str, run_id: str, records: list[tuple[str, dict, int]]) -> int:
         """Undo an archive run: forget its archive marks and put its messages back in the spool."""
@@ -361,8 +478,11 @@ class SessionTracker:
             archived, spool = self._archived_set(session), self._spool_map(session)
             for digest, _, tokens in records:
                 archived.discard(digest)
-                spool.setdefault(digest, tokens)
-            self._recount(session)
+                if digest not in spool:
+                    spool[digest] = tokens
+                    if self._live(session, digest):
+                        session.unarchived_messages += 1
+                        session.unarchived_tokens += tokens
             self._save_session(session)
         return len(records)
 
@@ -392,3 +512,42 @@ class SessionTracker:
     def agent_marks(self) -> bool:
         """Some session file carries the agent's own archive mark: the agent consolidates by itself."""
         return any(session.agent_marked for session in self.sessions.values() if session.state != "deleted")
+
+
+def seq_ranges(seqs: Iterable[int]) -> Iterator[tuple[int, int]]:
+    """Runs of consecutive sequence numbers as (first, last) pairs: 1,2,3,7,8 -> (1, 3), (7, 8)."""
+    first = last = None
+    for seq in sorted(seqs):
+        if last is not None and seq == last + 1:
+            last = seq
+            continue
+        if first is not None:
+            yield first, last
+        first = last = seq
+    if first is not None:
+        yield first, last
+
+
+def _pending_message(digest: str, role: str, stamp: str, tokens: int, record: str) -> tuple[PendingMessage, str]:
+    """A spool row as a message, and its record as JSON text (an unreadable one becomes its content)."""
+    try:
+        parsed = json.loads(record)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        parsed = {"role": role, "content": record, "timestamp": stamp}
+        record = record_json(parsed)
+    text = sessionfile.flatten_content(parsed.get("content"))
+    return PendingMessage(digest, role, stamp, text, tokens, parsed), record
+
+
+def _record_text(handle: BinaryIO, ref: LineRef) -> str | None:
+    """A new message's record as the file has it (JSON text, not re-encoded); None if its bytes changed."""
+    data = read_line(handle, ref)
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:  # JSON in another encoding: as compact JSON text
+        record = json.loads(data)
+        return record_json(record)

@@ -285,7 +285,7 @@ class StateStore:
     def journal(self, run_id: str, manifest: dict) -> None:
         """Replace a running run's manifest (write-ahead: called before each step that changes files)."""
         with self.transaction() as db:
-            db.execute("UPDATE runs SET manifest=? WHERE run_id=?", (json.dumps(manifest), run_id))
+            journal_in(db, run_id, manifest)
 
     def finish_run(self, run_id: str, *, state: str, outcome: str, manifest: dict | None = None) -> None:
         """Close a run: state finished | failed | rolled_back, with its outcome."""
@@ -346,6 +346,11 @@ class StateStore:
                 " last_run_id=excluded.last_run_id",
                 (job, workspace, when if when is not None else self.clock(), run_id),
             )
+
+
+def journal_in(db: sqlite3.Connection, run_id: str, manifest: dict) -> None:
+    """StateStore.journal inside a transaction the caller holds (with the change the journal speaks of)."""
+    db.execute("UPDATE runs SET manifest=? WHERE run_id=?", (json.dumps(manifest), run_id))
 
 
 def _run_filter(kind: str | None, workspace: str | None, states: tuple[str, ...] | None,

@@ -191,3 +191,68 @@ print(a.corrupt_lines, b.corrupt_lines, (after - before) // 1024)
     corrupt_huge, corrupt_binary, grown_mb = map(int, out.stdout.split())
     assert corrupt_huge == 1 and corrupt_binary >= 1
     assert grown_mb < 40, f"scanning grew the process by {grown_mb} MB"
+
+
+def test_seq_ranges_group_consecutive_numbers():
+    from nanobotd.sessions.tracker import seq_ranges
+
+    assert list(seq_ranges([7, 1, 2, 3, 8, 10])) == [(1, 3), (7, 8), (10, 10)]
+    assert list(seq_ranges([])) == []
+
+
+def test_caches_read_back_from_the_database_give_the_same_counts_as_caches_kept(tmp_path, monkeypatch):
+    from nanobotd.sessions import tracker as trackermodule
+
+    _, sessions = make_workspace(tmp_path)
+    monkeypatch.setattr(trackermodule, "CACHED_MESSAGES", 10)
+    store, tracker = make_tracker(tmp_path)
+    conversations = {f"cli:{name}": conversation(8, tag=name) for name in "abc"}
+    paths = {key: write_session(sessions, key, messages) for key, messages in conversations.items()}
+    for path in paths.values():
+        tracker.scan(path)
+    first = tracker.sessions["cli:a"]
+    assert first.messages is None  # scanned first, then trimmed when the others were scanned
+    write_session(sessions, "cli:a", conversations["cli:a"] + conversation(1, tag="n"))
+    result = tracker.scan(paths["cli:a"])
+    assert result.new_messages == 1 and first.unarchived_messages == 9
+    write_session(sessions, "cli:b", conversations["cli:b"][4:])  # four messages cut from the file
+    assert tracker.scan(paths["cli:b"]).vanished == 4
+    tracker.scan(paths["cli:c"])
+    second = tracker.sessions["cli:b"]
+    assert second.unarchived_messages == 4
+    assert len(tracker.pending("cli:b", vanished_only=True)) == 4
+    tracker.mark_archived("cli:b", [message.digest for _, message, _ in tracker.pending("cli:b")], "r-1")
+    assert (second.unarchived_messages, second.unarchived_tokens) == (0, 0)
+
+
+def test_the_running_totals_match_a_recount_through_archive_restore_and_the_agents_mark(tmp_path):
+    _, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    messages = conversation(20)
+    path = write_session(sessions, "cli:a", messages)
+    tracker.scan(path)
+    session = tracker.sessions["cli:a"]
+
+    def recounted():
+        live = [message.tokens for _, message, present in tracker.pending("cli:a") if present]
+        return len(live), sum(live)
+
+    chunk = tracker.spooled_messages("cli:a", [seq for seq, _, _, _ in tracker.spool_plan("cli:a")[:6]])
+    records = [(message.digest, message.record, message.tokens) for _, message, _ in chunk]
+    tracker.mark_archived("cli:a", [digest for digest, _, _ in records], "r-1", seqs=[seq for seq, _, _ in chunk])
+    assert (session.unarchived_messages, session.unarchived_tokens) == recounted() and recounted()[0] == 14
+    tracker.unarchive("cli:a", "r-1", records)
+    assert (session.unarchived_messages, session.unarchived_tokens) == recounted() and recounted()[0] == 20
+    write_session(sessions, "cli:a", messages + conversation(2, tag="n"), last_archived=5)
+    tracker.scan(path)
+    assert (session.unarchived_messages, session.unarchived_tokens) == recounted() and recounted()[0] == 17
+
+
+def test_the_spool_keeps_each_record_as_the_file_has_it(tmp_path):
+    _, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    path = write_session(sessions, "cli:a", conversation(3))
+    tracker.scan(path)
+    lines = path.read_text(encoding="utf-8").splitlines()[1:]
+    spooled = [row[0] for row in store.query("SELECT record FROM spool ORDER BY seq")]
+    assert spooled == lines

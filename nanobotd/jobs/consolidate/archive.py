@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from loguru import logger
@@ -22,7 +22,7 @@ from nanobotd.llm.failures import LLMError
 from nanobotd.llm.reply import UsageMeter
 from nanobotd.memory import history
 from nanobotd.memory.transcript import PendingMessage, raw_entries, transcript
-from nanobotd.state.store import RunRecord
+from nanobotd.state.store import RunRecord, journal_in
 
 SAFETY_MARGIN = 1.2
 PROMPT_OVERHEAD_TOKENS = 600
@@ -33,88 +33,102 @@ OVERSIZED_REASON = "a message over half the context window is never sent to the 
 
 @dataclass
 class Chunk:
-    """Consecutive spooled messages archived together."""
+    """Consecutive spooled messages archived together: planned from (seq, role, tokens) alone, their records
+    loaded from the spool only when the chunk is archived (`load`), so one chunk's records are in memory."""
 
-    items: list[tuple[int, PendingMessage]]
+    items: list[tuple[int, str, int]]
     oversized: bool = False
+    loaded: list[tuple[int, PendingMessage, str]] = field(default_factory=list)
 
     @property
     def messages(self) -> list[PendingMessage]:
-        return [message for _, message in self.items]
+        return [message for _, message, _ in self.loaded]
+
+    @property
+    def seqs(self) -> list[int]:
+        return [seq for seq, _, _ in self.loaded] if self.loaded else [seq for seq, _, _ in self.items]
 
     @property
     def tokens(self) -> int:
-        return sum(message.tokens for _, message in self.items)
+        if self.loaded:
+            return sum(message.tokens for _, message, _ in self.loaded)
+        return sum(tokens for _, _, tokens in self.items)
+
+    def load(self, ctx: JobEnv, session_key: str) -> bool:
+        """Read the chunk's records from the spool; False when none is left there (archived meanwhile)."""
+        self.loaded = ctx.tracker.spooled_messages(session_key, [seq for seq, _, _ in self.items])
+        return bool(self.loaded)
 
 
-def chunk_ratio(ctx: JobEnv, messages: list[PendingMessage]) -> float:
+def chunk_ratio(ctx: JobEnv, tokens: list[int]) -> float:
     """0.4 of the window for ordinary messages, falling toward 0.15 as the average message grows."""
     settings = ctx.settings.consolidation
-    if not messages:
+    if not tokens:
         return settings.chunk_ratio_max
-    average = sum(message.tokens for message in messages) / len(messages) * SAFETY_MARGIN
+    average = sum(tokens) / len(tokens) * SAFETY_MARGIN
     pressure = min(1.0, average / (ctx.settings.llm.context_window * 0.05))
     return settings.chunk_ratio_max - (settings.chunk_ratio_max - settings.chunk_ratio_min) * pressure
 
 
-def select_messages(ctx: JobEnv, pending: list[tuple[int, PendingMessage, bool]], reason: str, *,
-                    vanished_only: bool = False):
-    """What this run archives: vanished messages always; then the oldest until the tail fits the target.
+def select_messages(ctx: JobEnv, pending: list[tuple[int, str, int, bool]], reason: str, *,
+                    vanished_only: bool = False) -> list[tuple[int, str, int]]:
+    """What this run archives, as (seq, role, tokens) of the spool's (seq, role, tokens, present) rows:
+    vanished messages always; then the oldest until the tail fits the target.
 
     *vanished_only* (beside an agent that archives by itself): never a message still in the session file.
     """
     if vanished_only:
-        return [(seq, message) for seq, message, present in pending if not present]
+        return [(seq, role, tokens) for seq, role, tokens, present in pending if not present]
     if reason != "budget":
-        return [(seq, message) for seq, message, _ in pending]
+        return [(seq, role, tokens) for seq, role, tokens, _ in pending]
     target = ctx.settings.budget * ctx.settings.consolidation.ratio
-    remaining = sum(message.tokens for _, message, present in pending if present)
+    remaining = sum(tokens for _, _, tokens, present in pending if present)
     selected = []
-    for position, (seq, message, present) in enumerate(pending):
+    for seq, role, tokens, present in pending:
         if not present:
-            selected.append((seq, message))
+            selected.append((seq, role, tokens))
             continue
-        if remaining <= target:
-            following = pending[position][1]
-            if following.role == "user" or not selected:
-                break
-        selected.append((seq, message))
-        remaining -= message.tokens
+        if remaining <= target and (role == "user" or not selected):
+            break
+        selected.append((seq, role, tokens))
+        remaining -= tokens
     return selected
 
 
-def plan_chunks(ctx: JobEnv, items: list[tuple[int, PendingMessage]]) -> list[Chunk]:
+def plan_chunks(ctx: JobEnv, items: list[tuple[int, str, int]]) -> list[Chunk]:
     """Split into chunks that fit one request and end just before a user message."""
     window = ctx.settings.llm.context_window
-    limit = max(1000, int(window * chunk_ratio(ctx, [m for _, m in items]) / SAFETY_MARGIN) - PROMPT_OVERHEAD_TOKENS)
+    ratio = chunk_ratio(ctx, [tokens for _, _, tokens in items])
+    limit = max(1000, int(window * ratio / SAFETY_MARGIN) - PROMPT_OVERHEAD_TOKENS)
     chunks: list[Chunk] = []
-    current: list[tuple[int, PendingMessage]] = []
+    current: list[tuple[int, str, int]] = []
     size = 0
-    for seq, message in items:
-        if message.tokens > window // 2:
+    for item in items:
+        tokens = item[2]
+        if tokens > window // 2:
             if current:
                 chunks.append(Chunk(current))
                 current, size = [], 0
-            chunks.append(Chunk([(seq, message)], oversized=True))
+            chunks.append(Chunk([item], oversized=True))
             continue
-        if current and size + message.tokens > limit:
+        if current and size + tokens > limit:
             cut = _last_user_boundary(current)
             if cut == 0:
                 cut = len(current)
             chunks.append(Chunk(current[:cut]))
             current = current[cut:]
-            size = sum(m.tokens for _, m in current)
-        current.append((seq, message))
-        size += message.tokens
+            size = sum(tokens for _, _, tokens in current)
+        current.append(item)
+        size += tokens
     if current:
         chunks.append(Chunk(current))
     return chunks
 
 
-def _last_user_boundary(items: list[tuple[int, PendingMessage]]) -> int:
+def _last_user_boundary(items: list[tuple[int, str, int]]) -> int:
     """Index of the last user message (a chunk may end just before it); 0 when there is none."""
     for index in range(len(items) - 1, 0, -1):
-        if items[index][1].role == "user":
+        if items[index][1] == "user":
             return index
     return 0
 
@@ -148,9 +162,10 @@ async def summarize_chunk(ctx: JobEnv, chunk: Chunk, session_key: str,
 
 
 def _backup_chunk(ctx: JobEnv, run_id: str, number: int, chunk: Chunk) -> Path:
+    """The chunk's messages in the run folder, each record as the spool holds its JSON text (not re-encoded)."""
     path = ctx.store.run_dir(run_id) / f"chunk-{number:03d}.jsonl"
-    lines = [json.dumps({"digest": m.digest, "tokens": m.tokens, "record": m.record}, ensure_ascii=False)
-             for m in chunk.messages]
+    lines = [f'{{"digest":{json.dumps(message.digest)},"tokens":{int(message.tokens)},"record":{raw}}}'
+             for _, message, raw in chunk.loaded]
     fsio.atomic_write(path, "\n".join(lines) + "\n")
     return path
 
@@ -163,8 +178,7 @@ def content_hash(content: str) -> str:
 async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, reason: str,
                               vanished_only: bool = False) -> dict:
     """Archive a session's unarchived messages (all of them, or down to the target for "budget")."""
-    pending = ctx.tracker.pending(session_key)
-    items = select_messages(ctx, pending, reason, vanished_only=vanished_only)
+    items = select_messages(ctx, ctx.tracker.spool_plan(session_key), reason, vanished_only=vanished_only)
     manifest: dict = {"session": session_key, "reason": reason, "chunks": [], "cursors": []}
     if vanished_only:
         manifest["vanished_only"] = True
@@ -180,9 +194,13 @@ async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, rea
     chunks = chunks[:rounds] if reason == "budget" else chunks
     outcomes = []
     for number, chunk in enumerate(chunks):
+        if not chunk.load(ctx, session_key):
+            continue
         note_progress(manifest, "archiving", number, len(chunks))
-        ctx.store.journal(run_id, manifest)
+        if not (chunk.oversized or ctx.llm.offline):
+            ctx.store.journal(run_id, manifest)  # the LLM call takes a while: say so (else the next journal does)
         outcomes.append(await archive_chunk(ctx, session_key, run_id, number, chunk, manifest, usage))
+        chunk.loaded = []
     note_progress(manifest, "archived", len(chunks), len(chunks))
     ctx.tracker.set_cycle(session_key, next_cycle=True)
     overall = ("raw_fallback" if "raw_fallback" in outcomes else "summarized" if "summarized" in outcomes
@@ -197,9 +215,10 @@ async def archive_chunk(ctx: JobEnv, session_key: str, run_id: str, number: int,
     """Summarise one chunk and append its entries, journalling the chunk's backup and cursors before the append,
     so recovery can finish or roll back a chunk a crash cut short; returns the chunk's outcome."""
     outcome, contents, reason = await summarize_chunk(ctx, chunk, session_key, usage)
+    messages, seqs = chunk.messages, chunk.seqs
     record = {
-        "seq": [chunk.items[0][0], chunk.items[-1][0]], "count": len(chunk.items),
-        "first_digest": chunk.items[0][1].digest, "last_digest": chunk.items[-1][1].digest,
+        "seq": [seqs[0], seqs[-1]], "count": len(messages),
+        "first_digest": messages[0].digest, "last_digest": messages[-1].digest,
         "tokens": chunk.tokens, "outcome": outcome, "oversized": chunk.oversized,
         "backup": str(_backup_chunk(ctx, run_id, number, chunk)), "done": False,
     }
@@ -207,7 +226,8 @@ async def archive_chunk(ctx: JobEnv, session_key: str, run_id: str, number: int,
         record["fallback_reason"] = reason
     manifest["chunks"].append(record)
     manifest["tokens"] = usage.to_json()
-    ctx.store.journal(run_id, manifest)
+    # Recovery looks only at chunks whose cursors were journalled, so the chunk's record is journalled with
+    # its cursors (before the append), or with done (no entry to append), not on its own before.
     hashes = [content_hash(content) for content in contents]
 
     def journal_cursors(cursors: list[int]) -> None:
@@ -215,15 +235,15 @@ async def archive_chunk(ctx: JobEnv, session_key: str, run_id: str, number: int,
         record["hashes"] = hashes
         ctx.store.journal(run_id, manifest)
 
-    span = {"run": run_id, "first": chunk.items[0][1].digest, "last": chunk.items[-1][1].digest,
-            "count": len(chunk.items)}
+    span = {"run": run_id, "first": messages[0].digest, "last": messages[-1].digest, "count": len(messages)}
     written = history.append_entries(ctx.memory_dir, [(c, session_key) for c in contents], ctx.now(),
                                      before_write=journal_cursors, span=span)
-    ctx.tracker.mark_archived(session_key, [m.digest for m in chunk.messages], run_id)
     record["cursors"] = [entry.cursor for entry in written]
     record["done"] = True
     manifest["cursors"].extend(record["cursors"])
-    ctx.store.journal(run_id, manifest)
+    # one commit: the messages archived, out of the spool, and the journal saying the chunk is done
+    ctx.tracker.mark_archived(session_key, [message.digest for message in messages], run_id, seqs=seqs,
+                              also=lambda db: journal_in(db, run_id, manifest))
     row = {"summarized": "written", "nothing": "no_change"}.get(outcome, outcome)
     ctx.store.record_outcome("consolidate", ctx.settings.name, row, run_id=run_id, reason=reason,
                              tokens=usage.prompt_tokens + usage.completion_tokens,
