@@ -8,6 +8,7 @@ crash `recover_consolidation` can tell, for every chunk, whether it reached hist
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from dataclasses import dataclass
@@ -201,7 +202,7 @@ async def archive_chunk(ctx: JobEnv, session_key: str, run_id: str, number: int,
         "seq": [chunk.items[0][0], chunk.items[-1][0]], "count": len(chunk.items),
         "first_digest": chunk.items[0][1].digest, "last_digest": chunk.items[-1][1].digest,
         "tokens": chunk.tokens, "outcome": outcome, "oversized": chunk.oversized,
-        "backup": str(_backup_chunk(ctx, run_id, number, chunk)), "done": False,
+        "backup": str(await asyncio.to_thread(_backup_chunk, ctx, run_id, number, chunk)), "done": False,
     }
     if reason:
         record["fallback_reason"] = reason
@@ -217,9 +218,9 @@ async def archive_chunk(ctx: JobEnv, session_key: str, run_id: str, number: int,
 
     span = {"run": run_id, "first": chunk.items[0][1].digest, "last": chunk.items[-1][1].digest,
             "count": len(chunk.items)}
-    written = history.append_entries(ctx.memory_dir, [(c, session_key) for c in contents], ctx.now(),
-                                     before_write=journal_cursors, span=span)
-    ctx.tracker.mark_archived(session_key, [m.digest for m in chunk.messages], run_id)
+    written = await asyncio.to_thread(history.append_entries, ctx.memory_dir, [(c, session_key) for c in contents],
+                                      ctx.now(), before_write=journal_cursors, span=span)
+    await asyncio.to_thread(ctx.tracker.mark_archived, session_key, [m.digest for m in chunk.messages], run_id)
     record["cursors"] = [entry.cursor for entry in written]
     record["done"] = True
     manifest["cursors"].extend(record["cursors"])
