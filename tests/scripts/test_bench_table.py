@@ -30,6 +30,8 @@ def write_runs(folder: Path) -> Path:
         "sizes": {"offline_messages": 100000}, "offline": {"consolidate_messages_per_second": 15000,
                                                            "vm_hwm_mb": 140.0}}))
     (folder / "search-1.json").write_text("{not json")
+    (folder / "search-2.json").write_text(json.dumps({"history_entries": 100000, "sessions": 1000,
+                                                      "builtin": {"p50_ms": 2.5}}))
     (folder / "notes.txt").write_text("not a run file")
     return folder
 
@@ -47,7 +49,7 @@ def test_the_table_takes_median_and_min_over_runs_and_judges_the_median(tmp_path
     assert (busy["median"], busy["min"], busy["unit"], busy["runs"], busy["result"]) == (97.0, 91.0, "%", 3, "pass")
     ratio = rows["burst: total / ideal time"]
     assert (ratio["median"], ratio["min"], ratio["result"]) == (1.05, 1.02, "pass")
-    offline = rows["offline consolidation, 100k msgs (archive)"]
+    offline = rows["offline consolidation (archive)"]
     assert (offline["median"], offline["min"], offline["runs"], offline["result"]) == (20000, 15000, 2, "pass")
     peak = rows["offline consolidation, peak RSS"]
     assert (peak["median"], peak["min"], peak["result"]) == (150.0, 140.0, "pass"), "<= 150 meets 150"
@@ -59,12 +61,14 @@ def test_a_figure_with_no_key_or_no_readable_file_is_missing_not_an_error(tmp_pa
     answer = run_table(str(runs), "--json", str(tmp_path / "table.json"))
     assert answer.returncode == 0, answer.stderr
     rows = rows_by_figure(json.loads((tmp_path / "table.json").read_text()))
-    for name in ("builtin search p95 (100k entries, 1k sessions)", "builtin search p99", "cold start RSS",
-                 "RSS 5 min after the last LLM call"):
+    for name in ("builtin search p95", "builtin search p99", "cold start RSS", "RSS after the last LLM call (5 min)"):
         assert (rows[name]["result"], rows[name]["median"], rows[name]["runs"]) == ("missing", None, 0)
     # the daemon figure falls back to the end-to-end key the first run has
     daemon = rows["consolidation through the daemon"]
     assert (daemon["median"], daemon["runs"], daemon["result"]) == (900, 1, "fail")
+    table = json.loads((tmp_path / "table.json").read_text())
+    assert table["sizes"]["search"] == {"history_entries": 100000, "sessions": 1000}, "top-level numbers as sizes"
+    assert table["sizes"]["burst"] == {"burst_sessions": 50}
     line = next(line for line in answer.stdout.splitlines() if line.startswith("builtin search p99"))
     assert line.split()[-1] == "missing" and "< 20" in line
 
