@@ -28,6 +28,8 @@
 #                                         (default: the checkout this script is in)
 #   --label NAME           [BENCH_LABEL]  name of this set of runs (default: the tree's folder name and commit)
 #   --quick                               small sizes and one run: a smoke run of a few minutes
+#   PYTHON (environment only)             the interpreter (default: the active virtualenv's, else the
+#                                         tree's .venv, else python3); it needs nanobotd's dependencies
 #
 # Compare two trees (before/after):
 #   scripts/bench_all.sh --tree /path/to/before --label before --out /tmp/bench
@@ -39,7 +41,7 @@
 set -u
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-PYTHON="${PYTHON:-python3}"
+PYTHON="${PYTHON:-}"
 usage() { sed -n '2,/^set -u/p' "${BASH_SOURCE[0]}" | sed -e '/^set -u/d' -e 's/^# \{0,1\}//'; }
 
 quick=0
@@ -105,6 +107,14 @@ for bench in ${only//,/ }; do
 done
 
 tree="$(cd "$tree" 2>/dev/null && pwd)" || { echo "bench_all.sh: no such tree" >&2; exit 2; }
+if [ -z "$PYTHON" ]; then
+    if [ -n "${VIRTUAL_ENV:-}" ] && [ -x "$VIRTUAL_ENV/bin/python" ]; then PYTHON="$VIRTUAL_ENV/bin/python"
+    elif [ -x "$tree/.venv/bin/python" ]; then PYTHON="$tree/.venv/bin/python"
+    else PYTHON=python3
+    fi
+fi
+"$PYTHON" -c 'import loguru' 2>/dev/null || {
+    echo "bench_all.sh: $PYTHON lacks nanobotd's dependencies; activate its virtualenv or set PYTHON" >&2; exit 2; }
 [ -f "$tree/nanobotd/__init__.py" ] && [ -d "$tree/scripts" ] || {
     echo "bench_all.sh: $tree is not a nanobotd checkout (no nanobotd/ and scripts/)" >&2; exit 2; }
 if [ -z "$label" ]; then
@@ -115,7 +125,7 @@ folder="$out/$label"
 mkdir -p "$folder" || exit 2
 folder="$(cd "$folder" && pwd)"
 
-echo "nanobotd benchmarks: tree $tree, label $label, $runs run(s) each, results in $folder"
+echo "nanobotd benchmarks: tree $tree, label $label, $runs run(s) each, results in $folder ($PYTHON)"
 echo "sizes: offline $offline_messages msgs; burst $burst_sessions sessions; search $search_history entries /" \
      "$search_sessions sessions; cold start $startup_sessions x $startup_messages; LLM idle ${llm_idle_seconds}s;" \
      "idle window ${idle_seconds}s"
