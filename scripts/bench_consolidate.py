@@ -1,17 +1,13 @@
 #!/usr/bin/env python3
-"""Consolidation benchmarks: raw-archiving throughput offline, and draining many sessions through an LLM.
+"""Consolidation benchmarks: raw-archiving throughput of one big session, offline and through a real daemon.
+
+(The burst of sessions crossing the budget at once is scripts/bench_burst.py.)
 
 1. Offline (raw) consolidation of a 100,000-message session through the real code path, in a fresh child
    process (so its VmHWM is its own): SessionTracker.scan, then consolidate.consolidate_session(...,
    reason="manual") with an offline LLMClient. Prints messages/s, peak RSS, the history entries written,
    and checks that every message's marker reached history.jsonl exactly once.
-2. A real daemon against FakeLLM (200 ms latency, concurrency 2, a 16,000-token window): 50 sessions cross
-   the budget at once. Prints the time until every session's unarchived tail is under budget * ratio, the
-   most concurrent LLM requests the server saw, and how long each session waited for its first archive.
-   The daemon is polled with the requests `nanobotctl --json sessions` and `nanobotctl --json runs` send,
-   through nanobotctl's own client class in this process (a nanobotctl subprocess 4 times a second would
-   take a good share of the 2 cores the daemon is measured on).
-3. The session of part 1 through a real daemon (offline, consolidation mode owner): from the process start
+2. The session of part 1 through a real daemon (offline, consolidation mode owner): from the process start
    through its first scan, then `nanobotctl consolidate KEY` (the real command, waiting for its run) again
    until the daemon reports nothing unarchived. Prints messages/s from the start and from the first
    consolidate, the daemon's peak RSS (VmHWM), and checks every marker reached history.jsonl exactly once.
@@ -27,11 +23,9 @@ import json
 import multiprocessing
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -42,28 +36,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_content import nanobot_conversation  # noqa: E402
-from bench_daemon import BenchDaemon, cpu_seconds, memory_mb, percentile  # noqa: E402
+from bench_daemon import BenchDaemon, cpu_seconds, memory_mb  # noqa: E402
 
 from nanobotd.config.schema import LLMSettings  # noqa: E402
 from nanobotd.sessions import file as sessionfile  # noqa: E402
-from nanobotd.tokens import count_tokens  # noqa: E402
 from tests.support.daemonproc import CTL  # noqa: E402
-from tests.support.fakellm import FakeLLM, Responder, Text  # noqa: E402
 from tests.support.workspace import history_entries, make_workspace, write_session  # noqa: E402
 
 MARKER = re.compile(r"\bMSG-c(\d+)-(\d+)\b")
-SUMMARY = ("- [durable] The user keeps project kestrel on the Debian 12 staging server.\n"
-           "- [ephemeral] The quarterly report draft is due on Thursday.")
-LATENCY_SECONDS = 0.2
-CONTEXT_WINDOW = 16000
-MAX_TOKENS = 1000
-CONCURRENCY = 2
-OVER_BUDGET = 1.5
-DRAIN_TIMEOUT_SECONDS = 900.0
-POLL_SECONDS = 0.25
 DAEMON_CONSOLIDATE_ROUNDS = 20
 STOP_SECONDS = 300.0
-PARTS = ("offline", "burst", "daemon")
+DRAIN_TIMEOUT_SECONDS = 900.0
+PARTS = ("offline", "daemon")
 
 
 @dataclass(frozen=True)
@@ -71,11 +55,10 @@ class Sizes:
     """How big each part runs."""
 
     offline_messages: int
-    burst_sessions: int
 
 
-FULL = Sizes(100_000, 50)
-QUICK = Sizes(10_000, 10)
+FULL = Sizes(100_000)
+QUICK = Sizes(10_000)
 
 
 def markers_in(text: str) -> list[tuple[int, int]]:
@@ -163,157 +146,6 @@ def bench_offline(sizes: Sizes, root: Path) -> dict:
     return figures
 
 
-# -- 2: a burst of sessions against the fake LLM --------------------------------------------------------
-def over_budget_conversation(number: int, budget: int) -> list[dict]:
-    """A conversation whose counted tokens pass OVER_BUDGET x the budget."""
-    messages = nanobot_conversation(1000, tag=f"c{number}", seed=3)
-    total = 0
-    for index, message in enumerate(messages):
-        text = sessionfile.flatten_content(message.get("content"))
-        total += count_tokens(sessionfile.message_text_for_tokens(message, text))
-        if total >= budget * OVER_BUDGET:
-            return messages[:index + 1]
-    return messages
-
-
-class RequestClock:
-    """Answers every archive request with a fixed summary, noting when each request arrived."""
-
-    def __init__(self, started: float):
-        self.started = started
-        self.arrivals: list[float] = []
-        self._lock = threading.Lock()
-
-    def answer(self, request: dict) -> Text:
-        """The Responder body: note the arrival, answer with fact lines."""
-        with self._lock:
-            self.arrivals.append(time.monotonic() - LATENCY_SECONDS - self.started)
-        return Text(SUMMARY, prompt_tokens=4000, completion_tokens=40)
-
-
-def bench_burst(sizes: Sizes, root: Path) -> dict:
-    """50 sessions over the budget at once, a daemon with concurrency 2, a fake LLM at 200 ms."""
-    llm = LLMSettings(context_window=CONTEXT_WINDOW, max_tokens=MAX_TOKENS)
-    budget = llm.context_window - llm.max_tokens - 1024
-    target = int(budget * 0.5)
-    count = sizes.burst_sessions
-    print(f"\n2. {count} sessions crossing the budget at once; fake LLM at {LATENCY_SECONDS * 1000:.0f} ms,"
-          f" concurrency {CONCURRENCY}, budget {budget} tokens, target after consolidation {target}")
-    workspace, sessions = make_workspace(root / "burst")
-    conversations = {f"telegram:{300000 + number}": over_budget_conversation(number + 1, budget)
-                     for number in range(count)}
-    clock = RequestClock(time.monotonic())
-    with FakeLLM(latency=LATENCY_SECONDS, default=Responder(clock.answer)) as fake:
-        tables = (f'[llm]\nmodel = "{fake.model}"\napi_base = "{fake.base_url}"\nconcurrency = {CONCURRENCY}\n'
-                  f"context_window = {CONTEXT_WINDOW}\nmax_tokens = {MAX_TOKENS}\n"
-                  "[consolidation]\nflush = false\n")
-        daemon = BenchDaemon(root / "burst-run", workspace, sessions, extra_tables=tables).start()
-        try:
-            daemon.wait_settled(0)
-            figures = _drain(daemon, sessions, conversations, target, clock)
-            runs = daemon.client.get("/v1/runs", {"kind": "consolidate", "limit": 1000})["runs"]
-        finally:
-            daemon.stop()
-        figures.update({"llm_requests": len(fake.requests), "max_in_flight": fake.max_in_flight,
-                        "concurrency": CONCURRENCY, "latency_seconds": LATENCY_SECONDS})
-    figures.update(_waits_from_runs(runs, figures.pop("started_wall")))
-    figures["in_flight_ok"] = figures["max_in_flight"] <= CONCURRENCY
-    print_burst(figures, count)
-    return figures
-
-
-def _drain(daemon: BenchDaemon, sessions: Path, conversations: dict[str, list[dict]], target: int,
-           clock: RequestClock) -> dict:
-    """Write every session at once, then poll the sessions list until all are under target."""
-    cpu_before = cpu_seconds(daemon.proc.pid)[0]
-    started_wall, started = time.time(), time.monotonic()
-    clock.started = started
-    for key, messages in conversations.items():
-        write_session(sessions, key, messages)
-    written = time.monotonic() - started
-    first_archive: dict[str, float] = {}
-    drained = None
-    while time.monotonic() - started < DRAIN_TIMEOUT_SECONDS:
-        rows = [row for row in daemon.client.get("/v1/sessions")["sessions"] if row["key"] in conversations]
-        now = time.monotonic() - started
-        for row in rows:
-            if row["daemon_archived"] > 0:
-                first_archive.setdefault(row["key"], now)
-        if len(rows) == len(conversations) and all(row["unarchived_tokens"] <= target for row in rows):
-            drained = now
-            break
-        time.sleep(POLL_SECONDS)
-    if drained is None:
-        raise RuntimeError(f"sessions not drained within {DRAIN_TIMEOUT_SECONDS} s:\n{daemon.log()[-3000:]}")
-    waits = sorted(first_archive.values())
-    return {
-        "sessions": len(conversations), "started_wall": started_wall, "write_seconds": round(written, 3),
-        "drain_seconds": round(drained, 2),
-        "daemon_cpu_seconds": round(cpu_seconds(daemon.proc.pid)[0] - cpu_before, 2),
-        "first_llm_request_seconds": round(min(clock.arrivals), 2) if clock.arrivals else None,
-        "llm_utilisation": _utilisation(clock.arrivals),
-        "polled_first_archive": {"min": round(waits[0], 2), "p50": round(statistics.median(waits), 2),
-                                 "p95": round(percentile(waits, 0.95), 2), "max": round(waits[-1], 2)},
-    }
-
-
-def _utilisation(arrivals: list[float]) -> float | None:
-    """Share of the LLM slots busy between the first request and the last answer."""
-    if not arrivals:
-        return None
-    span = max(arrivals) + LATENCY_SECONDS - min(arrivals)
-    return round(len(arrivals) * LATENCY_SECONDS / (CONCURRENCY * span), 3)
-
-
-def _waits_from_runs(runs: list[dict], started_wall: float) -> dict:
-    """Per session, when its first consolidation run started and finished (ledger times, 1 s resolution)."""
-    first_started: dict[str, float] = {}
-    first_finished: dict[str, float] = {}
-    outcomes = Counter(run["outcome"] for run in runs)
-    for run in runs:
-        key = run["session_key"]
-        if run["started_at"]:
-            moment = datetime.fromisoformat(run["started_at"]).timestamp() - started_wall
-            first_started[key] = min(first_started.get(key, moment), moment)
-        if run["finished_at"] and run["state"] == "finished":
-            moment = datetime.fromisoformat(run["finished_at"]).timestamp() - started_wall
-            first_finished[key] = min(first_finished.get(key, moment), moment)
-    finished = sorted(first_finished.values())
-    started = sorted(first_started.values())
-
-    def spread(values: list[float]) -> dict:
-        if not values:
-            return {}
-        return {"min": round(values[0], 1), "p50": round(statistics.median(values), 1),
-                "p95": round(percentile(values, 0.95), 1), "max": round(values[-1], 1)}
-
-    return {"runs": len(runs), "run_outcomes": dict(outcomes), "ledger_first_started": spread(started),
-            "ledger_first_finished": spread(finished)}
-
-
-def print_burst(figures: dict, count: int) -> None:
-    """Part 2 as text."""
-    polled = figures["polled_first_archive"]
-    ledger = figures["ledger_first_finished"]
-    started = figures["ledger_first_started"]
-    throughput = figures["llm_requests"] / figures["drain_seconds"]
-    ceiling = figures["concurrency"] / figures["latency_seconds"]
-    print(f"   wrote {count} sessions in {figures['write_seconds']:.2f} s; all drained after"
-          f" {figures['drain_seconds']:.1f} s (daemon CPU {figures['daemon_cpu_seconds']:.1f} s)")
-    print(f"   LLM: {figures['llm_requests']} requests ({throughput:.2f}/s; ceiling {ceiling:.0f}/s at this"
-          f" latency and concurrency), first request after {figures['first_llm_request_seconds']} s,"
-          f" slots busy {figures['llm_utilisation'] * 100:.0f}% from then on;"
-          f" max in flight {figures['max_in_flight']} (concurrency {figures['concurrency']}):"
-          f" {'OK' if figures['in_flight_ok'] else 'EXCEEDED'}")
-    print(f"   runs: {figures['runs']} consolidate runs, outcomes {figures['run_outcomes']}")
-    print(f"   wait for a session's first archive, polled (every {POLL_SECONDS} s): min {polled['min']} s,"
-          f" p50 {polled['p50']} s, p95 {polled['p95']} s, max {polled['max']} s")
-    if ledger:
-        print(f"   from the run ledger (1 s resolution): first run started min {started['min']} / p95"
-              f" {started['p95']} / max {started['max']} s; first run finished min {ledger['min']} /"
-              f" p50 {ledger['p50']} / p95 {ledger['p95']} / max {ledger['max']} s")
-
-
 # -- 3: the offline session through a real daemon ------------------------------------------------------
 def bench_daemon_consolidate(sizes: Sizes, root: Path) -> dict:
     """A real daemon (offline, owner) starts on one big session; `nanobotctl consolidate` until none is left."""
@@ -392,7 +224,7 @@ def _unarchived(daemon: BenchDaemon, key: str) -> int:
 
 # -- main -----------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    """Run both parts in a temporary folder and print (and optionally save) the figures."""
+    """Run the parts in a temporary folder and print (and optionally save) the figures."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
     parser.add_argument("--only", help=f"comma-separated parts to run (default all: {','.join(PARTS)})")
@@ -409,8 +241,6 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(folder)
         if "offline" in parts:
             figures["offline"] = bench_offline(sizes, root)
-        if "burst" in parts:
-            figures["burst"] = bench_burst(sizes, root)
         if "daemon" in parts:
             figures["daemon"] = bench_daemon_consolidate(sizes, root)
     if args.json:

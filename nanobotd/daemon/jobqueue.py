@@ -1,5 +1,11 @@
 """The job queue: every job is a run; one job per session at a time; bounded LLM concurrency.
 
+`llm.concurrency` bounds the LLM requests in flight, daemon-wide: each request takes one of `llm_slots`
+(shared with every workspace's LLM client) for its own duration only. A job's work between its requests
+(journal, history append, archive marks, its next prompt) holds no slot, so LLM jobs are let run up to
+JOBS_PER_LLM_SLOT x concurrency at once: while one does its local work, another's request is already
+waiting for the slot, and the slots stay busy through a burst of sessions.
+
 Submitting a job that is already queued for the same target returns the queued run (coalescing), so a
 burst of triggers costs one run; a queued job of smaller scope (a budget consolidation) is not joined by
 one that must do more (a manual one), which queues behind it instead. Runs are created in the ledger as
@@ -19,6 +25,7 @@ from nanobotd.daemon import runview
 from nanobotd.state.store import StateStore
 
 JobBody = Callable[[str], Awaitable[object]]
+JOBS_PER_LLM_SLOT = 2
 
 
 @dataclass
@@ -34,19 +41,21 @@ class _Job:
 
 
 class JobQueue:
-    """Runs jobs on the daemon's loop with per-target exclusion and an LLM semaphore."""
+    """Runs jobs on the daemon's loop with per-target exclusion, LLM jobs bounded, LLM requests bounded."""
 
     def __init__(self, store: StateStore, *, llm_concurrency: int = 2):
         self.store = store
-        self.llm_slots = asyncio.Semaphore(llm_concurrency)
-        self.llm_concurrency = llm_concurrency
+        self.llm_concurrency = max(1, llm_concurrency)
+        self.llm_slots = asyncio.Semaphore(self.llm_concurrency)  # one per LLM request in flight
+        self.llm_job_limit = self.llm_concurrency * JOBS_PER_LLM_SLOT
+        self._llm_jobs = asyncio.Semaphore(self.llm_job_limit)
         self._target_locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._queued: dict[tuple[str, str, str], _Job] = {}  # the job a submit for this key joins
         self._running: dict[str, _Job] = {}
         self._jobs: dict[str, _Job] = {}  # every job not yet ended, by run id
         self._accepting = True
-        self.llm_in_flight = 0
-        self.llm_in_flight_max = 0
+        self.llm_jobs_running = 0
+        self.llm_jobs_running_max = 0
 
     @property
     def accepting(self) -> bool:
@@ -109,7 +118,7 @@ class JobQueue:
                 self._leave_queue(job, coalesce_key)
                 if job.uses_llm:
                     job.phase = "waiting_for_llm"
-                    async with self.llm_slots:
+                    async with self._llm_jobs:
                         await self._execute(job)
                 else:
                     await self._execute(job)
@@ -134,8 +143,8 @@ class JobQueue:
         job.phase = "running"
         self.store.start_run(job.run_id)
         if job.uses_llm:
-            self.llm_in_flight += 1
-            self.llm_in_flight_max = max(self.llm_in_flight_max, self.llm_in_flight)
+            self.llm_jobs_running += 1
+            self.llm_jobs_running_max = max(self.llm_jobs_running_max, self.llm_jobs_running)
         try:
             await job.body(job.run_id)
         except asyncio.CancelledError:
@@ -148,7 +157,7 @@ class JobQueue:
                 self.store.finish_run(job.run_id, state="failed", outcome="error", manifest=manifest)
         finally:
             if job.uses_llm:
-                self.llm_in_flight -= 1
+                self.llm_jobs_running -= 1
             self._running.pop(job.run_id, None)
             self._log_end(job.run_id)
 

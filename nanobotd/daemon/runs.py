@@ -42,8 +42,12 @@ def _queue_policy(kind: str, workspace: Workspace, params: dict) -> dict:
 
 def submit(core: Core, workspace: Workspace, kind: str, *, on_done: Callable[[], None] | None = None,
            **params) -> str:
-    """Queue a run of *kind* in *workspace* with the kind's *params*; returns its run_id."""
+    """Queue a run of *kind* in *workspace* with the kind's *params*; returns its run_id.
+
+    The run's LLM requests take their slots from the queue's, shared by every workspace's client.
+    """
     job = job_kind(kind)
+    workspace.llm.share_slots(core.queue.llm_slots)
 
     async def body(run_id: str) -> None:
         await job.run(workspace.env, run_id, **params)

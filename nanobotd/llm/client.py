@@ -57,6 +57,7 @@ class LLMClient:
         # process's shared worker (`llm.pool`), which embeddings use too, even offline.
         self._hold = None if worker is not None else WorkerHold(self, settings.idle_exit_seconds)
         self.worker = worker if worker is not None else self._hold.worker
+        self._shared_slots: asyncio.Semaphore | None = None
 
     @property
     def offline(self) -> bool:
@@ -145,8 +146,14 @@ class LLMClient:
         text = lines[0] if lines else error_name(error)
         return redact(text, self._api_key)[:ERROR_TEXT_LIMIT]
 
+    def share_slots(self, slots: asyncio.Semaphore) -> None:
+        """Take each request's slot from *slots*, a limiter shared with other clients (the daemon's job queue)."""
+        self._shared_slots = slots
+
     def _slot(self) -> asyncio.Semaphore:
         """The concurrency limiter of the running loop (tests run several loops in one process)."""
+        if self._shared_slots is not None:
+            return self._shared_slots
         loop = asyncio.get_running_loop()
         if self._slots is None or self._slots[0] is not loop:
             self._slots = (loop, asyncio.Semaphore(max(1, self.settings.concurrency)))

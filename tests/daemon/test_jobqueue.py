@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-from nanobotd.daemon.jobqueue import JobQueue
+from nanobotd.config.schema import LLMSettings
+from nanobotd.daemon.jobqueue import JOBS_PER_LLM_SLOT, JobQueue
+from nanobotd.llm.client import LLMClient
 from nanobotd.state.store import StateStore
+from tests.support.fakellm import FakeLLM, Responder, Text
 
 
 def test_llm_concurrency_is_bounded_and_every_job_runs(tmp_path):
@@ -27,9 +30,49 @@ def test_llm_concurrency_is_bounded_and_every_job_runs(tmp_path):
         return queue, ids, order
 
     queue, ids, order = asyncio.run(scenario())
-    assert queue.llm_in_flight_max == 2
+    assert queue.llm_jobs_running_max == 2 * JOBS_PER_LLM_SLOT
     assert sorted(order) == list(range(8)) and len(set(ids)) == 8
     assert all(store.get_run(run_id).state == "finished" for run_id in ids)
+
+
+def test_llm_requests_share_the_queue_slots_across_clients_and_jobs_overlap_their_local_work(tmp_path):
+    """Two workspaces' clients, six LLM jobs each doing local work after every request: never more requests at
+    the server than llm.concurrency, and requests are answered while other jobs do their local work."""
+    store = StateStore(tmp_path).open()
+    local = {"now": 0, "requests_during_local_work": 0}
+
+    def answer(request):
+        local["requests_during_local_work"] += local["now"] > 0
+        return Text("- [durable] fact")
+
+    async def scenario(fake):
+        queue = JobQueue(store, llm_concurrency=2)
+        settings = LLMSettings(model=fake.model, api_base=fake.base_url, concurrency=2)
+        clients = [LLMClient(settings), LLMClient(settings)]
+        for client in clients:
+            client.share_slots(queue.llm_slots)
+
+        def body(client):
+            async def run(run_id):
+                for _ in range(2):
+                    await client.complete([{"role": "user", "content": "archive this"}])
+                    local["now"] += 1  # the journal and history append between requests
+                    await asyncio.sleep(0.1)
+                    local["now"] -= 1
+                store.finish_run(run_id, state="finished", outcome="ok")
+            return run
+
+        ids = [queue.submit("consolidate", "ws", f"session:{n}", body(clients[n % 2])) for n in range(6)]
+        await queue.wait_idle()
+        return queue, ids
+
+    with FakeLLM(latency=0.2, default=Responder(answer)) as fake:
+        queue, ids = asyncio.run(scenario(fake))
+        assert len(fake.requests) == 12
+        assert fake.max_in_flight == 2, "llm.concurrency bounds requests daemon-wide, over both clients"
+    assert all(store.get_run(run_id).state == "finished" for run_id in ids)
+    assert queue.llm_jobs_running_max == 2 * JOBS_PER_LLM_SLOT
+    assert local["requests_during_local_work"] > 0, "no request was answered while another job did local work"
 
 
 def test_a_second_submit_for_a_queued_target_is_coalesced_and_a_running_dream_is_joined(tmp_path):

@@ -8,6 +8,7 @@ crash `recover_consolidation` can tell, for every chunk, whether it reached hist
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -220,7 +221,7 @@ async def archive_chunk(ctx: JobEnv, session_key: str, run_id: str, number: int,
         "seq": [seqs[0], seqs[-1]], "count": len(messages),
         "first_digest": messages[0].digest, "last_digest": messages[-1].digest,
         "tokens": chunk.tokens, "outcome": outcome, "oversized": chunk.oversized,
-        "backup": str(_backup_chunk(ctx, run_id, number, chunk)), "done": False,
+        "backup": str(await asyncio.to_thread(_backup_chunk, ctx, run_id, number, chunk)), "done": False,
     }
     if reason:
         record["fallback_reason"] = reason
@@ -236,14 +237,14 @@ async def archive_chunk(ctx: JobEnv, session_key: str, run_id: str, number: int,
         ctx.store.journal(run_id, manifest)
 
     span = {"run": run_id, "first": messages[0].digest, "last": messages[-1].digest, "count": len(messages)}
-    written = history.append_entries(ctx.memory_dir, [(c, session_key) for c in contents], ctx.now(),
-                                     before_write=journal_cursors, span=span)
+    written = await asyncio.to_thread(history.append_entries, ctx.memory_dir, [(c, session_key) for c in contents],
+                                      ctx.now(), before_write=journal_cursors, span=span)
     record["cursors"] = [entry.cursor for entry in written]
     record["done"] = True
     manifest["cursors"].extend(record["cursors"])
     # one commit: the messages archived, out of the spool, and the journal saying the chunk is done
-    ctx.tracker.mark_archived(session_key, [message.digest for message in messages], run_id, seqs=seqs,
-                              also=lambda db: journal_in(db, run_id, manifest))
+    await asyncio.to_thread(ctx.tracker.mark_archived, session_key, [message.digest for message in messages], run_id,
+                            seqs=seqs, also=lambda db: journal_in(db, run_id, manifest))
     row = {"summarized": "written", "nothing": "no_change"}.get(outcome, outcome)
     ctx.store.record_outcome("consolidate", ctx.settings.name, row, run_id=run_id, reason=reason,
                              tokens=usage.prompt_tokens + usage.completion_tokens,
