@@ -61,6 +61,20 @@ class SessionState:
         }
 
 
+@dataclass(frozen=True)
+class ScanResult:
+    """What one scan of one file changed."""
+
+    key: str
+    changed: bool
+    new_messages: int = 0
+    vanished: int = 0
+    corrupt_lines: int = 0
+    seconds: float = 0.0
+    mark_moved: bool = False  # the agent archived in place (its mark advanced over messages still in the file)
+    tail_before: int = 0  # the unarchived tail (tokens + 4 a message, as nanobot counts) before this scan
+
+
 def load_sessions(store: StateStore, workspace_name: str) -> list[SessionState]:
     """Every session of *workspace_name* the database remembers, without their message caches."""
     rows = store.query(f"SELECT {SESSION_COLUMNS} FROM sessions WHERE workspace=?", (workspace_name,))

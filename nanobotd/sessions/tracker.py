@@ -4,36 +4,34 @@ A changed file is re-read line by line; a line whose bytes were seen before (sam
 parse and token count, so only new messages are decoded and counted. Every conversation message the
 agent has not archived and nanobotd has not archived is copied into the spool, so a rewrite that
 drops it (`/new`, fork, truncation) cannot lose it: vanished spool rows are handed to the rescue.
-Parsing lives in `sessions.scan`, the per-session record and its database row in `sessions.session`.
+Parsing lives in `sessions.scan`, the per-session record and its database row in `sessions.session`,
+the spool's rows in `sessions.spool` and the archive marks in `sessions.marks`.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import sqlite3
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from loguru import logger
 
 from nanobotd import fsio
-from nanobotd.memory.transcript import PendingMessage, record_json
+from nanobotd.memory.transcript import PendingMessage
 from nanobotd.sessions import file as sessionfile
-from nanobotd.sessions.scan import LineRef, MessageInfo, parse_session, read_line
+from nanobotd.sessions import spool as spooldb
+from nanobotd.sessions.marks import ArchiveMarks
+from nanobotd.sessions.scan import LineRef, MessageInfo, parse_session
 from nanobotd.sessions.session import (
+    ScanResult,
     SessionState,
     archived_twice_count,
-    digests_in_spans,
     insert_session,
     load_sessions,
     record_archived_twice,
-    respool,
     save_session,
     store_message_cache,
     vanished_in_spool,
@@ -41,24 +39,9 @@ from nanobotd.sessions.session import (
 from nanobotd.state.store import StateStore
 
 CACHED_MESSAGES = 50_000  # message infos kept in memory for the sessions used last (a big one stays alone)
-SPOOL_BATCH = 1000  # new spool rows read from the file and inserted together
 
 
-@dataclass(frozen=True)
-class ScanResult:
-    """What one scan of one file changed."""
-
-    key: str
-    changed: bool
-    new_messages: int = 0
-    vanished: int = 0
-    corrupt_lines: int = 0
-    seconds: float = 0.0
-    mark_moved: bool = False  # the agent archived in place (its mark advanced over messages still in the file)
-    tail_before: int = 0  # the unarchived tail (tokens + 4 a message, as nanobot counts) before this scan
-
-
-class SessionTracker:
+class SessionTracker(ArchiveMarks):
     """Tracks every session file of one workspace; thread-safe (scans run on an executor)."""
 
     def __init__(self, workspace_name: str, store: StateStore, *, encoding: str = "o200k_base", clock=time.time):
@@ -98,10 +81,7 @@ class SessionTracker:
         """The session's message cache (and the digests present), read from the database when not in memory."""
         with self._lock:
             if session.messages is None:
-                rows = self.store.query(
-                    "SELECT line_digest, digest, role, timestamp, tokens, flags FROM messages"
-                    " WHERE session_id=? ORDER BY seq", (session.session_id,))
-                messages = [MessageInfo(*row) for row in rows]
+                messages = spooldb.read_message_cache(self.store, session.session_id)
                 session.present = {info.digest for info in messages}
                 session.messages = messages
             self._cached[session.key] = None
@@ -255,18 +235,7 @@ class SessionTracker:
         """
         now = self.clock()
         with self.store.transaction() as db:
-            next_seq = (db.execute("SELECT COALESCE(MAX(seq), 0) FROM spool WHERE session_id=?",
-                                   (session.session_id,)).fetchone()[0]) + 1
-            for first in range(0, len(to_spool), SPOOL_BATCH):
-                batch = []
-                for index, (digest, role, stamp, tokens, ref) in enumerate(to_spool[first:first + SPOOL_BATCH],
-                                                                          start=first):
-                    record = _record_text(handle, ref)
-                    if record is not None:
-                        batch.append((session.session_id, digest, next_seq + index, role, stamp, tokens, record, now))
-                db.executemany(
-                    "INSERT OR IGNORE INTO spool (session_id, digest, seq, role, timestamp, tokens, record, seen_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)", batch)
+            spooldb.insert_rows(db, session.session_id, to_spool, handle, now)
             db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
                            [(session.session_id, digest) for digest in agent_done])
             store_message_cache(db, session.session_id, old, messages, known_prefix=known_prefix)
@@ -368,15 +337,9 @@ class SessionTracker:
             return []
         present = self._present(session)
         if vanished_only:  # few, usually: their records alone are read
-            rows = self.store.query("SELECT seq, digest FROM spool WHERE session_id=? ORDER BY seq",
-                                    (session.session_id,))
-            gone = [seq for seq, digest in rows if digest not in present]
+            gone = spooldb.vanished_seqs(self.store, session.session_id, present)
             return [(seq, message, False) for seq, message, _ in self.spooled_messages(key, gone)]
-        rows = self.store.query(
-            "SELECT seq, digest, role, timestamp, tokens, record FROM spool WHERE session_id=? ORDER BY seq",
-            (session.session_id,))
-        return [(seq, _pending_message(digest, role, stamp, tokens, record)[0], digest in present)
-                for seq, digest, role, stamp, tokens, record in rows]
+        return spooldb.read_pending(self.store, session.session_id, present)
 
     def spool_plan(self, key: str) -> list[tuple[int, str, int, bool]]:
         """(seq, role, tokens, still present in the file) of a session's spooled messages, in first-seen
@@ -384,107 +347,20 @@ class SessionTracker:
         session = self.sessions.get(key)
         if session is None:
             return []
-        present = self._present(session)
-        rows = self.store.query("SELECT seq, digest, role, tokens FROM spool WHERE session_id=? ORDER BY seq",
-                                (session.session_id,))
-        return [(seq, role, tokens, digest in present) for seq, digest, role, tokens in rows]
+        return spooldb.read_plan(self.store, session.session_id, self._present(session))
 
     def spooled_messages(self, key: str, seqs: list[int]) -> list[tuple[int, PendingMessage, str]]:
         """The spooled messages at *seqs* that are still spooled: (seq, message, its record as JSON text)."""
         session = self.sessions.get(key)
         if session is None or not seqs:
             return []
-        wanted = set(seqs)
-        result = []
-        for first, last in seq_ranges(wanted):
-            rows = self.store.query(
-                "SELECT seq, digest, role, timestamp, tokens, record FROM spool"
-                " WHERE session_id=? AND seq BETWEEN ? AND ? ORDER BY seq", (session.session_id, first, last))
-            for seq, digest, role, stamp, tokens, record in rows:
-                if seq in wanted:
-                    message, text = _pending_message(digest, role, stamp, tokens, record)
-                    result.append((seq, message, text))
-        return result
+        return spooldb.read_spooled(self.store, session.session_id, seqs)
 
     def _present(self, session: SessionState) -> set[str]:
         """Digests of the messages in the session file (its message cache read on first use)."""
         with self._lock:
             self._cached_messages(session)
             return session.present
-
-    def mark_archived(self, key: str, digests: list[str], run_id: str, *, seqs: list[int] | None = None,
-                      also: Callable[[sqlite3.Connection], None] | None = None) -> None:
-        """Messages reached history.jsonl: record them as archived and drop them from the spool.
-
-        *seqs*, their spool sequence numbers when known: the spool rows go by ranges instead of one by one.
-        *also* runs inside the same transaction (the run's journal says the chunk is done in the same
-        commit that marks its messages, so a crash leaves both or neither).
-        """
-        self._record_archived(self.sessions[key], {digest: run_id for digest in digests}, seqs=seqs, also=also)
-
-    def _record_archived(self, session: SessionState, runs_by_digest: dict[str, str], *,
-                         seqs: list[int] | None = None, also=None) -> None:
-        with self._lock, self.store.transaction() as db:
-            db.executemany("INSERT OR IGNORE INTO archived (session_id, digest, run_id) VALUES (?, ?, ?)",
-                           [(session.session_id, digest, run) for digest, run in runs_by_digest.items()])
-            if seqs is not None and len(seqs) == len(runs_by_digest):
-                db.executemany("DELETE FROM spool WHERE session_id=? AND seq BETWEEN ? AND ?",
-                               [(session.session_id, first, last) for first, last in seq_ranges(seqs)])
-            else:
-                db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
-                               [(session.session_id, digest) for digest in runs_by_digest])
-            self._forget_spooled(session, list(runs_by_digest))
-            save_session(db, session, self.clock())
-            if also is not None:
-                also(db)
-
-    def drop_agent_archived(self, key: str, digests: list[str]) -> None:
-        """Messages that left the file and that the agent archived itself: out of the spool, not archived again."""
-        session = self.sessions[key]
-        with self.store.transaction() as db:
-            db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
-                           [(session.session_id, digest) for digest in digests])
-        with self._lock:
-            self._unspool(session, digests)
-            self._save_session(session)
-
-    def count_archived_twice(self, key: str, digests: list[str]) -> int:
-        """The agent archived messages nanobotd had already archived (its entry came after ours)."""
-        session = self.sessions[key]
-        return record_archived_twice(self.store, session.session_id, digests, self.clock())
-
-    def apply_history_spans(self, key: str, spans: list[dict]) -> int:
-        """Rebuild nanobotd's archive marks from the spans its history entries carry (after a lost DB)."""
-        session = self.sessions.get(key)
-        if session is None:
-            return 0
-        marked = digests_in_spans(self._cached_messages(session), spans)
-        if marked:
-            self._record_archived(session, marked)
-        return len(marked)
-
-    def _forget_spooled(self, session: SessionState, digests: list[str]) -> None:
-        """Archived messages: marked in memory, out of the in-memory spool, counters updated."""
-        self._archived_set(session).update(digests)
-        self._unspool(session, digests)
-
-    def unarchive(self, key: str, run_id: str, records: list[tuple[str, dict, int]]) -> int:
-        """Undo an archive run: forget its archive marks and put its messages back in the spool."""
-        session = self.sessions.get(key)
-        if session is None:
-            return 0
-        respool(self.store, session.session_id, run_id, records, self.clock())
-        with self._lock:
-            archived, spool = self._archived_set(session), self._spool_map(session)
-            for digest, _, tokens in records:
-                archived.discard(digest)
-                if digest not in spool:
-                    spool[digest] = tokens
-                    if self._live(session, digest):
-                        session.unarchived_messages += 1
-                        session.unarchived_tokens += tokens
-            self._save_session(session)
-        return len(records)
 
     def set_cycle(self, key: str, *, flushed: bool = False, next_cycle: bool = False) -> None:
         """Flush once per compaction cycle: remember the cycle flushed, or start a new cycle."""
@@ -513,41 +389,3 @@ class SessionTracker:
         """Some session file carries the agent's own archive mark: the agent consolidates by itself."""
         return any(session.agent_marked for session in self.sessions.values() if session.state != "deleted")
 
-
-def seq_ranges(seqs: Iterable[int]) -> Iterator[tuple[int, int]]:
-    """Runs of consecutive sequence numbers as (first, last) pairs: 1,2,3,7,8 -> (1, 3), (7, 8)."""
-    first = last = None
-    for seq in sorted(seqs):
-        if last is not None and seq == last + 1:
-            last = seq
-            continue
-        if first is not None:
-            yield first, last
-        first = last = seq
-    if first is not None:
-        yield first, last
-
-
-def _pending_message(digest: str, role: str, stamp: str, tokens: int, record: str) -> tuple[PendingMessage, str]:
-    """A spool row as a message, and its record as JSON text (an unreadable one becomes its content)."""
-    try:
-        parsed = json.loads(record)
-    except ValueError:
-        parsed = None
-    if not isinstance(parsed, dict):
-        parsed = {"role": role, "content": record, "timestamp": stamp}
-        record = record_json(parsed)
-    text = sessionfile.flatten_content(parsed.get("content"))
-    return PendingMessage(digest, role, stamp, text, tokens, parsed), record
-
-
-def _record_text(handle: BinaryIO, ref: LineRef) -> str | None:
-    """A new message's record as the file has it (JSON text, not re-encoded); None if its bytes changed."""
-    data = read_line(handle, ref)
-    if data is None:
-        return None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:  # JSON in another encoding: as compact JSON text
-        record = json.loads(data)
-        return record_json(record)

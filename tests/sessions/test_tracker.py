@@ -194,7 +194,7 @@ print(a.corrupt_lines, b.corrupt_lines, (after - before) // 1024)
 
 
 def test_seq_ranges_group_consecutive_numbers():
-    from nanobotd.sessions.tracker import seq_ranges
+    from nanobotd.sessions.spool import seq_ranges
 
     assert list(seq_ranges([7, 1, 2, 3, 8, 10])) == [(1, 3), (7, 8), (10, 10)]
     assert list(seq_ranges([])) == []

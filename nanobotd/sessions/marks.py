@@ -1,0 +1,91 @@
+"""Archive marks: which messages reached history.jsonl, for the session tracker.
+
+`SessionTracker` mixes this in; the marks share its lock, its in-memory spool and archived sets and its
+running totals, and every change to them goes through one transaction with the spool rows it affects.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+
+from nanobotd.sessions.session import SessionState, digests_in_spans, record_archived_twice, respool, save_session
+from nanobotd.sessions.spool import seq_ranges
+
+
+class ArchiveMarks:
+    """Recording, dropping and undoing archive marks (the tracker's attributes and helpers are used as is)."""
+
+    def mark_archived(self, key: str, digests: list[str], run_id: str, *, seqs: list[int] | None = None,
+                      also: Callable[[sqlite3.Connection], None] | None = None) -> None:
+        """Messages reached history.jsonl: record them as archived and drop them from the spool.
+
+        *seqs*, their spool sequence numbers when known: the spool rows go by ranges instead of one by one.
+        *also* runs inside the same transaction (the run's journal says the chunk is done in the same
+        commit that marks its messages, so a crash leaves both or neither).
+        """
+        self._record_archived(self.sessions[key], {digest: run_id for digest in digests}, seqs=seqs, also=also)
+
+    def _record_archived(self, session: SessionState, runs_by_digest: dict[str, str], *,
+                         seqs: list[int] | None = None, also=None) -> None:
+        with self._lock, self.store.transaction() as db:
+            db.executemany("INSERT OR IGNORE INTO archived (session_id, digest, run_id) VALUES (?, ?, ?)",
+                           [(session.session_id, digest, run) for digest, run in runs_by_digest.items()])
+            if seqs is not None and len(seqs) == len(runs_by_digest):
+                db.executemany("DELETE FROM spool WHERE session_id=? AND seq BETWEEN ? AND ?",
+                               [(session.session_id, first, last) for first, last in seq_ranges(seqs)])
+            else:
+                db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
+                               [(session.session_id, digest) for digest in runs_by_digest])
+            self._forget_spooled(session, list(runs_by_digest))
+            save_session(db, session, self.clock())
+            if also is not None:
+                also(db)
+
+    def drop_agent_archived(self, key: str, digests: list[str]) -> None:
+        """Messages that left the file and that the agent archived itself: out of the spool, not archived again."""
+        session = self.sessions[key]
+        with self.store.transaction() as db:
+            db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
+                           [(session.session_id, digest) for digest in digests])
+        with self._lock:
+            self._unspool(session, digests)
+            self._save_session(session)
+
+    def count_archived_twice(self, key: str, digests: list[str]) -> int:
+        """The agent archived messages nanobotd had already archived (its entry came after ours)."""
+        session = self.sessions[key]
+        return record_archived_twice(self.store, session.session_id, digests, self.clock())
+
+    def apply_history_spans(self, key: str, spans: list[dict]) -> int:
+        """Rebuild nanobotd's archive marks from the spans its history entries carry (after a lost DB)."""
+        session = self.sessions.get(key)
+        if session is None:
+            return 0
+        marked = digests_in_spans(self._cached_messages(session), spans)
+        if marked:
+            self._record_archived(session, marked)
+        return len(marked)
+
+    def _forget_spooled(self, session: SessionState, digests: list[str]) -> None:
+        """Archived messages: marked in memory, out of the in-memory spool, counters updated."""
+        self._archived_set(session).update(digests)
+        self._unspool(session, digests)
+
+    def unarchive(self, key: str, run_id: str, records: list[tuple[str, dict, int]]) -> int:
+        """Undo an archive run: forget its archive marks and put its messages back in the spool."""
+        session = self.sessions.get(key)
+        if session is None:
+            return 0
+        respool(self.store, session.session_id, run_id, records, self.clock())
+        with self._lock:
+            archived, spool = self._archived_set(session), self._spool_map(session)
+            for digest, _, tokens in records:
+                archived.discard(digest)
+                if digest not in spool:
+                    spool[digest] = tokens
+                    if self._live(session, digest):
+                        session.unarchived_messages += 1
+                        session.unarchived_tokens += tokens
+            self._save_session(session)
+        return len(records)
