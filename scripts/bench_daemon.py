@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nanobotd.cli.client import CannotConnect, Client, DaemonError  # noqa: E402
 from tests.support.daemonproc import DaemonProcess  # noqa: E402
+from tests.support.observe import child_pids  # noqa: E402
 
 SETTLE_TIMEOUT_SECONDS = 1800.0
 QUIET_CPU_SECONDS = 0.02
@@ -46,21 +47,6 @@ def memory_mb(pid: int | str = "self") -> dict[str, float]:
     except (FileNotFoundError, ProcessLookupError):
         pass
     return values
-
-
-def child_pids(pid: int) -> list[int]:
-    """Live children of *pid* (found by parent pid, so kernels without /proc/.../children work too)."""
-    children = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            children.append(int(entry.name))
-    return sorted(children)
 
 
 def tree_memory_mb(pid: int) -> dict:

@@ -7,7 +7,6 @@ import os
 import shutil
 import signal
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from nanobotd.config.load import load_config
 from nanobotd.daemon.daemon import Daemon
 from nanobotd.notify import Notifier
 from tests.index.test_qmd import fake_qmd, hang_with_child, process_is_gone
+from tests.support.observe import wait_until
 from tests.support.workspace import conversation, make_workspace, write_session
 
 
@@ -36,16 +36,6 @@ def write_config(path: Path, state: Path, workspaces: list[tuple[str, Path, Path
         text += (f'\n[[workspaces]]\nname = "{name}"\npath = "{workspace}"\nconsolidation = {{ mode = "owner" }}\n'
                  f'search = {{ backend = "both", qmd_command = "{qmd}", debounce_seconds = {search_debounce} }}\n')
     path.write_text(text)
-
-
-async def wait_until(predicate, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def test_a_sighup_that_drops_a_workspace_closes_its_git_thread_and_qmd_child(tmp_path, short_dir):

@@ -10,6 +10,7 @@ import pytest
 
 from tests.support.daemonproc import DaemonProcess
 from tests.support.fakellm import FakeLLM, Text
+from tests.support.observe import child_pids
 from tests.support.workspace import conversation, history_entries, make_workspace, write_session
 
 KEY = "telegram:4242"
@@ -28,21 +29,6 @@ def litellm_libraries(pid: int) -> set[str]:
     return {library for library in LITELLM_LIBRARIES if library in text}
 
 
-def children(pid: int) -> list[int]:
-    """Live child processes of *pid*."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.append(int(entry.name))
-    return found
-
-
 def test_a_daemon_that_called_the_llm_never_maps_litellm_and_its_worker_leaves_when_idle(tmp_path):
     workspace, sessions = make_workspace(tmp_path / "ws")
     write_session(sessions, KEY, conversation(40))
@@ -54,7 +40,7 @@ def test_a_daemon_that_called_the_llm_never_maps_litellm_and_its_worker_leaves_w
             daemon.wait_for(lambda: daemon.session(KEY), timeout=60)
             assert daemon.ctl("consolidate", KEY).returncode == 0
             daemon.wait_for(lambda: fake.requests, timeout=120)
-            workers = daemon.wait_for(lambda: [child for child in children(daemon.proc.pid)
+            workers = daemon.wait_for(lambda: [child for child in child_pids(daemon.proc.pid)
                                                if litellm_libraries(child)], timeout=30)
             daemon.wait_for(lambda: any(SUMMARY in entry["content"] for entry in history_entries(workspace)),
                             timeout=60)
@@ -96,7 +82,7 @@ def test_a_daemon_that_stops_or_dies_leaves_no_worker_behind(tmp_path, how):
             assert daemon.ctl("consolidate", KEY).returncode == 0
             daemon.wait_for(lambda: any(SUMMARY in entry["content"] for entry in history_entries(workspace)),
                             timeout=120)
-            workers = children(daemon.proc.pid)
+            workers = child_pids(daemon.proc.pid)
             assert len(workers) == 1 and litellm_libraries(workers[0])
             if how == "SIGTERM":
                 assert daemon.stop() == 0

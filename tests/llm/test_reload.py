@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import pytest
 from nanobotd.config.load import load_config
 from nanobotd.daemon.daemon import Daemon
 from nanobotd.notify import Notifier
+from tests.support.observe import wait_until
 from tests.support.workspace import make_workspace
 
 
@@ -32,16 +32,6 @@ def write_config(path: Path, state: Path, workspace: Path, idle_exit_seconds: fl
                     f'[llm]\nmodel = "openai/fake-model"\napi_base = "http://127.0.0.1:9/v1"\n'
                     f"idle_exit_seconds = {idle_exit_seconds}\n"
                     f'\n[[workspaces]]\nname = "ws"\npath = "{workspace}"\n')
-
-
-async def wait_until(predicate, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def test_a_sighup_with_a_new_idle_exit_time_gives_the_workspace_a_worker_with_it(tmp_path, short_dir):
