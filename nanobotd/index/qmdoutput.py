@@ -71,11 +71,9 @@ def hits_from_results(items: object, collection: str, export: tuple[str, QmdExpo
 def export_hit(item: dict, collection: str, export: QmdExport, workspace: Path, *, mode: str,
                transport: str) -> SearchHit | None:
     """A hit in the exported history and sessions, located by the headings of its lines."""
-    prefix = f"qmd://{collection}/"
-    location = str(item.get("file", "")).split("?", 1)[0]
-    if not location.startswith(prefix):
+    relative = collection_path(item, collection)
+    if relative is None:
         return None
-    relative = unquote(location[len(prefix):])
     snippet, line_start, line_end = parse_snippet(
         str(item.get("snippet", "")), item.get("line"), numbered=transport == "mcp")
     found = export.locate(relative, line_start, line_end)
@@ -95,6 +93,13 @@ def export_hit(item: dict, collection: str, export: QmdExport, workspace: Path, 
     return SearchHit(**common, line_start=first_line or None, line_end=last_line or None)
 
 
+def collection_path(item: dict, collection: str) -> str | None:
+    """The path of a QMD result's file inside *collection* (`qmd://NAME/path?...`), or None for another's."""
+    prefix = f"qmd://{collection}/"
+    location = str(item.get("file", "")).split("?", 1)[0]
+    return unquote(location[len(prefix):]) if location.startswith(prefix) else None
+
+
 def _score(item: dict) -> float:
     try:
         return float(item.get("score", 0.0))
@@ -106,11 +111,9 @@ def hit_from_result(item: dict, collection: str, *, mode: str, transport: str) -
     """A SearchHit from one QMD JSON result, or None when it is not a file of *collection*."""
     if not isinstance(item, dict):
         raise SearchBackendError(f"qmd {mode} result is not an object: {item!r:.200}")
-    prefix = f"qmd://{collection}/"
-    location = str(item.get("file", "")).split("?", 1)[0]
-    if not location.startswith(prefix):
+    path = collection_path(item, collection)
+    if path is None:
         return None
-    path = unquote(location[len(prefix):])
     snippet, line_start, line_end = parse_snippet(
         str(item.get("snippet", "")), item.get("line"), numbered=transport == "mcp"
     )
