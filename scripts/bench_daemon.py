@@ -23,9 +23,6 @@ SETTLE_TIMEOUT_SECONDS = 1800.0
 QUIET_CPU_SECONDS = 0.02
 # litellm drags in these compiled modules; nothing else the daemon imports does (Python files are read,
 # not mapped, so litellm's own package never shows in /proc/<pid>/maps).
-LITELLM_SIGNATURES = ("/litellm/", "/pydantic_core/", "/tokenizers/", "/aiohttp/")
-
-
 # -- /proc readers ---------------------------------------------------------------------------------------
 def cpu_seconds(pid: int) -> tuple[float, float]:
     """(utime + stime of the process, of its waited-for children) in seconds."""
@@ -55,16 +52,6 @@ def tree_memory_mb(pid: int) -> dict:
     children = {child: memory_mb(child)["VmRSS"] for child in child_pids(pid)}
     return {"daemon_mb": round(own, 1), "children_mb": {str(child): round(rss, 1) for child, rss in children.items()},
             "total_mb": round(own + sum(children.values()), 1)}
-
-
-def litellm_mappings(pid: int) -> list[str]:
-    """Files mapped by *pid* that only an imported litellm would bring in."""
-    try:
-        with open(f"/proc/{pid}/maps") as handle:
-            paths = {line.split()[-1] for line in handle if "/" in line}
-    except (FileNotFoundError, ProcessLookupError):
-        return []
-    return sorted(path for path in paths if any(mark in path for mark in LITELLM_SIGNATURES))
 
 
 def percentile(values: list[float], share: float) -> float:

@@ -23,9 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_content import nanobot_conversation  # noqa: E402
-from bench_daemon import BenchDaemon, child_pids, litellm_mappings, tree_memory_mb, verdict  # noqa: E402
+from bench_daemon import BenchDaemon, tree_memory_mb, verdict  # noqa: E402
 
 from tests.support.fakellm import FakeLLM, Responder, Text  # noqa: E402
+from tests.support.observe import child_pids, litellm_mappings  # noqa: E402
 
 TARGET_RSS_MB = 60.0
 SESSION_MESSAGES = 300

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_content import nanobot_conversation  # noqa: E402
-from bench_daemon import BenchDaemon, cpu_seconds, litellm_mappings, memory_mb, percentile, verdict  # noqa: E402
+from bench_daemon import BenchDaemon, cpu_seconds, memory_mb, percentile, verdict  # noqa: E402
 from bench_llm_idle import bench_llm_idle  # noqa: E402
 from bench_startup import bench_cold_start, bench_reconcile, write_reconcile_sessions  # noqa: E402
 
@@ -51,6 +51,7 @@ from nanobotd.sessions import file as sessionfile  # noqa: E402
 from nanobotd.sessions.tracker import SessionTracker  # noqa: E402
 from nanobotd.state.store import StateStore  # noqa: E402
 from nanobotd.tokens import DEFAULT_ENCODING, count_tokens, get_encoding  # noqa: E402
+from tests.support.observe import litellm_mappings  # noqa: E402
 from tests.support.workspace import make_workspace, write_session  # noqa: E402
 
 TARGET_IDLE_CPU_PER_MINUTE = 0.3

@@ -10,25 +10,13 @@ import pytest
 
 from tests.support.daemonproc import DaemonProcess
 from tests.support.fakellm import FakeLLM, Text
-from tests.support.observe import child_pids
+from tests.support.observe import child_pids, litellm_mappings
 from tests.support.workspace import conversation, history_entries, make_workspace, write_session
 
 KEY = "telegram:4242"
 SUMMARY = "- [durable] Backups run nightly at 02:00."
 IDLE_EXIT_SECONDS = 10
 GONE_SECONDS = 15
-LITELLM_LIBRARIES = ("/litellm/", "/pydantic_core/", "/tokenizers/", "/aiohttp/")
-
-
-def litellm_libraries(pid: int) -> set[str]:
-    """litellm's compiled dependencies mapped into *pid* (Python files are read, never mapped)."""
-    try:
-        text = Path(f"/proc/{pid}/maps").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return set()
-    return {library for library in LITELLM_LIBRARIES if library in text}
-
-
 def test_a_daemon_that_called_the_llm_never_maps_litellm_and_its_worker_leaves_when_idle(tmp_path):
     workspace, sessions = make_workspace(tmp_path / "ws")
     write_session(sessions, KEY, conversation(40))
@@ -41,19 +29,19 @@ def test_a_daemon_that_called_the_llm_never_maps_litellm_and_its_worker_leaves_w
             assert daemon.ctl("consolidate", KEY).returncode == 0
             daemon.wait_for(lambda: fake.requests, timeout=120)
             workers = daemon.wait_for(lambda: [child for child in child_pids(daemon.proc.pid)
-                                               if litellm_libraries(child)], timeout=30)
+                                               if litellm_mappings(child)], timeout=30)
             daemon.wait_for(lambda: any(SUMMARY in entry["content"] for entry in history_entries(workspace)),
                             timeout=60)
-            mapped_after_the_call = litellm_libraries(daemon.proc.pid)
+            mapped_after_the_call = litellm_mappings(daemon.proc.pid)
 
             daemon.wait_for(lambda: not any(Path(f"/proc/{worker}").exists() for worker in workers), timeout=120)
-            mapped_when_idle = litellm_libraries(daemon.proc.pid)
+            mapped_when_idle = litellm_mappings(daemon.proc.pid)
         finally:
             daemon.stop()
 
     assert len(workers) == 1
-    assert mapped_after_the_call == set()
-    assert mapped_when_idle == set()
+    assert mapped_after_the_call == []
+    assert mapped_when_idle == []
 
 
 def wait_gone(pid: int, timeout: float = GONE_SECONDS) -> bool:
@@ -83,7 +71,7 @@ def test_a_daemon_that_stops_or_dies_leaves_no_worker_behind(tmp_path, how):
             daemon.wait_for(lambda: any(SUMMARY in entry["content"] for entry in history_entries(workspace)),
                             timeout=120)
             workers = child_pids(daemon.proc.pid)
-            assert len(workers) == 1 and litellm_libraries(workers[0])
+            assert len(workers) == 1 and litellm_mappings(workers[0])
             if how == "SIGTERM":
                 assert daemon.stop() == 0
             else:

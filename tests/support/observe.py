@@ -1,10 +1,13 @@
-"""Watching from a test or a benchmark: a condition until it holds, and the child processes of a daemon."""
+"""Watching from a test or a benchmark: a condition until it holds, a daemon's child processes, what it maps."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from pathlib import Path
+
+# compiled libraries only an imported litellm brings into a process (Python files are read, never mapped)
+LITELLM_SIGNATURES = ("/litellm/", "/pydantic_core/", "/tokenizers/", "/aiohttp/")
 
 
 async def wait_until(predicate, timeout: float = 20.0):
@@ -31,3 +34,13 @@ def child_pids(pid: int) -> list[int]:
         if int(fields[1]) == pid and fields[0] != "Z":
             children.append(int(entry.name))
     return sorted(children)
+
+
+def litellm_mappings(pid: int) -> list[str]:
+    """Files mapped by *pid* that only an imported litellm would bring in."""
+    try:
+        with open(f"/proc/{pid}/maps") as handle:
+            paths = {line.split()[-1] for line in handle if "/" in line}
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+    return sorted(path for path in paths if any(mark in path for mark in LITELLM_SIGNATURES))
