@@ -8,7 +8,7 @@ from pathlib import Path
 from nanobotd.memory.agent_history import HistoryFollower, is_agent_entry, is_truncated_raw, kept_by_raw
 from nanobotd.memory.history import parse_entry
 
-SAMPLES = Path(__file__).resolve().parents[2].parent / "shared" / "nanobot-samples"
+SAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "nanobot-samples"  # real nanobot 0.3.5 output
 
 
 def append(path: Path, *records: dict, partial: str = "") -> None:

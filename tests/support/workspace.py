@@ -9,7 +9,7 @@ from pathlib import Path
 
 from nanobotd.sessions.file import filename_for_key
 
-SAMPLES = Path(__file__).resolve().parents[2].parent / "shared" / "nanobot-samples"
+SAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "nanobot-samples"  # real nanobot 0.3.5 output
 
 
 def make_workspace(root: Path, *, layout: str = "legacy") -> tuple[Path, Path]:
