@@ -35,6 +35,9 @@ def test_llm_concurrency_is_bounded_and_every_job_runs(tmp_path):
     assert all(store.get_run(run_id).state == "finished" for run_id in ids)
 
 
+LOCAL_WORK_SECONDS = 0.5
+
+
 def test_llm_requests_share_the_queue_slots_across_clients_and_jobs_overlap_their_local_work(tmp_path):
     """Two workspaces' clients, six LLM jobs each doing local work after every request: never more requests at
     the server than llm.concurrency, and requests are answered while other jobs do their local work."""
@@ -56,8 +59,8 @@ def test_llm_requests_share_the_queue_slots_across_clients_and_jobs_overlap_thei
             async def run(run_id):
                 for _ in range(2):
                     await client.complete([{"role": "user", "content": "archive this"}])
-                    local["now"] += 1  # the journal and history append between requests
-                    await asyncio.sleep(0.1)
+                    local["now"] += 1  # the journal and history append between requests (long enough that a
+                    await asyncio.sleep(LOCAL_WORK_SECONDS)  # loaded machine still starts the next request in it)
                     local["now"] -= 1
                 store.finish_run(run_id, state="finished", outcome="ok")
             return run
