@@ -44,10 +44,11 @@ class MessageInfo:
 
 @dataclass(frozen=True)
 class Tail:
-    """The message region of the last scan: its length in bytes and their sha1."""
+    """The message region of the last scan: its length in bytes and their sha1, and where it started."""
 
     length: int
     sha1: str
+    start: int = 0
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,11 @@ class ParseResult:
     corrupt: int
     new_records: dict[str, LineRef] = field(default_factory=dict)  # the new counted messages, by digest
     tail: Tail | None = None
+    # a full parse: where the counted messages whose parse was reused are (with new_records: all of them)
+    known_records: dict[str, LineRef] = field(default_factory=dict)
     fast: bool = False
     large: int = 0  # new messages over sessionfile.MAX_LINE_BYTES (read whole, archived raw in parts)
+    region_start: int = 0  # where the message lines start (after the leading metadata)
 
 
 def parse_session(path: Path, encoding: str, *, cached: list[MessageInfo] | None = None,
@@ -112,6 +116,7 @@ class _Reading:
     fast_ok: bool = True
     large: int = 0
     new_records: dict[str, LineRef] = field(default_factory=dict)
+    known_records: dict[str, LineRef] = field(default_factory=dict)
     cache: dict[str, list[MessageInfo]] = field(default_factory=dict)
     line_copies: dict[str, int] = field(default_factory=dict)
     encoding: str = ""
@@ -128,6 +133,8 @@ class _Reading:
             return False
         self.taken.add(info.digest)
         self.messages.append(info)
+        if info.counts:
+            self.known_records[info.digest] = LineRef(line.start, line.end, line.line_digest)
         return True
 
     def take(self, info: MessageInfo, text: str | None, line: sessionfile.RawLine) -> None:
@@ -161,9 +168,10 @@ def _parse_all(path: Path, handle: BinaryIO, encoding: str, cached: list[Message
     tail = None
     if reading.fast_ok and reading.terminated:
         length = reading.region_end - reading.region_start
-        tail = Tail(length, _hash_range(handle, reading.region_start, length))
+        tail = Tail(length, _hash_range(handle, reading.region_start, length), reading.region_start)
     return ParseResult(_key(path, reading.header), reading.header, reading.messages, reading.corrupt,
-                       reading.new_records, tail, large=reading.large)
+                       reading.new_records, tail, large=reading.large, known_records=reading.known_records,
+                       region_start=reading.region_start)
 
 
 def _parse_appended(path: Path, handle: BinaryIO, encoding: str, cached: list[MessageInfo], tail: Tail,
@@ -183,9 +191,9 @@ def _parse_appended(path: Path, handle: BinaryIO, encoding: str, cached: list[Me
     if reading.terminated:
         # the known bytes are hashed already: continue the same hash over the new ones
         _update_hash(digest, handle, known_end, reading.region_end - known_end)
-        new_tail = Tail(reading.region_end - region_start, digest.hexdigest())
+        new_tail = Tail(reading.region_end - region_start, digest.hexdigest(), region_start)
     return ParseResult(_key(path, header), header, reading.messages, reading.corrupt, reading.new_records,
-                       new_tail, fast=True, large=reading.large)
+                       new_tail, fast=True, large=reading.large, region_start=region_start)
 
 
 def _read_lines(path: Path, handle: BinaryIO, reading: _Reading, *, offset: int = 0, appending: bool = False) -> bool:
@@ -196,16 +204,17 @@ def _read_lines(path: Path, handle: BinaryIO, reading: _Reading, *, offset: int 
     for line in sessionfile.iter_raw_lines(path, sessionfile.MESSAGE_LINE_BYTES, offset=offset, handle=handle):
         reading.terminated = line.terminated
         reading.region_end = line.end
-        if reading.leading and sessionfile.is_metadata_line(line):
-            reading.region_start = line.end
-        else:
-            reading.leading = False
+        leading = reading.leading and sessionfile.is_metadata_line(line)
+        reading.leading = leading
         if reading.reuse(line):
             continue
         record = sessionfile.decode_record(line)
-        if record is None:
+        if record is None:  # corrupt: a message line (however it starts), as the fast path reads it
+            reading.leading = False
             _count_corrupt(path, line, reading)
             continue
+        if leading:
+            reading.region_start = line.end
         if "_type" in record:
             if appending:
                 return False
@@ -272,7 +281,9 @@ def _read_leading_metadata(handle: IO[bytes], header: sessionfile.SessionHeader)
         if not raw or not raw.endswith(b"\n") or not sessionfile.is_metadata_line(line):
             return region_start
         record = sessionfile.decode_record(line)
-        if record is not None and record.get("_type") == "metadata":
+        if record is None:  # a corrupt line: the message lines read it (and count it) as the full parse does
+            return region_start
+        if record.get("_type") == "metadata":
             sessionfile.read_header(record, header)
         region_start = handle.tell()
 

@@ -1,39 +1,95 @@
 """The spool's rows in the state database: writing new ones a batch at a time, reading them back for jobs.
 
-The spool keeps every conversation message that neither the agent nor nanobotd archived yet, as its line's
-JSON text, so a rewrite of the session file cannot lose it. The tracker decides what goes in and out; this
-module only moves rows (and the per-session message cache) between the database and Python.
+The spool keeps every conversation message that neither the agent nor nanobotd archived yet: where its line
+is in the session's held version of the file (`sessions.hold`), or, once the file no longer has it (or the
+session cannot be held), its line's JSON text; so a rewrite of the session file cannot lose it. The tracker
+decides what goes in and out; this module only moves rows (and the per-session message cache) between the
+database and Python.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import BinaryIO
+
+from loguru import logger
 
 from nanobotd.memory.transcript import PendingMessage, record_json
 from nanobotd.sessions import file as sessionfile
+from nanobotd.sessions.hold import HeldLine, line_text
 from nanobotd.sessions.scan import LineRef, MessageInfo, read_line
 from nanobotd.state.store import StateStore
 
 BATCH = 1000  # new spool rows read from the file and inserted together
+HELD = ""  # the record of a held row: its line is in the session's held version of the file
+
+# held lines -> their texts (None: unreadable), from the session's held version at the time of the query
+Resolve = Callable[[list[HeldLine | None]], list[str | None]]
 
 
-def insert_rows(db: sqlite3.Connection, session_id: int, rows: list[tuple], handle: BinaryIO, now: float) -> None:
-    """Spool *rows* (digest, role, timestamp, tokens, line ref) after the session's last sequence number,
-    reading each record from *handle* a batch at a time; a line whose bytes changed since the parse is left out."""
+def insert_rows(db: sqlite3.Connection, session_id: int, rows: list[tuple], handle: BinaryIO, now: float, *,
+                shift: int | None = None) -> None:
+    """Spool *rows* (digest, role, timestamp, tokens, line ref) after the session's last sequence number.
+
+    *shift* None: each record is copied, read from *handle* a batch at a time (a line whose bytes changed
+    since the parse is left out). Otherwise the rows are held: only the line's offsets (less *shift*) and
+    digest are kept, its bytes stay in the held version of the file (the one open in *handle*).
+    """
     next_seq = db.execute("SELECT COALESCE(MAX(seq), 0) FROM spool WHERE session_id=?",
                           (session_id,)).fetchone()[0] + 1
     for first in range(0, len(rows), BATCH):
         batch = []
         for index, (digest, role, stamp, tokens, ref) in enumerate(rows[first:first + BATCH], start=first):
+            if shift is not None:
+                batch.append((session_id, digest, next_seq + index, role, stamp, tokens, HELD, now,
+                              ref.start - shift, ref.end - shift, ref.line_digest))
+                continue
             record = record_text(handle, ref)
             if record is not None:
-                batch.append((session_id, digest, next_seq + index, role, stamp, tokens, record, now))
+                batch.append((session_id, digest, next_seq + index, role, stamp, tokens, record, now,
+                              None, None, None))
         db.executemany(
-            "INSERT OR IGNORE INTO spool (session_id, digest, seq, role, timestamp, tokens, record, seen_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)", batch)
+            "INSERT OR IGNORE INTO spool (session_id, digest, seq, role, timestamp, tokens, record, seen_at,"
+            " line_start, line_end, line_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", batch)
+
+
+def held_rows(store: StateStore, session_id: int) -> list[tuple[str, HeldLine]]:
+    """(digest, held line) of the session's held rows."""
+    rows = store.query("SELECT digest, line_start, line_end, line_digest FROM spool"
+                       " WHERE session_id=? AND record=? AND line_digest IS NOT NULL", (session_id, HELD))
+    return [(digest, HeldLine(start, end, line)) for digest, start, end, line in rows]
+
+
+def copy_held(db: sqlite3.Connection, session_id: int, copies: list[tuple[str, str]]) -> None:
+    """Held rows become copies: (digest, record text)."""
+    db.executemany("UPDATE spool SET record=?, line_start=NULL, line_end=NULL, line_digest=NULL"
+                   " WHERE session_id=? AND digest=?", [(text, session_id, digest) for digest, text in copies])
+
+
+def move_held(db: sqlite3.Connection, session_id: int, moves: list[tuple[str, LineRef]]) -> None:
+    """Held rows now point at their lines in another version of the file: (digest, where its line is)."""
+    db.executemany("UPDATE spool SET line_start=?, line_end=?, line_digest=? WHERE session_id=? AND digest=?",
+                   [(ref.start, ref.end, ref.line_digest, session_id, digest) for digest, ref in moves])
+
+
+def _texts(rows: list[tuple], resolve: Resolve) -> list[str | None]:
+    """Each row's record text: its copy, or its line read from the held version (rows end with record,
+    line_start, line_end, line_digest)."""
+    lines = [HeldLine(start, end, line) if record == HELD and line is not None else None
+             for *_, record, start, end, line in rows]
+    held = resolve(lines) if any(lines) else [None] * len(rows)
+    texts = []
+    for row, line, text in zip(rows, lines, held, strict=True):
+        if line is None:
+            texts.append(row[-4])
+            continue
+        if text is None:
+            logger.error("spooled message {} of session #{}: its line is no longer in the held session file",
+                         row[1], row[0])
+        texts.append(text)
+    return texts
 
 
 def read_message_cache(store: StateStore, session_id: int) -> list[MessageInfo]:
@@ -43,12 +99,14 @@ def read_message_cache(store: StateStore, session_id: int) -> list[MessageInfo]:
     return [MessageInfo(*row) for row in rows]
 
 
-def read_pending(store: StateStore, session_id: int, present: set[str]) -> list[tuple[int, PendingMessage, bool]]:
+def read_pending(store: StateStore, session_id: int, present: set[str],
+                 resolve: Resolve) -> list[tuple[int, PendingMessage, bool]]:
     """Every spooled message, decoded, in first-seen order: (seq, message, still in the file)."""
-    rows = store.query("SELECT seq, digest, role, timestamp, tokens, record FROM spool WHERE session_id=?"
-                       " ORDER BY seq", (session_id,))
-    return [(seq, pending_message(digest, role, stamp, tokens, record)[0], digest in present)
-            for seq, digest, role, stamp, tokens, record in rows]
+    rows = store.query("SELECT session_id, digest, seq, role, timestamp, tokens, record, line_start, line_end,"
+                       " line_digest FROM spool WHERE session_id=? ORDER BY seq", (session_id,))
+    return [(seq, pending_message(digest, role, stamp, tokens, text)[0], digest in present)
+            for (_, digest, seq, role, stamp, tokens, *_), text in zip(rows, _texts(rows, resolve), strict=True)
+            if text is not None]
 
 
 def vanished_seqs(store: StateStore, session_id: int, present: set[str]) -> list[int]:
@@ -63,15 +121,18 @@ def read_plan(store: StateStore, session_id: int, present: set[str]) -> list[tup
     return [(seq, role, tokens, digest in present) for seq, digest, role, tokens in rows]
 
 
-def read_spooled(store: StateStore, session_id: int, seqs: list[int]) -> list[tuple[int, PendingMessage, str]]:
+def read_spooled(store: StateStore, session_id: int, seqs: list[int],
+                 resolve: Resolve) -> list[tuple[int, PendingMessage, str]]:
     """The spooled messages at *seqs* still spooled: (seq, message, its record as JSON text), read by ranges."""
     wanted = set(seqs)
     result = []
     for first, last in seq_ranges(wanted):
-        rows = store.query("SELECT seq, digest, role, timestamp, tokens, record FROM spool"
-                           " WHERE session_id=? AND seq BETWEEN ? AND ? ORDER BY seq", (session_id, first, last))
-        for seq, digest, role, stamp, tokens, record in rows:
-            if seq in wanted:
+        rows = [row for row in store.query(
+            "SELECT session_id, digest, seq, role, timestamp, tokens, record, line_start, line_end, line_digest"
+            " FROM spool WHERE session_id=? AND seq BETWEEN ? AND ? ORDER BY seq", (session_id, first, last))
+            if row[2] in wanted]
+        for (_, digest, seq, role, stamp, tokens, *_), record in zip(rows, _texts(rows, resolve), strict=True):
+            if record is not None:
                 message, text = pending_message(digest, role, stamp, tokens, record)
                 result.append((seq, message, text))
     return result
@@ -107,10 +168,4 @@ def pending_message(digest: str, role: str, stamp: str, tokens: int, record: str
 def record_text(handle: BinaryIO, ref: LineRef) -> str | None:
     """A new message's record as the file has it (JSON text, not re-encoded); None if its bytes changed."""
     data = read_line(handle, ref)
-    if data is None:
-        return None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:  # JSON in another encoding: as compact JSON text
-        record = json.loads(data)
-        return record_json(record)
+    return None if data is None else line_text(data)

@@ -23,8 +23,10 @@ from nanobotd import fsio
 from nanobotd.memory.transcript import PendingMessage
 from nanobotd.sessions import file as sessionfile
 from nanobotd.sessions import spool as spooldb
+from nanobotd.sessions.hold import Holds
+from nanobotd.sessions.holding import SpoolHolding
 from nanobotd.sessions.marks import ArchiveMarks
-from nanobotd.sessions.scan import LineRef, MessageInfo, parse_session
+from nanobotd.sessions.scan import LineRef, MessageInfo, ParseResult, parse_session
 from nanobotd.sessions.session import (
     ScanResult,
     SessionState,
@@ -41,7 +43,7 @@ from nanobotd.state.store import StateStore
 CACHED_MESSAGES = 50_000  # message infos kept in memory for the sessions used last (a big one stays alone)
 
 
-class SessionTracker(ArchiveMarks):
+class SessionTracker(ArchiveMarks, SpoolHolding):
     """Tracks every session file of one workspace; thread-safe (scans run on an executor)."""
 
     def __init__(self, workspace_name: str, store: StateStore, *, encoding: str = "o200k_base", clock=time.time):
@@ -56,7 +58,11 @@ class SessionTracker(ArchiveMarks):
         self._lock = threading.RLock()
         self._keys_by_path: dict[Path, str] = {}
         self._cached: OrderedDict[str, None] = OrderedDict()  # sessions whose caches are in memory, last used last
+        self.holds = Holds(store.state_dir)
         self._load_sessions()
+        swept = self.holds.sweep({session.session_id: session.hold_generation for session in self.sessions.values()})
+        if swept:
+            logger.info("removed {} held session file version(s) an interrupted scan left behind", swept)
 
     # -- loading -----------------------------------------------------------------------------------
     def _load_sessions(self) -> None:
@@ -132,8 +138,8 @@ class SessionTracker(ArchiveMarks):
                 session = self._session_for(parsed.key, path)
                 mark_before = session.agent_archived
                 tail_before = session.unarchived_tokens + 4 * session.unarchived_messages
-                vanished = self._apply(session, parsed.header, parsed.messages, parsed.new_records, fingerprint,
-                                       stat.st_mtime, appended=parsed.fast and known is session, handle=handle)
+                vanished = self._apply(session, parsed, fingerprint, stat.st_mtime,
+                                       appended=parsed.fast and known is session, handle=handle)
             mark_moved = known is session and session.agent_archived > mark_before
             session.corrupt_lines = corrupt = parsed.corrupt
             session.tail = parsed.tail
@@ -168,16 +174,17 @@ class SessionTracker(ArchiveMarks):
             return None
         return result
 
-    def _apply(self, session: SessionState, header: sessionfile.SessionHeader, messages: list[MessageInfo],
-               new_records: dict[str, LineRef], fingerprint, mtime: float, *, appended: bool = False,
+    def _apply(self, session: SessionState, parsed: ParseResult, fingerprint, mtime: float, *, appended: bool = False,
                handle: BinaryIO) -> int:
         """Update counters, the spool and the message cache; return how many spooled messages vanished.
 
-        *appended*: the old messages are an unchanged prefix of *messages* (the fast path), so only the
+        *appended*: the old messages are an unchanged prefix of the parsed ones (the fast path), so only the
         new ones need looking at.
         """
+        header, messages, new_records = parsed.header, parsed.messages, parsed.new_records
         agent_archived = header.last_archived if header.last_archived <= len(messages) else 0
         old = session.messages or []
+        same_bytes = appended  # the file still starts with the bytes read last time (where held lines are)
         appended = (appended and session.messages is not None and bool(session.present or not old)
                     and session.agent_archived == agent_archived)
         spooled = self._spool_map(session)
@@ -188,6 +195,10 @@ class SessionTracker(ArchiveMarks):
             current = {info.digest for info in messages}
         below = {info.digest for info in messages[:agent_archived]} if agent_archived and spooled else set()
         to_spool = self._spool_rows(session, fresh, len(messages) - len(fresh), new_records, agent_archived)
+        hold = self._plan_hold(session, parsed, handle, fast=same_bytes,
+                               fingerprint=fingerprint,
+                               tail_start=session.tail.start if same_bytes and session.tail else None,
+                               new_rows=bool(to_spool))
         agent_done = [digest for digest in spooled if digest in below]
         agent_done_tokens = [spooled[digest] for digest in agent_done]
         vanished = 0 if appended else sum(1 for digest in spooled if digest not in current)
@@ -195,7 +206,7 @@ class SessionTracker(ArchiveMarks):
             self._count_overlap(session, messages[:agent_archived])
         session.agent_marked = header.marked
         self._write_spool(session, to_spool, agent_done, old, messages, known_prefix=len(old) if appended else 0,
-                          handle=handle)
+                          handle=handle, hold=hold)
         session.total_tokens = (session.total_tokens if appended else 0) + sum(info.tokens for info in fresh)
         session.messages = messages
         session.present = current
@@ -228,17 +239,26 @@ class SessionTracker(ArchiveMarks):
 
     def _write_spool(self, session: SessionState, to_spool: list[tuple], agent_done: list[str],
                      old: list[MessageInfo], messages: list[MessageInfo], *, known_prefix: int,
-                     handle: BinaryIO) -> None:
-        """Spool the new rows, drop those the agent archived, store the message cache: one transaction.
+                     handle: BinaryIO, hold) -> None:
+        """Spool the new rows, drop those the agent archived, move the held rows (*hold*, a HoldPlan), store
+        the message cache: one transaction.
 
-        The records are read from *handle* (the file the parse read) a batch at a time, as their lines are.
+        New rows are held (their lines stay in the held version of the file, open in *handle*) or, when the
+        session cannot be held, copied from *handle* a batch at a time, as their lines are.
         """
         now = self.clock()
-        with self.store.transaction() as db:
-            spooldb.insert_rows(db, session.session_id, to_spool, handle, now)
-            db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
-                           [(session.session_id, digest) for digest in agent_done])
-            store_message_cache(db, session.session_id, old, messages, known_prefix=known_prefix)
+        before = (session.hold_generation, session.hold_shift, session.hold_links, session.hold_of)
+        try:
+            with self.store.transaction() as db:
+                self._apply_hold(db, session, hold)
+                spooldb.insert_rows(db, session.session_id, to_spool, handle, now, shift=hold.shift)
+                db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
+                               [(session.session_id, digest) for digest in agent_done])
+                store_message_cache(db, session.session_id, old, messages, known_prefix=known_prefix)
+        except BaseException:
+            self._undo_hold(session, hold, before)
+            raise
+        self._finish_hold(session, hold)
         spooled = self._spool_map(session)
         for digest, _, _, tokens, _ in to_spool:
             spooled[digest] = tokens
@@ -339,7 +359,8 @@ class SessionTracker(ArchiveMarks):
         if vanished_only:  # few, usually: their records alone are read
             gone = spooldb.vanished_seqs(self.store, session.session_id, present)
             return [(seq, message, False) for seq, message, _ in self.spooled_messages(key, gone)]
-        return spooldb.read_pending(self.store, session.session_id, present)
+        with self._lock:  # the held rows and the held version they are in, as one
+            return spooldb.read_pending(self.store, session.session_id, present, self._resolver(session))
 
     def spool_plan(self, key: str) -> list[tuple[int, str, int, bool]]:
         """(seq, role, tokens, still present in the file) of a session's spooled messages, in first-seen
@@ -354,7 +375,13 @@ class SessionTracker(ArchiveMarks):
         session = self.sessions.get(key)
         if session is None or not seqs:
             return []
-        return spooldb.read_spooled(self.store, session.session_id, seqs)
+        with self._lock:  # the held rows and the held version they are in, as one
+            return spooldb.read_spooled(self.store, session.session_id, seqs, self._resolver(session))
+
+    def _resolver(self, session: SessionState) -> spooldb.Resolve:
+        """Reads held lines from the session's held version as it is now (call under the lock)."""
+        generation, shift = session.hold_generation, session.hold_shift
+        return lambda lines: self.holds.read(session.session_id, generation, shift, lines)
 
     def _present(self, session: SessionState) -> set[str]:
         """Digests of the messages in the session file (its message cache read on first use)."""

@@ -131,6 +131,16 @@ MIGRATIONS: list[str] = [
         last_cursor INTEGER NOT NULL
     );
     """,
+    # 4: the spool refers to messages still in the session file (its version held in held/) instead of
+    # copying them: record '' and the line's offsets and digest; the session's held version, shift and kind
+    """
+    ALTER TABLE spool ADD COLUMN line_start INTEGER;
+    ALTER TABLE spool ADD COLUMN line_end INTEGER;
+    ALTER TABLE spool ADD COLUMN line_digest TEXT;
+    ALTER TABLE sessions ADD COLUMN hold_generation INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE sessions ADD COLUMN hold_shift INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE sessions ADD COLUMN hold_links INTEGER NOT NULL DEFAULT 0;
+    """,
 ]
 
 

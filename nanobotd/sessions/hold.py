@@ -1,0 +1,161 @@
+"""Held session files: the spool keeps where an unarchived message's line is, not a copy of it.
+
+The spool rows of messages still in the session file keep only their line's offsets and digest; the
+version of the file they are in is held in the state folder as `held/<session id>.<generation>`:
+
+- a hard link (no byte copied) once the file was seen replaced by a rename, the way nanobot saves every
+  time (NANOBOT-COMPAT.md): the version read then lives on, whatever the writer does next, until nanobotd
+  lets it go;
+- until then (a file seen once, a writer that rewrites in place, a state folder that cannot link), a private
+  copy of the version read: a writer truncating the file in place cannot take the held lines with it.
+
+When a later version drops a message before it was archived, its line is copied out of the held version
+into the spool first; then the held version moves on to the new one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from loguru import logger
+
+from nanobotd import fsio
+from nanobotd.memory.transcript import record_json
+from nanobotd.sessions import file as sessionfile
+
+HELD_DIR = "held"
+
+
+@dataclass(frozen=True)
+class HeldLine:
+    """Where a spooled message's line is in its session's held file (before the session's shift)."""
+
+    start: int
+    end: int
+    line_digest: str
+
+
+class LinkUnsupported(OSError):
+    """The state folder cannot hard-link session files (another filesystem, or not permitted)."""
+
+
+class Holds:
+    """The held session files in one state folder."""
+
+    def __init__(self, state_dir: Path):
+        self.folder = Path(state_dir) / HELD_DIR
+
+    def path(self, session_id: int, generation: int) -> Path:
+        return self.folder / f"{session_id}.{generation}"
+
+    def inode(self, session_id: int, generation: int) -> int | None:
+        """The inode a held file links, None when there is none."""
+        if generation <= 0:
+            return None
+        try:
+            return os.stat(self.path(session_id, generation)).st_ino
+        except FileNotFoundError:
+            return None
+
+    def hold(self, source: Path, handle: BinaryIO, session_id: int, generation: int, *, link: bool) -> bool:
+        """Keep the version of the session file open in *handle* as generation *generation*.
+
+        *link*: hard-link *source* (no bytes copied), when it is still that version (False when it was
+        replaced meanwhile; LinkUnsupported when links cannot work here). Otherwise a private copy of the
+        version read, made from *handle* and synced before the spool refers to it.
+        """
+        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        target = self.path(session_id, generation)
+        target.unlink(missing_ok=True)
+        if not link:
+            _copy_from(handle, target)
+            fsio.fsync_dir(self.folder)
+            return True
+        try:
+            os.link(source, target)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise LinkUnsupported(exc.errno, f"cannot hard-link {source} into {self.folder}: {exc.strerror}") from exc
+        if os.stat(target).st_ino != os.fstat(handle.fileno()).st_ino:
+            target.unlink(missing_ok=True)
+            return False
+        fsio.fsync_dir(self.folder)
+        return True
+
+    def read(self, session_id: int, generation: int, shift: int, lines: Iterable[HeldLine | None]) -> list[str | None]:
+        """The text of each held line (None for a line that is not held, or whose bytes are no longer there)."""
+        wanted = list(lines)
+        texts: list[str | None] = [None] * len(wanted)
+        if not any(wanted):
+            return texts
+        try:
+            handle = fsio.open_regular(self.path(session_id, generation))
+        except OSError as exc:
+            logger.error("held session file {} is unreadable: {}", self.path(session_id, generation), exc)
+            return texts
+        with handle:
+            for index, line in enumerate(wanted):
+                if line is not None:
+                    texts[index] = _read_line(handle, line, shift)
+        return texts
+
+    def drop(self, session_id: int, generation: int) -> None:
+        if generation > 0:
+            self.path(session_id, generation).unlink(missing_ok=True)
+
+    def sweep(self, owned: dict[int, int]) -> int:
+        """Remove the held files of sessions in *owned* (session id -> its current generation) other than
+        their current one (left behind by a crash between a link and its commit); returns how many."""
+        if not self.folder.is_dir():
+            return 0
+        removed = 0
+        for entry in self.folder.iterdir():
+            session, _, generation = entry.name.partition(".")
+            if not (session.isdigit() and generation.isdigit()) or int(session) not in owned:
+                continue
+            if int(generation) != owned[int(session)]:
+                entry.unlink(missing_ok=True)
+                removed += 1
+        return removed
+
+
+def _copy_from(handle: BinaryIO, target: Path) -> None:
+    """Copy the whole file open in *handle* to *target* (in the kernel), synced."""
+    size = os.fstat(handle.fileno()).st_size
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        copied = 0
+        while copied < size:
+            done = os.copy_file_range(handle.fileno(), fd, size - copied, copied, copied)
+            if done == 0:
+                break
+            copied += done
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        target.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+
+
+def _read_line(handle: BinaryIO, line: HeldLine, shift: int) -> str | None:
+    handle.seek(line.start + shift)
+    data = handle.read(line.end - line.start).strip()
+    if sessionfile.line_digest(data) != line.line_digest:
+        return None
+    return line_text(data)
+
+
+def line_text(data: bytes) -> str:
+    """A message line as the spool keeps its record: the file's JSON text (JSON in another encoding than
+    UTF-8 as compact JSON text)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return record_json(json.loads(data))

@@ -1,0 +1,163 @@
+"""Moving a session's held rows along with its file, for the session tracker.
+
+`SessionTracker` mixes this in. At each scan that writes the spool, `_plan_hold` decides (before the
+transaction) where the held rows will be after it, holding the new version of the file when it has to:
+
+- the held version is the file itself (a link), grown in place or untouched: nothing moves;
+- a private copy and no new row to hold: the copy still has every held line, nothing moves;
+- a new version whose known bytes are unchanged (the fast path, nanobot's ordinary save): the held rows keep
+  their offsets and the session's shift follows the new metadata line's length;
+- otherwise each held row still in the file points at its line in the new version, and each one that left
+  the file is copied out of the old version into the spool first.
+
+A file seen replaced by a rename is held by hard links from then on; the file itself rewritten in place
+under a link (the held lines changed) is held by private copies again, and the lines it took are reported.
+`_apply_hold` writes the plan inside the scan's transaction; `_finish_hold` drops the old version after it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+from loguru import logger
+
+from nanobotd.sessions import spool as spooldb
+from nanobotd.sessions.hold import HeldLine, LinkUnsupported
+from nanobotd.sessions.scan import LineRef, ParseResult, read_line
+from nanobotd.sessions.session import SessionState, save_hold
+
+
+@dataclass
+class HoldPlan:
+    """What one scan does to a session's held rows."""
+
+    shift: int | None  # new rows are held with this shift; None: they are copied into the spool
+    generation: int  # the session's held version after the scan (0: none)
+    links: bool  # that version is a hard link of the file
+    held_of: tuple[int, int, int] | None = None  # the fingerprint of the version held, when known
+    copies: list[tuple[str, str]] = field(default_factory=list)  # held rows that become copies: (digest, text)
+    moves: list[tuple[str, LineRef]] = field(default_factory=list)  # held rows pointing at the new version
+    lost: list[str] = field(default_factory=list)  # held rows whose line is nowhere any more
+    drop: int = 0  # the generation to unlink once the transaction committed
+
+
+class SpoolHolding:
+    """The tracker's held versions (the tracker's attributes and helpers are used as is)."""
+
+    def _plan_hold(self, session: SessionState, parsed: ParseResult, handle: BinaryIO, *, fast: bool,
+                   fingerprint: tuple[int, int, int], tail_start: int | None, new_rows: bool) -> HoldPlan:
+        generation, shift, previous = session.hold_generation, session.hold_shift, session.fingerprint
+        inode = fingerprint[0]
+        link = session.hold_links or (previous is not None and previous[0] != inode)
+        keep = HoldPlan(shift, generation, session.hold_links, session.hold_of)
+        if generation and session.hold_links and self.holds.inode(session.session_id, generation) == inode:
+            # the held version is this file: grown in place (or read whole after a restart) and unchanged
+            if not fast:
+                return self._check_in_place(session, parsed, handle, fingerprint)
+            keep.held_of = fingerprint
+            if tail_start is not None:  # its known bytes, after a metadata line that may have changed length
+                keep.shift = shift + parsed.region_start - tail_start
+            return keep
+        if generation and not session.hold_links and not link and not new_rows:
+            return keep  # a private copy: it still has every held line
+        rows = spooldb.held_rows(self.store, session.session_id) if generation else []
+        if not rows and not new_rows:
+            return HoldPlan(None, 0, link, drop=generation)
+        made = self._hold_version(session, handle, generation + 1, link)
+        if made is None:  # replaced since it was opened: the old version keeps its rows, new rows are copied
+            return HoldPlan(None, generation, session.hold_links, session.hold_of)
+        plan = HoldPlan(0, generation + 1, made, fingerprint, drop=generation)
+        if fast and tail_start is not None and session.hold_of == previous and previous is not None:
+            plan.shift = shift + parsed.region_start - tail_start  # the known bytes, after the new metadata line
+            return plan
+        where = parsed.new_records if fast else {**parsed.known_records, **parsed.new_records}
+        delta = parsed.region_start - tail_start if fast and tail_start is not None else None
+        gone = []
+        for digest, line in rows:
+            ref = where.get(digest)
+            if ref is None and delta is not None:  # a known line: where the known bytes are now, if it is there
+                ref = LineRef(line.start + shift + delta, line.end + shift + delta, line.line_digest)
+                ref = ref if read_line(handle, ref) is not None else None
+            if ref is not None:
+                plan.moves.append((digest, ref))
+            else:
+                gone.append((digest, line))
+        self._copy_out(session, gone, plan)
+        return plan
+
+    def _hold_version(self, session: SessionState, handle: BinaryIO, generation: int, link: bool) -> bool | None:
+        """Hold the version open in *handle*: True as a link, False as a copy, None when it was replaced."""
+        if link:
+            try:
+                linked = self.holds.hold(session.path, handle, session.session_id, generation, link=True)
+                return True if linked else None
+            except LinkUnsupported as exc:
+                logger.warning("session {}: {}; its held versions are copies", session.key, exc)
+        self.holds.hold(session.path, handle, session.session_id, generation, link=False)
+        return False
+
+    def _check_in_place(self, session: SessionState, parsed: ParseResult, handle: BinaryIO,
+                        fingerprint: tuple[int, int, int]) -> HoldPlan:
+        """The held link was read whole (after a restart, or rewritten in place): when its held lines are all
+        still where they were, nothing moves; otherwise it was rewritten in place, and from now on the
+        session is held by copies (the lines the rewrite took are reported lost)."""
+        generation, shift = session.hold_generation, session.hold_shift
+        rows = spooldb.held_rows(self.store, session.session_id)
+        texts = self.holds.read(session.session_id, generation, shift, [line for _, line in rows])
+        if all(text is not None for text in texts):
+            return HoldPlan(shift, generation, True, fingerprint)
+        logger.error("session {}: its file was rewritten in place (not replaced by a rename), changing the version"
+                     " nanobotd held; it is held by copies from now on", session.key)
+        self._hold_version(session, handle, generation + 1, False)
+        plan = HoldPlan(0, generation + 1, False, fingerprint, drop=generation)
+        where = {**parsed.known_records, **parsed.new_records}
+        for digest, _ in rows:
+            if digest in where:
+                plan.moves.append((digest, where[digest]))
+            else:
+                plan.lost.append(digest)
+        if plan.lost:
+            logger.error("session {}: {} unarchived message(s) left the file in that rewrite and cannot be archived",
+                         session.key, len(plan.lost))
+        return plan
+
+    def _copy_out(self, session: SessionState, rows: list[tuple[str, HeldLine]], plan: HoldPlan) -> None:
+        """Copy *rows* out of the session's current held version into *plan* (lost when unreadable)."""
+        if not rows:
+            return
+        texts = self.holds.read(session.session_id, session.hold_generation, session.hold_shift,
+                                [line for _, line in rows])
+        for (digest, _), text in zip(rows, texts, strict=True):
+            if text is None:
+                plan.lost.append(digest)
+            else:
+                plan.copies.append((digest, text))
+        if plan.lost:
+            logger.error("session {}: {} unarchived message(s) left the file and their held lines are gone;"
+                         " they cannot be archived", session.key, len(plan.lost))
+
+    def _apply_hold(self, db: sqlite3.Connection, session: SessionState, plan: HoldPlan) -> None:
+        """Inside the scan's transaction: the held rows moved, copied or dropped, the session's held version."""
+        spooldb.copy_held(db, session.session_id, plan.copies)
+        spooldb.move_held(db, session.session_id, plan.moves)
+        db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
+                       [(session.session_id, digest) for digest in plan.lost])
+        session.hold_generation = plan.generation
+        session.hold_shift = plan.shift or 0
+        session.hold_links = plan.links
+        session.hold_of = plan.held_of
+        save_hold(db, session)
+
+    def _finish_hold(self, session: SessionState, plan: HoldPlan) -> None:
+        """After the transaction committed: the old version goes, the lost rows leave the running totals."""
+        if plan.drop and plan.drop != plan.generation:
+            self.holds.drop(session.session_id, plan.drop)
+        self._unspool(session, plan.lost)
+
+    def _undo_hold(self, session: SessionState, plan: HoldPlan, before: tuple) -> None:
+        """The transaction failed: the session keeps its held version; a version made for it goes."""
+        session.hold_generation, session.hold_shift, session.hold_links, session.hold_of = before
+        if plan.generation and plan.generation != before[0]:
+            self.holds.drop(session.session_id, plan.generation)

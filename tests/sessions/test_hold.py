@@ -1,0 +1,233 @@
+"""The spool refers to lines in a held version of the session file: what each kind of save does to it."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+
+import pytest
+from loguru import logger
+
+from nanobotd.sessions.tracker import SessionTracker
+from nanobotd.state.store import StateStore
+from tests.support.workspace import conversation, make_workspace, write_session
+
+KEY = "cli:a"
+
+
+def make_tracker(tmp_path):
+    store = StateStore(tmp_path / "state").open()
+    return store, SessionTracker("ws", store)
+
+
+def line(message: dict) -> str:
+    """A message's line as write_session writes it."""
+    return json.dumps(message, ensure_ascii=False)
+
+
+def spooled_texts(tracker) -> dict[str, str]:
+    """Every spooled message's record text, by the marker its content starts with."""
+    return {message.text.split(" ")[0]: json.dumps(message.record, ensure_ascii=False)
+            for _, message, _ in tracker.pending(KEY)}
+
+
+def held_files(store) -> list[str]:
+    folder = store.state_dir / "held"
+    return sorted(os.listdir(folder)) if folder.is_dir() else []
+
+
+def write_in_place(path, key: str, messages: list[dict]) -> None:
+    """A writer that truncates and rewrites the session file itself (same inode), as `cp` or open('w') do."""
+    inode = os.stat(path).st_ino
+    metadata = {"_type": "metadata", "key": key, "last_archived": 0, "last_consolidated": 0}
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write("\n".join([json.dumps(metadata)] + [line(message) for message in messages]) + "\n")
+    assert os.stat(path).st_ino == inode
+
+
+def test_a_file_seen_once_is_held_by_a_private_copy_that_an_in_place_truncation_cannot_touch(tmp_path):
+    _, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    messages = conversation(12)
+    path = write_session(sessions, KEY, messages)
+    tracker.scan(path)
+    session = tracker.sessions[KEY]
+    assert not session.hold_links and held_files(store) == [f"{session.session_id}.1"]
+    assert os.stat(store.state_dir / "held" / held_files(store)[0]).st_ino != os.stat(path).st_ino
+    write_in_place(path, KEY, [])  # every message gone, in place
+    result = tracker.scan(path)
+    assert result.vanished == 12
+    texts = spooled_texts(tracker)
+    assert texts == {message["content"].split(" ")[0]: line(message) for message in messages}
+
+
+def test_a_file_replaced_by_renames_is_held_by_a_link_and_the_spool_keeps_no_copy(tmp_path):
+    _, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    messages = conversation(10)
+    path = write_session(sessions, KEY, messages[:6])
+    tracker.scan(path)
+    path = write_session(sessions, KEY, messages)  # nanobot's save: a new file renamed over the old one
+    tracker.scan(path)
+    session = tracker.sessions[KEY]
+    assert session.hold_links
+    assert held_files(store) == [f"{session.session_id}.2"]  # the first version (a copy) is gone
+    assert os.stat(store.state_dir / "held" / held_files(store)[0]).st_ino == os.stat(path).st_ino
+    assert [row[0] for row in store.query("SELECT record FROM spool")] == [""] * 10
+    assert spooled_texts(tracker) == {message["content"].split(" ")[0]: line(message) for message in messages}
+
+
+def save_padded(sessions, messages: list[dict], padding: int):
+    """write_session, then the same save again with a metadata line *padding* bytes longer."""
+    path = write_session(sessions, KEY, messages)
+    extra = json.dumps({"n": "x" * padding})
+    text = path.read_text(encoding="utf-8").replace('"metadata": {}', f'"metadata": {extra}', 1)
+    temp = path.with_name(".padded.tmp")
+    temp.write_text(text, encoding="utf-8")
+    os.replace(temp, path)
+    return path
+
+
+def test_a_metadata_line_that_changes_length_moves_the_held_lines_with_it(tmp_path):
+    _, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    messages = conversation(8)
+    path = save_padded(sessions, messages[:2], 0)
+    tracker.scan(path)
+    first_line = len(path.read_bytes().split(b"\n", 1)[0])
+    for count, padding in ((4, 40), (6, 3), (8, 90)):
+        path = save_padded(sessions, messages[:count], padding)
+        result = tracker.scan(path)
+        assert result.new_messages == 2
+        # the held rows keep their offsets: the session's shift is how far the message lines moved
+        assert tracker.sessions[KEY].hold_shift == len(path.read_bytes().split(b"\n", 1)[0]) - first_line != 0
+    assert spooled_texts(tracker) == {message["content"].split(" ")[0]: line(message) for message in messages}
+    assert store.query("SELECT count(*) FROM spool WHERE record != ''")[0][0] == 0
+
+
+def test_messages_a_rename_drops_are_copied_out_of_the_held_link_before_it_moves_on(tmp_path):
+    _, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    messages = conversation(10)
+    path = write_session(sessions, KEY, messages[:4])
+    tracker.scan(path)
+    path = write_session(sessions, KEY, messages)
+    tracker.scan(path)
+    path = write_session(sessions, KEY, messages[6:])  # /new-like: the first six are gone
+    result = tracker.scan(path)
+    assert result.vanished == 6
+    copied = {row[0] for row in store.query("SELECT digest FROM spool WHERE record != ''")}
+    assert len(copied) == 6
+    assert spooled_texts(tracker) == {message["content"].split(" ")[0]: line(message) for message in messages}
+    session = tracker.sessions[KEY]
+    assert held_files(store) == [f"{session.session_id}.3"]
+
+
+def test_a_link_rewritten_in_place_switches_the_session_to_copies_and_reports_what_it_took(tmp_path):
+    _, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    messages = conversation(8)
+    path = write_session(sessions, KEY, messages[:4])
+    tracker.scan(path)
+    path = write_session(sessions, KEY, messages)
+    tracker.scan(path)
+    assert tracker.sessions[KEY].hold_links
+    write_in_place(path, KEY, messages[3:])  # the held link is the file: the first three lines are gone
+    lines: list[str] = []
+    sink = logger.add(lines.append, level="ERROR", format="{message}")
+    try:
+        tracker.scan(path)
+    finally:
+        logger.remove(sink)
+    session = tracker.sessions[KEY]
+    assert not session.hold_links
+    assert any("rewritten in place" in text for text in lines)
+    assert any("3 unarchived message(s)" in text for text in lines)
+    assert spooled_texts(tracker) == {message["content"].split(" ")[0]: line(message) for message in messages[3:]}
+    # from now on it is held by a private copy: another in-place truncation loses nothing
+    write_in_place(path, KEY, [])
+    tracker.scan(path)
+    assert spooled_texts(tracker) == {message["content"].split(" ")[0]: line(message) for message in messages[3:]}
+
+
+def test_a_held_version_left_by_a_crash_before_its_commit_is_removed_at_start(tmp_path):
+    _, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    path = write_session(sessions, KEY, conversation(4))
+    tracker.scan(path)
+    session_id = tracker.sessions[KEY].session_id
+    (store.state_dir / "held" / f"{session_id}.7").write_bytes(b"left behind")
+    (store.state_dir / "held" / "999.1").write_bytes(b"another workspace's")
+    SessionTracker("ws", store)
+    assert held_files(store) == sorted(["999.1", f"{session_id}.1"])
+
+
+def test_a_state_folder_that_cannot_link_holds_copies(tmp_path, monkeypatch):
+    _, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    messages = conversation(6)
+    path = write_session(sessions, KEY, messages[:3])
+    tracker.scan(path)
+
+    def no_links(source, target, **kwargs):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", no_links)
+    path = write_session(sessions, KEY, messages)
+    tracker.scan(path)
+    assert not tracker.sessions[KEY].hold_links
+    write_in_place(path, KEY, [])
+    tracker.scan(path)
+    assert spooled_texts(tracker) == {message["content"].split(" ")[0]: line(message) for message in messages}
+
+
+def test_held_lines_are_read_again_after_a_restart_and_follow_the_next_save(tmp_path):
+    _, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    messages = conversation(9)
+    path = write_session(sessions, KEY, messages[:3])
+    tracker.scan(path)
+    path = write_session(sessions, KEY, messages[:6])
+    tracker.scan(path)
+    restarted = SessionTracker("ws", store)
+    path = write_session(sessions, KEY, messages[2:])  # two gone, three new, after the restart
+    result = restarted.scan(path)
+    assert result.vanished == 2
+    assert spooled_texts(restarted) == {message["content"].split(" ")[0]: line(message) for message in messages}
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_any_sequence_of_saves_keeps_every_unarchived_line_readable(tmp_path, seed):
+    """Saves by rename that add or cut messages, in-place rewrites that add some, metadata lines of changing
+    length and restarts, in a random order: every message ever seen reads back as the line it had."""
+    rng = random.Random(seed)
+    _, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    pool = conversation(40, tag=f"s{seed}")
+    shown: list[dict] = []
+    seen: dict[str, str] = {}
+    path = None
+    for _ in range(14):
+        action = rng.choice(["append", "append", "cut", "restart", "inplace"]) if path else "append"
+        if action == "restart":
+            tracker = SessionTracker("ws", store)
+            continue
+        if action == "cut" and len(shown) > 1:
+            shown = shown[rng.randrange(1, len(shown)):]
+        else:
+            shown = shown + [message for message in pool if message not in shown][:rng.randint(1, 4)]
+        if action == "inplace":
+            write_in_place(path, KEY, shown)
+        else:
+            path = write_session(sessions, KEY, shown, last_archived=0)
+            if rng.random() < 0.5:  # a metadata line of another length
+                padding = json.dumps({"n": "x" * rng.randint(1, 30)})
+                text = path.read_text(encoding="utf-8").replace('"metadata": {}', f'"metadata": {padding}', 1)
+                temp = path.with_name(".again.tmp")
+                temp.write_text(text, encoding="utf-8")
+                os.replace(temp, path)
+        tracker.scan(path)
+        seen.update({message["content"].split(" ")[0]: line(message) for message in shown})
+    assert spooled_texts(tracker) == seen
