@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +27,11 @@ from nanobotd.memory.transcript import PendingMessage, raw_entries, transcript
 from nanobotd.state.store import RunRecord, journal_in
 
 SAFETY_MARGIN = 1.2
+# Archive marks of chunks that reached history are committed together, up to this many chunks or this long
+# after the first of them (one commit per chunk rewrote the same index pages hundreds of times); a crash in
+# between leaves chunks journalled with their cursors but not done, which recovery finishes.
+MARK_BATCH_CHUNKS = 16
+MARK_BATCH_SECONDS = 0.5
 PROMPT_OVERHEAD_TOKENS = 600
 OFFLINE_REASON = "offline mode: no LLM configured"
 NOTHING_LEFT_REASON = "nothing unarchived to archive"
@@ -194,14 +200,21 @@ async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, rea
     chunks = plan_chunks(ctx, items)
     chunks = chunks[:rounds] if reason == "budget" else chunks
     outcomes = []
-    for number, chunk in enumerate(chunks):
-        if not chunk.load(ctx, session_key):
-            continue
-        note_progress(manifest, "archiving", number, len(chunks))
-        if not (chunk.oversized or ctx.llm.offline):
-            ctx.store.journal(run_id, manifest)  # the LLM call takes a while: say so (else the next journal does)
-        outcomes.append(await archive_chunk(ctx, session_key, run_id, number, chunk, manifest, usage))
-        chunk.loaded = []
+    marks = ArchiveMarks(ctx, session_key, run_id, manifest)
+    try:
+        for number, chunk in enumerate(chunks):
+            if not chunk.load(ctx, session_key):
+                continue
+            note_progress(manifest, "archiving", number, len(chunks))
+            if not (chunk.oversized or ctx.llm.offline):
+                await marks.commit()  # the LLM call takes a while: what reached history is marked first
+                ctx.store.journal(run_id, manifest)  # and the run says it is waiting (else the next journal does)
+            outcomes.append(await archive_chunk(ctx, session_key, run_id, number, chunk, manifest, usage, marks))
+            chunk.loaded = []
+            if marks.due():
+                await marks.commit()
+    finally:
+        marks.commit_now()  # chunks in history are marked before the run ends, however it ends
     note_progress(manifest, "archived", len(chunks), len(chunks))
     ctx.tracker.set_cycle(session_key, next_cycle=True)
     overall = ("raw_fallback" if "raw_fallback" in outcomes else "summarized" if "summarized" in outcomes
@@ -211,10 +224,49 @@ async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, rea
     return manifest
 
 
+class ArchiveMarks:
+    """Chunks whose entries reached history, waiting for their archive marks: committed in one transaction
+    with the journal saying they are done (so a crash leaves both or neither)."""
+
+    def __init__(self, ctx: JobEnv, session_key: str, run_id: str, manifest: dict):
+        self.ctx, self.session_key, self.run_id, self.manifest = ctx, session_key, run_id, manifest
+        self.records: list[dict] = []
+        self.digests: list[str] = []
+        self.seqs: list[int] = []
+        self.since = 0.0
+
+    def add(self, record: dict, digests: list[str], seqs: list[int]) -> None:
+        if not self.records:
+            self.since = time.monotonic()
+        self.records.append(record)
+        self.digests.extend(digests)
+        self.seqs.extend(seqs)
+
+    def due(self) -> bool:
+        return bool(self.records) and (len(self.records) >= MARK_BATCH_CHUNKS
+                                       or time.monotonic() - self.since >= MARK_BATCH_SECONDS)
+
+    async def commit(self) -> None:
+        """Mark the waiting chunks' messages archived, off the event loop."""
+        if self.records:
+            await asyncio.to_thread(self.commit_now)
+
+    def commit_now(self) -> None:
+        if not self.records:
+            return
+        for record in self.records:
+            record["done"] = True
+        seqs = self.seqs if len(self.seqs) == len(self.digests) else None
+        self.ctx.tracker.mark_archived(self.session_key, self.digests, self.run_id, seqs=seqs,
+                                       also=lambda db: journal_in(db, self.run_id, self.manifest))
+        self.records, self.digests, self.seqs = [], [], []
+
+
 async def archive_chunk(ctx: JobEnv, session_key: str, run_id: str, number: int, chunk: Chunk, manifest: dict,
-                        usage: UsageMeter) -> str:
+                        usage: UsageMeter, marks: ArchiveMarks) -> str:
     """Summarise one chunk and append its entries, journalling the chunk's backup and cursors before the append,
-    so recovery can finish or roll back a chunk a crash cut short; returns the chunk's outcome."""
+    so recovery can finish or roll back a chunk a crash cut short; its marks wait in *marks*. Returns the
+    chunk's outcome."""
     outcome, contents, reason = await summarize_chunk(ctx, chunk, session_key, usage)
     messages, seqs = chunk.messages, chunk.seqs
     record = {
@@ -240,11 +292,8 @@ async def archive_chunk(ctx: JobEnv, session_key: str, run_id: str, number: int,
     written = await asyncio.to_thread(history.append_entries, ctx.memory_dir, [(c, session_key) for c in contents],
                                       ctx.now(), before_write=journal_cursors, span=span)
     record["cursors"] = [entry.cursor for entry in written]
-    record["done"] = True
     manifest["cursors"].extend(record["cursors"])
-    # one commit: the messages archived, out of the spool, and the journal saying the chunk is done
-    await asyncio.to_thread(ctx.tracker.mark_archived, session_key, [message.digest for message in messages], run_id,
-                            seqs=seqs, also=lambda db: journal_in(db, run_id, manifest))
+    marks.add(record, [message.digest for message in messages], seqs)
     row = {"summarized": "written", "nothing": "no_change"}.get(outcome, outcome)
     ctx.store.record_outcome("consolidate", ctx.settings.name, row, run_id=run_id, reason=reason,
                              tokens=usage.prompt_tokens + usage.completion_tokens,
