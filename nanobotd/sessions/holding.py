@@ -60,9 +60,9 @@ class SpoolHolding:
             if tail_start is not None:  # its known bytes, after a metadata line that may have changed length
                 keep.shift = shift + parsed.region_start - tail_start
             return keep
-        if generation and not session.hold_links and not link and not new_rows:
-            return keep  # a private copy: it still has every held line
         rows = spooldb.held_rows(self.store, session.session_id) if generation else []
+        if rows and not session.hold_links and not link and not new_rows:
+            return keep  # a private copy: it still has every held line
         if not rows and not new_rows:
             return HoldPlan(None, 0, link, drop=generation)
         made = self._hold_version(session, handle, generation + 1, link)
@@ -155,6 +155,20 @@ class SpoolHolding:
         if plan.drop and plan.drop != plan.generation:
             self.holds.drop(session.session_id, plan.drop)
         self._unspool(session, plan.lost)
+
+    def _release_hold(self, session: SessionState) -> None:
+        """No held row left: a private copy, or a link to a file that is gone, is not kept (a link to the
+        live file costs nothing and is kept for the next rows)."""
+        with self._lock:
+            generation = session.hold_generation
+            if not generation or (session.hold_links and session.state != "deleted"):
+                return
+            if spooldb.held_rows(self.store, session.session_id, limit=1):
+                return
+            with self.store.transaction() as db:
+                session.hold_generation, session.hold_shift, session.hold_of = 0, 0, None
+                save_hold(db, session)
+            self.holds.drop(session.session_id, generation)
 
     def _undo_hold(self, session: SessionState, plan: HoldPlan, before: tuple) -> None:
         """The transaction failed: the session keeps its held version; a version made for it goes."""

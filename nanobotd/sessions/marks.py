@@ -41,6 +41,7 @@ class ArchiveMarks:
             save_session(db, session, self.clock())
             if also is not None:
                 also(db)
+        self._release_hold(session)
 
     def drop_agent_archived(self, key: str, digests: list[str]) -> None:
         """Messages that left the file and that the agent archived itself: out of the spool, not archived again."""
@@ -51,6 +52,7 @@ class ArchiveMarks:
         with self._lock:
             self._unspool(session, digests)
             self._save_session(session)
+            self._release_hold(session)
 
     def count_archived_twice(self, key: str, digests: list[str]) -> int:
         """The agent archived messages nanobotd had already archived (its entry came after ours)."""

@@ -55,10 +55,11 @@ def insert_rows(db: sqlite3.Connection, session_id: int, rows: list[tuple], hand
             " line_start, line_end, line_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", batch)
 
 
-def held_rows(store: StateStore, session_id: int) -> list[tuple[str, HeldLine]]:
-    """(digest, held line) of the session's held rows."""
+def held_rows(store: StateStore, session_id: int, *, limit: int = -1) -> list[tuple[str, HeldLine]]:
+    """(digest, held line) of the session's held rows (up to *limit*)."""
     rows = store.query("SELECT digest, line_start, line_end, line_digest FROM spool"
-                       " WHERE session_id=? AND record=? AND line_digest IS NOT NULL", (session_id, HELD))
+                       " WHERE session_id=? AND record=? AND line_digest IS NOT NULL LIMIT ?",
+                       (session_id, HELD, limit))
     return [(digest, HeldLine(start, end, line)) for digest, start, end, line in rows]
 
 

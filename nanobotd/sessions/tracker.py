@@ -343,6 +343,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
             with self.store.transaction() as db:
                 db.execute("DELETE FROM messages WHERE session_id=?", (session.session_id,))
             session.tail = None
+            self._release_hold(session)  # no held row left: the deleted file's bytes are not kept
             return ScanResult(session.key, True, 0, len(self._spool_map(session)), 0)
 
     # -- the spool, for jobs -----------------------------------------------------------------------

@@ -231,3 +231,21 @@ def test_any_sequence_of_saves_keeps_every_unarchived_line_readable(tmp_path, se
         tracker.scan(path)
         seen.update({message["content"].split(" ")[0]: line(message) for message in shown})
     assert spooled_texts(tracker) == seen
+
+
+def test_a_private_copy_goes_once_no_row_is_held_in_it_and_a_link_to_the_live_file_stays(tmp_path):
+    _, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    messages = conversation(6)
+    path = write_session(sessions, KEY, messages[:3])
+    tracker.scan(path)
+    assert len(held_files(store)) == 1  # a copy
+    tracker.mark_archived(KEY, [message.digest for _, message, _ in tracker.pending(KEY)], "r-1")
+    assert held_files(store) == [] and tracker.sessions[KEY].hold_generation == 0
+    path = write_session(sessions, KEY, messages)  # a rename: three new rows, held by a link
+    tracker.scan(path)
+    tracker.mark_archived(KEY, [message.digest for _, message, _ in tracker.pending(KEY)], "r-2")
+    assert tracker.sessions[KEY].hold_links and len(held_files(store)) == 1
+    os.unlink(path)  # the file is deleted: a link to it would keep its bytes for nothing
+    tracker.scan(path)
+    assert held_files(store) == []
