@@ -15,6 +15,7 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring as _json_string
 from pathlib import Path
 from typing import BinaryIO
 
@@ -219,9 +220,13 @@ def flatten_content(content: object) -> str:
 
 
 def message_digest(role: str, text: str, timestamp: str) -> str:
-    """Identity of a message across rewrites: a digest of role, content and timestamp."""
-    payload = json.dumps([role, text, timestamp], ensure_ascii=False).encode("utf-8", errors="replace")
-    return hashlib.blake2b(payload, digest_size=16).hexdigest()
+    """Identity of a message across rewrites: a digest of role, content and timestamp.
+
+    The digested bytes are `json.dumps([role, text, timestamp], ensure_ascii=False)`, built from the JSON
+    string encoder itself (json.dumps with options makes a new encoder for every call: a third of a scan).
+    """
+    payload = f"[{_json_string(role)}, {_json_string(text)}, {_json_string(timestamp)}]"
+    return hashlib.blake2b(payload.encode("utf-8", errors="replace"), digest_size=16).hexdigest()
 
 
 def message_text_for_tokens(record: dict, text: str) -> str:

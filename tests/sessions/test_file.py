@@ -86,3 +86,16 @@ def test_a_line_over_the_cap_is_reported_with_its_size_and_the_next_line_still_r
     lines = list(sessionfile.iter_raw_lines(path, max_line_bytes=50))
     assert lines[0].data is None and lines[0].oversized == 100
     assert lines[1].data == b'{"role": "user"}'
+
+
+@settings(max_examples=300, deadline=None)
+@given(role=st.text(max_size=12), text=st.text(max_size=200), timestamp=st.text(max_size=30))
+def test_a_message_digest_is_the_digest_of_its_fields_as_json_text_whatever_they_hold(role, text, timestamp):
+    """Digests are stored (archive marks, spool): the same fields must keep giving the same digest."""
+    import hashlib
+
+    payload = json.dumps([role, text, timestamp], ensure_ascii=False).encode("utf-8", errors="replace")
+    assert sessionfile.message_digest(role, text, timestamp) == hashlib.blake2b(payload, digest_size=16).hexdigest()
+    lone = "\ud800" + text  # a lone surrogate, as a broken client may write
+    payload = json.dumps([role, lone, timestamp], ensure_ascii=False).encode("utf-8", errors="replace")
+    assert sessionfile.message_digest(role, lone, timestamp) == hashlib.blake2b(payload, digest_size=16).hexdigest()
