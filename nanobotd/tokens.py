@@ -11,9 +11,12 @@ import functools
 import gc
 import importlib.util
 import os
+import queue
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 
 DEFAULT_ENCODING = "o200k_base"
@@ -73,26 +76,99 @@ def count_tokens(text: str, encoding_name: str = DEFAULT_ENCODING) -> int:
 
 
 def count_tokens_batch(texts: list[str], encoding_name: str = DEFAULT_ENCODING) -> list[int]:
-    """count_tokens of each of *texts*; a large batch is split over up to BATCH_THREADS threads (tiktoken
-    encodes without the GIL), one slice of texts each."""
+    """count_tokens of each of *texts*; a large batch is split over the calling thread and the counting
+    threads (tiktoken encodes without the GIL), one slice of texts each."""
     if not texts:
         return []
     _Usage.last_used = time.monotonic()
     encoding = get_encoding(encoding_name)
-    heads = [text[:MAX_COUNTED_CHARS] for text in texts]
-
-    def count(part: list[str]) -> list[int]:
-        return [len(encoding.encode_ordinary(text)) for text in part]
-
-    threads = max(1, min(BATCH_THREADS, os.cpu_count() or 1, len(heads) // MIN_TEXTS_PER_THREAD))
+    threads = max(1, min(BATCH_THREADS, os.cpu_count() or 1, len(texts) // MIN_TEXTS_PER_THREAD))
     if threads == 1:
-        counts = count(heads)
-    else:
-        size = -(-len(heads) // threads)
-        with ThreadPoolExecutor(threads, thread_name_prefix="tokens") as pool:
-            counts = [n for part in pool.map(count, [heads[i:i + size] for i in range(0, len(heads), size)])
-                      for n in part]
-    return [n + max(0, len(text) - MAX_COUNTED_CHARS) // 4 for n, text in zip(counts, texts, strict=True)]
+        return _count(encoding, texts)
+    size = -(-len(texts) // threads)
+    others = [_submit(_count, encoding, texts[start:start + size]) for start in range(size, len(texts), size)]
+    counts = _count(encoding, texts[:size])
+    for part in others:
+        counts += part.result()
+    return counts
+
+
+def submit_tokens_batch(texts: list[str], encoding_name: str = DEFAULT_ENCODING) -> Future[list[int]]:
+    """count_tokens_batch of *texts* counted by a counting thread while the caller goes on (a scan parses
+    the next lines meanwhile); its result() is the counts, or raises what counting raised."""
+    _Usage.last_used = time.monotonic()
+    return _submit(_count, get_encoding(encoding_name), texts)
+
+
+def _count(encoding, texts: list[str]) -> list[int]:
+    """The exact count of each text's first MAX_COUNTED_CHARS, plus 4 chars a token beyond them."""
+    return [len(encoding.encode_ordinary(text[:MAX_COUNTED_CHARS])) + max(0, len(text) - MAX_COUNTED_CHARS) // 4
+            for text in texts]
+
+
+class _CountingThreads:
+    """A few daemon threads that count batches handed to them, in the order given.
+
+    Started on the first batch large enough to share, stopped with the encodings (release_if_idle): an idle
+    daemon keeps no counting thread.
+    """
+
+    lock = threading.Lock()
+    running: _CountingThreads | None = None
+
+    def __init__(self, size: int) -> None:
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.threads = [threading.Thread(target=self._work, name=f"tokens-{n}", daemon=True) for n in range(size)]
+        for thread in self.threads:
+            thread.start()
+
+    def _work(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            future, function, args = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(function(*args))
+            except BaseException as exc:  # handed to whoever waits for the result, raised there
+                future.set_exception(exc)
+
+    def stop(self) -> None:
+        """Let the threads finish the batches already handed over, then end them."""
+        for _ in self.threads:
+            self.jobs.put(None)
+        for thread in self.threads:
+            thread.join()
+
+
+def _submit(function: Callable[..., list[int]], *args) -> Future[list[int]]:
+    future: Future[list[int]] = Future()
+    with _CountingThreads.lock:  # queued before a stop's end markers, or to threads started after it
+        if _CountingThreads.running is None:
+            _CountingThreads.running = _CountingThreads(min(BATCH_THREADS, os.cpu_count() or 1))
+        _CountingThreads.running.jobs.put((future, function, args))
+    return future
+
+
+def counting_threads() -> int:
+    """How many counting threads are running (none until a batch needs them, none once released)."""
+    running = _CountingThreads.running
+    return sum(thread.is_alive() for thread in running.threads) if running is not None else 0
+
+
+def _stop_counting_threads() -> None:
+    with _CountingThreads.lock:
+        running, _CountingThreads.running = _CountingThreads.running, None
+    if running is not None:
+        running.stop()
+
+
+def _forget_counting_threads() -> None:
+    """A forked child has none of its parent's threads: start its own when it needs them."""
+    _CountingThreads.lock = threading.Lock()
+    _CountingThreads.running = None
+
+
+os.register_at_fork(after_in_child=_forget_counting_threads)
 
 
 def encodings_loaded() -> bool:
@@ -101,9 +177,10 @@ def encodings_loaded() -> bool:
 
 
 def release_if_idle(idle_seconds: float) -> bool:
-    """Drop loaded encodings unused for *idle_seconds* and return the memory to the system."""
+    """Drop loaded encodings and the counting threads unused for *idle_seconds*; give the memory back."""
     if not encodings_loaded() or time.monotonic() - _Usage.last_used < idle_seconds:
         return False
+    _stop_counting_threads()
     get_encoding.cache_clear()
     registry = sys.modules.get("tiktoken.registry")
     if registry is not None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import threading
+
 from nanobotd import tokens
 
 
@@ -27,3 +30,34 @@ def test_a_batch_counts_exactly_what_one_text_at_a_time_counts():
     texts = texts * 40  # large enough to be split over threads
     assert tokens.count_tokens_batch(texts) == [tokens.count_tokens(text) for text in texts]
     assert tokens.count_tokens_batch([]) == []
+
+
+def counting_thread_names() -> list[str]:
+    return [thread.name for thread in threading.enumerate() if thread.name.startswith("tokens-")]
+
+
+def test_the_counting_threads_start_for_a_large_batch_only_and_end_with_the_encoding():
+    tokens.count_tokens("warm up")
+    tokens._Usage.last_used -= 7200
+    tokens.release_if_idle(3600)
+    assert tokens.count_tokens_batch(["small batch"] * 10) == [2] * 10
+    assert tokens.counting_threads() == 0 and counting_thread_names() == []
+    texts = [f"text number {n}" for n in range(400)]
+    assert tokens.count_tokens_batch(texts) == [tokens.count_tokens(text) for text in texts]
+    assert tokens.submit_tokens_batch(texts[:3]).result(timeout=60) == [tokens.count_tokens(text) for text in texts[:3]]
+    assert tokens.counting_threads() == min(tokens.BATCH_THREADS, os.cpu_count() or 1)
+    assert all(thread.daemon for thread in threading.enumerate() if thread.name.startswith("tokens-"))
+    tokens._Usage.last_used -= 7200
+    assert tokens.release_if_idle(3600) is True
+    assert tokens.counting_threads() == 0 and counting_thread_names() == []
+    assert tokens.count_tokens_batch(texts) == [tokens.count_tokens(text) for text in texts]
+    assert tokens.counting_threads() > 0
+
+
+def test_a_text_over_the_counted_length_counts_its_head_exactly_and_the_rest_at_four_chars_a_token():
+    text = "plain words and more " * (tokens.MAX_COUNTED_CHARS // 20) + "tail" * 1000
+    head = len(tokens.get_encoding().encode_ordinary(text[:tokens.MAX_COUNTED_CHARS]))
+    expected = head + (len(text) - tokens.MAX_COUNTED_CHARS) // 4
+    assert tokens.count_tokens(text) == expected
+    assert tokens.count_tokens_batch([text, "hello world"] + ["x"] * 200)[:2] == [expected, 2]
+    assert tokens.submit_tokens_batch([text]).result(timeout=120) == [expected]
