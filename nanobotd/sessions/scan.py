@@ -23,8 +23,8 @@ from nanobotd.tokens import PendingCounts, count_tokens_batch, submit_tokens_bat
 FLAG_COMMAND = 1
 FLAG_HIDDEN = 2
 HASH_BLOCK = 1024 * 1024
-TOKEN_BATCH = 512  # messages whose tokens are counted together
-BATCHES_IN_FLIGHT = 2  # batches counted meanwhile; the scan waits for the oldest before handing over another
+TOKEN_BATCH = 128  # messages counted together; small, so a file of a few hundred messages is counted as it is read
+BATCHES_IN_FLIGHT = 2  # batches being counted while the scan reads on; it finishes the oldest before handing over more
 
 
 @dataclass(frozen=True, slots=True)
