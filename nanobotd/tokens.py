@@ -10,10 +10,12 @@ import ctypes
 import functools
 import gc
 import importlib.util
+import itertools
 import os
+import queue
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 DEFAULT_ENCODING = "o200k_base"
@@ -73,26 +75,133 @@ def count_tokens(text: str, encoding_name: str = DEFAULT_ENCODING) -> int:
 
 
 def count_tokens_batch(texts: list[str], encoding_name: str = DEFAULT_ENCODING) -> list[int]:
-    """count_tokens of each of *texts*; a large batch is split over up to BATCH_THREADS threads (tiktoken
-    encodes without the GIL), one slice of texts each."""
+    """count_tokens of each of *texts*; a large batch is counted by the calling thread and the counting
+    threads together (tiktoken encodes without the GIL)."""
     if not texts:
         return []
     _Usage.last_used = time.monotonic()
     encoding = get_encoding(encoding_name)
-    heads = [text[:MAX_COUNTED_CHARS] for text in texts]
-
-    def count(part: list[str]) -> list[int]:
-        return [len(encoding.encode_ordinary(text)) for text in part]
-
-    threads = max(1, min(BATCH_THREADS, os.cpu_count() or 1, len(heads) // MIN_TEXTS_PER_THREAD))
+    threads = max(1, min(BATCH_THREADS, os.cpu_count() or 1, len(texts) // MIN_TEXTS_PER_THREAD))
     if threads == 1:
-        counts = count(heads)
-    else:
-        size = -(-len(heads) // threads)
-        with ThreadPoolExecutor(threads, thread_name_prefix="tokens") as pool:
-            counts = [n for part in pool.map(count, [heads[i:i + size] for i in range(0, len(heads), size)])
-                      for n in part]
-    return [n + max(0, len(text) - MAX_COUNTED_CHARS) // 4 for n, text in zip(counts, texts, strict=True)]
+        return [_count(encoding, text) for text in texts]
+    batch = PendingCounts(encoding, texts)
+    _hand_over(batch, threads - 1)
+    return batch.result()
+
+
+def submit_tokens_batch(texts: list[str], encoding_name: str = DEFAULT_ENCODING) -> PendingCounts:
+    """count_tokens_batch of *texts*, counted by a counting thread while the caller goes on (a scan parses
+    the next lines meanwhile)."""
+    _Usage.last_used = time.monotonic()
+    batch = PendingCounts(get_encoding(encoding_name), texts)
+    _hand_over(batch, 1)
+    return batch
+
+
+def _count(encoding, text: str) -> int:
+    """The exact count of the text's first MAX_COUNTED_CHARS, plus 4 chars a token beyond them."""
+    return len(encoding.encode_ordinary(text[:MAX_COUNTED_CHARS])) + max(0, len(text) - MAX_COUNTED_CHARS) // 4
+
+
+class PendingCounts:
+    """The counts of a batch of texts, each text counted by whichever thread takes it first: the counting
+    threads, and the caller of result(), which counts what is left instead of waiting for it."""
+
+    def __init__(self, encoding, texts: list[str]) -> None:
+        self._encoding = encoding
+        self._texts = texts
+        self._counts = [0] * len(texts)
+        self._next = itertools.count()  # the next text to take (next() on it is atomic under the GIL)
+        self._counting = 0
+        self._finished = threading.Condition()
+        self._error: BaseException | None = None
+
+    def result(self) -> list[int]:
+        """Every text's count, once the texts taken by other threads are counted; raises what counting
+        raised in any thread."""
+        self._count_left()
+        with self._finished:
+            self._finished.wait_for(lambda: self._counting == 0)
+        if self._error is not None:
+            raise self._error
+        return self._counts
+
+    def count_in_thread(self) -> None:
+        """Count texts until none is left, in a counting thread: a failure is kept for result() to raise."""
+        try:
+            self._count_left()
+        except BaseException as exc:  # raised by result() in the thread that wants the counts
+            self._error = exc
+
+    def _count_left(self) -> None:
+        with self._finished:
+            self._counting += 1
+        try:
+            while (index := next(self._next)) < len(self._texts):
+                self._counts[index] = _count(self._encoding, self._texts[index])
+        finally:
+            with self._finished:
+                self._counting -= 1
+                self._finished.notify_all()
+
+
+class _CountingThreads:
+    """A few daemon threads that count the batches handed to them, in the order given.
+
+    Started on the first batch large enough to share, stopped with the encodings (release_if_idle): an idle
+    daemon keeps no counting thread.
+    """
+
+    lock = threading.Lock()
+    running: _CountingThreads | None = None
+
+    def __init__(self, size: int) -> None:
+        self.jobs: queue.SimpleQueue[PendingCounts | None] = queue.SimpleQueue()
+        self.threads = [threading.Thread(target=self._work, name=f"tokens-{n}", daemon=True) for n in range(size)]
+        for thread in self.threads:
+            thread.start()
+
+    def _work(self) -> None:
+        while (batch := self.jobs.get()) is not None:
+            batch.count_in_thread()
+
+    def stop(self) -> None:
+        """Let the threads finish the batches already handed over, then end them."""
+        for _ in self.threads:
+            self.jobs.put(None)
+        for thread in self.threads:
+            thread.join()
+
+
+def _hand_over(batch: PendingCounts, threads: int) -> None:
+    """Let *threads* counting threads count *batch* (starting them if none is running)."""
+    with _CountingThreads.lock:  # queued before a stop's end markers, or to threads started after it
+        if _CountingThreads.running is None:
+            _CountingThreads.running = _CountingThreads(min(BATCH_THREADS, os.cpu_count() or 1))
+        for _ in range(threads):
+            _CountingThreads.running.jobs.put(batch)
+
+
+def counting_threads() -> int:
+    """How many counting threads are running (none until a batch needs them, none once released)."""
+    running = _CountingThreads.running
+    return sum(thread.is_alive() for thread in running.threads) if running is not None else 0
+
+
+def _stop_counting_threads() -> None:
+    with _CountingThreads.lock:
+        running, _CountingThreads.running = _CountingThreads.running, None
+    if running is not None:
+        running.stop()
+
+
+def _forget_counting_threads() -> None:
+    """A forked child has none of its parent's threads: start its own when it needs them."""
+    _CountingThreads.lock = threading.Lock()
+    _CountingThreads.running = None
+
+
+os.register_at_fork(after_in_child=_forget_counting_threads)
 
 
 def encodings_loaded() -> bool:
@@ -101,9 +210,10 @@ def encodings_loaded() -> bool:
 
 
 def release_if_idle(idle_seconds: float) -> bool:
-    """Drop loaded encodings unused for *idle_seconds* and return the memory to the system."""
+    """Drop loaded encodings and the counting threads unused for *idle_seconds*; give the memory back."""
     if not encodings_loaded() or time.monotonic() - _Usage.last_used < idle_seconds:
         return False
+    _stop_counting_threads()
     get_encoding.cache_clear()
     registry = sys.modules.get("tiktoken.registry")
     if registry is not None:

@@ -9,20 +9,22 @@ are hashed; when the file still starts with them, only the lines after them are 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field, replace
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, BinaryIO
+from typing import IO, Any, BinaryIO, NamedTuple
 
 from loguru import logger
 
 from nanobotd import fsio
 from nanobotd.sessions import file as sessionfile
-from nanobotd.tokens import count_tokens_batch
+from nanobotd.tokens import PendingCounts, count_tokens_batch, submit_tokens_batch
 
 FLAG_COMMAND = 1
 FLAG_HIDDEN = 2
 HASH_BLOCK = 1024 * 1024
-TOKEN_BATCH = 512  # messages whose tokens are counted together
+TOKEN_BATCH = 128  # messages counted together; small, so a file of a few hundred messages is counted as it is read
+BATCHES_IN_FLIGHT = 2  # batches being counted while the scan reads on; it finishes the oldest before handing over more
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +103,20 @@ def read_line(handle: BinaryIO, ref: LineRef) -> bytes | None:
     return data if sessionfile.line_digest(data) == ref.line_digest else None
 
 
+_Fields = tuple[str, str, str, str]  # a MessageInfo's line_digest, digest, role and timestamp
+
+
+class _Uncounted(NamedTuple):
+    """A parsed message whose tokens are still to count, and where in messages it goes."""
+
+    index: int
+    fields: _Fields
+    text: str
+
+
+_PENDING = MessageInfo("", "", "", "", 0, 0)  # holds an uncounted message's place in messages
+
+
 @dataclass
 class _Reading:
     """What one pass over a file's lines has collected so far."""
@@ -120,7 +136,8 @@ class _Reading:
     cache: dict[str, list[MessageInfo]] = field(default_factory=dict)
     line_copies: dict[str, int] = field(default_factory=dict)
     encoding: str = ""
-    uncounted: list[tuple[int, str]] = field(default_factory=list)  # (index in messages, text to count)
+    uncounted: list[_Uncounted] = field(default_factory=list)  # the next batch to count
+    counting: deque[tuple[list[_Uncounted], PendingCounts]] = field(default_factory=deque)
 
     def reuse(self, line: sessionfile.RawLine) -> bool:
         """Take the cached parse of *line* when there is one; a line may repeat (same bytes twice), so
@@ -137,27 +154,42 @@ class _Reading:
             self.known_records[info.digest] = LineRef(line.start, line.end, line.line_digest)
         return True
 
-    def take(self, info: MessageInfo, text: str | None, line: sessionfile.RawLine) -> None:
+    def take(self, fields: _Fields, flags: int, text: str | None, line: sessionfile.RawLine) -> None:
         """A newly parsed message, its *text* to count (None: it counts none); one over MAX_LINE_BYTES is
-        counted as large (it will be archived raw)."""
-        self.messages.append(info)
-        if info.counts:
-            self.new_records[info.digest] = LineRef(line.start, line.end, line.line_digest)
+        counted as large (it will be archived raw). A message with text to count takes its place in
+        messages once counted; a full batch is handed over to be counted while the next lines are parsed."""
+        if not flags:
+            self.new_records[fields[1]] = LineRef(line.start, line.end, line.line_digest)
         if text:
-            self.uncounted.append((len(self.messages) - 1, text))
+            self.uncounted.append(_Uncounted(len(self.messages), fields, text))
+            self.messages.append(_PENDING)
             if len(self.uncounted) >= TOKEN_BATCH:
-                self.count()
+                if len(self.counting) >= BATCHES_IN_FLIGHT:
+                    self._collect()
+                self.counting.append((self.uncounted, submit_tokens_batch([m.text for m in self.uncounted],
+                                                                          self.encoding)))
+                self.uncounted = []
+        else:
+            self.messages.append(MessageInfo(*fields, 0, flags))
         if len(line.data) > sessionfile.MAX_LINE_BYTES:
             self.large += 1
 
     def count(self) -> None:
-        """Count the tokens of the messages parsed since the last count, as one batch."""
-        if not self.uncounted:
-            return
-        counts = count_tokens_batch([text for _, text in self.uncounted], self.encoding)
-        for (index, _), tokens in zip(self.uncounted, counts, strict=True):
-            self.messages[index] = replace(self.messages[index], tokens=tokens)
-        self.uncounted = []
+        """Count the rest and wait for the batches being counted: every message is in place after this."""
+        if self.uncounted:
+            self._place(self.uncounted, count_tokens_batch([m.text for m in self.uncounted], self.encoding))
+            self.uncounted = []
+        while self.counting:
+            self._collect()
+
+    def _collect(self) -> None:
+        """Finish counting the oldest batch handed over and put its messages in place."""
+        batch, counted = self.counting.popleft()
+        self._place(batch, counted.result())  # raises what counting raised
+
+    def _place(self, batch: list[_Uncounted], counts: list[int]) -> None:
+        for message, tokens in zip(batch, counts, strict=True):
+            self.messages[message.index] = MessageInfo(*message.fields, tokens, 0)
 
 
 def _parse_all(path: Path, handle: BinaryIO, encoding: str, cached: list[MessageInfo]) -> ParseResult:
@@ -240,9 +272,9 @@ def _count_corrupt(path: Path, line: sessionfile.RawLine, reading: _Reading) -> 
                      line.oversized, sessionfile.MESSAGE_LINE_BYTES >> 20)
 
 
-def _message_info(line_digest: str, record: dict, taken: set[str]) -> tuple[MessageInfo, str | None] | None:
-    """Parse one message (its tokens still to count) and the text to count them in (None: it counts none);
-    a digest already taken in this file gets a numbered variant (#1, #2, ...)."""
+def _message_info(line_digest: str, record: dict, taken: set[str]) -> tuple[_Fields, int, str | None] | None:
+    """Parse one message: its MessageInfo fields but tokens and flags, its flags, and the text to count its
+    tokens in (None: it counts none); a digest already taken in this file gets a numbered variant (#1, ...)."""
     fields = sessionfile.message_fields(record)
     if fields is None:
         return None
@@ -255,7 +287,7 @@ def _message_info(line_digest: str, record: dict, taken: set[str]) -> tuple[Mess
     taken.add(digest)
     flags = (FLAG_COMMAND if record.get("_command") else 0) | (FLAG_HIDDEN if record.get("_hidden_history") else 0)
     counted = None if flags else sessionfile.message_text_for_tokens(record, text)
-    return MessageInfo(line_digest, digest, role, timestamp, 0, flags), counted
+    return (line_digest, digest, role, timestamp), flags, counted
 
 
 def _known_region(handle: BinaryIO, tail: Tail, header: sessionfile.SessionHeader) -> tuple[int, Any] | None:

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanobotd.sessions.scan import parse_session
+from nanobotd import tokens
+from nanobotd.sessions import file as sessionfile
+from nanobotd.sessions.scan import TOKEN_BATCH, parse_session
 from tests.sessions.test_file import LINES
 from tests.support.workspace import conversation, make_workspace, write_session
+from tests.test_tokens import failing_encoding
 
 
 def full_then_append(tmp_path, first, second):
@@ -75,3 +80,70 @@ def test_any_session_bytes_parse_to_messages_or_counted_corrupt_lines_incrementa
     assert [info.digest for info in again.messages] == [info.digest for info in full.messages]
     assert again.corrupt == full.corrupt
     assert sum(info.tokens for info in again.messages) == sum(info.tokens for info in full.messages)
+
+
+def mixed_corpus(count: int) -> list[dict]:
+    """Messages of every kind the counting meets: plain, empty, tool calls, special-token text, non-ASCII,
+    commands and hidden summaries (which count none), and one text longer than MAX_COUNTED_CHARS."""
+    messages = conversation(count, words=30)
+    for index, message in enumerate(messages):
+        if index % 97 == 5:
+            message.update(content="/new", _command=True)
+        elif index % 89 == 11:
+            message.update(content="summary of what came before", _hidden_history=True)
+        elif index % 50 == 3:
+            message["content"] = ""
+        elif index % 40 == 7:
+            message["tool_calls"] = [{"id": f"c{index}", "type": "function",
+                                      "function": {"name": "read_file", "arguments": '{"path": "USER.md"}'}}]
+        elif index % 30 == 1:
+            message["content"] += " <|endoftext|> ünïcödé 日本語 🙂"
+    messages[600]["content"] = "a long paste of words " * (tokens.MAX_COUNTED_CHARS // 21)
+    return messages
+
+
+def serial_counts(messages: list[dict]) -> list[int]:
+    """One text at a time, in the calling thread: the exact count of the first MAX_COUNTED_CHARS, 4 chars a
+    token past them; commands and hidden summaries count none."""
+    encoding = tokens.get_encoding("o200k_base")
+    counts = []
+    for record in messages:
+        role, text, _ = sessionfile.message_fields(record)
+        if record.get("_command") or record.get("_hidden_history"):
+            counts.append(0)
+            continue
+        text = sessionfile.message_text_for_tokens(record, text)
+        head = len(encoding.encode_ordinary(text[:tokens.MAX_COUNTED_CHARS]))
+        counts.append(head + max(0, len(text) - tokens.MAX_COUNTED_CHARS) // 4)
+    return counts
+
+
+def test_counts_over_many_batches_equal_one_text_at_a_time_in_order_fully_and_incrementally(tmp_path):
+    messages = mixed_corpus(5 * TOKEN_BATCH + 37)
+    expected = serial_counts(messages)
+    assert expected[600] > 0 and 0 in expected
+    _, sessions = make_workspace(tmp_path)
+    path = write_session(sessions, "cli:a", messages[:2 * TOKEN_BATCH + 100])
+    before = parse_session(path, "o200k_base")
+    assert [info.tokens for info in before.messages] == expected[:2 * TOKEN_BATCH + 100]
+    write_session(sessions, "cli:a", messages)
+    after = parse_session(path, "o200k_base", cached=before.messages, tail=before.tail)
+    full = parse_session(path, "o200k_base")
+    assert after.fast and after.messages == full.messages
+    assert [info.tokens for info in full.messages] == expected
+    assert [info.timestamp for info in full.messages] == [message["timestamp"] for message in messages]
+    assert [info.counts for info in full.messages] == [
+        not (message.get("_command") or message.get("_hidden_history")) for message in messages]
+
+
+def test_a_failure_inside_a_counting_thread_fails_the_scan_instead_of_hanging_or_counting_zero(tmp_path,
+                                                                                              monkeypatch):
+    messages = conversation(3 * TOKEN_BATCH)
+    messages[10]["content"] = "POISON"
+    _, sessions = make_workspace(tmp_path)
+    path = write_session(sessions, "cli:a", messages)
+    monkeypatch.setattr(tokens, "get_encoding", failing_encoding(tokens.get_encoding("o200k_base"), []))
+    with ThreadPoolExecutor(1) as scanner:  # a scan that hangs fails on the timeout instead of hanging the tests
+        scan = scanner.submit(parse_session, path, "o200k_base")
+        with pytest.raises(RuntimeError, match="the tokenizer failed"):
+            scan.result(timeout=120)
