@@ -109,9 +109,9 @@ class LLMClient:
             await self._sleep(delay)
 
     async def _attempt(self, request: dict, attempt_timeout: float, attempt: int) -> LLMReply:
-        """One attempt in the worker (which sends it once more to a new worker if the first dies under it)."""
-        async with self._slot():
-            answer = await self.worker.call(request, attempt_timeout)
+        """One attempt in the worker (which sends it once more to a new worker if the first dies under it),
+        holding a slot while its request is on its way (the worker prepares it before)."""
+        answer = await self.worker.call(request, attempt_timeout, slot=self._slot())
         return parse_reply(answer.response, latency_ms=answer.latency_ms, attempts=attempt)
 
     async def aclose(self) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from loguru import logger
 
 from nanobotd.llm.failures import TIMEOUT, WORKER, Failure, redact
-from nanobotd.llm.protocol import OP_CANCEL, OP_COMPLETE, decode, encode, failure_from_json
+from nanobotd.llm.protocol import OP_CANCEL, OP_COMPLETE, OP_GO, decode, encode, failure_from_json
 
 IDLE_EXIT_SECONDS = 300.0
 START_TIMEOUT_SECONDS = 60.0  # importing litellm takes ~2.5 s on an idle machine; far longer under load
@@ -88,22 +88,27 @@ class LLMWorker:
         child = self._child
         return child.process.pid if child is not None else None
 
-    async def call(self, request: dict, timeout: float, *, op: str = OP_COMPLETE) -> WorkerAnswer:
+    async def call(self, request: dict, timeout: float, *, op: str = OP_COMPLETE,
+                   slot: asyncio.Semaphore | None = None) -> WorkerAnswer:
         """Run one litellm call (`acompletion`, or `aembedding` for OP_EMBED) with *request* in the worker,
-        starting one if needed; a worker that dies under the call is replaced and the call sent once more."""
+        starting one if needed; a worker that dies under the call is replaced and the call sent once more.
+
+        With *slot*, the worker prepares the call at once and sends its request only once the slot is
+        taken, which it holds until the answer: litellm's own work on a call overlaps the request in flight.
+        """
         if request.get("api_key"):
             self.secrets.add(str(request["api_key"]))
         try:
-            return await self._call_once(op, request, timeout)
+            return await self._call_once(op, request, timeout, slot)
         except WorkerCrashed as crash:
             logger.warning("LLM worker {}; sending the call again to a new one", crash.reason)
-            return await self._call_once(op, request, timeout)
+            return await self._call_once(op, request, timeout, slot)
 
-    async def _call_once(self, op: str, request: dict, timeout: float) -> WorkerAnswer:
+    async def _call_once(self, op: str, request: dict, timeout: float, slot: asyncio.Semaphore | None) -> WorkerAnswer:
         child = self._acquire()
         try:
             await child.wait_ready(self.start_timeout)
-            return await child.call(op, next(self._ids), request, timeout)
+            return await child.call(op, next(self._ids), request, timeout, slot)
         finally:
             self._release(child)
 
@@ -203,17 +208,25 @@ class WorkerChild:
             self.kill(f"did not start within {timeout:g}s")
             raise WorkerCrashed(f"did not start within {timeout:g}s") from None
 
-    async def call(self, op: str, call_id: int, request: dict, timeout: float) -> WorkerAnswer:
-        """Send one call and wait for its answer; a worker silent past timeout + grace is killed."""
+    async def call(self, op: str, call_id: int, request: dict, timeout: float,
+                   slot: asyncio.Semaphore | None = None) -> WorkerAnswer:
+        """Send one call and wait for its answer; a worker silent past timeout + grace is killed. With *slot*,
+        the call is sent gated and let go once the slot is taken; the timeout counts from then."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self._lock:
             if self.dead:
                 raise WorkerCrashed(self.dead)
             self._pending[call_id] = (loop, future)
-        self._outbox.put(encode({"op": op, "id": call_id, "request": request, "timeout": timeout}))
+        self._outbox.put(encode({"op": op, "id": call_id, "request": request, "timeout": timeout,
+                                 "gated": slot is not None}))
         try:
-            message = await asyncio.wait_for(future, timeout + HANG_GRACE_SECONDS)
+            if slot is None:
+                message = await asyncio.wait_for(future, timeout + HANG_GRACE_SECONDS)
+            else:
+                async with slot:
+                    self._outbox.put(encode({"op": OP_GO, "id": call_id}))
+                    message = await asyncio.wait_for(future, timeout + HANG_GRACE_SECONDS)
         except TimeoutError:
             reason = f"did not answer within {timeout:g}s"
             self.kill(reason)

@@ -3,12 +3,18 @@
 One message per line, in either direction:
 
     worker -> daemon  {"ready": PID}                                 litellm is imported, calls may come
-    daemon -> worker  {"op": "complete", "id": N, "request": {...}, "timeout": SECONDS}
+    daemon -> worker  {"op": "complete", "id": N, "request": {...}, "timeout": SECONDS, "gated": BOOL}
+    daemon -> worker  {"op": "go", "id": N}                          a gated call may send its request now
     daemon -> worker  {"op": "embed", "id": N, "request": {...}, "timeout": SECONDS}
     daemon -> worker  {"op": "cancel", "id": N}                      the caller gave up; drop the call
     worker -> daemon  {"id": N, "response": {...}, "latency_ms": MS} an OpenAI-format answer
     worker -> daemon  {"id": N, "failure": {...}}                    a failed call, classified by the worker
     worker -> daemon  {"log": {"level": ..., "name": ..., "message": ...}}
+
+A gated call is prepared at once (litellm builds its request) but sends nothing until its "go": the daemon
+hands over a call while it still waits for an LLM slot, and sends "go" when it has one, so a slot is held
+only while a request is on its way, not while litellm prepares the next one. The call's timeout counts
+from its "go".
 
 Failures are classified where the library's exceptions live (the worker), so the daemon never needs
 litellm, openai or httpx to decide whether to retry.
@@ -24,6 +30,7 @@ from nanobotd.llm.failures import Failure
 OP_COMPLETE = "complete"  # litellm.acompletion(**request)
 OP_EMBED = "embed"  # litellm.aembedding(**request)
 OP_CANCEL = "cancel"
+OP_GO = "go"  # a gated call may send its request
 MESSAGE_TEXT_LIMIT = 4000
 
 

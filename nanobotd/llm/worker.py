@@ -10,6 +10,7 @@ it, or dying, ends the worker.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
 import signal
@@ -19,10 +20,12 @@ import time
 from typing import Any, BinaryIO, NoReturn
 
 from nanobotd.llm.failures import BAD_RESPONSE, Failure, LLMBadResponse, classify_failure, redact
-from nanobotd.llm.protocol import OP_CANCEL, OP_COMPLETE, OP_EMBED, decode, encode, failure_to_json
+from nanobotd.llm.protocol import OP_CANCEL, OP_COMPLETE, OP_EMBED, OP_GO, decode, encode, failure_to_json
 from nanobotd.llm.reply import response_dict
 
 MAX_LINE_BYTES = 256 * 1024 * 1024  # one request line: a whole prompt, so no small stream limit
+# The gate of the call running in this context (None: the call sends at once).
+CALL_GATE: contextvars.ContextVar[asyncio.Event | None] = contextvars.ContextVar("llm_call_gate", default=None)
 
 
 def import_litellm() -> Any:
@@ -38,6 +41,29 @@ def import_litellm() -> Any:
 
     capture_library_loggers()
     return litellm
+
+
+def gate_http_sends() -> None:
+    """Hold every HTTP request of a gated call until its "go" (`llm.protocol`).
+
+    Every async provider in litellm (the OpenAI SDK and litellm's own handler alike) sends through
+    httpx.AsyncClient.send, so the gate sits there: litellm does all its work on a call up to the request
+    itself, then waits. Once a call's gate is open, its further requests (an auth refresh, a retry) pass.
+    """
+    import httpx
+
+    send = httpx.AsyncClient.send
+    if getattr(send, "gated", False):
+        return
+
+    async def gated_send(client: httpx.AsyncClient, request: httpx.Request, **kwargs: Any) -> httpx.Response:
+        gate = CALL_GATE.get()
+        if gate is not None:
+            await gate.wait()
+        return await send(client, request, **kwargs)
+
+    gated_send.gated = True  # type: ignore[attr-defined]
+    httpx.AsyncClient.send = gated_send  # type: ignore[method-assign]
 
 
 def warm_up() -> None:
@@ -97,6 +123,7 @@ class Worker:
         self.litellm = litellm
         self.channel = channel
         self.calls: dict[int, asyncio.Task] = {}
+        self.gates: dict[int, asyncio.Event] = {}  # gated calls still waiting for their "go"
 
     async def serve(self, stdin: BinaryIO) -> None:
         """Announce readiness, then dispatch calls and cancels; on end of input, drop what is left."""
@@ -114,39 +141,70 @@ class Worker:
         await asyncio.gather(*self.calls.values(), return_exceptions=True)
 
     def dispatch(self, message: dict) -> None:
-        """Start a call, or cancel one the daemon no longer waits for."""
+        """Start a call, let a gated one send, or cancel one the daemon no longer waits for."""
         call_id = int(message["id"])
         op = message.get("op")
         if op == OP_CANCEL:
             task = self.calls.get(call_id)
             if task is not None:
                 task.cancel()
+        elif op == OP_GO:
+            gate = self.gates.pop(call_id, None)
+            if gate is not None:
+                gate.set()
         elif op in (OP_COMPLETE, OP_EMBED):
             request = dict(message["request"])
             if request.get("api_key"):
                 self.channel.secrets.add(str(request["api_key"]))
             function = self.litellm.acompletion if op == OP_COMPLETE else self.litellm.aembedding
+            gate = None
+            if message.get("gated"):
+                gate = self.gates[call_id] = asyncio.Event()
             task = asyncio.get_running_loop().create_task(self.run(call_id, function, request,
-                                                                   float(message["timeout"])))
+                                                                   float(message["timeout"]), gate))
             self.calls[call_id] = task
-            task.add_done_callback(lambda _done: self.calls.pop(call_id, None))
+            task.add_done_callback(lambda _done: self.forget(call_id))
 
-    async def run(self, call_id: int, function: Any, request: dict, timeout: float) -> None:
-        """One litellm call under *timeout*, answered with its result or the classified failure."""
-        started = time.perf_counter()
+    def forget(self, call_id: int) -> None:
+        """A call ended (answered, failed or cancelled)."""
+        self.calls.pop(call_id, None)
+        self.gates.pop(call_id, None)
+
+    async def run(self, call_id: int, function: Any, request: dict, timeout: float,
+                  gate: asyncio.Event | None = None) -> None:
+        """One litellm call under *timeout* (from its "go", when gated), answered with its result or the
+        classified failure."""
         try:
-            # litellm's own timeout is not always honoured by a server that accepts and then stalls.
-            response = await asyncio.wait_for(function(**request), timeout)
+            response, started = await self.call(function, request, timeout, gate)
             data = response_dict(response)
+            latency_ms = (time.perf_counter() - started) * 1000
         except LLMBadResponse as error:
             failure = Failure(BAD_RESPONSE, error)
         except Exception as error:  # CancelledError is a BaseException: a cancelled call sends nothing
             failure = classify_failure(error)
         else:
-            latency_ms = (time.perf_counter() - started) * 1000
             self.channel.send({"id": call_id, "response": data, "latency_ms": latency_ms})
             return
         self.channel.send({"id": call_id, "failure": failure_to_json(failure)})
+
+    @staticmethod
+    async def call(function: Any, request: dict, timeout: float, gate: asyncio.Event | None) -> tuple[Any, float]:
+        """litellm's response and when its timeout started: at once, or for a gated call when its gate opened
+        (litellm prepares the request meanwhile and holds it at the gate)."""
+        CALL_GATE.set(gate)  # this call's own task and context
+        if gate is None:
+            started = time.perf_counter()
+            # litellm's own timeout is not always honoured by a server that accepts and then stalls.
+            return await asyncio.wait_for(function(**request), timeout), started
+        call = asyncio.ensure_future(function(**request))
+        opened = asyncio.ensure_future(gate.wait())
+        try:
+            await asyncio.wait((call, opened), return_when=asyncio.FIRST_COMPLETED)
+            started = time.perf_counter()
+            return await asyncio.wait_for(call, timeout), started
+        finally:
+            opened.cancel()
+            call.cancel()
 
 
 def main() -> NoReturn:
@@ -160,6 +218,7 @@ def main() -> NoReturn:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     litellm = import_litellm()
     warm_up()
+    gate_http_sends()
     logging.basicConfig(handlers=[ForwardingHandler(channel)], level=logging.WARNING, force=True)
     asyncio.run(Worker(litellm, channel).serve(sys.stdin.buffer))
     # Nothing is left to save, and an interpreter tearing litellm down takes seconds (longer on a busy
