@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from loguru import logger
 
 from nanobotd.daemon import runview
+from nanobotd.llm.slots import LLMSlots
 from nanobotd.state.store import StateStore
 
 JobBody = Callable[[str], Awaitable[object]]
@@ -46,7 +47,7 @@ class JobQueue:
     def __init__(self, store: StateStore, *, llm_concurrency: int = 2):
         self.store = store
         self.llm_concurrency = max(1, llm_concurrency)
-        self.llm_slots = asyncio.Semaphore(self.llm_concurrency)  # one per LLM request in flight
+        self.llm_slots = LLMSlots(self.llm_concurrency)  # one per LLM request in flight
         self.llm_job_limit = self.llm_concurrency * JOBS_PER_LLM_SLOT
         self._llm_jobs = asyncio.Semaphore(self.llm_job_limit)
         self._target_locks: dict[tuple[str, str], asyncio.Lock] = {}

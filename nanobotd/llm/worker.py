@@ -17,6 +17,8 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO, NoReturn
 
 from nanobotd.llm.failures import BAD_RESPONSE, Failure, LLMBadResponse, classify_failure, redact
@@ -24,8 +26,20 @@ from nanobotd.llm.protocol import OP_CANCEL, OP_COMPLETE, OP_EMBED, OP_GO, decod
 from nanobotd.llm.reply import response_dict
 
 MAX_LINE_BYTES = 256 * 1024 * 1024  # one request line: a whole prompt, so no small stream limit
+
+
+@dataclass
+class Gate:
+    """A gated call's hold on its HTTP request: opened by the daemon's "go"; *released* tells the daemon
+    the request has its answer (or failed), so its slot is free while litellm still reads the answer."""
+
+    released: Callable[[], None]
+    opened: asyncio.Event = field(default_factory=asyncio.Event)
+    used: bool = False
+
+
 # The gate of the call running in this context (None: the call sends at once).
-CALL_GATE: contextvars.ContextVar[asyncio.Event | None] = contextvars.ContextVar("llm_call_gate", default=None)
+CALL_GATE: contextvars.ContextVar[Gate | None] = contextvars.ContextVar("llm_call_gate", default=None)
 
 
 def import_litellm() -> Any:
@@ -44,11 +58,13 @@ def import_litellm() -> Any:
 
 
 def gate_http_sends() -> None:
-    """Hold every HTTP request of a gated call until its "go" (`llm.protocol`).
+    """Hold the HTTP request of a gated call until its "go", and free its slot as soon as it is answered
+    (`llm.protocol`).
 
     Every async provider in litellm (the OpenAI SDK and litellm's own handler alike) sends through
     httpx.AsyncClient.send, so the gate sits there: litellm does all its work on a call up to the request
-    itself, then waits. Once a call's gate is open, its further requests (an auth refresh, a retry) pass.
+    itself, then waits. A call's first request is the one gated; any further one (an auth refresh) passes.
+    A streamed answer is still arriving when send returns, so its slot is freed with the call's answer.
     """
     import httpx
 
@@ -58,9 +74,15 @@ def gate_http_sends() -> None:
 
     async def gated_send(client: httpx.AsyncClient, request: httpx.Request, **kwargs: Any) -> httpx.Response:
         gate = CALL_GATE.get()
-        if gate is not None:
-            await gate.wait()
-        return await send(client, request, **kwargs)
+        if gate is None or gate.used:
+            return await send(client, request, **kwargs)
+        gate.used = True
+        await gate.opened.wait()
+        try:
+            return await send(client, request, **kwargs)
+        finally:
+            if not kwargs.get("stream"):
+                gate.released()
 
     gated_send.gated = True  # type: ignore[attr-defined]
     httpx.AsyncClient.send = gated_send  # type: ignore[method-assign]
@@ -123,7 +145,7 @@ class Worker:
         self.litellm = litellm
         self.channel = channel
         self.calls: dict[int, asyncio.Task] = {}
-        self.gates: dict[int, asyncio.Event] = {}  # gated calls still waiting for their "go"
+        self.gates: dict[int, Gate] = {}  # gated calls still waiting for their "go"
 
     async def serve(self, stdin: BinaryIO) -> None:
         """Announce readiness, then dispatch calls and cancels; on end of input, drop what is left."""
@@ -151,7 +173,7 @@ class Worker:
         elif op == OP_GO:
             gate = self.gates.pop(call_id, None)
             if gate is not None:
-                gate.set()
+                gate.opened.set()
         elif op in (OP_COMPLETE, OP_EMBED):
             request = dict(message["request"])
             if request.get("api_key"):
@@ -159,7 +181,7 @@ class Worker:
             function = self.litellm.acompletion if op == OP_COMPLETE else self.litellm.aembedding
             gate = None
             if message.get("gated"):
-                gate = self.gates[call_id] = asyncio.Event()
+                gate = self.gates[call_id] = Gate(lambda: self.channel.send({"id": call_id, "released": True}))
             task = asyncio.get_running_loop().create_task(self.run(call_id, function, request,
                                                                    float(message["timeout"]), gate))
             self.calls[call_id] = task
@@ -171,7 +193,7 @@ class Worker:
         self.gates.pop(call_id, None)
 
     async def run(self, call_id: int, function: Any, request: dict, timeout: float,
-                  gate: asyncio.Event | None = None) -> None:
+                  gate: Gate | None = None) -> None:
         """One litellm call under *timeout* (from its "go", when gated), answered with its result or the
         classified failure."""
         try:
@@ -188,7 +210,7 @@ class Worker:
         self.channel.send({"id": call_id, "failure": failure_to_json(failure)})
 
     @staticmethod
-    async def call(function: Any, request: dict, timeout: float, gate: asyncio.Event | None) -> tuple[Any, float]:
+    async def call(function: Any, request: dict, timeout: float, gate: Gate | None) -> tuple[Any, float]:
         """litellm's response and when its timeout started: at once, or for a gated call when its gate opened
         (litellm prepares the request meanwhile and holds it at the gate)."""
         CALL_GATE.set(gate)  # this call's own task and context
@@ -197,7 +219,7 @@ class Worker:
             # litellm's own timeout is not always honoured by a server that accepts and then stalls.
             return await asyncio.wait_for(function(**request), timeout), started
         call = asyncio.ensure_future(function(**request))
-        opened = asyncio.ensure_future(gate.wait())
+        opened = asyncio.ensure_future(gate.opened.wait())
         try:
             await asyncio.wait((call, opened), return_when=asyncio.FIRST_COMPLETED)
             started = time.perf_counter()
