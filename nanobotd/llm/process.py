@@ -225,8 +225,8 @@ class WorkerChild:
             if self.dead:
                 raise WorkerCrashed(self.dead)
             self._pending[call_id] = (loop, future)
-        self._outbox.put(encode({"op": op, "id": call_id, "request": request, "timeout": timeout,
-                                 "gated": slots is not None}))
+        gating = {"gated": True, "slots": id(slots)} if slots is not None else {}
+        self._outbox.put(encode({"op": op, "id": call_id, "request": request, "timeout": timeout, **gating}))
         try:
             if slots is not None:
                 go = encode({"op": OP_GO, "id": call_id})
@@ -313,7 +313,10 @@ class WorkerChild:
         elif message.get("released"):
             with self._lock:
                 ticket = self._tickets.pop(message.get("id"), None)
-            if ticket is not None:
+                taker = self._tickets.get(message.get("handed_to"))
+            if ticket is not None and taker is not None:
+                ticket.hand_over(taker)
+            elif ticket is not None:
                 ticket.release()
         elif "id" in message:
             with self._lock:

@@ -3,8 +3,10 @@
 A request that gets its answer frees its slot on the thread that reads the answer from the worker's pipe,
 and that thread gives it at once to the longest-waiting request: its grant (the worker's "go") is sent from
 there too. So a daemon loop busy with other work (a prompt being built, a status answer) never holds a slot
-idle; the waiting caller's loop learns of the grant when it gets round to it. Slots are taken and given back
-from any thread and any event loop (the daemon has one; tests run many).
+idle; the waiting caller's loop learns of the grant when it gets round to it. The worker itself may pass a
+slot one of its calls frees to its own next call waiting on the same slots, and say so (`hand_over`), which
+spares the round trip through the daemon. Slots are taken and given back from any thread and any event loop
+(the daemon has one; tests run many).
 """
 
 from __future__ import annotations
@@ -30,10 +32,14 @@ class SlotTicket:
         """Give the slot back (or stop waiting for one); later calls do nothing. Safe from any thread."""
         self._slots._give_back(self)
 
-    def _grant(self) -> None:
-        """Called under the slots' lock, on the thread that freed the slot."""
+    def hand_over(self, taker: SlotTicket) -> None:
+        """The worker let *taker* send in this request's place (`LLMSlots.hand_over`)."""
+        self._slots.hand_over(self, taker)
+
+    def _grant(self, *, announce: bool = True) -> None:
+        """Called under the slots' lock, on the thread that freed the slot; *announce*: run on_grant."""
         self.holding = True
-        if self._on_grant is not None:
+        if announce and self._on_grant is not None:
             self._on_grant()
 
         def settle() -> None:
@@ -73,15 +79,33 @@ class LLMSlots:
                 self._waiting.append(ticket)
         return ticket
 
+    def hand_over(self, freed: SlotTicket, taker: SlotTicket) -> None:
+        """*freed*'s request is answered and the worker has already let *taker*, one of its calls waiting on
+        these slots, send in its place (`llm.worker`): the slot passes to *taker* without going round the
+        queue. Should *taker* hold a slot already, or have given up, *freed*'s is given back as usual."""
+        with self._lock:
+            if taker.done or taker.holding:
+                self._give_back_locked(freed)
+                return
+            self._waiting.remove(taker)
+            if freed.done:  # its slot went elsewhere already (it gave up): the taker's request is over the bound
+                self._free -= 1
+            else:
+                freed.done = True
+            taker._grant(announce=False)
+
     def _give_back(self, ticket: SlotTicket) -> None:
         with self._lock:
-            if ticket.done:
-                return
-            ticket.done = True
-            if not ticket.holding:
-                self._waiting.remove(ticket)
-                return
-            if self._waiting:
-                self._waiting.popleft()._grant()
-            else:
-                self._free += 1
+            self._give_back_locked(ticket)
+
+    def _give_back_locked(self, ticket: SlotTicket) -> None:
+        if ticket.done:
+            return
+        ticket.done = True
+        if not ticket.holding:
+            self._waiting.remove(ticket)
+            return
+        if self._waiting:
+            self._waiting.popleft()._grant()
+        else:
+            self._free += 1

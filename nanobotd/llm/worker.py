@@ -30,10 +30,13 @@ MAX_LINE_BYTES = 256 * 1024 * 1024  # one request line: a whole prompt, so no sm
 
 @dataclass
 class Gate:
-    """A gated call's hold on its HTTP request: opened by the daemon's "go"; *released* tells the daemon
-    the request has its answer (or failed), so its slot is free while litellm still reads the answer."""
+    """A gated call's hold on its HTTP request: opened by the daemon's "go" (or by a call of the same
+    *slots* whose request is answered); *released* runs the moment the request has its answer (or failed),
+    so its slot is free while litellm still reads the answer."""
 
-    released: Callable[[], None]
+    call_id: int
+    slots: object  # which of the daemon's slot sets the call waits on
+    released: Callable[[Gate], None]
     opened: asyncio.Event = field(default_factory=asyncio.Event)
     used: bool = False
 
@@ -79,10 +82,13 @@ def gate_http_sends() -> None:
         gate.used = True
         await gate.opened.wait()
         try:
-            return await send(client, request, **kwargs)
+            response = await send(client, request, **kwargs)
         finally:
             if not kwargs.get("stream"):
-                gate.released()
+                gate.released(gate)
+        # Let a call this one's slot was handed to send its request before litellm reads this answer.
+        await asyncio.sleep(0)
+        return response
 
     gated_send.gated = True  # type: ignore[attr-defined]
     httpx.AsyncClient.send = gated_send  # type: ignore[method-assign]
@@ -181,11 +187,23 @@ class Worker:
             function = self.litellm.acompletion if op == OP_COMPLETE else self.litellm.aembedding
             gate = None
             if message.get("gated"):
-                gate = self.gates[call_id] = Gate(lambda: self.channel.send({"id": call_id, "released": True}))
+                gate = self.gates[call_id] = Gate(call_id, message.get("slots"), self.hand_on)
             task = asyncio.get_running_loop().create_task(self.run(call_id, function, request,
                                                                    float(message["timeout"]), gate))
             self.calls[call_id] = task
             task.add_done_callback(lambda _done: self.forget(call_id))
+
+    def hand_on(self, freed: Gate) -> None:
+        """A gated call's request is answered: its slot goes straight to this worker's longest-waiting call on
+        the same slots, if any, and the daemon hears of both in one message."""
+        message: dict[str, Any] = {"id": freed.call_id, "released": True}
+        for call_id, gate in self.gates.items():
+            if gate.slots == freed.slots:
+                del self.gates[call_id]
+                gate.opened.set()
+                message["handed_to"] = call_id
+                break
+        self.channel.send(message)
 
     def forget(self, call_id: int) -> None:
         """A call ended (answered, failed or cancelled)."""

@@ -72,3 +72,33 @@ def test_a_waiter_that_gives_up_leaves_the_queue_and_the_bound_holds_under_many_
     slots = asyncio.run(scenario())
     assert most["max"] == 2
     assert slots.in_use == 0
+
+
+
+def test_a_slot_the_worker_handed_on_passes_to_the_taker_without_a_grant_and_is_given_back_once():
+    grants: list[str] = []
+
+    async def scenario():
+        slots = LLMSlots(2)
+        a, b, c, d = (slots.take(lambda name=name: grants.append(name)) for name in "abcd")
+        await a.granted
+        await b.granted
+        a.hand_over(c)  # the worker let c send in a's place: no "go" for c, and a's slot is c's now
+        await c.granted
+        assert grants == ["a", "b"] and slots.in_use == 2 and not d.holding
+        a.release()  # a's answer, after the hand-over, gives nothing back
+        assert not d.holding and slots.in_use == 2
+        b.hand_over(c)  # c holds a slot already: b's goes round the queue, to d, with its "go"
+        assert d.holding and grants == ["a", "b", "d"] and slots.in_use == 2
+        c.release()
+        f = slots.take(lambda: grants.append("f"))
+        e = slots.take(lambda: grants.append("e"))
+        assert f.holding and not e.holding
+        c.hand_over(e)  # c's slot went back already: e's request is over the bound, and counted
+        assert e.holding and slots.in_use == 3 and "e" not in grants
+        for ticket in (d, e, f):
+            ticket.release()
+        return slots
+
+    slots = asyncio.run(scenario())
+    assert slots.in_use == 0
