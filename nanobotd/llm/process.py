@@ -221,18 +221,20 @@ class WorkerChild:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         ticket: SlotTicket | None = None
+        gating = {"gated": True, "slots": id(slots)} if slots is not None else {}
+        data = encode({"op": op, "id": call_id, "request": request, "timeout": timeout, **gating})
+        go = encode({"op": OP_GO, "id": call_id})
+        # Under the lock, so the reader thread knows the call's ticket before the worker can name it; the
+        # ticket is taken after the call is queued, so its "go" follows the call down the pipe.
         with self._lock:
             if self.dead:
                 raise WorkerCrashed(self.dead)
             self._pending[call_id] = (loop, future)
-        gating = {"gated": True, "slots": id(slots)} if slots is not None else {}
-        self._outbox.put(encode({"op": op, "id": call_id, "request": request, "timeout": timeout, **gating}))
-        try:
+            self._outbox.put(data)
             if slots is not None:
-                go = encode({"op": OP_GO, "id": call_id})
-                ticket = slots.take(lambda: self._outbox.put(go))
-                with self._lock:
-                    self._tickets[call_id] = ticket
+                ticket = self._tickets[call_id] = slots.take(lambda: self._outbox.put(go))
+        try:
+            if ticket is not None:
                 await asyncio.wait((ticket.granted, future), return_when=asyncio.FIRST_COMPLETED)
             message = await asyncio.wait_for(future, timeout + HANG_GRACE_SECONDS)
         except TimeoutError:
@@ -316,6 +318,8 @@ class WorkerChild:
                 taker = self._tickets.get(message.get("handed_to"))
             if ticket is not None and taker is not None:
                 ticket.hand_over(taker)
+            elif taker is not None:  # the freed call gave its slot up already: the taker sends over the bound
+                taker.claim()
             elif ticket is not None:
                 ticket.release()
         elif "id" in message:

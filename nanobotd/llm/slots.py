@@ -36,6 +36,11 @@ class SlotTicket:
         """The worker let *taker* send in this request's place (`LLMSlots.hand_over`)."""
         self._slots.hand_over(self, taker)
 
+    def claim(self) -> None:
+        """The worker let this call send in the place of one whose slot was given back already: count it as
+        holding one (over the bound until a slot comes back)."""
+        self._slots.claim(self)
+
     def _grant(self, *, announce: bool = True) -> None:
         """Called under the slots' lock, on the thread that freed the slot; *announce*: run on_grant."""
         self.holding = True
@@ -82,17 +87,28 @@ class LLMSlots:
     def hand_over(self, freed: SlotTicket, taker: SlotTicket) -> None:
         """*freed*'s request is answered and the worker has already let *taker*, one of its calls waiting on
         these slots, send in its place (`llm.worker`): the slot passes to *taker* without going round the
-        queue. Should *taker* hold a slot already, or have given up, *freed*'s is given back as usual."""
+        queue. Should *taker* hold a slot already, or have given up, *freed*'s is given back as usual; should
+        *freed* have given its slot up already, *taker*'s request is over the bound, and counted."""
         with self._lock:
-            if taker.done or taker.holding:
-                self._give_back_locked(freed)
+            if taker.done or taker.holding or freed.done:
+                self._give_back_locked(freed)  # nothing to give back when freed is done
+                self._claim_locked(taker)  # nothing to claim when taker holds a slot or gave up
                 return
             self._waiting.remove(taker)
-            if freed.done:  # its slot went elsewhere already (it gave up): the taker's request is over the bound
-                self._free -= 1
-            else:
-                freed.done = True
+            freed.done = True
             taker._grant(announce=False)
+
+    def claim(self, taker: SlotTicket) -> None:
+        """*taker* is sending without a slot freed for it (`SlotTicket.claim`)."""
+        with self._lock:
+            self._claim_locked(taker)
+
+    def _claim_locked(self, taker: SlotTicket) -> None:
+        if taker.done or taker.holding:
+            return
+        self._waiting.remove(taker)
+        self._free -= 1
+        taker._grant(announce=False)
 
     def _give_back(self, ticket: SlotTicket) -> None:
         with self._lock:
