@@ -9,6 +9,8 @@ the daemon archives them all down to budget x ratio. Per run it prints and saves
                 (requests x latency / (concurrency x that span)); goal >= 95 %
   total/ideal   time from the first session write to the last answer, against the least time the
                 requests need: requests x latency / concurrency; goal <= 1.10
+  hand-over     how long a slot stays empty after an answer: the median gap to the next request's arrival,
+                and the gaps over HANDOVER_STALL_MS (no request was ready) counted and summed
   max in flight the most requests the server saw at once (never above the concurrency)
   runs          consolidate runs in the ledger and their outcomes
   poll errors   answers other than 200 to GET /v1/sessions while the burst drains (must be none)
@@ -25,6 +27,7 @@ With --runs N the figures are printed per run and as median and min; the JSON ho
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import statistics
@@ -63,10 +66,11 @@ DRAIN_TIMEOUT_SECONDS = 900.0
 POLL_SECONDS = 0.25
 TARGET_UTILISATION = 0.95
 TARGET_TOTAL_OVER_IDEAL = 1.10
+HANDOVER_STALL_MS = 50.0
 # figures summarised over runs (median and min), in the order they are printed
 SUMMARISED = ("llm_utilisation", "total_seconds", "ideal_seconds", "total_over_ideal", "drain_seconds",
-              "first_llm_request_seconds", "llm_requests", "runs", "max_in_flight", "poll_errors",
-              "daemon_cpu_seconds")
+              "first_llm_request_seconds", "handover_median_ms", "handover_stall_seconds", "llm_requests", "runs",
+              "max_in_flight", "poll_errors", "daemon_cpu_seconds")
 
 
 def over_budget_conversation(number: int, budget: int) -> list[dict]:
@@ -123,6 +127,7 @@ def bench_burst(count: int, latency: float, concurrency: int, root: Path) -> dic
                         "concurrency": concurrency, "latency_seconds": latency, "budget": budget,
                         "target_tokens": target})
     figures.update(_ideal(figures, clock.arrivals, latency, concurrency))
+    figures.update(_handover(clock.arrivals, latency))
     figures.update(_waits_from_runs(runs, figures.pop("started_wall")))
     figures["in_flight_ok"] = figures["max_in_flight"] <= concurrency
     return figures
@@ -198,6 +203,19 @@ def _ideal(figures: dict, arrivals: list[float], latency: float, concurrency: in
             "total_over_ideal": round(last_answer / ideal, 3)}
 
 
+def _handover(arrivals: list[float], latency: float) -> dict:
+    """After each answer, the gap until the next request arrived (the one that took the freed slot)."""
+    starts = sorted(arrivals)
+    gaps = []
+    for answered in sorted(arrival + latency for arrival in arrivals):
+        index = bisect.bisect_left(starts, answered)
+        if index < len(starts):
+            gaps.append((starts[index] - answered) * 1000)
+    stalls = [gap for gap in gaps if gap > HANDOVER_STALL_MS]
+    return {"handover_median_ms": round(statistics.median(gaps), 1) if gaps else None,
+            "handover_stalls": len(stalls), "handover_stall_seconds": round(sum(stalls) / 1000, 2)}
+
+
 def _waits_from_runs(runs: list[dict], started_wall: float) -> dict:
     """Per session, when its first consolidation run started and finished (ledger times, 1 s resolution)."""
     first_started: dict[str, float] = {}
@@ -236,6 +254,9 @@ def print_run(figures: dict) -> None:
           f" total {figures['total_seconds']} s vs ideal {figures['ideal_seconds']} s"
           f" (x{figures['total_over_ideal']}); max in flight {figures['max_in_flight']}"
           f" (concurrency {figures['concurrency']}): {'OK' if figures['in_flight_ok'] else 'EXCEEDED'}")
+    print(f"   hand-over: a freed slot's next request arrived after {figures['handover_median_ms']} ms (median);"
+          f" {figures['handover_stalls']} gaps over {HANDOVER_STALL_MS:.0f} ms (no request ready),"
+          f" {figures['handover_stall_seconds']} s in all")
     print(f"   runs: {figures['runs']} consolidate runs, outcomes {figures['run_outcomes']};"
           f" poll errors {figures['poll_errors']} {figures['poll_error_samples'] or ''}")
     print(f"   first archive seen (polled every {POLL_SECONDS} s): min {polled['min']} s, p50 {polled['p50']} s,"

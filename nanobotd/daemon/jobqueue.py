@@ -4,7 +4,8 @@
 (shared with every workspace's LLM client) for its own duration only. A job's work between its requests
 (journal, history append, archive marks, its next prompt) holds no slot, so LLM jobs are let run up to
 JOBS_PER_LLM_SLOT x concurrency at once: while one does its local work, another's request is already
-waiting for the slot, and the slots stay busy through a burst of sessions.
+waiting for the slot, prepared by the LLM worker, and is sent the moment a slot is freed (`llm.slots`), so
+the slots stay busy through a burst of sessions.
 
 Submitting a job that is already queued for the same target returns the queued run (coalescing), so a
 burst of triggers costs one run; a queued job of smaller scope (a budget consolidation) is not joined by
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from loguru import logger
 
 from nanobotd.daemon import runview
+from nanobotd.llm.slots import LLMSlots
 from nanobotd.state.store import StateStore
 
 JobBody = Callable[[str], Awaitable[object]]
@@ -46,7 +48,7 @@ class JobQueue:
     def __init__(self, store: StateStore, *, llm_concurrency: int = 2):
         self.store = store
         self.llm_concurrency = max(1, llm_concurrency)
-        self.llm_slots = asyncio.Semaphore(self.llm_concurrency)  # one per LLM request in flight
+        self.llm_slots = LLMSlots(self.llm_concurrency)  # one per LLM request in flight
         self.llm_job_limit = self.llm_concurrency * JOBS_PER_LLM_SLOT
         self._llm_jobs = asyncio.Semaphore(self.llm_job_limit)
         self._target_locks: dict[tuple[str, str], asyncio.Lock] = {}

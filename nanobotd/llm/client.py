@@ -30,6 +30,7 @@ from nanobotd.llm.pool import WorkerHold
 from nanobotd.llm.process import LLMWorker, WorkerFailure
 from nanobotd.llm.protocol import error_name
 from nanobotd.llm.reply import LLMReply, parse_reply
+from nanobotd.llm.slots import LLMSlots
 
 OFFLINE_MODELS = frozenset({"", "none"})
 PLACEHOLDER_API_KEY = "sk-none"
@@ -52,12 +53,11 @@ class LLMClient:
         self.settings = settings
         self._api_key = api_key
         self._sleep = sleep
-        self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+        self._slots = LLMSlots(settings.concurrency)
         # No process starts here: the first call starts the worker. Without one given, the client holds the
         # process's shared worker (`llm.pool`), which embeddings use too, even offline.
         self._hold = None if worker is not None else WorkerHold(self, settings.idle_exit_seconds)
         self.worker = worker if worker is not None else self._hold.worker
-        self._shared_slots: asyncio.Semaphore | None = None
 
     @property
     def offline(self) -> bool:
@@ -109,9 +109,9 @@ class LLMClient:
             await self._sleep(delay)
 
     async def _attempt(self, request: dict, attempt_timeout: float, attempt: int) -> LLMReply:
-        """One attempt in the worker (which sends it once more to a new worker if the first dies under it)."""
-        async with self._slot():
-            answer = await self.worker.call(request, attempt_timeout)
+        """One attempt in the worker (which sends it once more to a new worker if the first dies under it),
+        holding a slot while its request is on its way (the worker prepares it before)."""
+        answer = await self.worker.call(request, attempt_timeout, slots=self._slots)
         return parse_reply(answer.response, latency_ms=answer.latency_ms, attempts=attempt)
 
     async def aclose(self) -> None:
@@ -146,15 +146,7 @@ class LLMClient:
         text = lines[0] if lines else error_name(error)
         return redact(text, self._api_key)[:ERROR_TEXT_LIMIT]
 
-    def share_slots(self, slots: asyncio.Semaphore) -> None:
-        """Take each request's slot from *slots*, a limiter shared with other clients (the daemon's job queue)."""
-        self._shared_slots = slots
-
-    def _slot(self) -> asyncio.Semaphore:
-        """The concurrency limiter of the running loop (tests run several loops in one process)."""
-        if self._shared_slots is not None:
-            return self._shared_slots
-        loop = asyncio.get_running_loop()
-        if self._slots is None or self._slots[0] is not loop:
-            self._slots = (loop, asyncio.Semaphore(max(1, self.settings.concurrency)))
-        return self._slots[1]
+    def share_slots(self, slots: LLMSlots) -> None:
+        """Take each request's slot from *slots*, shared with other clients (the daemon's job queue); until
+        then the client has llm.concurrency slots of its own."""
+        self._slots = slots

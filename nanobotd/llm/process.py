@@ -25,7 +25,8 @@ from pathlib import Path
 from loguru import logger
 
 from nanobotd.llm.failures import TIMEOUT, WORKER, Failure, redact
-from nanobotd.llm.protocol import OP_CANCEL, OP_COMPLETE, decode, encode, failure_from_json
+from nanobotd.llm.protocol import OP_CANCEL, OP_COMPLETE, OP_GO, decode, encode, failure_from_json
+from nanobotd.llm.slots import LLMSlots, SlotTicket
 
 IDLE_EXIT_SECONDS = 300.0
 START_TIMEOUT_SECONDS = 60.0  # importing litellm takes ~2.5 s on an idle machine; far longer under load
@@ -88,22 +89,27 @@ class LLMWorker:
         child = self._child
         return child.process.pid if child is not None else None
 
-    async def call(self, request: dict, timeout: float, *, op: str = OP_COMPLETE) -> WorkerAnswer:
+    async def call(self, request: dict, timeout: float, *, op: str = OP_COMPLETE,
+                   slots: LLMSlots | None = None) -> WorkerAnswer:
         """Run one litellm call (`acompletion`, or `aembedding` for OP_EMBED) with *request* in the worker,
-        starting one if needed; a worker that dies under the call is replaced and the call sent once more."""
+        starting one if needed; a worker that dies under the call is replaced and the call sent once more.
+
+        With *slots*, the worker prepares the call at once and sends its request only once it holds one of
+        them, until the request is answered: litellm's own work on a call overlaps another's request.
+        """
         if request.get("api_key"):
             self.secrets.add(str(request["api_key"]))
         try:
-            return await self._call_once(op, request, timeout)
+            return await self._call_once(op, request, timeout, slots)
         except WorkerCrashed as crash:
             logger.warning("LLM worker {}; sending the call again to a new one", crash.reason)
-            return await self._call_once(op, request, timeout)
+            return await self._call_once(op, request, timeout, slots)
 
-    async def _call_once(self, op: str, request: dict, timeout: float) -> WorkerAnswer:
+    async def _call_once(self, op: str, request: dict, timeout: float, slots: LLMSlots | None) -> WorkerAnswer:
         child = self._acquire()
         try:
             await child.wait_ready(self.start_timeout)
-            return await child.call(op, next(self._ids), request, timeout)
+            return await child.call(op, next(self._ids), request, timeout, slots)
         finally:
             self._release(child)
 
@@ -179,6 +185,7 @@ class WorkerChild:
         self._secrets = secrets
         self._lock = threading.Lock()
         self._pending: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
+        self._tickets: dict[int, SlotTicket] = {}  # the slots of gated calls, by call id
         self._ready_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
         self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._kill_reason: str | None = None
@@ -203,16 +210,32 @@ class WorkerChild:
             self.kill(f"did not start within {timeout:g}s")
             raise WorkerCrashed(f"did not start within {timeout:g}s") from None
 
-    async def call(self, op: str, call_id: int, request: dict, timeout: float) -> WorkerAnswer:
-        """Send one call and wait for its answer; a worker silent past timeout + grace is killed."""
+    async def call(self, op: str, call_id: int, request: dict, timeout: float,
+                   slots: LLMSlots | None = None) -> WorkerAnswer:
+        """Send one call and wait for its answer; a worker silent past timeout + grace is killed.
+
+        With *slots*, the call is sent gated: the worker prepares it while it waits for a slot, and sends its
+        request on the "go" the slot's grant sends. The slot is given back as soon as the worker says the
+        request is answered (or with the answer), from the pipe's reader thread, which hands it straight to
+        the next waiting call. The timeout counts from the grant."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
+        ticket: SlotTicket | None = None
+        gating = {"gated": True, "slots": id(slots)} if slots is not None else {}
+        data = encode({"op": op, "id": call_id, "request": request, "timeout": timeout, **gating})
+        go = encode({"op": OP_GO, "id": call_id})
+        # Under the lock, so the reader thread knows the call's ticket before the worker can name it; the
+        # ticket is taken after the call is queued, so its "go" follows the call down the pipe.
         with self._lock:
             if self.dead:
                 raise WorkerCrashed(self.dead)
             self._pending[call_id] = (loop, future)
-        self._outbox.put(encode({"op": op, "id": call_id, "request": request, "timeout": timeout}))
+            self._outbox.put(data)
+            if slots is not None:
+                ticket = self._tickets[call_id] = slots.take(lambda: self._outbox.put(go))
         try:
+            if ticket is not None:
+                await asyncio.wait((ticket.granted, future), return_when=asyncio.FIRST_COMPLETED)
             message = await asyncio.wait_for(future, timeout + HANG_GRACE_SECONDS)
         except TimeoutError:
             reason = f"did not answer within {timeout:g}s"
@@ -224,6 +247,9 @@ class WorkerChild:
         finally:
             with self._lock:
                 self._pending.pop(call_id, None)
+                self._tickets.pop(call_id, None)
+            if ticket is not None:
+                ticket.release()
         if "failure" in message:
             raise WorkerFailure(failure_from_json(message["failure"]))
         return WorkerAnswer(message["response"], float(message.get("latency_ms") or 0.0))
@@ -286,9 +312,22 @@ class WorkerChild:
             record = message["log"]
             logger.log(str(record.get("level") or "WARNING"), "LLM worker: {}: {}", record.get("name"),
                        record.get("message"))
+        elif message.get("released"):
+            with self._lock:
+                ticket = self._tickets.pop(message.get("id"), None)
+                taker = self._tickets.get(message.get("handed_to"))
+            if ticket is not None and taker is not None:
+                ticket.hand_over(taker)
+            elif taker is not None:  # the freed call gave its slot up already: the taker sends over the bound
+                taker.claim()
+            elif ticket is not None:
+                ticket.release()
         elif "id" in message:
             with self._lock:
                 waiting = self._pending.pop(message["id"], None)
+                ticket = self._tickets.pop(message["id"], None)
+            if ticket is not None:
+                ticket.release()
             if waiting is not None:
                 settle(*waiting, message)
 

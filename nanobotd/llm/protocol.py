@@ -3,12 +3,21 @@
 One message per line, in either direction:
 
     worker -> daemon  {"ready": PID}                                 litellm is imported, calls may come
-    daemon -> worker  {"op": "complete", "id": N, "request": {...}, "timeout": SECONDS}
+    daemon -> worker  {"op": "complete", "id": N, "request": {...}, "timeout": SECONDS, "gated": true, "slots": K}
+    daemon -> worker  {"op": "go", "id": N}                          a gated call may send its request now
     daemon -> worker  {"op": "embed", "id": N, "request": {...}, "timeout": SECONDS}
     daemon -> worker  {"op": "cancel", "id": N}                      the caller gave up; drop the call
     worker -> daemon  {"id": N, "response": {...}, "latency_ms": MS} an OpenAI-format answer
     worker -> daemon  {"id": N, "failure": {...}}                    a failed call, classified by the worker
+    worker -> daemon  {"id": N, "released": true, "handed_to": M}    a gated call's request is answered
     worker -> daemon  {"log": {"level": ..., "name": ..., "message": ...}}
+
+A gated call is prepared at once (litellm builds its request) but sends nothing until its "go": the daemon
+hands over a call while it still waits for an LLM slot, and sends "go" when it has one; the worker says
+"released" the moment the request has its answer, before litellm has read it. So a slot is held only while
+a request is on its way, not while litellm prepares one or reads one. If another gated call waits on the
+same slots (K), the worker lets it send at once in the freed slot's place and names it ("handed_to"); its
+"go" is then not needed. The call's timeout counts from its "go" (or hand-over) to its answer.
 
 Failures are classified where the library's exceptions live (the worker), so the daemon never needs
 litellm, openai or httpx to decide whether to retry.
@@ -24,6 +33,7 @@ from nanobotd.llm.failures import Failure
 OP_COMPLETE = "complete"  # litellm.acompletion(**request)
 OP_EMBED = "embed"  # litellm.aembedding(**request)
 OP_CANCEL = "cancel"
+OP_GO = "go"  # a gated call may send its request
 MESSAGE_TEXT_LIMIT = 4000
 
 
