@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from nanobotd import fsio
 from nanobotd.memory import history
+from tests.support.histories import read_history
 
 NOW = datetime(2026, 11, 22, 10, 0)
 APPENDER = """
@@ -47,7 +48,7 @@ def test_two_processes_appending_at_once_never_duplicate_or_lose_a_cursor(tmp_pa
              for name in ("alpha", "beta")]
     for proc in procs:
         assert proc.wait(timeout=120) == 0
-    scan = history.read_history(tmp_path)
+    scan = read_history(tmp_path)
     cursors = [entry.cursor for entry in scan.entries]
     assert scan.bad_lines == []
     assert cursors == list(range(1, 301))
@@ -58,7 +59,7 @@ def test_a_torn_last_line_gets_its_own_line_and_is_never_reused(tmp_path):
     path = tmp_path / "history.jsonl"
     path.write_text(json.dumps({"cursor": 1, "timestamp": "t", "content": "a"}) + '\n{"cursor": 2, "timest')
     history.append_entries(tmp_path, [("b", None)], NOW)
-    scan = history.read_history(tmp_path)
+    scan = read_history(tmp_path)
     assert [entry.cursor for entry in scan.entries] == [1, 2]
     assert scan.bad_lines == [2]
 
@@ -77,7 +78,7 @@ def test_rewrite_keeps_unparsable_lines_and_never_lowers_the_cursor(tmp_path):
     assert "garbage" in (tmp_path / "history.jsonl").read_text()
     assert history.append_entries(tmp_path, [("d", None)], NOW)[0].cursor == 4
     assert history.insert_entries(tmp_path, removed) == 1
-    assert [entry.cursor for entry in history.read_history(tmp_path).entries] == [1, 2, 3, 4]
+    assert [entry.cursor for entry in read_history(tmp_path).entries] == [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("linked", ["history.jsonl", ".cursor", ".history.lock"])
@@ -113,7 +114,7 @@ def test_an_append_that_meets_a_full_disk_leaves_history_as_it_was(tiny_tmpfs):
         history.append_entries(memory, [("x" * 40_000, "cli:a"), ("y" * 40_000, "cli:a")], NOW)
     assert caught.value.errno == errno.ENOSPC
     assert (memory / "history.jsonl").read_bytes() == before
-    assert history.read_history(memory).bad_lines == []
+    assert read_history(memory).bad_lines == []
     assert history.append_entries(memory, [("after the disk filled", None)], NOW)[0].cursor > 1
 
 
@@ -123,7 +124,7 @@ def test_a_torn_last_line_is_moved_aside_and_the_next_append_is_clean(tmp_path):
     assert history.repair_torn_line(tmp_path) == len('{"cursor": 2, "timest')
     assert (tmp_path / "history.jsonl.torn").read_text() == '{"cursor": 2, "timest\n'
     history.append_entries(tmp_path, [("b", None)], NOW)
-    scan = history.read_history(tmp_path)
+    scan = read_history(tmp_path)
     assert [entry.cursor for entry in scan.entries] == [1, 2] and scan.bad_lines == []
 
 
@@ -147,7 +148,7 @@ def test_any_history_file_reads_as_entries_and_bad_lines_and_a_torn_tail_repairs
     memory.mkdir()
     content = b"\n".join(lines) + (b"\n" if terminated and lines else b"")
     (memory / "history.jsonl").write_bytes(content)
-    scan = history.read_history(memory)
+    scan = read_history(memory)
     non_blank = [line for line in content.split(b"\n") if line.strip()]  # LF only, as the reader splits
     assert len(scan.entries) + len(scan.bad_lines) == len(non_blank)
     assert all(entry.cursor >= 1 and isinstance(entry.content, str) for entry in scan.entries)
