@@ -161,3 +161,29 @@ def test_any_history_file_reads_as_entries_and_bad_lines_and_a_torn_tail_repairs
     assert len(repaired) + (len(torn.read_bytes()) - 1 if torn.exists() else 0) >= len(content)
     written = history.append_entries(memory, [("after", None)], NOW)
     assert written[0].cursor > max([largest] + [entry.cursor for entry in scan.entries])
+
+
+def test_insert_merges_entries_before_the_first_larger_cursor_and_keeps_unreadable_lines_in_place(tmp_path):
+    history.append_entries(tmp_path, [(text, None) for text in "abcdef"], NOW)
+    removed = history.rewrite_history(tmp_path, lambda entry: entry.cursor not in (1, 3, 6))
+    with open(tmp_path / "history.jsonl", "ab") as handle:
+        handle.write(b"garbage after 5\n")
+    lines = (tmp_path / "history.jsonl").read_bytes().splitlines()
+    lines.insert(1, b"garbage after 2")
+    (tmp_path / "history.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    assert history.insert_entries(tmp_path, removed + removed[:1]) == 4  # the duplicate of 1 goes in too
+    after = [(number, entry.cursor if entry else None) for number, entry in history.iter_history(tmp_path)]
+    assert after == [(1, 1), (2, 1), (3, 2), (4, None), (5, 3), (6, 4), (7, 5), (8, None), (9, 6)]
+    assert not list(tmp_path.glob(".history.jsonl.*"))
+
+
+def test_remove_entries_counts_what_it_streams_out_and_an_empty_removal_writes_nothing(tmp_path):
+    history.append_entries(tmp_path, [(text, None) for text in "abcd"], NOW)
+    before = (tmp_path / "history.jsonl").stat()
+    assert history.remove_entries(tmp_path, lambda entry: True) == 0
+    assert (tmp_path / "history.jsonl").stat().st_ino == before.st_ino
+    seen = []
+    assert history.remove_entries(tmp_path, lambda entry: entry.cursor % 2 == 1, seen.append) == 2
+    assert [entry.cursor for entry in seen] == [2, 4]
+    assert [entry.cursor for entry in history.iter_entries(tmp_path)] == [1, 3]
+    assert (tmp_path / ".cursor").read_text() == "4"
