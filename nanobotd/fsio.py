@@ -102,28 +102,61 @@ def atomic_write(path: Path | str, data: bytes | str, mode: int | None = None, *
 
     With *root*, a path that leads outside it through a symlink is refused (UnsafePath) before any write.
     """
-    path = confine(path, root)
-    if isinstance(data, str):
-        data = data.encode("utf-8")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if mode is None:
+    with AtomicWriter(path, mode, root=root) as writer:
+        writer.write(data.encode("utf-8") if isinstance(data, str) else data)
+        writer.commit()
+
+
+class AtomicWriter:
+    """A replacement for *path* written piece by piece, with the crash safety of `atomic_write`.
+
+    The pieces go to a temp file beside *path*; `commit()` fsyncs it, renames it over *path* and fsyncs the
+    folder. Leaving the `with` block without `commit()` (or on an error) deletes the temp file and leaves
+    *path* as it was, so a file of any size is rewritten without holding it in memory.
+    """
+
+    def __init__(self, path: Path | str, mode: int | None = None, *, root: Path | str | None = None):
+        self.path = confine(path, root)
+        self.mode = mode
+        self._handle: BinaryIO | None = None
+        self._tmp_name = ""
+
+    def __enter__(self) -> AtomicWriter:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.mode is None:
+            try:
+                self.mode = os.stat(self.path).st_mode & 0o7777
+            except FileNotFoundError:
+                self.mode = 0o644 & ~_current_umask()
+        fd, self._tmp_name = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        self._handle = os.fdopen(fd, "wb")
+        return self
+
+    def write(self, data: bytes) -> None:
+        """Add *data* to the new content."""
+        self._handle.write(data)
+
+    def commit(self) -> None:
+        """Put the new content in place of *path*, durably."""
+        handle, self._handle = self._handle, None
         try:
-            mode = os.stat(path).st_mode & 0o7777
-        except FileNotFoundError:
-            mode = 0o644 & ~_current_umask()
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp_name, mode)
-        os.replace(tmp_name, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
-    fsync_dir(path.parent)
+            with handle:
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(self._tmp_name, self.mode)
+            os.replace(self._tmp_name, self.path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._tmp_name)
+            raise
+        fsync_dir(self.path.parent)
+
+    def __exit__(self, *exc_info) -> None:
+        if self._handle is not None:  # not committed: the old file stays
+            self._handle.close()
+            self._handle = None
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._tmp_name)
 
 
 def append_record(path: Path | str, record: bytes | str, *, root: Path | str | None = None) -> None:

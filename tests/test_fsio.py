@@ -150,3 +150,25 @@ def _try_open(path: Path):
     except OSError as exc:
         return exc
     return None
+
+
+def test_an_atomic_writer_left_without_commit_leaves_the_old_file_and_no_temp_file(tmp_path):
+    folder = tmp_path / "memory"
+    folder.mkdir()
+    target = folder / "history.jsonl"
+    target.write_bytes(b"old\n")
+    with fsio.AtomicWriter(target) as writer:
+        writer.write(b"new, ")
+        writer.write(b"in pieces\n")
+    assert target.read_bytes() == b"old\n" and list(folder.iterdir()) == [target]
+    with pytest.raises(RuntimeError), fsio.AtomicWriter(target) as writer:
+        writer.write(b"cut short")
+        raise RuntimeError("failed half way")
+    assert target.read_bytes() == b"old\n" and list(folder.iterdir()) == [target]
+    target.chmod(0o600)
+    with fsio.AtomicWriter(target) as writer:
+        writer.write(b"new, ")
+        writer.write(b"in pieces\n")
+        writer.commit()
+    assert target.read_bytes() == b"new, in pieces\n" and list(folder.iterdir()) == [target]
+    assert target.stat().st_mode & 0o777 == 0o600

@@ -75,13 +75,24 @@ def vanished_counts(workspace: Workspace, keys: list[str]) -> dict[str, int]:
     return {key: workspace.tracker.vanished_count(key) for key in keys}
 
 
-def rebuild_archive_marks(workspace: Workspace) -> None:
-    """The state DB was lost: nanobotd's own history entries say which messages it archived."""
+def rebuild_archive_marks(workspace: Workspace, batch: int = 1_000) -> None:
+    """The state DB was lost: nanobotd's own history entries say which messages it archived.
+
+    The history is streamed and its spans handed over *batch* at a time (marks only add up), so a long
+    history never sits in memory, nor do all of its spans.
+    """
     spans: dict[str, list[dict]] = {}
-    for entry in history.read_history(workspace.env.memory_dir).entries:
+    pending = marked = 0
+    for entry in history.iter_entries(workspace.env.memory_dir):
         if entry.span and entry.session_key:
-            spans.setdefault(entry.session_key, []).append(entry.span)
-    marked = sum(workspace.tracker.apply_history_spans(key, key_spans) for key, key_spans in spans.items())
+            key_spans = spans.setdefault(entry.session_key, [])
+            if not key_spans or key_spans[-1] != entry.span:  # the entries of one chunk carry the same span
+                key_spans.append(entry.span)
+                pending += 1
+            if pending >= batch:
+                marked += sum(workspace.tracker.apply_history_spans(key, key_spans) for key, key_spans in spans.items())
+                spans, pending = {}, 0
+    marked += sum(workspace.tracker.apply_history_spans(key, key_spans) for key, key_spans in spans.items())
     if marked:
         logger.warning("workspace {}: rebuilt {} archive marks from history.jsonl", workspace.name, marked)
 

@@ -8,8 +8,11 @@ nanobot injects whole within their caps, and no message archived twice.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from datetime import datetime, timedelta
+from array import array
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import date, datetime, timedelta
+from pathlib import Path
 
 from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.jobs.common import (
@@ -53,31 +56,28 @@ def audit_workspace(ws: WorkspaceSettings, *, store: StateStore, now: datetime, 
     archives by itself. Changes nothing.
     """
     memory_dir = ws.path / "memory"
-    scan = history.read_history(memory_dir)
-    cursors = [entry.cursor for entry in scan.entries]
-    largest = max(cursors, default=0)
     cursor_file = history.read_cursor_file(memory_dir / history.CURSOR_NAME)
     dream_cursor = history.read_dream_cursor(memory_dir)
+    facts = scan_history(memory_dir, dream_cursor, now - BACKLOG_MAX_AGE)
     unread = unread_note_bullets(memory_dir)
     sizes = bootstrap_sizes(ws)
     state = {
-        "history_entries": len(scan.entries),
+        "history_entries": facts.entries,
         "history_bytes": _size(history.history_path(memory_dir)),
-        "largest_cursor": largest,
+        "largest_cursor": facts.largest,
         "cursor_file": cursor_file,
         "dream_cursor": dream_cursor,
-        "undreamt_entries": sum(1 for cursor in cursors if cursor > dream_cursor),
+        "undreamt_entries": facts.undreamt,
         "undreamt_note_bullets": len(unread),
         "bootstrap_chars": sizes,
         "archived_twice": archived_twice,
         **_backup_usage(ws, store),
         **extra_state,
     }
-    problems = history_problems(scan, largest, cursor_file, dream_cursor)
+    problems = history_problems(facts, cursor_file, dream_cursor)
     problems += note_problems(ws)
     problems += lifecycle_problems(ws, lifecycle_plan, now)
-    problems += dream_backlog_problems(ws, [entry for entry in scan.entries if entry.cursor > dream_cursor],
-                                       [bullet.day for bullet in unread], now)
+    problems += dream_backlog_problems(ws, facts, [bullet.day for bullet in unread], now)
     problems += cap_problems(ws, sizes)
     problems += agent_problems(agent, companion)
     problems += archived_twice_problems(ws, archived_twice)
@@ -85,37 +85,81 @@ def audit_workspace(ws: WorkspaceSettings, *, store: StateStore, now: datetime, 
     return {"name": ws.name, "plan": plan, "plan_steps": lifecycle_plan, "state": state, "problems": problems}
 
 
-def history_problems(scan: history.HistoryScan, largest: int, cursor_file: int, dream_cursor: int) -> list[dict]:
+@dataclass
+class HistoryFacts:
+    """What the audit needs of history.jsonl, gathered in one streamed pass: counts and line numbers, no entries."""
+
+    entries: int = 0
+    largest: int = 0
+    undreamt: int = 0
+    old_undreamt: int = 0  # not dreamt and older than the backlog cutoff
+    oldest_undreamt: date | None = None
+    bad_lines: list[int] = field(default_factory=list)
+    backwards: list[int] = field(default_factory=list)  # lines whose cursor is below the one before
+    first_backwards: tuple[int, int, int, int] | None = None  # (cursor before, its line, cursor, line)
+    duplicates: dict[int, list[int]] = field(default_factory=dict)  # cursor -> its lines, when more than one
+
+
+def scan_history(memory_dir: Path, dream_cursor: int, cutoff: datetime) -> HistoryFacts:
+    """Stream history.jsonl once; memory grows with its cursors (8 bytes each), never with its entries."""
+    facts = HistoryFacts()
+    cursors, lines = array("q"), array("q")
+    previous: tuple[int, int] | None = None
+    increasing = True
+    for number, entry in history.iter_history(memory_dir):
+        if entry is None:
+            facts.bad_lines.append(number)
+            continue
+        facts.entries += 1
+        facts.largest = max(facts.largest, entry.cursor)
+        cursors.append(entry.cursor)
+        lines.append(number)
+        if previous is not None and entry.cursor <= previous[0]:
+            increasing = False
+            if entry.cursor < previous[0]:
+                facts.first_backwards = facts.first_backwards or (*previous, entry.cursor, number)
+                facts.backwards.append(number)
+        previous = (entry.cursor, number)
+        if entry.cursor > dream_cursor:
+            facts.undreamt += 1
+            moment = _entry_time(entry)
+            if moment is not None and moment < cutoff:
+                facts.old_undreamt += 1
+                facts.oldest_undreamt = min(facts.oldest_undreamt or moment.date(), moment.date())
+    if not increasing:  # only then can a cursor appear twice
+        repeated = {cursor for cursor, count in Counter(cursors).items() if count > 1}
+        for cursor, number in zip(cursors, lines, strict=True):
+            if cursor in repeated:
+                facts.duplicates.setdefault(cursor, []).append(number)
+    return facts
+
+
+def history_problems(facts: HistoryFacts, cursor_file: int, dream_cursor: int) -> list[dict]:
     """Duplicate or out-of-order cursors, unparsable lines and cursor files out of step with the history.
 
     Gaps between cursors are normal (compaction and restores leave them) and are not reported.
     """
     problems = []
-    lines_of = defaultdict(list)
-    for entry in scan.entries:
-        lines_of[entry.cursor].append(entry.line)
-    for cursor, lines in sorted(lines_of.items()):
-        if len(lines) > 1:
-            problems.append({
-                "problem": f"memory/history.jsonl holds cursor {cursor} more than once (lines {_lines(lines)})",
-                "fix": f"keep one of lines {_lines(lines)} in memory/history.jsonl (merge their content by hand)",
-            })
-    backwards = [(previous, entry) for previous, entry in zip(scan.entries, scan.entries[1:], strict=False)
-                 if entry.cursor < previous.cursor]
-    if backwards:
-        previous, entry = backwards[0]
+    for cursor, lines in sorted(facts.duplicates.items()):
         problems.append({
-            "problem": f"memory/history.jsonl is out of order: cursor {entry.cursor} at line {entry.line}"
-                       f" follows cursor {previous.cursor} at line {previous.line}"
-                       f" (lines going backwards: {_lines([entry.line for _, entry in backwards])})",
+            "problem": f"memory/history.jsonl holds cursor {cursor} more than once (lines {_lines(lines)})",
+            "fix": f"keep one of lines {_lines(lines)} in memory/history.jsonl (merge their content by hand)",
+        })
+    if facts.first_backwards:
+        previous_cursor, previous_line, cursor, line = facts.first_backwards
+        problems.append({
+            "problem": f"memory/history.jsonl is out of order: cursor {cursor} at line {line}"
+                       f" follows cursor {previous_cursor} at line {previous_line}"
+                       f" (lines going backwards: {_lines(facts.backwards)})",
             "fix": "sort the lines of memory/history.jsonl by cursor (keep each entry's cursor)",
         })
-    if scan.bad_lines:
+    if facts.bad_lines:
         problems.append({
-            "problem": f"memory/history.jsonl has {len(scan.bad_lines)} unparsable line(s):"
-                       f" {_lines(scan.bad_lines)}",
+            "problem": f"memory/history.jsonl has {len(facts.bad_lines)} unparsable line(s):"
+                       f" {_lines(facts.bad_lines)}",
             "fix": "repair or delete those lines; until then nanobotd skips them and never rewrites them away",
         })
+    largest = facts.largest
     allocated = max(largest, cursor_file)
     if dream_cursor > allocated:
         problems.append({
@@ -157,23 +201,22 @@ def lifecycle_problems(ws: WorkspaceSettings, plan: list, now: datetime) -> list
     }]
 
 
-def dream_backlog_problems(ws: WorkspaceSettings, undreamt: list[history.HistoryEntry], unread_days: list,
+def dream_backlog_problems(ws: WorkspaceSettings, facts: HistoryFacts, unread_days: list,
                            now: datetime) -> list[dict]:
     """History entries and note bullets waiting for the dream longer than BACKLOG_MAX_AGE: their facts do not
     reach SOUL.md, USER.md or MEMORY.md, so the agent does not see them."""
     cutoff = now - BACKLOG_MAX_AGE
-    old_entries = [entry for entry in undreamt if (_entry_time(entry) or now) < cutoff]
     old_bullets = [day for day in unread_days if day < cutoff.date()]
-    if not old_entries and not old_bullets:
+    if not facts.old_undreamt and not old_bullets:
         return []
-    oldest = min([_entry_time(entry).date() for entry in old_entries] + old_bullets)
+    oldest = min(([facts.oldest_undreamt] if facts.oldest_undreamt else []) + old_bullets)
     if ws.llm.model == "none":
         fix = f"set [llm] model (the dream needs an LLM), then run `{DREAM_COMMAND}`"
     else:
         fix = (f"run `{DREAM_COMMAND}` (it drains the backlog in batches within dream.token_budget; run it again"
                " while its run says something is left), and check that the dream schedule runs")
     return [{
-        "problem": f"the dream is behind: {len(old_entries)} history entries and {len(old_bullets)} daily-note"
+        "problem": f"the dream is behind: {facts.old_undreamt} history entries and {len(old_bullets)} daily-note"
                    f" bullets not dreamt are over {BACKLOG_MAX_AGE.days} days old (the oldest from"
                    f" {oldest.isoformat()})",
         "fix": fix,

@@ -7,12 +7,15 @@ Jobs import this module and never each other; the daemon hands each job a `JobEn
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -102,12 +105,17 @@ def folder_size(folder: Path) -> int:
 def compaction_candidates(memory_dir: Path, max_entries: int) -> list[int]:
     """Cursors of the oldest entries beyond *max_entries* that the dream has read.
 
-    An entry the dream has not read stays, even when that leaves more than *max_entries*.
+    An entry the dream has not read stays, even when that leaves more than *max_entries*. The history is
+    streamed and only its cursors are kept (8 bytes each).
     """
-    entries = sorted(history.read_history(memory_dir).entries, key=lambda entry: entry.cursor)
-    excess = max(len(entries) - max(max_entries, 0), 0)
+    cursors = array("q", (entry.cursor for entry in history.iter_entries(memory_dir)))
+    excess = max(len(cursors) - max(max_entries, 0), 0)
+    if not excess:
+        return []
+    if any(later < earlier for earlier, later in pairwise(cursors)):
+        cursors = array("q", sorted(cursors))
     dream_cursor = history.read_dream_cursor(memory_dir)
-    return [entry.cursor for entry in entries[:excess] if entry.cursor <= dream_cursor]
+    return [cursor for cursor in cursors[:excess] if cursor <= dream_cursor]
 
 
 def compact_history(memory_dir: Path, run_dir: Path, cursors: Iterable[int],
@@ -116,21 +124,30 @@ def compact_history(memory_dir: Path, run_dir: Path, cursors: Iterable[int],
 
     *journal* receives the record ({"removed", "backup", "cursors"}) before history.jsonl changes, so a run
     cut short can still put the entries back; returns that record, or None when nothing was removed.
+    The entries are streamed into the backup and out of history.jsonl, never held all at once.
     """
     # Re-read: the dream cursor can only have moved on since planning, and never remove what it has not read.
     dream_cursor = history.read_dream_cursor(memory_dir)
     wanted = {cursor for cursor in cursors if cursor <= dream_cursor}
-    entries = sorted((entry for entry in history.read_history(memory_dir).entries if entry.cursor in wanted),
-                     key=lambda entry: entry.cursor)
-    if not entries:
-        return None
     backup = run_dir / HISTORY_BACKUP_NAME
-    lines = "".join(json.dumps(entry.to_record(), ensure_ascii=False) + "\n" for entry in entries)
-    fsio.atomic_write(backup, lines, mode=0o600)
-    removal = {"removed": len(entries), "backup": str(backup), "cursors": [entry.cursor for entry in entries]}
+    saved: list[int] = []
+    with contextlib.ExitStack() as stack:
+        writer = None
+        for entry in history.iter_entries(memory_dir) if wanted else ():
+            if entry.cursor not in wanted:
+                continue
+            if writer is None:
+                writer = stack.enter_context(fsio.AtomicWriter(backup, 0o600))
+            writer.write((json.dumps(entry.to_record(), ensure_ascii=False) + "\n").encode())
+            saved.append(entry.cursor)
+        if writer is None:
+            return None
+        writer.commit()
+    saved.sort()
+    removal = {"removed": len(saved), "backup": str(backup), "cursors": saved}
     journal(removal)
-    doomed = {entry.cursor for entry in entries}
-    removal["removed"] = len(history.rewrite_history(memory_dir, keep=lambda entry: entry.cursor not in doomed))
+    doomed = set(saved)
+    removal["removed"] = history.remove_entries(memory_dir, keep=lambda entry: entry.cursor not in doomed)
     return removal
 
 
@@ -139,10 +156,17 @@ def compacted_entries_missing(memory_dir: Path, removal: dict | None) -> list[hi
     backup = (removal or {}).get("backup")
     if not backup:
         return []
-    saved = (history.parse_entry(line) for _, line in history.iter_lines(Path(backup)))
-    present = {entry.cursor for entry in history.read_history(memory_dir).entries}
-    return sorted((entry for entry in saved if entry is not None and entry.cursor not in present),
+    saved = {entry.cursor for entry in _saved_entries(Path(backup))}
+    present = {entry.cursor for entry in history.iter_entries(memory_dir) if entry.cursor in saved}
+    return sorted((entry for entry in _saved_entries(Path(backup)) if entry.cursor not in present),
                   key=lambda entry: entry.cursor)
+
+
+def _saved_entries(backup: Path) -> Iterator[history.HistoryEntry]:
+    for number, line in history.iter_lines(backup):
+        entry = history.parse_entry(line, number)
+        if entry is not None:
+            yield entry
 
 
 def describe_step(step: dict) -> str:

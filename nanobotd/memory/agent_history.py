@@ -66,16 +66,17 @@ class HistoryFollower:
             self._identity, self._offset = identity, 0
         if stat.st_size == self._offset:
             return []
-        with fsio.open_regular(self.path, follow=True) as handle:
-            handle.seek(self._offset)
-            data = handle.read(stat.st_size - self._offset)
-        complete = data.rfind(b"\n") + 1  # a line still being written is read next time
-        self._offset += complete
         entries = []
-        for line in data[:complete].splitlines():
-            entry = parse_entry(line) if line.strip() else None
-            if entry is not None and entry.cursor > self.last_cursor:
-                entries.append(entry)
+        with fsio.open_regular(self.path, follow=True) as handle:  # line by line: the file can be tens of MB
+            handle.seek(self._offset)
+            while self._offset < stat.st_size:
+                line = handle.readline(stat.st_size - self._offset)
+                if not line.endswith(b"\n"):
+                    break  # a line still being written is read next time
+                self._offset += len(line)
+                entry = parse_entry(line) if line.strip() else None
+                if entry is not None and entry.cursor > self.last_cursor:
+                    entries.append(entry)
         if entries:
             self.last_cursor = max(entry.cursor for entry in entries)
         return entries

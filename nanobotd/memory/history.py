@@ -1,5 +1,8 @@
 """memory/history.jsonl: read entries, append with safe cursor allocation, rewrite atomically.
 
+The file can hold 100,000+ entries (tens of MB), so it is only ever streamed: readers take one line at a
+time (`iter_history`, `iter_entries`) and rewrites go line by line into a temp file that replaces it.
+
 nanobot appends from its own process with only an in-process lock, so before every append we take an
 exclusive flock and re-read the largest cursor in the file: next = max(.cursor, largest) + 1.
 Every write stays inside the workspace (the memory folder's parent): a symlink leading out is refused.
@@ -52,14 +55,6 @@ class HistoryEntry:
         return record
 
 
-@dataclass(frozen=True)
-class HistoryScan:
-    """Everything read from history.jsonl, with what could not be read."""
-
-    entries: list[HistoryEntry]
-    bad_lines: list[int]
-
-
 def history_path(memory_dir: Path) -> Path:
     """Where history.jsonl lives."""
     return memory_dir / HISTORY_NAME
@@ -107,16 +102,17 @@ def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
                 yield number, line
 
 
-def read_history(memory_dir: Path) -> HistoryScan:
-    """Every valid entry in file order, and the numbers of the lines that did not parse."""
-    entries, bad = [], []
+def iter_history(memory_dir: Path) -> Iterator[tuple[int, HistoryEntry | None]]:
+    """(line number, entry) of every non-blank line, one at a time; the entry is None when the line is unreadable."""
     for number, line in iter_lines(history_path(memory_dir)):
-        entry = parse_entry(line, number)
-        if entry is None:
-            bad.append(number)
-        else:
-            entries.append(entry)
-    return HistoryScan(entries, bad)
+        yield number, parse_entry(line, number)
+
+
+def iter_entries(memory_dir: Path) -> Iterator[HistoryEntry]:
+    """Every valid entry in file order, one at a time."""
+    for _, entry in iter_history(memory_dir):
+        if entry is not None:
+            yield entry
 
 
 def largest_cursor_in_file(path: Path) -> int:
@@ -210,47 +206,73 @@ def rewrite_history(memory_dir: Path, keep: Callable[[HistoryEntry], bool]) -> l
 
     Unparsable lines are kept as they are: nanobotd never deletes what it cannot read.
     """
-    path = history_path(memory_dir)
-    root = workspace_root(memory_dir)
     removed: list[HistoryEntry] = []
-    with fsio.file_lock(memory_dir / LOCK_NAME, timeout=LOCK_TIMEOUT, root=root):
-        kept_lines: list[bytes] = []
-        for number, line in iter_lines(path):
-            entry = parse_entry(line, number)
-            if entry is not None and not keep(entry):
-                removed.append(entry)
-            else:
-                kept_lines.append(line if line.endswith(b"\n") else line + b"\n")
-        if removed:
-            cursor_floor = read_cursor_file(memory_dir / CURSOR_NAME)
-            largest = max([cursor_floor] + [entry.cursor for entry in removed])
-            fsio.confine(memory_dir / CURSOR_NAME, root)
-            fsio.atomic_write(path, b"".join(kept_lines), root=root)
-            # Cursors are never reused, even after the entries holding them are gone.
-            if largest > cursor_floor:
-                fsio.atomic_write(memory_dir / CURSOR_NAME, str(largest), root=root)
+    remove_entries(memory_dir, keep, removed.append)
     return removed
 
 
-def insert_entries(memory_dir: Path, entries: list[HistoryEntry]) -> int:
-    """Put entries back (restore) in cursor order, skipping cursors already present; return how many."""
+def remove_entries(memory_dir: Path, keep: Callable[[HistoryEntry], bool],
+                   on_removed: Callable[[HistoryEntry], None] | None = None) -> int:
+    """`rewrite_history` that hands each removed entry to *on_removed* instead of keeping it; returns how many.
+
+    The file is streamed into a temp file beside it that replaces it, so a large removal holds one line at a time.
+    """
+    path = history_path(memory_dir)
+    root = workspace_root(memory_dir)
+    removed, largest = 0, 0
+    with fsio.file_lock(memory_dir / LOCK_NAME, timeout=LOCK_TIMEOUT, root=root):
+        with fsio.AtomicWriter(path, root=root) as writer:
+            for number, line in iter_lines(path):
+                entry = parse_entry(line, number)
+                if entry is not None and not keep(entry):
+                    removed += 1
+                    largest = max(largest, entry.cursor)
+                    if on_removed is not None:
+                        on_removed(entry)
+                else:
+                    writer.write(line if line.endswith(b"\n") else line + b"\n")
+            if not removed:
+                return 0
+            fsio.confine(memory_dir / CURSOR_NAME, root)
+            writer.commit()
+        # Cursors are never reused, even after the entries holding them are gone.
+        if largest > read_cursor_file(memory_dir / CURSOR_NAME):
+            fsio.atomic_write(memory_dir / CURSOR_NAME, str(largest), root=root)
+    return removed
+
+
+def insert_entries(memory_dir: Path, entries: Iterable[HistoryEntry]) -> int:
+    """Put entries back (restore) in cursor order, skipping cursors already present; return how many.
+
+    Each entry goes before the first line with a larger cursor (an unreadable line counts as the entry before
+    it); the file is streamed twice, once for the cursors present and once into the temp file replacing it.
+    """
     path = history_path(memory_dir)
     root = workspace_root(memory_dir)
     with fsio.file_lock(memory_dir / LOCK_NAME, timeout=LOCK_TIMEOUT, root=root):
-        lines: list[tuple[int, bytes]] = []
-        present = set()
-        for number, line in iter_lines(path):
-            entry = parse_entry(line, number)
-            # An unreadable line keeps its place: it sorts with the entry before it.
-            cursor = entry.cursor if entry else (lines[-1][0] if lines else 0)
-            present.add(cursor)
-            lines.append((cursor, line if line.endswith(b"\n") else line + b"\n"))
-        added = [entry for entry in entries if entry.cursor not in present]
+        entries = list(entries)
+        wanted = {entry.cursor for entry in entries}
+        present = {entry.cursor for entry in iter_entries(memory_dir) if entry.cursor in wanted}
+        added = sorted((entry for entry in entries if entry.cursor not in present), key=lambda entry: entry.cursor)
         if not added:
             return 0
-        for entry in added:
-            lines.append((entry.cursor, (json.dumps(entry.to_record(), ensure_ascii=False) + "\n").encode()))
-        lines.sort(key=lambda item: item[0])
-        fsio.atomic_write(path, b"".join(line for _, line in lines), root=root)
+        pending = iter(added)
+        following = next(pending, None)
+        with fsio.AtomicWriter(path, root=root) as writer:
+            cursor = 0
+            for number, line in iter_lines(path):
+                entry = parse_entry(line, number)
+                cursor = entry.cursor if entry else cursor
+                while following is not None and following.cursor < cursor:
+                    writer.write(_entry_line(following))
+                    following = next(pending, None)
+                writer.write(line if line.endswith(b"\n") else line + b"\n")
+            while following is not None:
+                writer.write(_entry_line(following))
+                following = next(pending, None)
+            writer.commit()
     return len(added)
 
+
+def _entry_line(entry: HistoryEntry) -> bytes:
+    return (json.dumps(entry.to_record(), ensure_ascii=False) + "\n").encode()

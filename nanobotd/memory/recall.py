@@ -84,7 +84,7 @@ def history_items(memory_dir: Path, days: set[str]) -> list[RecallItem]:
     relative = str(history.history_path(memory_dir).relative_to(memory_dir.parent))
     return [RecallItem("history", entry.timestamp[:10], relative, entry.content, cursor=entry.cursor,
                        session_key=entry.session_key, timestamp=entry.timestamp)
-            for entry in history.read_history(memory_dir).entries if entry.timestamp[:10] in days]
+            for entry in history.iter_entries(memory_dir) if entry.timestamp[:10] in days]
 
 
 def fit(items: list[RecallItem], max_chars: int) -> tuple[list[RecallItem], list[RecallItem]]:

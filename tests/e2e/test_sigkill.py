@@ -7,8 +7,8 @@ import random
 import re
 import time
 
-from nanobotd.memory import history
 from tests.support.fakellm import FakeLLM, Responder, Text
+from tests.support.histories import read_history
 from tests.support.workspace import make_workspace, write_session
 
 KILLS = 30
@@ -61,7 +61,7 @@ max_retries = 0
         assert proc.stop() == 0
         print(f"{KILLS} kills, {interrupted} interrupted runs recovered")
 
-    scan = history.read_history(workspace / "memory")
+    scan = read_history(workspace / "memory")
     assert scan.bad_lines == []
     cursors = [entry.cursor for entry in scan.entries]
     assert cursors == sorted(set(cursors)), "cursors must be unique and increasing"

@@ -19,6 +19,7 @@ from nanobotd.jobs.common import (
     unread_note_bullets,
 )
 from nanobotd.memory import history
+from tests.support.histories import read_history
 
 NOW = datetime(2026, 6, 15, 4, 45)
 
@@ -32,7 +33,7 @@ def memory_with_history(tmp_path: Path, count: int, dream_cursor: int) -> Path:
 
 
 def cursors(memory: Path) -> list[int]:
-    return [entry.cursor for entry in history.read_history(memory).entries]
+    return [entry.cursor for entry in read_history(memory).entries]
 
 
 def test_candidates_are_the_oldest_entries_beyond_the_limit_that_the_dream_has_read(tmp_path):

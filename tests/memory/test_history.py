@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from nanobotd import fsio
 from nanobotd.memory import history
+from tests.support.histories import read_history
 
 NOW = datetime(2026, 11, 22, 10, 0)
 APPENDER = """
@@ -47,7 +48,7 @@ def test_two_processes_appending_at_once_never_duplicate_or_lose_a_cursor(tmp_pa
              for name in ("alpha", "beta")]
     for proc in procs:
         assert proc.wait(timeout=120) == 0
-    scan = history.read_history(tmp_path)
+    scan = read_history(tmp_path)
     cursors = [entry.cursor for entry in scan.entries]
     assert scan.bad_lines == []
     assert cursors == list(range(1, 301))
@@ -58,7 +59,7 @@ def test_a_torn_last_line_gets_its_own_line_and_is_never_reused(tmp_path):
     path = tmp_path / "history.jsonl"
     path.write_text(json.dumps({"cursor": 1, "timestamp": "t", "content": "a"}) + '\n{"cursor": 2, "timest')
     history.append_entries(tmp_path, [("b", None)], NOW)
-    scan = history.read_history(tmp_path)
+    scan = read_history(tmp_path)
     assert [entry.cursor for entry in scan.entries] == [1, 2]
     assert scan.bad_lines == [2]
 
@@ -77,7 +78,7 @@ def test_rewrite_keeps_unparsable_lines_and_never_lowers_the_cursor(tmp_path):
     assert "garbage" in (tmp_path / "history.jsonl").read_text()
     assert history.append_entries(tmp_path, [("d", None)], NOW)[0].cursor == 4
     assert history.insert_entries(tmp_path, removed) == 1
-    assert [entry.cursor for entry in history.read_history(tmp_path).entries] == [1, 2, 3, 4]
+    assert [entry.cursor for entry in read_history(tmp_path).entries] == [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("linked", ["history.jsonl", ".cursor", ".history.lock"])
@@ -113,7 +114,7 @@ def test_an_append_that_meets_a_full_disk_leaves_history_as_it_was(tiny_tmpfs):
         history.append_entries(memory, [("x" * 40_000, "cli:a"), ("y" * 40_000, "cli:a")], NOW)
     assert caught.value.errno == errno.ENOSPC
     assert (memory / "history.jsonl").read_bytes() == before
-    assert history.read_history(memory).bad_lines == []
+    assert read_history(memory).bad_lines == []
     assert history.append_entries(memory, [("after the disk filled", None)], NOW)[0].cursor > 1
 
 
@@ -123,7 +124,7 @@ def test_a_torn_last_line_is_moved_aside_and_the_next_append_is_clean(tmp_path):
     assert history.repair_torn_line(tmp_path) == len('{"cursor": 2, "timest')
     assert (tmp_path / "history.jsonl.torn").read_text() == '{"cursor": 2, "timest\n'
     history.append_entries(tmp_path, [("b", None)], NOW)
-    scan = history.read_history(tmp_path)
+    scan = read_history(tmp_path)
     assert [entry.cursor for entry in scan.entries] == [1, 2] and scan.bad_lines == []
 
 
@@ -147,7 +148,7 @@ def test_any_history_file_reads_as_entries_and_bad_lines_and_a_torn_tail_repairs
     memory.mkdir()
     content = b"\n".join(lines) + (b"\n" if terminated and lines else b"")
     (memory / "history.jsonl").write_bytes(content)
-    scan = history.read_history(memory)
+    scan = read_history(memory)
     non_blank = [line for line in content.split(b"\n") if line.strip()]  # LF only, as the reader splits
     assert len(scan.entries) + len(scan.bad_lines) == len(non_blank)
     assert all(entry.cursor >= 1 and isinstance(entry.content, str) for entry in scan.entries)
@@ -160,3 +161,29 @@ def test_any_history_file_reads_as_entries_and_bad_lines_and_a_torn_tail_repairs
     assert len(repaired) + (len(torn.read_bytes()) - 1 if torn.exists() else 0) >= len(content)
     written = history.append_entries(memory, [("after", None)], NOW)
     assert written[0].cursor > max([largest] + [entry.cursor for entry in scan.entries])
+
+
+def test_insert_merges_entries_before_the_first_larger_cursor_and_keeps_unreadable_lines_in_place(tmp_path):
+    history.append_entries(tmp_path, [(text, None) for text in "abcdef"], NOW)
+    removed = history.rewrite_history(tmp_path, lambda entry: entry.cursor not in (1, 3, 6))
+    with open(tmp_path / "history.jsonl", "ab") as handle:
+        handle.write(b"garbage after 5\n")
+    lines = (tmp_path / "history.jsonl").read_bytes().splitlines()
+    lines.insert(1, b"garbage after 2")
+    (tmp_path / "history.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    assert history.insert_entries(tmp_path, removed + removed[:1]) == 4  # the duplicate of 1 goes in too
+    after = [(number, entry.cursor if entry else None) for number, entry in history.iter_history(tmp_path)]
+    assert after == [(1, 1), (2, 1), (3, 2), (4, None), (5, 3), (6, 4), (7, 5), (8, None), (9, 6)]
+    assert not list(tmp_path.glob(".history.jsonl.*"))
+
+
+def test_remove_entries_counts_what_it_streams_out_and_an_empty_removal_writes_nothing(tmp_path):
+    history.append_entries(tmp_path, [(text, None) for text in "abcd"], NOW)
+    before = (tmp_path / "history.jsonl").stat()
+    assert history.remove_entries(tmp_path, lambda entry: True) == 0
+    assert (tmp_path / "history.jsonl").stat().st_ino == before.st_ino
+    seen = []
+    assert history.remove_entries(tmp_path, lambda entry: entry.cursor % 2 == 1, seen.append) == 2
+    assert [entry.cursor for entry in seen] == [2, 4]
+    assert [entry.cursor for entry in history.iter_entries(tmp_path)] == [1, 3]
+    assert (tmp_path / ".cursor").read_text() == "4"

@@ -138,7 +138,7 @@ def test_archive_marks_are_rebuilt_from_history_spans_after_the_db_is_lost(tmp_p
     from nanobotd.jobs.common import JobEnv
     from nanobotd.jobs.consolidate import archive as consolidate
     from nanobotd.llm.client import LLMClient
-    from nanobotd.memory import history
+    from tests.support.histories import read_history
 
     workspace, sessions = make_workspace(tmp_path)
     store, tracker = make_tracker(tmp_path)
@@ -155,7 +155,7 @@ def test_archive_marks_are_rebuilt_from_history_spans_after_the_db_is_lost(tmp_p
     assert store.rebuilt
     tracker = SessionTracker("ws", store)
     tracker.scan(path)
-    spans = [entry.span for entry in history.read_history(workspace / "memory").entries]
+    spans = [entry.span for entry in read_history(workspace / "memory").entries]
     assert tracker.apply_history_spans("cli:a", spans) == 8
     assert [message.text.split()[0] for _, message, _ in tracker.pending("cli:a")] == ["M-8", "M-9"]
 

@@ -314,7 +314,11 @@ def read_chunk_backup(path: Path) -> list[tuple[str, dict, int]]:
 def recover_consolidation(ctx: JobEnv, run: RunRecord) -> str:
     """Finish or roll back a consolidation run interrupted by a crash; returns the resulting outcome."""
     manifest = dict(run.manifest)
-    present = {entry.cursor: entry for entry in history.read_history(ctx.memory_dir).entries}
+    # Only the cursors the interrupted chunks journalled matter: stream the history, keep the hashes of those.
+    journalled = {cursor for chunk in manifest.get("chunks", []) if not chunk.get("done")
+                  for cursor in chunk.get("cursors") or ()}
+    present = {entry.cursor: content_hash(entry.content)
+               for entry in (history.iter_entries(ctx.memory_dir) if journalled else ()) if entry.cursor in journalled}
     finished = rolled_back = 0
     for chunk in manifest.get("chunks", []):
         if chunk.get("done"):
@@ -323,7 +327,7 @@ def recover_consolidation(ctx: JobEnv, run: RunRecord) -> str:
         if cursors is None:
             continue
         found = [cursor for cursor, digest in zip(cursors, hashes, strict=False)
-                 if cursor in present and content_hash(present[cursor].content) == digest]
+                 if cursor in present and present[cursor] == digest]
         digests = [digest for digest, _, _ in read_chunk_backup(Path(chunk["backup"]))]
         if len(found) == len(cursors):
             ctx.tracker.mark_archived(run.session_key, digests, run.run_id)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from nanobotd.jobs.common import unread_note_bullets
 from nanobotd.memory.dailynote import NoteBullet
-from nanobotd.memory.history import HistoryEntry, read_history
+from nanobotd.memory.history import HistoryEntry, iter_entries
 
 ENTRY_SHOWN_CHARS = 8_000  # the prompt shows at most this much of one history entry
 NOTE_ITEM_CHARS = ENTRY_SHOWN_CHARS
@@ -97,8 +97,8 @@ def _item_time(item: HistoryEntry | NoteItem) -> str:
 
 
 def read_backlog(memory_dir: Path, after: int) -> Backlog:
-    """The history entries after cursor *after* and the unread note bullets."""
-    entries = sorted((entry for entry in read_history(memory_dir).entries if entry.cursor > after),
+    """The history entries after cursor *after* (streamed: only those are kept) and the unread note bullets."""
+    entries = sorted((entry for entry in iter_entries(memory_dir) if entry.cursor > after),
                      key=lambda entry: entry.cursor)
     return Backlog(entries, note_items(unread_note_bullets(memory_dir)))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nanobotd.gitstore.store import GitStore
-from nanobotd.memory.history import read_dream_cursor, read_history
+from nanobotd.memory.history import read_dream_cursor
 from tests.jobs.dream.scenario import (
     CONTENT_FILES,
     EDIT_TWO_FILES,
@@ -22,6 +22,7 @@ from tests.jobs.dream.scenario import (
     write_history,
 )
 from tests.support.fakellm import Responder, Text
+from tests.support.histories import read_history
 
 
 def edit_during_the_run(path: Path, old: str, new: str) -> Responder:

@@ -14,7 +14,6 @@ from nanobotd.jobs.lifecycle.plan import plan_lifecycle
 from nanobotd.jobs.lifecycle.run import _StepExecutor
 from nanobotd.jobs.lifecycle.undo import restore_lifecycle_run
 from nanobotd.llm.reply import UsageMeter
-from nanobotd.memory import history
 from tests.jobs.lifecycle.scenario import (
     NOW,
     OFFLINE,
@@ -23,6 +22,7 @@ from tests.jobs.lifecycle.scenario import (
     workspace,
     write_note,
 )
+from tests.support.histories import read_history
 
 
 def test_notes_move_at_active_days_and_expire_at_ttl_days(tmp_path, store):
@@ -51,7 +51,7 @@ def test_notes_move_at_active_days_and_expire_at_ttl_days(tmp_path, store):
 def test_compaction_never_removes_an_entry_after_the_dream_cursor(tmp_path, store):
     ws = standard_workspace(tmp_path)
     _, manifest = lifecycle(ws, store)
-    cursors = [entry.cursor for entry in history.read_history(ws.path / "memory").entries]
+    cursors = [entry.cursor for entry in read_history(ws.path / "memory").entries]
     # 12 entries, keep 5: the oldest 7 would go, but only 1-4 have been dreamt.
     assert cursors[:8] == [5, 6, 7, 8, 9, 10, 11, 12]
     assert manifest["history_removed"]["cursors"] == [1, 2, 3, 4]

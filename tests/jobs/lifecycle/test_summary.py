@@ -13,12 +13,13 @@ from tests.jobs.lifecycle.scenario import (
     write_note,
 )
 from tests.support.fakellm import FakeLLM, HttpError, Responder, Text
+from tests.support.histories import read_history
 
 
 def test_offline_expired_notes_go_to_history_raw_and_whole(tmp_path, store):
     ws = standard_workspace(tmp_path)
     _, manifest = lifecycle(ws, store)
-    entries = history.read_history(ws.path / "memory").entries
+    entries = read_history(ws.path / "memory").entries
     added = [entry for entry in entries if entry.cursor in manifest["history_added"]]
     assert len(added) == 1 and added[0].content.startswith("[RAW] 2 messages\n")
     assert "[2026-03-16] NOTE: memory/archive/2026-03-16.md\n# 2026-03-16" in added[0].content
@@ -30,7 +31,7 @@ def test_a_huge_expired_note_is_split_over_several_raw_entries_and_nothing_is_dr
     facts = "".join(f"- fact-{number:05d} about the garden\n" for number in range(5000))
     write_note(ws, "archive/2026-01-01.md", facts)
     _, manifest = lifecycle(ws, store)
-    entries = history.read_history(ws.path / "memory").entries
+    entries = read_history(ws.path / "memory").entries
     assert len(entries) == len(manifest["history_added"]) > 5
     assert all(len(entry.content) <= ws.consolidation.raw_max_chars for entry in entries)
     joined = "".join(entry.content for entry in entries)
@@ -48,7 +49,7 @@ def test_expired_notes_are_summarised_into_one_history_entry_by_the_llm(tmp_path
     sent = fake.requests[0]["messages"][1]["content"]
     assert "=== memory/archive/2026-01-10.md ===" in sent and "=== memory/archive/2026-03-16.md ===" in sent
     [cursor] = manifest["history_added"]
-    [entry] = [entry for entry in history.read_history(ws.path / "memory").entries if entry.cursor == cursor]
+    [entry] = [entry for entry in read_history(ws.path / "memory").entries if entry.cursor == cursor]
     assert entry.content == ("Archived daily notes 2026-01-10 to 2026-03-16 (2 notes), summarised before deletion:\n"
                              "- [durable] The project started in January.\n- [ephemeral] Worked on it in March.")
     assert entry.timestamp == "2026-06-15 04:45"
@@ -64,7 +65,7 @@ def test_an_llm_failure_falls_back_to_raw_entries(tmp_path, store):
         llm = LLMClient(LLMSettings(model=fake.model, api_base=fake.base_url, max_retries=0, timeout_seconds=5))
         run_id, manifest = lifecycle(ws, store, llm)
     [cursor] = manifest["history_added"]
-    [entry] = [entry for entry in history.read_history(ws.path / "memory").entries if entry.cursor == cursor]
+    [entry] = [entry for entry in read_history(ws.path / "memory").entries if entry.cursor == cursor]
     assert entry.content.startswith("[RAW] 2 messages")
     [(outcome, reason)] = store.query("SELECT outcome, reason FROM outcomes")
     assert outcome == "raw_fallback" and "500" in reason

@@ -8,7 +8,6 @@ import pytest
 
 from nanobotd.jobs.common import RestoreRefused
 from nanobotd.jobs.lifecycle.undo import restore_lifecycle_run
-from nanobotd.memory import history
 from tests.jobs.lifecycle.scenario import (
     lifecycle,
     standard_workspace,
@@ -16,6 +15,7 @@ from tests.jobs.lifecycle.scenario import (
     workspace,
     write_note,
 )
+from tests.support.histories import read_history
 
 
 def test_restore_brings_back_every_byte(tmp_path, store):
@@ -78,7 +78,7 @@ def test_restore_refuses_when_an_expired_note_was_created_again_and_keeps_both(t
     old_bytes = old.read_bytes()
     run_id, _ = lifecycle(ws, store)
     assert not old.exists()
-    summary = history.read_history(ws.path / "memory").entries
+    summary = read_history(ws.path / "memory").entries
     assert summary, "the expired note was summarised into history"
     old.write_text("# 2026-03-01\n\n## Topics\n- written again later\n")
     before = tree(ws)
@@ -100,4 +100,4 @@ def test_restore_after_the_new_note_is_moved_aside_brings_the_old_one_back(tmp_p
     restore_lifecycle_run(store.get_run(run_id), store=store, dry_run=False)
     assert old.read_bytes() == old_bytes
     assert old.with_name("elsewhere.md").read_text() == "written again\n"
-    assert history.read_history(ws.path / "memory").entries == []
+    assert read_history(ws.path / "memory").entries == []

@@ -1,0 +1,27 @@
+"""Read a whole history.jsonl at once, for assertions on small test files (nanobotd itself only streams it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from nanobotd.memory.history import HistoryEntry, iter_history
+
+
+@dataclass(frozen=True)
+class HistoryScan:
+    """Every valid entry in file order, and the numbers of the lines that did not parse."""
+
+    entries: list[HistoryEntry]
+    bad_lines: list[int]
+
+
+def read_history(memory_dir: Path) -> HistoryScan:
+    """The whole file, entries and unreadable line numbers."""
+    entries, bad_lines = [], []
+    for number, entry in iter_history(memory_dir):
+        if entry is None:
+            bad_lines.append(number)
+        else:
+            entries.append(entry)
+    return HistoryScan(entries, bad_lines)
