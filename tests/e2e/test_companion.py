@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from tests.support.daemonproc import FIRST_LLM_CALL_SECONDS
 from tests.support.fakellm import FakeLLM, Text
 from tests.support.workspace import conversation, history_entries, make_workspace, write_session
 
@@ -189,6 +190,6 @@ agent_base_tokens = 1000
         tail = daemon.session("cli:j")["unarchived_tokens"]
         assert 1000 + tail < 4000 - 500 - 1024, "the flush came before the agent's own compaction would"
         flushed = daemon.wait_for(lambda: [run for run in daemon.ctl_json("runs", "--kind", "flush")["runs"]
-                                           if run["state"] == "finished"])
+                                           if run["state"] == "finished"], timeout=FIRST_LLM_CALL_SECONDS)
         assert flushed[0]["outcome"] == "written"
         assert "cold bucket" in (workspace / "memory").joinpath(time.strftime("%Y-%m-%d") + ".md").read_text()

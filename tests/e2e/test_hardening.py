@@ -16,7 +16,7 @@ import pytest
 
 from nanobotd.cli.client import Client, DaemonError
 from nanobotd.sessions.file import filename_for_key
-from tests.support.daemonproc import CTL, REPO
+from tests.support.daemonproc import CTL, FIRST_LLM_CALL_SECONDS, REPO
 from tests.support.workspace import conversation, history_entries, make_workspace, write_session
 
 JOB_STOP_SECONDS = 3
@@ -200,7 +200,7 @@ def test_sigterm_during_a_stuck_llm_call_exits_within_job_stop_seconds(tmp_path,
         proc.start()
         proc.wait_for(lambda: proc.session("cli:a"))
         assert proc.ctl("consolidate", "--no-wait", "cli:a").returncode == 0
-        proc.wait_for(lambda: fake.requests)
+        proc.wait_for(lambda: fake.requests, timeout=FIRST_LLM_CALL_SECONDS)
         proc.sessions = sessions
         elapsed = stop_within(proc, JOB_STOP_SECONDS + 3)
     assert elapsed >= 0

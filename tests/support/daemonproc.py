@@ -12,6 +12,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 CTL = "import sys; from nanobotd.cli.nanobotctl import main; sys.exit(main())"
+# A daemon's first LLM call starts its LLM worker, which imports litellm: ~2.5 s here, 15 s and more when the
+# 2-core machine is loaded; a wait for the first call's effects allows for that.
+FIRST_LLM_CALL_SECONDS = 60
 
 
 class DaemonProcess:
