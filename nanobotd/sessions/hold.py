@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -26,18 +25,9 @@ from loguru import logger
 
 from nanobotd import fsio
 from nanobotd.memory.transcript import record_json
-from nanobotd.sessions import file as sessionfile
+from nanobotd.sessions.scan import LineRef, read_line
 
 HELD_DIR = "held"
-
-
-@dataclass(frozen=True)
-class HeldLine:
-    """Where a spooled message's line is in its session's held file (before the session's shift)."""
-
-    start: int
-    end: int
-    line_digest: str
 
 
 class LinkUnsupported(OSError):
@@ -88,8 +78,9 @@ class Holds:
         fsio.fsync_dir(self.folder)
         return True
 
-    def read(self, session_id: int, generation: int, shift: int, lines: Iterable[HeldLine | None]) -> list[str | None]:
-        """The text of each held line (None for a line that is not held, or whose bytes are no longer there)."""
+    def read(self, session_id: int, generation: int, shift: int, lines: Iterable[LineRef | None]) -> list[str | None]:
+        """The text of each held line, its offsets before the session's *shift* (None for a line that is not
+        held, or whose bytes are no longer there)."""
         wanted = list(lines)
         texts: list[str | None] = [None] * len(wanted)
         if not any(wanted):
@@ -144,12 +135,9 @@ def _copy_from(handle: BinaryIO, target: Path) -> None:
     os.close(fd)
 
 
-def _read_line(handle: BinaryIO, line: HeldLine, shift: int) -> str | None:
-    handle.seek(line.start + shift)
-    data = handle.read(line.end - line.start).strip()
-    if sessionfile.line_digest(data) != line.line_digest:
-        return None
-    return line_text(data)
+def _read_line(handle: BinaryIO, line: LineRef, shift: int) -> str | None:
+    data = read_line(handle, LineRef(line.start + shift, line.end + shift, line.line_digest))
+    return None if data is None else line_text(data)
 
 
 def line_text(data: bytes) -> str:

@@ -24,7 +24,7 @@ from typing import BinaryIO
 from loguru import logger
 
 from nanobotd.sessions import spool as spooldb
-from nanobotd.sessions.hold import HeldLine, LinkUnsupported
+from nanobotd.sessions.hold import LinkUnsupported
 from nanobotd.sessions.scan import LineRef, ParseResult, read_line
 from nanobotd.sessions.session import SessionState, save_hold
 
@@ -123,7 +123,7 @@ class SpoolHolding:
                          session.key, len(plan.lost))
         return plan
 
-    def _copy_out(self, session: SessionState, rows: list[tuple[str, HeldLine]], plan: HoldPlan) -> None:
+    def _copy_out(self, session: SessionState, rows: list[tuple[str, LineRef]], plan: HoldPlan) -> None:
         """Copy *rows* out of the session's current held version into *plan* (lost when unreadable)."""
         if not rows:
             return

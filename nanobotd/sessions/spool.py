@@ -18,7 +18,7 @@ from loguru import logger
 
 from nanobotd.memory.transcript import PendingMessage, record_json
 from nanobotd.sessions import file as sessionfile
-from nanobotd.sessions.hold import HeldLine, line_text
+from nanobotd.sessions.hold import line_text
 from nanobotd.sessions.scan import LineRef, MessageInfo, read_line
 from nanobotd.state.store import StateStore
 
@@ -26,7 +26,7 @@ BATCH = 1000  # new spool rows read from the file and inserted together
 HELD = ""  # the record of a held row: its line is in the session's held version of the file
 
 # held lines -> their texts (None: unreadable), from the session's held version at the time of the query
-Resolve = Callable[[list[HeldLine | None]], list[str | None]]
+Resolve = Callable[[list[LineRef | None]], list[str | None]]
 
 
 def insert_rows(db: sqlite3.Connection, session_id: int, rows: list[tuple], handle: BinaryIO, now: float, *,
@@ -55,12 +55,12 @@ def insert_rows(db: sqlite3.Connection, session_id: int, rows: list[tuple], hand
             " line_start, line_end, line_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", batch)
 
 
-def held_rows(store: StateStore, session_id: int, *, limit: int = -1) -> list[tuple[str, HeldLine]]:
+def held_rows(store: StateStore, session_id: int, *, limit: int = -1) -> list[tuple[str, LineRef]]:
     """(digest, held line) of the session's held rows (up to *limit*)."""
     rows = store.query("SELECT digest, line_start, line_end, line_digest FROM spool"
                        " WHERE session_id=? AND record=? AND line_digest IS NOT NULL LIMIT ?",
                        (session_id, HELD, limit))
-    return [(digest, HeldLine(start, end, line)) for digest, start, end, line in rows]
+    return [(digest, LineRef(start, end, line)) for digest, start, end, line in rows]
 
 
 def copy_held(db: sqlite3.Connection, session_id: int, copies: list[tuple[str, str]]) -> None:
@@ -78,7 +78,7 @@ def move_held(db: sqlite3.Connection, session_id: int, moves: list[tuple[str, Li
 def _texts(rows: list[tuple], resolve: Resolve) -> list[str | None]:
     """Each row's record text: its copy, or its line read from the held version (rows end with record,
     line_start, line_end, line_digest)."""
-    lines = [HeldLine(start, end, line) if record == HELD and line is not None else None
+    lines = [LineRef(start, end, line) if record == HELD and line is not None else None
              for *_, record, start, end, line in rows]
     held = resolve(lines) if any(lines) else [None] * len(rows)
     texts = []

@@ -200,7 +200,7 @@ async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, rea
     chunks = plan_chunks(ctx, items)
     chunks = chunks[:rounds] if reason == "budget" else chunks
     outcomes = []
-    marks = ArchiveMarks(ctx, session_key, run_id, manifest)
+    marks = PendingMarks(ctx, session_key, run_id, manifest)
     try:
         for number, chunk in enumerate(chunks):
             if not chunk.load(ctx, session_key):
@@ -224,7 +224,7 @@ async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, rea
     return manifest
 
 
-class ArchiveMarks:
+class PendingMarks:
     """Chunks whose entries reached history, waiting for their archive marks: committed in one transaction
     with the journal saying they are done (so a crash leaves both or neither)."""
 
@@ -263,7 +263,7 @@ class ArchiveMarks:
 
 
 async def archive_chunk(ctx: JobEnv, session_key: str, run_id: str, number: int, chunk: Chunk, manifest: dict,
-                        usage: UsageMeter, marks: ArchiveMarks) -> str:
+                        usage: UsageMeter, marks: PendingMarks) -> str:
     """Summarise one chunk and append its entries, journalling the chunk's backup and cursors before the append,
     so recovery can finish or roll back a chunk a crash cut short; its marks wait in *marks*. Returns the
     chunk's outcome."""
