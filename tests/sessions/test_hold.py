@@ -27,6 +27,11 @@ def line(message: dict) -> str:
     return json.dumps(message, ensure_ascii=False)
 
 
+def by_marker(messages: list[dict]) -> dict[str, str]:
+    """Each message's line as write_session writes it, by the marker its content starts with."""
+    return {message["content"].split(" ")[0]: line(message) for message in messages}
+
+
 def spooled_texts(tracker) -> dict[str, str]:
     """Every spooled message's record text, by the marker its content starts with."""
     return {message.text.split(" ")[0]: json.dumps(message.record, ensure_ascii=False)
@@ -60,7 +65,7 @@ def test_a_file_seen_once_is_held_by_a_private_copy_that_an_in_place_truncation_
     result = tracker.scan(path)
     assert result.vanished == 12
     texts = spooled_texts(tracker)
-    assert texts == {message["content"].split(" ")[0]: line(message) for message in messages}
+    assert texts == by_marker(messages)
 
 
 def test_a_file_replaced_by_renames_is_held_by_a_link_and_the_spool_keeps_no_copy(tmp_path):
@@ -76,7 +81,7 @@ def test_a_file_replaced_by_renames_is_held_by_a_link_and_the_spool_keeps_no_cop
     assert held_files(store) == [f"{session.session_id}.2"]  # the first version (a copy) is gone
     assert os.stat(store.state_dir / "held" / held_files(store)[0]).st_ino == os.stat(path).st_ino
     assert [row[0] for row in store.query("SELECT record FROM spool")] == [""] * 10
-    assert spooled_texts(tracker) == {message["content"].split(" ")[0]: line(message) for message in messages}
+    assert spooled_texts(tracker) == by_marker(messages)
 
 
 def save_padded(sessions, messages: list[dict], padding: int):
@@ -103,7 +108,7 @@ def test_a_metadata_line_that_changes_length_moves_the_held_lines_with_it(tmp_pa
         assert result.new_messages == 2
         # the held rows keep their offsets: the session's shift is how far the message lines moved
         assert tracker.sessions[KEY].hold_shift == len(path.read_bytes().split(b"\n", 1)[0]) - first_line != 0
-    assert spooled_texts(tracker) == {message["content"].split(" ")[0]: line(message) for message in messages}
+    assert spooled_texts(tracker) == by_marker(messages)
     assert store.query("SELECT count(*) FROM spool WHERE record != ''")[0][0] == 0
 
 
@@ -120,7 +125,7 @@ def test_messages_a_rename_drops_are_copied_out_of_the_held_link_before_it_moves
     assert result.vanished == 6
     copied = {row[0] for row in store.query("SELECT digest FROM spool WHERE record != ''")}
     assert len(copied) == 6
-    assert spooled_texts(tracker) == {message["content"].split(" ")[0]: line(message) for message in messages}
+    assert spooled_texts(tracker) == by_marker(messages)
     session = tracker.sessions[KEY]
     assert held_files(store) == [f"{session.session_id}.3"]
 
@@ -145,11 +150,11 @@ def test_a_link_rewritten_in_place_switches_the_session_to_copies_and_reports_wh
     assert not session.hold_links
     assert any("rewritten in place" in text for text in lines)
     assert any("3 unarchived message(s)" in text for text in lines)
-    assert spooled_texts(tracker) == {message["content"].split(" ")[0]: line(message) for message in messages[3:]}
+    assert spooled_texts(tracker) == by_marker(messages[3:])
     # from now on it is held by a private copy: another in-place truncation loses nothing
     write_in_place(path, KEY, [])
     tracker.scan(path)
-    assert spooled_texts(tracker) == {message["content"].split(" ")[0]: line(message) for message in messages[3:]}
+    assert spooled_texts(tracker) == by_marker(messages[3:])
 
 
 def test_a_held_version_left_by_a_crash_before_its_commit_is_removed_at_start(tmp_path):
@@ -180,7 +185,7 @@ def test_a_state_folder_that_cannot_link_holds_copies(tmp_path, monkeypatch):
     assert not tracker.sessions[KEY].hold_links
     write_in_place(path, KEY, [])
     tracker.scan(path)
-    assert spooled_texts(tracker) == {message["content"].split(" ")[0]: line(message) for message in messages}
+    assert spooled_texts(tracker) == by_marker(messages)
 
 
 def test_held_lines_are_read_again_after_a_restart_and_follow_the_next_save(tmp_path):
@@ -195,7 +200,7 @@ def test_held_lines_are_read_again_after_a_restart_and_follow_the_next_save(tmp_
     path = write_session(sessions, KEY, messages[2:])  # two gone, three new, after the restart
     result = restarted.scan(path)
     assert result.vanished == 2
-    assert spooled_texts(restarted) == {message["content"].split(" ")[0]: line(message) for message in messages}
+    assert spooled_texts(restarted) == by_marker(messages)
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -229,7 +234,7 @@ def test_any_sequence_of_saves_keeps_every_unarchived_line_readable(tmp_path, se
                 temp.write_text(text, encoding="utf-8")
                 os.replace(temp, path)
         tracker.scan(path)
-        seen.update({message["content"].split(" ")[0]: line(message) for message in shown})
+        seen.update(by_marker(shown))
     assert spooled_texts(tracker) == seen
 
 
