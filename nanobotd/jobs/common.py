@@ -138,7 +138,7 @@ def compact_history(memory_dir: Path, run_dir: Path, cursors: Iterable[int],
                 continue
             if writer is None:
                 writer = stack.enter_context(fsio.AtomicWriter(backup, 0o600))
-            writer.write((json.dumps(entry.to_record(), ensure_ascii=False) + "\n").encode())
+            writer.write(entry.to_line())
             saved.append(entry.cursor)
         if writer is None:
             return None

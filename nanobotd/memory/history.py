@@ -54,6 +54,10 @@ class HistoryEntry:
             record[SPAN_FIELD] = self.span
         return record
 
+    def to_line(self) -> bytes:
+        """The entry as one line of history.jsonl."""
+        return (json.dumps(self.to_record(), ensure_ascii=False) + "\n").encode("utf-8")
+
 
 def history_path(memory_dir: Path) -> Path:
     """Where history.jsonl lives."""
@@ -181,7 +185,7 @@ def append_entries(
                    for offset, (content, key) in enumerate(items)]
         if before_write is not None:
             before_write([entry.cursor for entry in entries])
-        payload = "".join(json.dumps(entry.to_record(), ensure_ascii=False) + "\n" for entry in entries)
+        payload = b"".join(entry.to_line() for entry in entries)
         fsio.confine(path, root)
         # The cursors are reserved in .cursor before the append: an append that then fails (and is cut back
         # off) leaves only a gap in the numbering, never entries that .cursor does not cover.
@@ -264,15 +268,12 @@ def insert_entries(memory_dir: Path, entries: Iterable[HistoryEntry]) -> int:
                 entry = parse_entry(line, number)
                 cursor = entry.cursor if entry else cursor
                 while following is not None and following.cursor < cursor:
-                    writer.write(_entry_line(following))
+                    writer.write(following.to_line())
                     following = next(pending, None)
                 writer.write(line if line.endswith(b"\n") else line + b"\n")
             while following is not None:
-                writer.write(_entry_line(following))
+                writer.write(following.to_line())
                 following = next(pending, None)
             writer.commit()
     return len(added)
 
-
-def _entry_line(entry: HistoryEntry) -> bytes:
-    return (json.dumps(entry.to_record(), ensure_ascii=False) + "\n").encode()
