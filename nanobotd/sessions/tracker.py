@@ -79,9 +79,8 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
                 self._keys_by_path[path] = key
             session.path = path
             return session
-        session = insert_session(self.store, self.workspace_name, key, path, self.clock())
-        self.sessions = {**self.sessions, key: session}
-        return session
+        # published in `sessions` once its first scan is applied (a reader never sees it half counted)
+        return insert_session(self.store, self.workspace_name, key, path, self.clock())
 
     def _cached_messages(self, session: SessionState) -> list[MessageInfo]:
         """The session's message cache (and the digests present), read from the database when not in memory."""
@@ -146,6 +145,8 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
             parsed_records = parsed.new_records
             key = parsed.key
             self._save_session(session)
+            if self.sessions.get(key) is not session:
+                self.sessions = {**self.sessions, key: session}
             self._cached_messages(session)
             self._trim_caches(session)
             if corrupt:
