@@ -53,7 +53,14 @@ def get_encoding(name: str = DEFAULT_ENCODING):
         os.environ["TIKTOKEN_CACHE_DIR"] = str(folder)
     import tiktoken
 
-    return tiktoken.get_encoding(name)
+    encoding = tiktoken.get_encoding(name)
+    # tiktoken keeps the encoding's merge ranks twice: in its Rust core, which encodes, and as a Python dict
+    # (~200k bytes keys, ~26 MB for o200k_base) that only pickling an encoding reads. Encodings are never
+    # pickled here (counting threads share this one), so the dict goes.
+    if isinstance(getattr(encoding, "_mergeable_ranks", None), dict):
+        encoding._mergeable_ranks = {}
+        gc.collect()
+    return encoding
 
 
 class _Usage:

@@ -27,6 +27,19 @@ def test_an_idle_encoding_is_released_and_reloaded_on_demand():
     assert tokens.count_tokens("hello world") == 2
 
 
+def test_the_encoding_keeps_its_merge_ranks_only_in_the_core_and_counts_as_tiktoken_does():
+    import tiktoken
+    from tiktoken_ext import openai_public
+
+    encoding = tokens.get_encoding("o200k_base")
+    assert encoding._mergeable_ranks == {}  # the Python copy of the ~200k ranks is gone
+    reference = tiktoken.Encoding(**openai_public.o200k_base())  # a whole one, built apart
+    texts = ["hello world", "Grüße aus Köln — 東京 🚀", "def f(x):\n    return x ** 2\n", "a" * 5000,
+             "tool call {\"a\": [1, 2, 3]}", "  leading   spaces\t\ttabs\n\n\n"]
+    assert [tokens.count_tokens(text) for text in texts] == [len(reference.encode_ordinary(text)) for text in texts]
+    assert encoding.n_vocab == reference.n_vocab
+
+
 def test_a_batch_counts_exactly_what_one_text_at_a_time_counts():
     texts = ["hello <|endoftext|> world", "", "x" * 10, "é" * 5, "\ud800 lone surrogate", "tool call {\"a\": 1}"]
     texts = texts * 40  # large enough to be split over threads
