@@ -72,7 +72,9 @@ class SpoolHolding:
         if fast and tail_start is not None and session.hold_of == previous and previous is not None:
             plan.shift = shift + parsed.region_start - tail_start  # the known bytes, after the new metadata line
             return plan
-        where = parsed.new_records if fast else {**parsed.known_records, **parsed.new_records}
+        if not rows:  # nothing held before: only the new rows, held in the version just made
+            return plan
+        where = parsed.new_records if fast else parsed.all_records()
         delta = parsed.region_start - tail_start if fast and tail_start is not None else None
         gone = []
         for digest, line in rows:
@@ -112,7 +114,7 @@ class SpoolHolding:
                      " nanobotd held; it is held by copies from now on", session.key)
         self._hold_version(session, handle, generation + 1, False)
         plan = HoldPlan(0, generation + 1, False, fingerprint, drop=generation)
-        where = {**parsed.known_records, **parsed.new_records}
+        where = parsed.all_records()
         for digest, _ in rows:
             if digest in where:
                 plan.moves.append((digest, where[digest]))

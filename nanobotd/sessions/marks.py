@@ -70,8 +70,7 @@ class ArchiveMarks:
         return len(marked)
 
     def _forget_spooled(self, session: SessionState, digests: list[str]) -> None:
-        """Archived messages: marked in memory, out of the in-memory spool, counters updated."""
-        self._archived_set(session).update(digests)
+        """Archived messages (marked in the database): out of the in-memory spool, counters updated."""
         self._unspool(session, digests)
 
     def unarchive(self, key: str, run_id: str, records: list[tuple[str, dict, int]]) -> int:
@@ -81,9 +80,8 @@ class ArchiveMarks:
             return 0
         respool(self.store, session.session_id, run_id, records, self.clock())
         with self._lock:
-            archived, spool = self._archived_set(session), self._spool_map(session)
+            spool = self._spool_map(session)
             for digest, _, tokens in records:
-                archived.discard(digest)
                 if digest not in spool:
                     spool[digest] = tokens
                     if self._live(session, digest):

@@ -9,6 +9,8 @@ are hashed; when the file still starts with them, only the lines after them are 
 from __future__ import annotations
 
 import hashlib
+import sys
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +24,7 @@ from nanobotd.tokens import PendingCounts, count_tokens_batch, submit_tokens_bat
 
 FLAG_COMMAND = 1
 FLAG_HIDDEN = 2
+LINE_NONE, LINE_NEW, LINE_KNOWN = 0, 1, 2  # a message's line: not kept, parsed in this scan, parse reused
 HASH_BLOCK = 1024 * 1024
 TOKEN_BATCH = 128  # messages counted together; small, so a file of a few hundred messages is counted as it is read
 BATCHES_IN_FLIGHT = 2  # batches being counted while the scan reads on; it finishes the oldest before handing over more
@@ -44,7 +47,7 @@ class MessageInfo:
         return not self.flags
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Tail:
     """The message region of the last scan: its length in bytes and their sha1, and where it started."""
 
@@ -53,13 +56,37 @@ class Tail:
     start: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LineRef:
     """Where a new message's line is in the file read (its bytes are read again from the same open file)."""
 
     start: int
     end: int
     line_digest: str
+
+
+@dataclass
+class MessageLines:
+    """Where the counted messages' lines are, from message number *first* on: a few bytes a message in
+    arrays (a dict of LineRef objects cost ~200 bytes a message, and a first scan has every message new)."""
+
+    first: int = 0
+    starts: array = field(default_factory=lambda: array("q"))
+    ends: array = field(default_factory=lambda: array("q"))
+    kinds: bytearray = field(default_factory=bytearray)  # LINE_NONE, LINE_NEW or LINE_KNOWN
+
+    def add(self, kind: int, line: sessionfile.RawLine) -> None:
+        self.kinds.append(kind)
+        self.starts.append(line.start)
+        self.ends.append(line.end)
+
+    def kind(self, index: int) -> int:
+        at = index - self.first
+        return self.kinds[at] if 0 <= at < len(self.kinds) else LINE_NONE
+
+    def ref(self, index: int, line_digest: str) -> LineRef:
+        at = index - self.first
+        return LineRef(self.starts[at], self.ends[at], line_digest)
 
 
 @dataclass
@@ -70,13 +97,44 @@ class ParseResult:
     header: sessionfile.SessionHeader
     messages: list[MessageInfo]
     corrupt: int
-    new_records: dict[str, LineRef] = field(default_factory=dict)  # the new counted messages, by digest
+    lines: MessageLines = field(default_factory=MessageLines)
     tail: Tail | None = None
-    # a full parse: where the counted messages whose parse was reused are (with new_records: all of them)
-    known_records: dict[str, LineRef] = field(default_factory=dict)
     fast: bool = False
     large: int = 0  # new messages over sessionfile.MAX_LINE_BYTES (read whole, archived raw in parts)
     region_start: int = 0  # where the message lines start (after the leading metadata)
+
+    def new_line(self, index: int) -> LineRef | None:
+        """Where message *index* is, when it is a counted message parsed in this scan (not reused)."""
+        if self.lines.kind(index) != LINE_NEW:
+            return None
+        return self.lines.ref(index, self.messages[index].line_digest)
+
+    @property
+    def new_count(self) -> int:
+        """How many counted messages this scan parsed."""
+        return self.lines.kinds.count(LINE_NEW)
+
+    @property
+    def new_records(self) -> dict[str, LineRef]:
+        """The new counted messages' lines, by digest (built on demand)."""
+        return self._records((LINE_NEW,))
+
+    @property
+    def known_records(self) -> dict[str, LineRef]:
+        """A full parse: the lines of the counted messages whose parse was reused, by digest (built on demand)."""
+        return self._records((LINE_KNOWN,))
+
+    def all_records(self) -> dict[str, LineRef]:
+        """Every counted message's line this parse knows, by digest (built on demand)."""
+        return self._records((LINE_NEW, LINE_KNOWN))
+
+    def _records(self, kinds: tuple[int, ...]) -> dict[str, LineRef]:
+        lines, records = self.lines, {}
+        for at, kind in enumerate(lines.kinds):
+            if kind in kinds:
+                info = self.messages[lines.first + at]
+                records[info.digest] = lines.ref(lines.first + at, info.line_digest)
+        return records
 
 
 def parse_session(path: Path, encoding: str, *, cached: list[MessageInfo] | None = None,
@@ -131,8 +189,7 @@ class _Reading:
     terminated: bool = True
     fast_ok: bool = True
     large: int = 0
-    new_records: dict[str, LineRef] = field(default_factory=dict)
-    known_records: dict[str, LineRef] = field(default_factory=dict)
+    lines: MessageLines = field(default_factory=MessageLines)
     cache: dict[str, list[MessageInfo]] = field(default_factory=dict)
     line_copies: dict[str, int] = field(default_factory=dict)
     encoding: str = ""
@@ -142,6 +199,8 @@ class _Reading:
     def reuse(self, line: sessionfile.RawLine) -> bool:
         """Take the cached parse of *line* when there is one; a line may repeat (same bytes twice), so
         its k-th copy in the file reuses the k-th cached parse."""
+        if not self.cache:  # a first scan: nothing to reuse, nothing to number
+            return False
         copy = self.line_copies.get(line.line_digest, 0)
         self.line_copies[line.line_digest] = copy + 1
         infos = self.cache.get(line.line_digest, ())
@@ -150,16 +209,14 @@ class _Reading:
             return False
         self.taken.add(info.digest)
         self.messages.append(info)
-        if info.counts:
-            self.known_records[info.digest] = LineRef(line.start, line.end, line.line_digest)
+        self.lines.add(LINE_KNOWN if info.counts else LINE_NONE, line)
         return True
 
     def take(self, fields: _Fields, flags: int, text: str | None, line: sessionfile.RawLine) -> None:
         """A newly parsed message, its *text* to count (None: it counts none); one over MAX_LINE_BYTES is
         counted as large (it will be archived raw). A message with text to count takes its place in
         messages once counted; a full batch is handed over to be counted while the next lines are parsed."""
-        if not flags:
-            self.new_records[fields[1]] = LineRef(line.start, line.end, line.line_digest)
+        self.lines.add(LINE_NONE if flags else LINE_NEW, line)
         if text:
             self.uncounted.append(_Uncounted(len(self.messages), fields, text))
             self.messages.append(_PENDING)
@@ -202,8 +259,7 @@ def _parse_all(path: Path, handle: BinaryIO, encoding: str, cached: list[Message
         length = reading.region_end - reading.region_start
         tail = Tail(length, _hash_range(handle, reading.region_start, length), reading.region_start)
     return ParseResult(_key(path, reading.header), reading.header, reading.messages, reading.corrupt,
-                       reading.new_records, tail, large=reading.large, known_records=reading.known_records,
-                       region_start=reading.region_start)
+                       reading.lines, tail, large=reading.large, region_start=reading.region_start)
 
 
 def _parse_appended(path: Path, handle: BinaryIO, encoding: str, cached: list[MessageInfo], tail: Tail,
@@ -216,7 +272,8 @@ def _parse_appended(path: Path, handle: BinaryIO, encoding: str, cached: list[Me
     region_start, digest = known
     known_end = region_start + tail.length
     reading = _Reading(header, list(cached), {info.digest for info in cached}, corrupt=corrupt_before,
-                       region_start=region_start, region_end=known_end, leading=False, encoding=encoding)
+                       region_start=region_start, region_end=known_end, leading=False, encoding=encoding,
+                       lines=MessageLines(first=len(cached)))
     if not _read_lines(path, handle, reading, offset=known_end, appending=True):
         return None
     new_tail = None
@@ -224,7 +281,7 @@ def _parse_appended(path: Path, handle: BinaryIO, encoding: str, cached: list[Me
         # the known bytes are hashed already: continue the same hash over the new ones
         _update_hash(digest, handle, known_end, reading.region_end - known_end)
         new_tail = Tail(reading.region_end - region_start, digest.hexdigest(), region_start)
-    return ParseResult(_key(path, header), header, reading.messages, reading.corrupt, reading.new_records,
+    return ParseResult(_key(path, header), header, reading.messages, reading.corrupt, reading.lines,
                        new_tail, fast=True, large=reading.large, region_start=region_start)
 
 
@@ -279,6 +336,7 @@ def _message_info(line_digest: str, record: dict, taken: set[str]) -> tuple[_Fie
     if fields is None:
         return None
     role, text, timestamp = fields
+    role = sys.intern(role)  # a handful of roles, one string each instead of one per message
     base = digest = sessionfile.message_digest(role, text, timestamp)
     copy = 0
     while digest in taken:

@@ -6,6 +6,7 @@ map are loaded from their own tables on first use and kept in step by the tracke
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,7 +48,6 @@ class SessionState:
     present: set[str] = field(default_factory=set)
     tail: Tail | None = None
     spool: dict[str, int] | None = None
-    archived: set[str] | None = None
 
     @property
     def skipped(self) -> bool:
@@ -166,8 +166,8 @@ def store_message_cache(db, session_id: int, old: list[MessageInfo], new: list[M
     db.executemany(
         "INSERT OR REPLACE INTO messages (session_id, seq, line_digest, digest, role, timestamp, tokens, flags)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        [(session_id, seq, info.line_digest, info.digest, info.role, info.timestamp, info.tokens, info.flags)
-         for seq, info in enumerate(new[prefix:], start=prefix)])
+        ((session_id, seq, info.line_digest, info.digest, info.role, info.timestamp, info.tokens, info.flags)
+         for seq, info in enumerate(itertools.islice(new, prefix, None), start=prefix)))  # rows made as written
 
 
 def vanished_in_spool(store: StateStore, session_id: int) -> int:

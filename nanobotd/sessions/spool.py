@@ -9,9 +9,12 @@ database and Python.
 
 from __future__ import annotations
 
+import itertools
 import json
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator
+import sys
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import BinaryIO
 
 from loguru import logger
@@ -29,27 +32,28 @@ HELD = ""  # the record of a held row: its line is in the session's held version
 Resolve = Callable[[list[LineRef | None]], list[str | None]]
 
 
-def insert_rows(db: sqlite3.Connection, session_id: int, rows: list[tuple], handle: BinaryIO, now: float, *,
+def insert_rows(db: sqlite3.Connection, session_id: int, rows: Iterable[tuple], handle: BinaryIO, now: float, *,
                 shift: int | None = None) -> None:
-    """Spool *rows* (digest, role, timestamp, tokens, line ref) after the session's last sequence number.
+    """Spool *rows* (digest, role, timestamp, tokens, line ref) after the session's last sequence number,
+    taking them from *rows* a batch at a time.
 
     *shift* None: each record is copied, read from *handle* a batch at a time (a line whose bytes changed
     since the parse is left out). Otherwise the rows are held: only the line's offsets (less *shift*) and
     digest are kept, its bytes stay in the held version of the file (the one open in *handle*).
     """
-    next_seq = db.execute("SELECT COALESCE(MAX(seq), 0) FROM spool WHERE session_id=?",
-                          (session_id,)).fetchone()[0] + 1
-    for first in range(0, len(rows), BATCH):
+    seq = db.execute("SELECT COALESCE(MAX(seq), 0) FROM spool WHERE session_id=?", (session_id,)).fetchone()[0]
+    rows = iter(rows)
+    while taken := list(itertools.islice(rows, BATCH)):
         batch = []
-        for index, (digest, role, stamp, tokens, ref) in enumerate(rows[first:first + BATCH], start=first):
+        for digest, role, stamp, tokens, ref in taken:
+            seq += 1
             if shift is not None:
-                batch.append((session_id, digest, next_seq + index, role, stamp, tokens, HELD, now,
+                batch.append((session_id, digest, seq, role, stamp, tokens, HELD, now,
                               ref.start - shift, ref.end - shift, ref.line_digest))
                 continue
             record = record_text(handle, ref)
             if record is not None:
-                batch.append((session_id, digest, next_seq + index, role, stamp, tokens, record, now,
-                              None, None, None))
+                batch.append((session_id, digest, seq, role, stamp, tokens, record, now, None, None, None))
         db.executemany(
             "INSERT OR IGNORE INTO spool (session_id, digest, seq, role, timestamp, tokens, record, seen_at,"
             " line_start, line_end, line_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", batch)
@@ -112,14 +116,47 @@ def read_pending(store: StateStore, session_id: int, present: set[str],
 
 def vanished_seqs(store: StateStore, session_id: int, present: set[str]) -> list[int]:
     """Sequence numbers of the spooled messages no longer in the file (their records are not read)."""
-    rows = store.query("SELECT seq, digest FROM spool WHERE session_id=? ORDER BY seq", (session_id,))
-    return [seq for seq, digest in rows if digest not in present]
+    seqs = store.query_map("SELECT seq, digest FROM spool WHERE session_id=? ORDER BY seq", (session_id,),
+                           lambda seq, digest: None if digest in present else seq)
+    return [seq for seq in seqs if seq is not None]
 
 
-def read_plan(store: StateStore, session_id: int, present: set[str]) -> list[tuple[int, str, int, bool]]:
-    """(seq, role, tokens, still in the file) of every spooled message, in first-seen order, no records."""
-    rows = store.query("SELECT seq, digest, role, tokens FROM spool WHERE session_id=? ORDER BY seq", (session_id,))
-    return [(seq, role, tokens, digest in present) for seq, digest, role, tokens in rows]
+class SpoolPlan(Sequence[tuple[int, str, int, bool]]):
+    """(seq, role, tokens, still in the file) of a session's spooled messages, in first-seen order, without
+    their records: kept in arrays, a few bytes a message (a long session's plan as tuples cost ~110 bytes a
+    message, read again by every run)."""
+
+    def __init__(self) -> None:
+        self.seqs = array("q")
+        self.roles: list[str] = []  # interned: a handful of strings
+        self.tokens = array("q")
+        self.present = bytearray()
+
+    def add(self, seq: int, role: str, tokens: int, present: bool) -> None:
+        self.seqs.append(seq)
+        self.roles.append(sys.intern(role))
+        self.tokens.append(tokens)
+        self.present.append(present)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[at] for at in range(*index.indices(len(self)))]
+        return self.seqs[index], self.roles[index], self.tokens[index], bool(self.present[index])
+
+    def __iter__(self) -> Iterator[tuple[int, str, int, bool]]:
+        for seq, role, tokens, present in zip(self.seqs, self.roles, self.tokens, self.present, strict=True):
+            yield seq, role, tokens, bool(present)
+
+
+def read_plan(store: StateStore, session_id: int, present: set[str]) -> SpoolPlan:
+    """The plan (seq, role, tokens, still in the file) of every spooled message, in first-seen order."""
+    plan = SpoolPlan()
+    store.query_map("SELECT seq, digest, role, tokens FROM spool WHERE session_id=? ORDER BY seq", (session_id,),
+                    lambda seq, digest, role, tokens: plan.add(seq, role, tokens, digest in present))
+    return plan
 
 
 def read_spooled(store: StateStore, session_id: int, seqs: list[int],

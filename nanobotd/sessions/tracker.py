@@ -26,7 +26,7 @@ from nanobotd.sessions import spool as spooldb
 from nanobotd.sessions.hold import Holds
 from nanobotd.sessions.holding import SpoolHolding
 from nanobotd.sessions.marks import ArchiveMarks
-from nanobotd.sessions.scan import LineRef, MessageInfo, ParseResult, parse_session
+from nanobotd.sessions.scan import LINE_NEW, MessageInfo, ParseResult, parse_session
 from nanobotd.sessions.session import (
     ScanResult,
     SessionState,
@@ -41,6 +41,7 @@ from nanobotd.sessions.session import (
 from nanobotd.state.store import StateStore
 
 CACHED_MESSAGES = 50_000  # message infos kept in memory for the sessions used last (a big one stays alone)
+ARCHIVED_LOOKUP = 500  # digests looked up in the archive marks per query
 
 
 class SessionTracker(ArchiveMarks, SpoolHolding):
@@ -105,7 +106,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
                 continue
             del self._cached[key]
             if session is not None:
-                session.messages, session.present, session.spool, session.archived = None, set(), None, None
+                session.messages, session.present, session.spool = None, set(), None
 
     # -- scanning ----------------------------------------------------------------------------------
     def scan(self, path: Path, *, force: bool = False) -> ScanResult | None:
@@ -142,7 +143,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
             mark_moved = known is session and session.agent_archived > mark_before
             session.corrupt_lines = corrupt = parsed.corrupt
             session.tail = parsed.tail
-            parsed_records = parsed.new_records
+            new_count = parsed.new_count
             key = parsed.key
             self._save_session(session)
             if self.sessions.get(key) is not session:
@@ -155,7 +156,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
                 self.large_messages += parsed.large
                 logger.warning("session {}: {} message(s) over {} MiB read whole; they are archived raw, in parts",
                                key, parsed.large, sessionfile.MAX_LINE_BYTES >> 20)
-            return ScanResult(key, True, len(parsed_records), vanished, corrupt, time.perf_counter() - started,
+            return ScanResult(key, True, new_count, vanished, corrupt, time.perf_counter() - started,
                               mark_moved, tail_before)
 
     def _session_by_path(self, path: Path) -> SessionState | None:
@@ -182,7 +183,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
         *appended*: the old messages are an unchanged prefix of the parsed ones (the fast path), so only the
         new ones need looking at.
         """
-        header, messages, new_records = parsed.header, parsed.messages, parsed.new_records
+        header, messages = parsed.header, parsed.messages
         agent_archived = header.last_archived if header.last_archived <= len(messages) else 0
         old = session.messages or []
         same_bytes = appended  # the file still starts with the bytes read last time (where held lines are)
@@ -195,7 +196,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
         else:
             current = {info.digest for info in messages}
         below = {info.digest for info in messages[:agent_archived]} if agent_archived and spooled else set()
-        to_spool = self._spool_rows(session, fresh, len(messages) - len(fresh), new_records, agent_archived)
+        to_spool = self._spool_rows(session, fresh, len(messages) - len(fresh), parsed, agent_archived)
         hold = self._plan_hold(session, parsed, handle, fast=same_bytes,
                                fingerprint=fingerprint,
                                tail_start=session.tail.start if same_bytes and session.tail else None,
@@ -206,7 +207,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
         if not appended and agent_archived:
             self._count_overlap(session, messages[:agent_archived])
         session.agent_marked = header.marked
-        self._write_spool(session, to_spool, agent_done, old, messages, known_prefix=len(old) if appended else 0,
+        self._write_spool(session, parsed, to_spool, agent_done, old, known_prefix=len(old) if appended else 0,
                           handle=handle, hold=hold)
         session.total_tokens = (session.total_tokens if appended else 0) + sum(info.tokens for info in fresh)
         session.messages = messages
@@ -219,40 +220,40 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
         if appended:
             # the new rows are all in the file; the agent's mark only took rows that were
             session.unarchived_messages += len(to_spool) - len(agent_done)
-            session.unarchived_tokens += sum(row[3] for row in to_spool) - sum(agent_done_tokens)
+            session.unarchived_tokens += sum(messages[index].tokens for index in to_spool) - sum(agent_done_tokens)
         else:
             self._recount(session)
         return vanished
 
     def _spool_rows(self, session: SessionState, fresh: list[MessageInfo], first_index: int,
-                    new_records: dict[str, LineRef], agent_archived: int) -> list[tuple]:
-        """Spool rows for the *fresh* conversation messages that neither the agent nor nanobotd archived,
-        with where their line is (the record itself is read when the row is written)."""
-        archived, spooled = self._archived_set(session), self._spool_map(session)
-        rows = []
-        for index, info in enumerate(fresh, start=first_index):
-            ref = new_records.get(info.digest)
-            if (ref is None or info.flags or index < agent_archived or info.digest in archived
-                    or info.digest in spooled or session.skipped):
-                continue
-            rows.append((info.digest, info.role, info.timestamp, info.tokens, ref))
-        return rows
+                    parsed: ParseResult, agent_archived: int) -> list[int]:
+        """The message numbers to spool: the *fresh* conversation messages parsed in this scan that neither
+        the agent nor nanobotd archived (their rows are made, and their records read, as they are written)."""
+        spooled = self._spool_map(session)
+        if session.skipped:
+            return []
+        wanted = [index for index, info in enumerate(fresh, start=first_index)
+                  if not (info.flags or index < agent_archived or info.digest in spooled)
+                  and parsed.lines.kind(index) == LINE_NEW]
+        archived = self._archived_among(session, [parsed.messages[index].digest for index in wanted])
+        return [index for index in wanted if parsed.messages[index].digest not in archived] if archived else wanted
 
-    def _write_spool(self, session: SessionState, to_spool: list[tuple], agent_done: list[str],
-                     old: list[MessageInfo], messages: list[MessageInfo], *, known_prefix: int,
-                     handle: BinaryIO, hold) -> None:
-        """Spool the new rows, drop those the agent archived, move the held rows (*hold*, a HoldPlan), store
-        the message cache: one transaction.
+    def _write_spool(self, session: SessionState, parsed: ParseResult, to_spool: list[int], agent_done: list[str],
+                     old: list[MessageInfo], *, known_prefix: int, handle: BinaryIO, hold) -> None:
+        """Spool the messages numbered *to_spool*, drop those the agent archived, move the held rows (*hold*, a
+        HoldPlan), store the message cache: one transaction.
 
         New rows are held (their lines stay in the held version of the file, open in *handle*) or, when the
         session cannot be held, copied from *handle* a batch at a time, as their lines are.
         """
-        now = self.clock()
+        now, messages = self.clock(), parsed.messages
         before = (session.hold_generation, session.hold_shift, session.hold_links, session.hold_of)
         try:
             with self.store.transaction() as db:
                 self._apply_hold(db, session, hold)
-                spooldb.insert_rows(db, session.session_id, to_spool, handle, now, shift=hold.shift)
+                rows = ((messages[index].digest, messages[index].role, messages[index].timestamp,
+                         messages[index].tokens, parsed.new_line(index)) for index in to_spool)
+                spooldb.insert_rows(db, session.session_id, rows, handle, now, shift=hold.shift)
                 db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
                                [(session.session_id, digest) for digest in agent_done])
                 store_message_cache(db, session.session_id, old, messages, known_prefix=known_prefix)
@@ -261,26 +262,30 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
             raise
         self._finish_hold(session, hold)
         spooled = self._spool_map(session)
-        for digest, _, _, tokens, _ in to_spool:
-            spooled[digest] = tokens
+        for index in to_spool:
+            spooled[messages[index].digest] = messages[index].tokens
         for digest in agent_done:
             spooled.pop(digest, None)
 
 
     def _count_overlap(self, session: SessionState, agent_archived: list[MessageInfo]) -> None:
         """Messages under the agent's mark that nanobotd archived too: counted as archived twice."""
-        archived = self._archived_set(session)
+        archived = self._archived_among(session, [info.digest for info in agent_archived])
         twice = [info.digest for info in agent_archived if info.digest in archived]
         if twice and record_archived_twice(self.store, session.session_id, twice, self.clock()):
             logger.warning("session {}: the agent archived {} message(s) nanobotd had archived already",
                            session.key, len(twice))
 
-    def _archived_set(self, session: SessionState) -> set[str]:
-        """Digests nanobotd archived (loaded once, then kept in step with the database)."""
-        if session.archived is None:
-            rows = self.store.query("SELECT digest FROM archived WHERE session_id=?", (session.session_id,))
-            session.archived = {row[0] for row in rows}
-        return session.archived
+    def _archived_among(self, session: SessionState, digests: list[str]) -> set[str]:
+        """Which of *digests* nanobotd archived, looked up in the database: a session's archive marks are
+        not kept in memory (a long session's would be its every message, twice over)."""
+        archived: set[str] = set()
+        for first in range(0, len(digests), ARCHIVED_LOOKUP):
+            batch = digests[first:first + ARCHIVED_LOOKUP]
+            archived.update(row[0] for row in self.store.query(
+                f"SELECT digest FROM archived WHERE session_id=? AND digest IN ({','.join('?' * len(batch))})",
+                (session.session_id, *batch)))
+        return archived
 
     def _spool_map(self, session: SessionState) -> dict[str, int]:
         """Spooled digests and their tokens (loaded once, then kept in step with the database)."""
@@ -364,12 +369,12 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
         with self._lock:  # the held rows and the held version they are in, as one
             return spooldb.read_pending(self.store, session.session_id, present, self._resolver(session))
 
-    def spool_plan(self, key: str) -> list[tuple[int, str, int, bool]]:
+    def spool_plan(self, key: str) -> spooldb.SpoolPlan:
         """(seq, role, tokens, still present in the file) of a session's spooled messages, in first-seen
         order, without their records."""
         session = self.sessions.get(key)
         if session is None:
-            return []
+            return spooldb.SpoolPlan()
         return spooldb.read_plan(self.store, session.session_id, self._present(session))
 
     def spooled_messages(self, key: str, seqs: list[int]) -> list[tuple[int, PendingMessage, str]]:

@@ -13,14 +13,17 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from loguru import logger
 
 from nanobotd.timestamps import iso_local
+
+T = TypeVar("T")
 
 DB_NAME = "state.db"
 RUNS_DIR = "runs"
@@ -262,6 +265,12 @@ class StateStore:
         """Run a read query; rows are tuples."""
         with self._lock:
             return self._require().execute(sql, args).fetchall()
+
+    def query_map(self, sql: str, args: tuple, make: Callable[..., T]) -> list[T]:
+        """Run a read query, turning each row into make(*row) as it is fetched (a large result is never
+        held as rows and as what they become at once)."""
+        with self._lock:
+            return [make(*row) for row in self._require().execute(sql, args)]
 
     def _require(self) -> sqlite3.Connection:
         if self._db is None:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from nanobotd import tokens
 from nanobotd.sessions import file as sessionfile
-from nanobotd.sessions.scan import TOKEN_BATCH, parse_session
+from nanobotd.sessions.scan import TOKEN_BATCH, parse_session, read_line
 from tests.sessions.test_file import LINES
 from tests.support.workspace import conversation, make_workspace, write_session
 from tests.test_tokens import failing_encoding
@@ -33,6 +33,28 @@ def test_an_appended_message_takes_the_fast_path_and_matches_a_full_parse(tmp_pa
     before, after, full = full_then_append(tmp_path, messages, messages + conversation(1, tag="z"))
     assert after.fast and len(after.new_records) == 1
     assert after.messages == full.messages and after.tail == full.tail
+
+
+def test_each_new_counted_message_points_at_its_own_line_and_reused_ones_do_not(tmp_path):
+    command = {"role": "user", "content": "/status", "timestamp": "2026-11-01T09:00:30", "_command": True}
+    messages = conversation(5)
+    appended = [command] + messages + conversation(2, tag="z")
+    before, after, full = full_then_append(tmp_path, [command] + messages, appended)
+    path = tmp_path / "workspace" / "sessions" / sessionfile.filename_for_key("cli:a")
+    lines = path.read_bytes().splitlines()[1:]  # after the metadata line
+    with path.open("rb") as handle:
+        for parsed in (before, full):
+            assert parsed.new_line(0) is None  # a slash command is never spooled
+            assert [read_line(handle, parsed.new_line(index)) for index in range(1, len(parsed.messages))] == \
+                lines[1:len(parsed.messages)]
+        assert full.new_count == len(full.messages) - 1 == len(full.new_records)
+        # the fast path: only the two appended lines are new, the known ones are not looked at again
+        assert after.fast and [after.new_line(index) is not None for index in range(8)] == [False] * 6 + [True] * 2
+        assert [read_line(handle, after.new_line(index)) for index in (6, 7)] == lines[6:8]
+    # a full parse reusing the earlier parse knows where the reused lines are, apart from the new ones
+    reparsed = parse_session(path, "o200k_base", cached=after.messages)
+    assert set(reparsed.known_records) | set(reparsed.new_records) == set(full.new_records)
+    assert not reparsed.new_records and len(reparsed.all_records()) == 7
 
 
 def test_a_message_inserted_mid_file_falls_back_to_the_full_parse(tmp_path):

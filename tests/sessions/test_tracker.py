@@ -258,3 +258,33 @@ def test_the_spool_keeps_each_record_as_the_file_has_it(tmp_path):
     assert spooled == lines
     # the lines stay in the held version of the file: the spool's rows keep where they are, not a copy
     assert [row[0] for row in store.query("SELECT record FROM spool ORDER BY seq")] == ["", "", ""]
+
+
+def test_archived_messages_stay_archived_when_a_rewrite_makes_the_file_read_whole_again(tmp_path):
+    """The archive marks are looked up in the database, not held in memory: a rewrite (full parse) after a
+    restart and after the message caches were dropped still spools only what was never archived."""
+    _, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    messages = conversation(12)
+    path = write_session(sessions, "cli:a", messages)
+    tracker.scan(path)
+    chunk = tracker.spooled_messages("cli:a", [seq for seq, _, _, _ in tracker.spool_plan("cli:a")[:8]])
+    archived = [message.digest for _, message, _ in chunk]
+    tracker.mark_archived("cli:a", archived, "r-1", seqs=[seq for seq, _, _ in chunk])
+    assert store.query("SELECT count(*) FROM archived")[0][0] == 8
+
+    store.close()
+    store = StateStore(tmp_path / "state").open()
+    restarted = SessionTracker("ws", store)
+    # every line written again with its keys in another order (the same messages, other bytes: none of
+    # their parses can be reused), and a message inserted mid-file
+    reordered = [dict(reversed(list(message.items()))) for message in messages]
+    inserted = conversation(1, tag="mid")
+    write_session(sessions, "cli:a", reordered[:10] + inserted + reordered[10:])
+    result = restarted.scan(path)
+    assert result.changed and result.new_messages == 13
+    session = restarted.sessions["cli:a"]
+    spooled = {row[0] for row in store.query("SELECT digest FROM spool")}
+    assert not spooled & set(archived)
+    assert (session.unarchived_messages, len(spooled)) == (5, 5)  # 4 never archived, and the one inserted
+    assert not hasattr(session, "archived")

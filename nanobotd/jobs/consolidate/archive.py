@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,7 +78,7 @@ def chunk_ratio(ctx: JobEnv, tokens: list[int]) -> float:
     return settings.chunk_ratio_max - (settings.chunk_ratio_max - settings.chunk_ratio_min) * pressure
 
 
-def select_messages(ctx: JobEnv, pending: list[tuple[int, str, int, bool]], reason: str, *,
+def select_messages(ctx: JobEnv, pending: Sequence[tuple[int, str, int, bool]], reason: str, *,
                     vanished_only: bool = False) -> list[tuple[int, str, int]]:
     """What this run archives, as (seq, role, tokens) of the spool's (seq, role, tokens, present) rows:
     vanished messages always; then the oldest until the tail fits the target.
