@@ -81,10 +81,15 @@ class ArchiveMarks:
         respool(self.store, session.session_id, run_id, records, self.clock())
         with self._lock:
             spool = self._spool_map(session)
+            in_file = self.in_file(session, [digest for digest, _, _ in records])
+            gone = self._gone(session)
             for digest, _, tokens in records:
                 if digest not in spool:
                     spool[digest] = tokens
-                    if self._live(session, digest):
+                    if digest not in in_file:
+                        gone.add(digest)  # back in the spool, not in the file: vanished, for the rescue
+                    else:
+                        gone.discard(digest)
                         session.unarchived_messages += 1
                         session.unarchived_tokens += tokens
             self._save_session(session)

@@ -7,7 +7,7 @@ map are loaded from their own tables on first use and kept in step by the tracke
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from nanobotd.memory.transcript import record_json
@@ -45,7 +45,8 @@ class SessionState:
     hold_links: bool = False  # the held version is a hard link (the file is replaced on save), not a copy
     hold_of: tuple[int, int, int] | None = None  # the fingerprint of the version held (not kept across restarts)
     messages: list[MessageInfo] | None = None
-    present: set[str] = field(default_factory=set)
+    # spooled digests no longer in the session file (usually few; None: read from the database when needed)
+    gone: set[str] | None = None
     tail: Tail | None = None
     spool: dict[str, int] | None = None
 
@@ -175,6 +176,13 @@ def vanished_in_spool(store: StateStore, session_id: int) -> int:
     return store.query(
         "SELECT count(*) FROM spool s WHERE s.session_id=? AND NOT EXISTS"
         " (SELECT 1 FROM messages m WHERE m.session_id=s.session_id AND m.digest=s.digest)", (session_id,))[0][0]
+
+
+def vanished_digests(store: StateStore, session_id: int) -> list[str]:
+    """Digests of the spooled messages no longer in the session file (in SQL, as vanished_in_spool)."""
+    return [row[0] for row in store.query(
+        "SELECT s.digest FROM spool s WHERE s.session_id=? AND NOT EXISTS"
+        " (SELECT 1 FROM messages m WHERE m.session_id=s.session_id AND m.digest=s.digest)", (session_id,))]
 
 
 def respool(store: StateStore, session_id: int, run_id: str, records: list[tuple[str, dict, int]],

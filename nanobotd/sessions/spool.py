@@ -104,20 +104,22 @@ def read_message_cache(store: StateStore, session_id: int) -> list[MessageInfo]:
     return [MessageInfo(*row) for row in rows]
 
 
-def read_pending(store: StateStore, session_id: int, present: set[str],
+def read_pending(store: StateStore, session_id: int, gone: set[str],
                  resolve: Resolve) -> list[tuple[int, PendingMessage, bool]]:
     """Every spooled message, decoded, in first-seen order: (seq, message, still in the file)."""
     rows = store.query("SELECT session_id, digest, seq, role, timestamp, tokens, record, line_start, line_end,"
                        " line_digest FROM spool WHERE session_id=? ORDER BY seq", (session_id,))
-    return [(seq, pending_message(digest, role, stamp, tokens, text)[0], digest in present)
+    return [(seq, pending_message(digest, role, stamp, tokens, text)[0], digest not in gone)
             for (_, digest, seq, role, stamp, tokens, *_), text in zip(rows, _texts(rows, resolve), strict=True)
             if text is not None]
 
 
-def vanished_seqs(store: StateStore, session_id: int, present: set[str]) -> list[int]:
-    """Sequence numbers of the spooled messages no longer in the file (their records are not read)."""
+def vanished_seqs(store: StateStore, session_id: int, gone: set[str]) -> list[int]:
+    """Sequence numbers of the spooled messages no longer in the file, *gone* (their records are not read)."""
+    if not gone:
+        return []
     seqs = store.query_map("SELECT seq, digest FROM spool WHERE session_id=? ORDER BY seq", (session_id,),
-                           lambda seq, digest: None if digest in present else seq)
+                           lambda seq, digest: seq if digest in gone else None)
     return [seq for seq in seqs if seq is not None]
 
 
@@ -151,11 +153,11 @@ class SpoolPlan(Sequence[tuple[int, str, int, bool]]):
             yield seq, role, tokens, bool(present)
 
 
-def read_plan(store: StateStore, session_id: int, present: set[str]) -> SpoolPlan:
+def read_plan(store: StateStore, session_id: int, gone: set[str]) -> SpoolPlan:
     """The plan (seq, role, tokens, still in the file) of every spooled message, in first-seen order."""
     plan = SpoolPlan()
     store.query_map("SELECT seq, digest, role, tokens FROM spool WHERE session_id=? ORDER BY seq", (session_id,),
-                    lambda seq, digest, role, tokens: plan.add(seq, role, tokens, digest in present))
+                    lambda seq, digest, role, tokens: plan.add(seq, role, tokens, digest not in gone))
     return plan
 
 

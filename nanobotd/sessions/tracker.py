@@ -36,6 +36,7 @@ from nanobotd.sessions.session import (
     record_archived_twice,
     save_session,
     store_message_cache,
+    vanished_digests,
     vanished_in_spool,
 )
 from nanobotd.state.store import StateStore
@@ -84,12 +85,10 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
         return insert_session(self.store, self.workspace_name, key, path, self.clock())
 
     def _cached_messages(self, session: SessionState) -> list[MessageInfo]:
-        """The session's message cache (and the digests present), read from the database when not in memory."""
+        """The session's message cache, read from the database when not in memory."""
         with self._lock:
             if session.messages is None:
-                messages = spooldb.read_message_cache(self.store, session.session_id)
-                session.present = {info.digest for info in messages}
-                session.messages = messages
+                session.messages = spooldb.read_message_cache(self.store, session.session_id)
             self._cached[session.key] = None
             self._cached.move_to_end(session.key)
             return session.messages
@@ -106,7 +105,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
                 continue
             del self._cached[key]
             if session is not None:
-                session.messages, session.present, session.spool = None, set(), None
+                session.messages, session.gone, session.spool = None, None, None
 
     # -- scanning ----------------------------------------------------------------------------------
     def scan(self, path: Path, *, force: bool = False) -> ScanResult | None:
@@ -187,14 +186,16 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
         agent_archived = header.last_archived if header.last_archived <= len(messages) else 0
         old = session.messages or []
         same_bytes = appended  # the file still starts with the bytes read last time (where held lines are)
-        appended = (appended and session.messages is not None and bool(session.present or not old)
-                    and session.agent_archived == agent_archived)
+        appended = appended and session.messages is not None and session.agent_archived == agent_archived
         spooled = self._spool_map(session)
         fresh = messages[len(old):] if appended else messages
-        if appended:
-            current = session.present | {info.digest for info in fresh}
+        if appended:  # nothing left the file; a message that had may be back
+            gone = self._gone(session)
+            gone = gone - {info.digest for info in fresh} if gone else set()
         else:
             current = {info.digest for info in messages}
+            gone = {digest for digest in spooled if digest not in current}
+            del current
         below = {info.digest for info in messages[:agent_archived]} if agent_archived and spooled else set()
         to_spool = self._spool_rows(session, fresh, len(messages) - len(fresh), parsed, agent_archived)
         hold = self._plan_hold(session, parsed, handle, fast=same_bytes,
@@ -203,7 +204,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
                                new_rows=bool(to_spool))
         agent_done = [digest for digest in spooled if digest in below]
         agent_done_tokens = [spooled[digest] for digest in agent_done]
-        vanished = 0 if appended else sum(1 for digest in spooled if digest not in current)
+        vanished = 0 if appended else len(gone)
         if not appended and agent_archived:
             self._count_overlap(session, messages[:agent_archived])
         session.agent_marked = header.marked
@@ -211,7 +212,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
                           handle=handle, hold=hold)
         session.total_tokens = (session.total_tokens if appended else 0) + sum(info.tokens for info in fresh)
         session.messages = messages
-        session.present = current
+        session.gone = gone
         session.state = "active"
         session.fingerprint = fingerprint
         session.agent_archived = agent_archived
@@ -292,8 +293,6 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
         if session.spool is None:
             rows = self.store.query("SELECT digest, tokens FROM spool WHERE session_id=?", (session.session_id,))
             session.spool = dict(rows)
-            if session.fingerprint is not None:
-                self._cached_messages(session)
             self._recount(session)  # the running totals start from the spool itself
         return session.spool
 
@@ -303,17 +302,14 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
         A full pass over the spool, for when the file's contents were replaced; the spool's small changes
         in between (archived, respooled) keep the totals running with `_unspool` and `_respool`.
         """
-        spool = self._spool_map(session)
-        if session.messages is None and session.fingerprint is not None:
-            live = list(spool.values())
-        else:
-            live = [tokens for digest, tokens in spool.items() if digest in session.present]
+        spool, gone = self._spool_map(session), self._gone(session)
+        live = [tokens for digest, tokens in spool.items() if digest not in gone]
         session.unarchived_messages = len(live)
         session.unarchived_tokens = sum(live)
 
     def _live(self, session: SessionState, digest: str) -> bool:
         """A spooled message that counts as unarchived: still in the file."""
-        return digest in self._present(session)
+        return digest not in self._gone(session)
 
     def _unspool(self, session: SessionState, digests) -> None:
         """Drop *digests* from the in-memory spool, taking the live ones off the running totals."""
@@ -342,7 +338,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
             session.fingerprint = None
             session.state = "deleted"
             session.messages = []
-            session.present = set()
+            session.gone = set(self._spool_map(session))
             session.message_count = 0
             self._recount(session)
             self._save_session(session)
@@ -362,12 +358,12 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
         session = self.sessions.get(key)
         if session is None:
             return []
-        present = self._present(session)
+        gone = self._gone(session)
         if vanished_only:  # few, usually: their records alone are read
-            gone = spooldb.vanished_seqs(self.store, session.session_id, present)
-            return [(seq, message, False) for seq, message, _ in self.spooled_messages(key, gone)]
+            seqs = spooldb.vanished_seqs(self.store, session.session_id, gone)
+            return [(seq, message, False) for seq, message, _ in self.spooled_messages(key, seqs)]
         with self._lock:  # the held rows and the held version they are in, as one
-            return spooldb.read_pending(self.store, session.session_id, present, self._resolver(session))
+            return spooldb.read_pending(self.store, session.session_id, gone, self._resolver(session))
 
     def spool_plan(self, key: str) -> spooldb.SpoolPlan:
         """(seq, role, tokens, still present in the file) of a session's spooled messages, in first-seen
@@ -375,7 +371,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
         session = self.sessions.get(key)
         if session is None:
             return spooldb.SpoolPlan()
-        return spooldb.read_plan(self.store, session.session_id, self._present(session))
+        return spooldb.read_plan(self.store, session.session_id, self._gone(session))
 
     def spooled_messages(self, key: str, seqs: list[int]) -> list[tuple[int, PendingMessage, str]]:
         """The spooled messages at *seqs* that are still spooled: (seq, message, its record as JSON text)."""
@@ -390,11 +386,24 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
         generation, shift = session.hold_generation, session.hold_shift
         return lambda lines: self.holds.read(session.session_id, generation, shift, lines)
 
-    def _present(self, session: SessionState) -> set[str]:
-        """Digests of the messages in the session file (its message cache read on first use)."""
+    def _gone(self, session: SessionState) -> set[str]:
+        """Spooled digests no longer in the session file: kept in step by each scan, and read from the database
+        (the spool rows without a message in the message cache) when the caches were dropped. Only a spooled
+        message's presence is asked of it (a session's every digest is not kept in memory for that)."""
         with self._lock:
-            self._cached_messages(session)
-            return session.present
+            if session.gone is None:
+                session.gone = set(vanished_digests(self.store, session.session_id))
+            return session.gone
+
+    def in_file(self, session: SessionState, digests: list[str]) -> set[str]:
+        """Which of *digests* (spooled or not) the session file has, by its message cache in the database."""
+        found: set[str] = set()
+        for first in range(0, len(digests), ARCHIVED_LOOKUP):
+            batch = digests[first:first + ARCHIVED_LOOKUP]
+            found.update(row[0] for row in self.store.query(
+                f"SELECT digest FROM messages WHERE session_id=? AND digest IN ({','.join('?' * len(batch))})",
+                (session.session_id, *batch)))
+        return found
 
     def set_cycle(self, key: str, *, flushed: bool = False, next_cycle: bool = False) -> None:
         """Flush once per compaction cycle: remember the cycle flushed, or start a new cycle."""

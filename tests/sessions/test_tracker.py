@@ -288,3 +288,39 @@ def test_archived_messages_stay_archived_when_a_rewrite_makes_the_file_read_whol
     assert not spooled & set(archived)
     assert (session.unarchived_messages, len(spooled)) == (5, 5)  # 4 never archived, and the one inserted
     assert not hasattr(session, "archived")
+
+
+def test_a_vanished_message_stays_vanished_through_archive_restore_and_a_restart(tmp_path):
+    """Only the spooled messages that left the file are kept as such (not every digest in the file): an
+    archive undone puts a vanished message back as vanished, and a restart finds them again in the database."""
+    _, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    path = write_session(sessions, "cli:a", conversation(10))
+    tracker.scan(path)
+    kept = conversation(4, tag="after")
+    write_session(sessions, "cli:a", kept)  # the old ten left the file (/new), four new ones came
+    assert tracker.scan(path).vanished == 10
+    session = tracker.sessions["cli:a"]
+    assert (session.unarchived_messages, len(session.gone)) == (4, 10)
+
+    rescued = tracker.pending("cli:a", vanished_only=True)[:3]
+    records = [(message.digest, message.record, message.tokens) for _, message, _ in rescued]
+    tracker.mark_archived("cli:a", [digest for digest, _, _ in records], "r-1", seqs=[seq for seq, _, _ in rescued])
+    assert len(tracker.pending("cli:a", vanished_only=True)) == 7 and session.unarchived_messages == 4
+    tracker.unarchive("cli:a", "r-1", records)
+    assert len(tracker.pending("cli:a", vanished_only=True)) == 10 and session.unarchived_messages == 4
+    plan = tracker.spool_plan("cli:a")
+    assert sorted(present for _, _, _, present in plan) == [False] * 10 + [True] * 4
+
+    store.close()
+    store = StateStore(tmp_path / "state").open()
+    restarted = SessionTracker("ws", store)
+    assert restarted.scan(path).changed is False
+    again = restarted.sessions["cli:a"]
+    assert again.gone is None and again.messages is None  # nothing read until asked
+    assert len(restarted.pending("cli:a", vanished_only=True)) == 10
+    assert [present for _, _, _, present in restarted.spool_plan("cli:a")] == [present for _, _, _, present in plan]
+    assert again.messages is None  # the vanished ones were found without reading the message cache
+    write_session(sessions, "cli:a", kept + conversation(1, tag="later"))
+    restarted.scan(path)
+    assert (again.unarchived_messages, len(again.gone)) == (5, 10)
