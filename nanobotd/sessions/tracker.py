@@ -300,7 +300,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
         """Unarchived = spooled messages still present in the file (vanished ones wait for the rescue).
 
         A full pass over the spool, for when the file's contents were replaced; the spool's small changes
-        in between (archived, respooled) keep the totals running with `_unspool` and `_respool`.
+        in between (archived, respooled) keep the totals running with `_unspool` and `unarchive`.
         """
         spool, gone = self._spool_map(session), self._gone(session)
         live = [tokens for digest, tokens in spool.items() if digest not in gone]
