@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import json
 import time
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from nanobotd.llm.failures import LLMError
 from nanobotd.llm.reply import UsageMeter
 from nanobotd.memory import history
 from nanobotd.memory.transcript import PendingMessage, raw_entries, transcript
+from nanobotd.sessions.spool import SpoolPlan
 from nanobotd.state.store import RunRecord, journal_in
 
 SAFETY_MARGIN = 1.2
@@ -41,12 +43,18 @@ OVERSIZED_REASON = "a message over half the context window is never sent to the 
 
 @dataclass
 class Chunk:
-    """Consecutive spooled messages archived together: planned from (seq, role, tokens) alone, their records
-    loaded from the spool only when the chunk is archived (`load`), so one chunk's records are in memory."""
+    """Consecutive spooled messages archived together: planned from (seq, role, tokens) alone and kept as
+    their sequence numbers and token total, their records loaded from the spool only when the chunk is
+    archived (`load`), so one chunk's records are in memory."""
 
-    items: list[tuple[int, str, int]]
+    planned: array  # the sequence numbers
+    planned_tokens: int
     oversized: bool = False
     loaded: list[tuple[int, PendingMessage, str]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, items: list[tuple[int, str, int]], *, oversized: bool = False) -> Chunk:
+        return cls(array("q", [seq for seq, _, _ in items]), sum(tokens for _, _, tokens in items), oversized)
 
     @property
     def messages(self) -> list[PendingMessage]:
@@ -54,21 +62,21 @@ class Chunk:
 
     @property
     def seqs(self) -> list[int]:
-        return [seq for seq, _, _ in self.loaded] if self.loaded else [seq for seq, _, _ in self.items]
+        return [seq for seq, _, _ in self.loaded] if self.loaded else list(self.planned)
 
     @property
     def tokens(self) -> int:
         if self.loaded:
             return sum(message.tokens for _, message, _ in self.loaded)
-        return sum(tokens for _, _, tokens in self.items)
+        return self.planned_tokens
 
     def load(self, ctx: JobEnv, session_key: str) -> bool:
         """Read the chunk's records from the spool; False when none is left there (archived meanwhile)."""
-        self.loaded = ctx.tracker.spooled_messages(session_key, [seq for seq, _, _ in self.items])
+        self.loaded = ctx.tracker.spooled_messages(session_key, list(self.planned))
         return bool(self.loaded)
 
 
-def chunk_ratio(ctx: JobEnv, tokens: list[int]) -> float:
+def chunk_ratio(ctx: JobEnv, tokens: Sequence[int]) -> float:
     """0.4 of the window for ordinary messages, falling toward 0.15 as the average message grows."""
     settings = ctx.settings.consolidation
     if not tokens:
@@ -79,57 +87,63 @@ def chunk_ratio(ctx: JobEnv, tokens: list[int]) -> float:
 
 
 def select_messages(ctx: JobEnv, pending: Sequence[tuple[int, str, int, bool]], reason: str, *,
-                    vanished_only: bool = False) -> list[tuple[int, str, int]]:
-    """What this run archives, as (seq, role, tokens) of the spool's (seq, role, tokens, present) rows:
-    vanished messages always; then the oldest until the tail fits the target.
+                    vanished_only: bool = False) -> SpoolPlan:
+    """What this run archives, of the spool's (seq, role, tokens, present) rows, in a plan of its own (arrays:
+    a long session's selection is every message): vanished messages always; then the oldest until the tail
+    fits the target.
 
     *vanished_only* (beside an agent that archives by itself): never a message still in the session file.
     """
+    selected = SpoolPlan()
     if vanished_only:
-        return [(seq, role, tokens) for seq, role, tokens, present in pending if not present]
+        for seq, role, tokens, present in pending:
+            if not present:
+                selected.add(seq, role, tokens, present)
+        return selected
     if reason != "budget":
-        return [(seq, role, tokens) for seq, role, tokens, _ in pending]
+        for row in pending:
+            selected.add(*row)
+        return selected
     target = ctx.settings.budget * ctx.settings.consolidation.ratio
     remaining = sum(tokens for _, _, tokens, present in pending if present)
-    selected = []
     for seq, role, tokens, present in pending:
         if not present:
-            selected.append((seq, role, tokens))
+            selected.add(seq, role, tokens, present)
             continue
         if remaining <= target and (role == "user" or not selected):
             break
-        selected.append((seq, role, tokens))
+        selected.add(seq, role, tokens, present)
         remaining -= tokens
     return selected
 
 
-def plan_chunks(ctx: JobEnv, items: list[tuple[int, str, int]]) -> list[Chunk]:
+def plan_chunks(ctx: JobEnv, selected: SpoolPlan) -> list[Chunk]:
     """Split into chunks that fit one request and end just before a user message."""
     window = ctx.settings.llm.context_window
-    ratio = chunk_ratio(ctx, [tokens for _, _, tokens in items])
+    ratio = chunk_ratio(ctx, selected.tokens)
     limit = max(1000, int(window * ratio / SAFETY_MARGIN) - PROMPT_OVERHEAD_TOKENS)
     chunks: list[Chunk] = []
     current: list[tuple[int, str, int]] = []
     size = 0
-    for item in items:
-        tokens = item[2]
+    for seq, role, tokens, _ in selected:
+        item = (seq, role, tokens)
         if tokens > window // 2:
             if current:
-                chunks.append(Chunk(current))
+                chunks.append(Chunk.of(current))
                 current, size = [], 0
-            chunks.append(Chunk([item], oversized=True))
+            chunks.append(Chunk.of([item], oversized=True))
             continue
         if current and size + tokens > limit:
             cut = _last_user_boundary(current)
             if cut == 0:
                 cut = len(current)
-            chunks.append(Chunk(current[:cut]))
+            chunks.append(Chunk.of(current[:cut]))
             current = current[cut:]
             size = sum(tokens for _, _, tokens in current)
         current.append(item)
         size += tokens
     if current:
-        chunks.append(Chunk(current))
+        chunks.append(Chunk.of(current))
     return chunks
 
 
@@ -186,19 +200,19 @@ def content_hash(content: str) -> str:
 async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, reason: str,
                               vanished_only: bool = False) -> dict:
     """Archive a session's unarchived messages (all of them, or down to the target for "budget")."""
-    items = select_messages(ctx, ctx.tracker.spool_plan(session_key), reason, vanished_only=vanished_only)
+    selected = select_messages(ctx, ctx.tracker.spool_plan(session_key), reason, vanished_only=vanished_only)
     manifest: dict = {"session": session_key, "reason": reason, "chunks": [], "cursors": []}
     if vanished_only:
         manifest["vanished_only"] = True
     usage = UsageMeter()
-    if not items:
+    if not selected:
         ctx.store.finish_run(run_id, state="finished", outcome="no_change", manifest=manifest)
         # counted as a pass, so the metrics see the runs `nanobotctl runs` hides
         ctx.store.record_outcome("consolidate", ctx.settings.name, "no_change", run_id=run_id,
                                  reason=NOTHING_LEFT_REASON)
         return manifest
     rounds = ctx.settings.consolidation.max_rounds
-    chunks = plan_chunks(ctx, items)
+    chunks = plan_chunks(ctx, selected)
     chunks = chunks[:rounds] if reason == "budget" else chunks
     outcomes = []
     marks = PendingMarks(ctx, session_key, run_id, manifest)
