@@ -9,7 +9,14 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 
-from nanobotd.sessions.session import SessionState, digests_in_spans, record_archived_twice, respool, save_session
+from nanobotd.sessions.session import (
+    SessionState,
+    digests_in,
+    digests_in_spans,
+    record_archived_twice,
+    respool,
+    save_session,
+)
 from nanobotd.sessions.spool import seq_ranges
 
 
@@ -81,7 +88,7 @@ class ArchiveMarks:
         respool(self.store, session.session_id, run_id, records, self.clock())
         with self._lock:
             spool = self._spool_map(session)
-            in_file = self.in_file(session, [digest for digest, _, _ in records])
+            in_file = digests_in(self.store, "messages", session.session_id, [digest for digest, _, _ in records])
             gone = self._gone(session)
             for digest, _, tokens in records:
                 if digest not in spool:

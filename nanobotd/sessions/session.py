@@ -171,18 +171,32 @@ def store_message_cache(db, session_id: int, old: list[MessageInfo], new: list[M
          for seq, info in enumerate(itertools.islice(new, prefix, None), start=prefix)))  # rows made as written
 
 
+# the spool rows of a session (?) with no message in its message cache: their messages left the file
+_VANISHED = ("FROM spool s WHERE s.session_id=? AND NOT EXISTS"
+             " (SELECT 1 FROM messages m WHERE m.session_id=s.session_id AND m.digest=s.digest)")
+DIGEST_LOOKUP = 500  # digests looked up per query
+
+
 def vanished_in_spool(store: StateStore, session_id: int) -> int:
     """Spooled messages no longer in the session file (in SQL: no message cache is loaded)."""
-    return store.query(
-        "SELECT count(*) FROM spool s WHERE s.session_id=? AND NOT EXISTS"
-        " (SELECT 1 FROM messages m WHERE m.session_id=s.session_id AND m.digest=s.digest)", (session_id,))[0][0]
+    return store.query(f"SELECT count(*) {_VANISHED}", (session_id,))[0][0]
 
 
 def vanished_digests(store: StateStore, session_id: int) -> list[str]:
-    """Digests of the spooled messages no longer in the session file (in SQL, as vanished_in_spool)."""
-    return [row[0] for row in store.query(
-        "SELECT s.digest FROM spool s WHERE s.session_id=? AND NOT EXISTS"
-        " (SELECT 1 FROM messages m WHERE m.session_id=s.session_id AND m.digest=s.digest)", (session_id,))]
+    """Digests of the spooled messages no longer in the session file (in SQL: no message cache is loaded)."""
+    return [row[0] for row in store.query(f"SELECT s.digest {_VANISHED}", (session_id,))]
+
+
+def digests_in(store: StateStore, table: str, session_id: int, digests: list[str]) -> set[str]:
+    """Which of *digests* the session has rows for in *table* ("archived": nanobotd archived them;
+    "messages": the session file has them), looked up a batch at a time."""
+    found: set[str] = set()
+    for first in range(0, len(digests), DIGEST_LOOKUP):
+        batch = digests[first:first + DIGEST_LOOKUP]
+        found.update(row[0] for row in store.query(
+            f"SELECT digest FROM {table} WHERE session_id=? AND digest IN ({','.join('?' * len(batch))})",
+            (session_id, *batch)))
+    return found
 
 
 def respool(store: StateStore, session_id: int, run_id: str, records: list[tuple[str, dict, int]],

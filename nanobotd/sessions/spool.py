@@ -118,9 +118,8 @@ def vanished_seqs(store: StateStore, session_id: int, gone: set[str]) -> list[in
     """Sequence numbers of the spooled messages no longer in the file, *gone* (their records are not read)."""
     if not gone:
         return []
-    seqs = store.query_map("SELECT seq, digest FROM spool WHERE session_id=? ORDER BY seq", (session_id,),
-                           lambda seq, digest: seq if digest in gone else None)
-    return [seq for seq in seqs if seq is not None]
+    return store.query_with("SELECT seq, digest FROM spool WHERE session_id=? ORDER BY seq", (session_id,),
+                            lambda rows: [seq for seq, digest in rows if digest in gone])
 
 
 class SpoolPlan(Sequence[tuple[int, str, int, bool]]):
@@ -155,10 +154,14 @@ class SpoolPlan(Sequence[tuple[int, str, int, bool]]):
 
 def read_plan(store: StateStore, session_id: int, gone: set[str]) -> SpoolPlan:
     """The plan (seq, role, tokens, still in the file) of every spooled message, in first-seen order."""
-    plan = SpoolPlan()
-    store.query_map("SELECT seq, digest, role, tokens FROM spool WHERE session_id=? ORDER BY seq", (session_id,),
-                    lambda seq, digest, role, tokens: plan.add(seq, role, tokens, digest not in gone))
-    return plan
+    def fill(rows: Iterable[tuple]) -> SpoolPlan:
+        plan = SpoolPlan()
+        for seq, digest, role, tokens in rows:
+            plan.add(seq, role, tokens, digest not in gone)
+        return plan
+
+    return store.query_with("SELECT seq, digest, role, tokens FROM spool WHERE session_id=? ORDER BY seq",
+                            (session_id,), fill)
 
 
 def read_spooled(store: StateStore, session_id: int, seqs: list[int],

@@ -31,6 +31,7 @@ from nanobotd.sessions.session import (
     ScanResult,
     SessionState,
     archived_twice_count,
+    digests_in,
     insert_session,
     load_sessions,
     record_archived_twice,
@@ -42,7 +43,6 @@ from nanobotd.sessions.session import (
 from nanobotd.state.store import StateStore
 
 CACHED_MESSAGES = 50_000  # message infos kept in memory for the sessions used last (a big one stays alone)
-ARCHIVED_LOOKUP = 500  # digests looked up in the archive marks per query
 
 
 class SessionTracker(ArchiveMarks, SpoolHolding):
@@ -280,13 +280,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
     def _archived_among(self, session: SessionState, digests: list[str]) -> set[str]:
         """Which of *digests* nanobotd archived, looked up in the database: a session's archive marks are
         not kept in memory (a long session's would be its every message, twice over)."""
-        archived: set[str] = set()
-        for first in range(0, len(digests), ARCHIVED_LOOKUP):
-            batch = digests[first:first + ARCHIVED_LOOKUP]
-            archived.update(row[0] for row in self.store.query(
-                f"SELECT digest FROM archived WHERE session_id=? AND digest IN ({','.join('?' * len(batch))})",
-                (session.session_id, *batch)))
-        return archived
+        return digests_in(self.store, "archived", session.session_id, digests)
 
     def _spool_map(self, session: SessionState) -> dict[str, int]:
         """Spooled digests and their tokens (loaded once, then kept in step with the database)."""
@@ -395,15 +389,6 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
                 session.gone = set(vanished_digests(self.store, session.session_id))
             return session.gone
 
-    def in_file(self, session: SessionState, digests: list[str]) -> set[str]:
-        """Which of *digests* (spooled or not) the session file has, by its message cache in the database."""
-        found: set[str] = set()
-        for first in range(0, len(digests), ARCHIVED_LOOKUP):
-            batch = digests[first:first + ARCHIVED_LOOKUP]
-            found.update(row[0] for row in self.store.query(
-                f"SELECT digest FROM messages WHERE session_id=? AND digest IN ({','.join('?' * len(batch))})",
-                (session.session_id, *batch)))
-        return found
 
     def set_cycle(self, key: str, *, flushed: bool = False, next_cycle: bool = False) -> None:
         """Flush once per compaction cycle: remember the cycle flushed, or start a new cycle."""

@@ -13,7 +13,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -266,11 +266,11 @@ class StateStore:
         with self._lock:
             return self._require().execute(sql, args).fetchall()
 
-    def query_map(self, sql: str, args: tuple, make: Callable[..., T]) -> list[T]:
-        """Run a read query, turning each row into make(*row) as it is fetched (a large result is never
-        held as rows and as what they become at once)."""
+    def query_with(self, sql: str, args: tuple, use: Callable[[Iterable[tuple]], T]) -> T:
+        """Run a read query and hand its rows to *use* as they are fetched (under the store's lock); returns
+        what *use* returns. A large result is never held as rows and as what they become at once."""
         with self._lock:
-            return [make(*row) for row in self._require().execute(sql, args)]
+            return use(self._require().execute(sql, args))
 
     def _require(self) -> sqlite3.Connection:
         if self._db is None:

@@ -86,23 +86,20 @@ def chunk_ratio(ctx: JobEnv, tokens: Sequence[int]) -> float:
     return settings.chunk_ratio_max - (settings.chunk_ratio_max - settings.chunk_ratio_min) * pressure
 
 
-def select_messages(ctx: JobEnv, pending: Sequence[tuple[int, str, int, bool]], reason: str, *,
-                    vanished_only: bool = False) -> SpoolPlan:
-    """What this run archives, of the spool's (seq, role, tokens, present) rows, in a plan of its own (arrays:
-    a long session's selection is every message): vanished messages always; then the oldest until the tail
-    fits the target.
+def select_messages(ctx: JobEnv, pending: SpoolPlan, reason: str, *, vanished_only: bool = False) -> SpoolPlan:
+    """What this run archives, of the spool's plan: all of it (not budget); otherwise a plan of its own
+    (arrays: a long session's selection is every message) with the vanished messages always, then the
+    oldest until the tail fits the target.
 
     *vanished_only* (beside an agent that archives by itself): never a message still in the session file.
     """
+    if not vanished_only and reason != "budget":
+        return pending
     selected = SpoolPlan()
     if vanished_only:
         for seq, role, tokens, present in pending:
             if not present:
                 selected.add(seq, role, tokens, present)
-        return selected
-    if reason != "budget":
-        for row in pending:
-            selected.add(*row)
         return selected
     target = ctx.settings.budget * ctx.settings.consolidation.ratio
     remaining = sum(tokens for _, _, tokens, present in pending if present)
