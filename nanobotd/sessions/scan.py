@@ -12,6 +12,7 @@ import hashlib
 import sys
 from array import array
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, BinaryIO, NamedTuple
@@ -20,6 +21,7 @@ from loguru import logger
 
 from nanobotd import fsio
 from nanobotd.sessions import file as sessionfile
+from nanobotd.sessions.messages import MessageInfo, MessageList
 from nanobotd.tokens import PendingCounts, count_tokens_batch, submit_tokens_batch
 
 FLAG_COMMAND = 1
@@ -28,23 +30,6 @@ LINE_NONE, LINE_NEW, LINE_KNOWN = 0, 1, 2  # a message's line: not kept, parsed 
 HASH_BLOCK = 1024 * 1024
 TOKEN_BATCH = 128  # messages counted together; small, so a file of a few hundred messages is counted as it is read
 BATCHES_IN_FLIGHT = 2  # batches being counted while the scan reads on; it finishes the oldest before handing over more
-
-
-@dataclass(frozen=True, slots=True)
-class MessageInfo:
-    """What the tracker remembers of one message line (never its content)."""
-
-    line_digest: str
-    digest: str
-    role: str
-    timestamp: str
-    tokens: int
-    flags: int
-
-    @property
-    def counts(self) -> bool:
-        """Conversation proper (not a slash command, not nanobot's checkpoint summary)."""
-        return not self.flags
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +80,7 @@ class ParseResult:
 
     key: str
     header: sessionfile.SessionHeader
-    messages: list[MessageInfo]
+    messages: MessageList
     corrupt: int
     lines: MessageLines = field(default_factory=MessageLines)
     tail: Tail | None = None
@@ -107,7 +92,7 @@ class ParseResult:
         """Where message *index* is, when it is a counted message parsed in this scan (not reused)."""
         if self.lines.kind(index) != LINE_NEW:
             return None
-        return self.lines.ref(index, self.messages[index].line_digest)
+        return self.lines.ref(index, self.messages.line_digest(index))
 
     @property
     def new_count(self) -> int:
@@ -129,15 +114,15 @@ class ParseResult:
         return self._records((LINE_NEW, LINE_KNOWN))
 
     def _records(self, kinds: tuple[int, ...]) -> dict[str, LineRef]:
-        lines, records = self.lines, {}
+        lines, messages, records = self.lines, self.messages, {}
         for at, kind in enumerate(lines.kinds):
             if kind in kinds:
-                info = self.messages[lines.first + at]
-                records[info.digest] = lines.ref(lines.first + at, info.line_digest)
+                index = lines.first + at
+                records[messages.digest(index)] = lines.ref(index, messages.line_digest(index))
         return records
 
 
-def parse_session(path: Path, encoding: str, *, cached: list[MessageInfo] | None = None,
+def parse_session(path: Path, encoding: str, *, cached: Sequence[MessageInfo] | None = None,
                   tail: Tail | None = None, corrupt_before: int = 0, handle: BinaryIO | None = None) -> ParseResult:
     """Parse *path*; with the previous scan's *cached* messages and *tail*, decode only what is new.
 
@@ -165,14 +150,10 @@ _Fields = tuple[str, str, str, str]  # a MessageInfo's line_digest, digest, role
 
 
 class _Uncounted(NamedTuple):
-    """A parsed message whose tokens are still to count, and where in messages it goes."""
+    """A parsed message whose tokens are still to count, and its place in messages."""
 
     index: int
-    fields: _Fields
     text: str
-
-
-_PENDING = MessageInfo("", "", "", "", 0, 0)  # holds an uncounted message's place in messages
 
 
 @dataclass
@@ -180,7 +161,7 @@ class _Reading:
     """What one pass over a file's lines has collected so far."""
 
     header: sessionfile.SessionHeader
-    messages: list[MessageInfo]
+    messages: MessageList
     taken: set[str]
     corrupt: int = 0
     region_start: int = 0
@@ -214,25 +195,23 @@ class _Reading:
 
     def take(self, fields: _Fields, flags: int, text: str | None, line: sessionfile.RawLine) -> None:
         """A newly parsed message, its *text* to count (None: it counts none); one over MAX_LINE_BYTES is
-        counted as large (it will be archived raw). A message with text to count takes its place in
-        messages once counted; a full batch is handed over to be counted while the next lines are parsed."""
+        counted as large (it will be archived raw). A message with text to count gets its count once counted;
+        a full batch is handed over to be counted while the next lines are parsed."""
         self.lines.add(LINE_NONE if flags else LINE_NEW, line)
+        self.messages.add(*fields, 0, flags)
         if text:
-            self.uncounted.append(_Uncounted(len(self.messages), fields, text))
-            self.messages.append(_PENDING)
+            self.uncounted.append(_Uncounted(len(self.messages) - 1, text))
             if len(self.uncounted) >= TOKEN_BATCH:
                 if len(self.counting) >= BATCHES_IN_FLIGHT:
                     self._collect()
                 self.counting.append((self.uncounted, submit_tokens_batch([m.text for m in self.uncounted],
                                                                           self.encoding)))
                 self.uncounted = []
-        else:
-            self.messages.append(MessageInfo(*fields, 0, flags))
         if len(line.data) > sessionfile.MAX_LINE_BYTES:
             self.large += 1
 
     def count(self) -> None:
-        """Count the rest and wait for the batches being counted: every message is in place after this."""
+        """Count the rest and wait for the batches being counted: every message has its count after this."""
         if self.uncounted:
             self._place(self.uncounted, count_tokens_batch([m.text for m in self.uncounted], self.encoding))
             self.uncounted = []
@@ -240,17 +219,17 @@ class _Reading:
             self._collect()
 
     def _collect(self) -> None:
-        """Finish counting the oldest batch handed over and put its messages in place."""
+        """Finish counting the oldest batch handed over and give its messages their counts."""
         batch, counted = self.counting.popleft()
         self._place(batch, counted.result())  # raises what counting raised
 
     def _place(self, batch: list[_Uncounted], counts: list[int]) -> None:
         for message, tokens in zip(batch, counts, strict=True):
-            self.messages[message.index] = MessageInfo(*message.fields, tokens, 0)
+            self.messages.set_tokens(message.index, tokens)
 
 
-def _parse_all(path: Path, handle: BinaryIO, encoding: str, cached: list[MessageInfo]) -> ParseResult:
-    reading = _Reading(sessionfile.SessionHeader(), [], set(), encoding=encoding)
+def _parse_all(path: Path, handle: BinaryIO, encoding: str, cached: Sequence[MessageInfo]) -> ParseResult:
+    reading = _Reading(sessionfile.SessionHeader(), MessageList(), set(), encoding=encoding)
     for info in cached:
         reading.cache.setdefault(info.line_digest, []).append(info)
     _read_lines(path, handle, reading)
@@ -262,7 +241,7 @@ def _parse_all(path: Path, handle: BinaryIO, encoding: str, cached: list[Message
                        reading.lines, tail, large=reading.large, region_start=reading.region_start)
 
 
-def _parse_appended(path: Path, handle: BinaryIO, encoding: str, cached: list[MessageInfo], tail: Tail,
+def _parse_appended(path: Path, handle: BinaryIO, encoding: str, cached: Sequence[MessageInfo], tail: Tail,
                     corrupt_before: int) -> ParseResult | None:
     """The fast path: None when the file no longer starts (after its metadata) with the known bytes."""
     header = sessionfile.SessionHeader()
@@ -271,7 +250,8 @@ def _parse_appended(path: Path, handle: BinaryIO, encoding: str, cached: list[Me
         return None
     region_start, digest = known
     known_end = region_start + tail.length
-    reading = _Reading(header, list(cached), {info.digest for info in cached}, corrupt=corrupt_before,
+    messages = MessageList.of(cached)
+    reading = _Reading(header, messages, set(messages.digests()), corrupt=corrupt_before,
                        region_start=region_start, region_end=known_end, leading=False, encoding=encoding,
                        lines=MessageLines(first=len(cached)))
     if not _read_lines(path, handle, reading, offset=known_end, appending=True):

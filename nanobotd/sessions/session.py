@@ -6,12 +6,12 @@ map are loaded from their own tables on first use and kept in step by the tracke
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
 from nanobotd.memory.transcript import record_json
-from nanobotd.sessions.scan import MessageInfo, Tail
+from nanobotd.sessions.messages import MessageList
+from nanobotd.sessions.scan import Tail
 from nanobotd.state.store import StateStore
 from nanobotd.timestamps import iso_local
 
@@ -44,7 +44,7 @@ class SessionState:
     hold_shift: int = 0  # added to a held row's offsets to find its line in that version
     hold_links: bool = False  # the held version is a hard link (the file is replaced on save), not a copy
     hold_of: tuple[int, int, int] | None = None  # the fingerprint of the version held (not kept across restarts)
-    messages: list[MessageInfo] | None = None
+    messages: MessageList | None = None
     # spooled digests no longer in the session file (usually few; None: read from the database when needed)
     gone: set[str] | None = None
     tail: Tail | None = None
@@ -141,26 +141,26 @@ def archived_twice_count(store: StateStore, workspace_name: str) -> int:
                        " WHERE s.workspace=?", (workspace_name,))[0][0]
 
 
-def digests_in_spans(messages: list[MessageInfo], spans: list[dict]) -> dict[str, str]:
+def digests_in_spans(messages: MessageList, spans: list[dict]) -> dict[str, str]:
     """Digest -> run id of the conversation messages each span (first and last digest, run) covers."""
-    position = {info.digest: index for index, info in enumerate(messages)}
+    position = {digest: index for index, digest in enumerate(messages.digests())}
     marked: dict[str, str] = {}
     for span in spans:
         first, last = position.get(span.get("first")), position.get(span.get("last"))
         if first is None or last is None or last < first:
             continue
-        for info in messages[first:last + 1]:
-            if info.counts:
-                marked[info.digest] = str(span.get("run", "rebuilt"))
+        for index in range(first, last + 1):
+            if not messages.flags(index):
+                marked[messages.digest(index)] = str(span.get("run", "rebuilt"))
     return marked
 
 
-def store_message_cache(db, session_id: int, old: list[MessageInfo], new: list[MessageInfo], *,
+def store_message_cache(db, session_id: int, old: MessageList, new: MessageList, *,
                     known_prefix: int = 0) -> None:
     """Keep the cached message list in step with the file: rewrite only from the first line that differs."""
     prefix = known_prefix
     limit = min(len(old), len(new))
-    while prefix < limit and old[prefix].line_digest == new[prefix].line_digest:
+    while prefix < limit and old.line_digest(prefix) == new.line_digest(prefix):
         prefix += 1
     if prefix < len(old):
         db.execute("DELETE FROM messages WHERE session_id=? AND seq>=?", (session_id, prefix))
@@ -168,7 +168,7 @@ def store_message_cache(db, session_id: int, old: list[MessageInfo], new: list[M
         "INSERT OR REPLACE INTO messages (session_id, seq, line_digest, digest, role, timestamp, tokens, flags)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         ((session_id, seq, info.line_digest, info.digest, info.role, info.timestamp, info.tokens, info.flags)
-         for seq, info in enumerate(itertools.islice(new, prefix, None), start=prefix)))  # rows made as written
+         for seq in range(prefix, len(new)) for info in (new[seq],)))  # rows made as written
 
 
 # the spool rows of a session (?) with no message in its message cache: their messages left the file

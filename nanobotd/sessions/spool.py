@@ -22,7 +22,8 @@ from loguru import logger
 from nanobotd.memory.transcript import PendingMessage, record_json
 from nanobotd.sessions import file as sessionfile
 from nanobotd.sessions.hold import line_text
-from nanobotd.sessions.scan import LineRef, MessageInfo, read_line
+from nanobotd.sessions.messages import MessageList
+from nanobotd.sessions.scan import LineRef, read_line
 from nanobotd.state.store import StateStore
 
 BATCH = 1000  # new spool rows read from the file and inserted together
@@ -97,11 +98,10 @@ def _texts(rows: list[tuple], resolve: Resolve) -> list[str | None]:
     return texts
 
 
-def read_message_cache(store: StateStore, session_id: int) -> list[MessageInfo]:
+def read_message_cache(store: StateStore, session_id: int) -> MessageList:
     """The session's message cache as stored at its last scan, in file order."""
-    rows = store.query("SELECT line_digest, digest, role, timestamp, tokens, flags FROM messages"
-                       " WHERE session_id=? ORDER BY seq", (session_id,))
-    return [MessageInfo(*row) for row in rows]
+    return store.query_with("SELECT line_digest, digest, role, timestamp, tokens, flags FROM messages"
+                            " WHERE session_id=? ORDER BY seq", (session_id,), MessageList.from_rows)
 
 
 def read_pending(store: StateStore, session_id: int, gone: set[str],

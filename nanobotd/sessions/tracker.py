@@ -26,7 +26,8 @@ from nanobotd.sessions import spool as spooldb
 from nanobotd.sessions.hold import Holds
 from nanobotd.sessions.holding import SpoolHolding
 from nanobotd.sessions.marks import ArchiveMarks
-from nanobotd.sessions.scan import LINE_NEW, MessageInfo, ParseResult, parse_session
+from nanobotd.sessions.messages import MessageList
+from nanobotd.sessions.scan import LINE_NEW, ParseResult, parse_session
 from nanobotd.sessions.session import (
     ScanResult,
     SessionState,
@@ -84,7 +85,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
         # published in `sessions` once its first scan is applied (a reader never sees it half counted)
         return insert_session(self.store, self.workspace_name, key, path, self.clock())
 
-    def _cached_messages(self, session: SessionState) -> list[MessageInfo]:
+    def _cached_messages(self, session: SessionState) -> MessageList:
         """The session's message cache, read from the database when not in memory."""
         with self._lock:
             if session.messages is None:
@@ -184,19 +185,19 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
         """
         header, messages = parsed.header, parsed.messages
         agent_archived = header.last_archived if header.last_archived <= len(messages) else 0
-        old = session.messages or []
+        old = session.messages if session.messages is not None else MessageList()
         same_bytes = appended  # the file still starts with the bytes read last time (where held lines are)
         appended = appended and session.messages is not None and session.agent_archived == agent_archived
         spooled = self._spool_map(session)
         fresh = messages[len(old):] if appended else messages
         if appended:  # nothing left the file; a message that had may be back
             gone = self._gone(session)
-            gone = gone - {info.digest for info in fresh} if gone else set()
+            gone = gone - set(fresh.digests()) if gone else set()
         else:
-            current = {info.digest for info in messages}
+            current = set(messages.digests())
             gone = {digest for digest in spooled if digest not in current}
             del current
-        below = {info.digest for info in messages[:agent_archived]} if agent_archived and spooled else set()
+        below = set(messages.digests(0, agent_archived)) if agent_archived and spooled else set()
         to_spool = self._spool_rows(session, fresh, len(messages) - len(fresh), parsed, agent_archived)
         hold = self._plan_hold(session, parsed, handle, fast=same_bytes,
                                fingerprint=fingerprint,
@@ -206,11 +207,11 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
         agent_done_tokens = [spooled[digest] for digest in agent_done]
         vanished = 0 if appended else len(gone)
         if not appended and agent_archived:
-            self._count_overlap(session, messages[:agent_archived])
+            self._count_overlap(session, list(messages.digests(0, agent_archived)))
         session.agent_marked = header.marked
         self._write_spool(session, parsed, to_spool, agent_done, old, known_prefix=len(old) if appended else 0,
                           handle=handle, hold=hold)
-        session.total_tokens = (session.total_tokens if appended else 0) + sum(info.tokens for info in fresh)
+        session.total_tokens = (session.total_tokens if appended else 0) + fresh.total_tokens()
         session.messages = messages
         session.gone = gone
         session.state = "active"
@@ -221,26 +222,27 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
         if appended:
             # the new rows are all in the file; the agent's mark only took rows that were
             session.unarchived_messages += len(to_spool) - len(agent_done)
-            session.unarchived_tokens += sum(messages[index].tokens for index in to_spool) - sum(agent_done_tokens)
+            session.unarchived_tokens += sum(messages.tokens(index) for index in to_spool) - sum(agent_done_tokens)
         else:
             self._recount(session)
         return vanished
 
-    def _spool_rows(self, session: SessionState, fresh: list[MessageInfo], first_index: int,
+    def _spool_rows(self, session: SessionState, fresh: MessageList, first_index: int,
                     parsed: ParseResult, agent_archived: int) -> list[int]:
         """The message numbers to spool: the *fresh* conversation messages parsed in this scan that neither
         the agent nor nanobotd archived (their rows are made, and their records read, as they are written)."""
         spooled = self._spool_map(session)
         if session.skipped:
             return []
-        wanted = [index for index, info in enumerate(fresh, start=first_index)
-                  if not (info.flags or index < agent_archived or info.digest in spooled)
+        messages = parsed.messages
+        wanted = [index for index in range(max(first_index, agent_archived), first_index + len(fresh))
+                  if not (messages.flags(index) or messages.digest(index) in spooled)
                   and parsed.lines.kind(index) == LINE_NEW]
-        archived = self._archived_among(session, [parsed.messages[index].digest for index in wanted])
-        return [index for index in wanted if parsed.messages[index].digest not in archived] if archived else wanted
+        archived = self._archived_among(session, [messages.digest(index) for index in wanted])
+        return [index for index in wanted if messages.digest(index) not in archived] if archived else wanted
 
     def _write_spool(self, session: SessionState, parsed: ParseResult, to_spool: list[int], agent_done: list[str],
-                     old: list[MessageInfo], *, known_prefix: int, handle: BinaryIO, hold) -> None:
+                     old: MessageList, *, known_prefix: int, handle: BinaryIO, hold) -> None:
         """Spool the messages numbered *to_spool*, drop those the agent archived, move the held rows (*hold*, a
         HoldPlan), store the message cache: one transaction.
 
@@ -252,8 +254,8 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
         try:
             with self.store.transaction() as db:
                 self._apply_hold(db, session, hold)
-                rows = ((messages[index].digest, messages[index].role, messages[index].timestamp,
-                         messages[index].tokens, parsed.new_line(index)) for index in to_spool)
+                rows = ((info.digest, info.role, info.timestamp, info.tokens, parsed.new_line(index))
+                        for index in to_spool for info in (messages[index],))
                 spooldb.insert_rows(db, session.session_id, rows, handle, now, shift=hold.shift)
                 db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
                                [(session.session_id, digest) for digest in agent_done])
@@ -264,15 +266,16 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
         self._finish_hold(session, hold)
         spooled = self._spool_map(session)
         for index in to_spool:
-            spooled[messages[index].digest] = messages[index].tokens
+            spooled[messages.digest(index)] = messages.tokens(index)
         for digest in agent_done:
             spooled.pop(digest, None)
 
 
-    def _count_overlap(self, session: SessionState, agent_archived: list[MessageInfo]) -> None:
-        """Messages under the agent's mark that nanobotd archived too: counted as archived twice."""
-        archived = self._archived_among(session, [info.digest for info in agent_archived])
-        twice = [info.digest for info in agent_archived if info.digest in archived]
+    def _count_overlap(self, session: SessionState, agent_archived: list[str]) -> None:
+        """Messages under the agent's mark (*agent_archived*, their digests) that nanobotd archived too: counted
+        as archived twice."""
+        archived = self._archived_among(session, agent_archived)
+        twice = [digest for digest in agent_archived if digest in archived]
         if twice and record_archived_twice(self.store, session.session_id, twice, self.clock()):
             logger.warning("session {}: the agent archived {} message(s) nanobotd had archived already",
                            session.key, len(twice))
@@ -331,7 +334,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
                 return None
             session.fingerprint = None
             session.state = "deleted"
-            session.messages = []
+            session.messages = MessageList()
             session.gone = set(self._spool_map(session))
             session.message_count = 0
             self._recount(session)

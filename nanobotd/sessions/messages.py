@@ -1,0 +1,193 @@
+"""What the tracker remembers of a session file's messages, kept in columns.
+
+A session's message cache lives as long as the session is in use, one entry per message in the file. As
+MessageInfo objects it cost ~340 bytes a message (the object, two 32-character hex digests, a timestamp
+string, an int): 34 MB for a 100k-message session. In columns it costs ~70: digests as their 16 bytes,
+timestamps as UTF-8 in one buffer, tokens and flags in arrays. A MessageInfo is made when one is read.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+DIGEST_BYTES = 16  # blake2b digest_size of every message and line digest (file.line_digest, file.message_digest)
+_HEX = DIGEST_BYTES * 2
+_NO_DIGEST = bytes(DIGEST_BYTES)
+
+
+@dataclass(frozen=True, slots=True)
+class MessageInfo:
+    """What the tracker remembers of one message line (never its content)."""
+
+    line_digest: str
+    digest: str
+    role: str
+    timestamp: str
+    tokens: int
+    flags: int
+
+    @property
+    def counts(self) -> bool:
+        """Conversation proper (not a slash command, not nanobot's checkpoint summary)."""
+        return not self.flags
+
+
+class MessageList:
+    """A session file's MessageInfos, in file order, a few dozen bytes each (a Sequence of MessageInfo).
+
+    A digest that is not 32 lower-case hex digits (none the scan makes) is kept as a string beside the columns.
+    """
+
+    __slots__ = ("_line_digests", "_digests", "_odd", "_roles", "_role_names", "_role_numbers", "_stamps",
+                 "_stamp_ends", "_tokens", "_flags")
+
+    def __init__(self, infos: Iterable[MessageInfo] = ()) -> None:
+        self._line_digests = bytearray()
+        self._digests = bytearray()
+        self._odd: dict[tuple[int, int], str] = {}  # (column, index) -> a digest the columns cannot hold
+        self._roles = array("I")
+        self._role_names: list[str] = []
+        self._role_numbers: dict[str, int] = {}
+        self._stamps = bytearray()
+        self._stamp_ends = array("q")
+        self._tokens = array("q")
+        self._flags = bytearray()
+        for info in infos:
+            self.append(info)
+
+    @classmethod
+    def of(cls, messages: Iterable[MessageInfo]) -> MessageList:
+        """*messages* as a MessageList of their own (a copy, so appending to it leaves *messages* alone)."""
+        return messages.copy() if isinstance(messages, MessageList) else cls(messages)
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[tuple[str, str, str, str, int, int]]) -> MessageList:
+        """A MessageList of rows of MessageInfo fields (the message cache's columns, in their order)."""
+        messages = cls()
+        for row in rows:
+            messages.add(*row)
+        return messages
+
+    # -- writing -------------------------------------------------------------------------------------
+    def append(self, info: MessageInfo) -> None:
+        """Add *info* at the end."""
+        self.add(info.line_digest, info.digest, info.role, info.timestamp, info.tokens, info.flags)
+
+    def add(self, line_digest: str, digest: str, role: str, timestamp: str, tokens: int, flags: int) -> None:
+        """Add a message at the end from its fields (a MessageInfo's, in its order)."""
+        index = len(self._flags)
+        self._line_digests += self._packed(0, index, line_digest)
+        self._digests += self._packed(1, index, digest)
+        number = self._role_numbers.get(role)
+        if number is None:
+            number = self._role_numbers[role] = len(self._role_names)
+            self._role_names.append(role)
+        self._roles.append(number)
+        self._stamps += timestamp.encode("utf-8", "surrogatepass")
+        self._stamp_ends.append(len(self._stamps))
+        self._tokens.append(tokens)
+        self._flags.append(flags)
+
+    def set_tokens(self, index: int, tokens: int) -> None:
+        """Message *index* counts *tokens* (a scan places the counts once a batch is counted)."""
+        self._tokens[index] = tokens
+
+    def _packed(self, column: int, index: int, digest: str) -> bytes:
+        if len(digest) == _HEX:
+            try:
+                packed = bytes.fromhex(digest)
+            except ValueError:
+                packed = None
+            if packed is not None and packed.hex() == digest:  # lower-case hex, as blake2b's hexdigest
+                return packed
+        self._odd[(column, index)] = digest
+        return _NO_DIGEST
+
+    # -- reading -------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._flags)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self._slice(index)
+        index = range(len(self))[index]  # negative indexes, and IndexError past the end
+        return MessageInfo(self.line_digest(index), self.digest(index), self._role_names[self._roles[index]],
+                           self.timestamp(index), self._tokens[index], self._flags[index])
+
+    def __iter__(self) -> Iterator[MessageInfo]:
+        for index in range(len(self)):
+            yield self[index]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, (MessageList, list, tuple)):
+            return NotImplemented
+        return len(self) == len(other) and all(mine == theirs for mine, theirs in zip(self, other, strict=True))
+
+    __hash__ = None  # mutable, like a list
+
+    def __repr__(self) -> str:
+        return f"MessageList({list(self)!r})"
+
+    def line_digest(self, index: int) -> str:
+        """Message *index*'s line digest (the parse cache key)."""
+        return self._unpacked(0, self._line_digests, index)
+
+    def digest(self, index: int) -> str:
+        """Message *index*'s identity across rewrites."""
+        return self._unpacked(1, self._digests, index)
+
+    def timestamp(self, index: int) -> str:
+        """Message *index*'s timestamp, as written in the file."""
+        start = self._stamp_ends[index - 1] if index else 0
+        return self._stamps[start:self._stamp_ends[index]].decode("utf-8", "surrogatepass")
+
+    def tokens(self, index: int) -> int:
+        """Message *index*'s token count."""
+        return self._tokens[index]
+
+    def flags(self, index: int) -> int:
+        """Message *index*'s flags (0: it counts)."""
+        return self._flags[index]
+
+    def digests(self, start: int = 0, stop: int | None = None) -> Iterator[str]:
+        """The digests of messages *start* to *stop*, without making their MessageInfos."""
+        for index in range(*slice(start, stop).indices(len(self))):
+            yield self.digest(index)
+
+    def total_tokens(self, start: int = 0, stop: int | None = None) -> int:
+        """The tokens of messages *start* to *stop*."""
+        return sum(self._tokens[start:stop])
+
+    def _unpacked(self, column: int, data: bytearray, index: int) -> str:
+        if self._odd:
+            odd = self._odd.get((column, index))
+            if odd is not None:
+                return odd
+        return data[index * DIGEST_BYTES:(index + 1) * DIGEST_BYTES].hex()
+
+    # -- copies --------------------------------------------------------------------------------------
+    def copy(self) -> MessageList:
+        """A MessageList of the same messages that changes apart from this one."""
+        return self._slice(slice(None))
+
+    def _slice(self, part: slice) -> MessageList:
+        start, stop, step = part.indices(len(self))
+        if step != 1:
+            return MessageList(self[index] for index in range(start, stop, step))
+        stop = max(start, stop)
+        copy = MessageList()
+        copy._line_digests = self._line_digests[start * DIGEST_BYTES:stop * DIGEST_BYTES]
+        copy._digests = self._digests[start * DIGEST_BYTES:stop * DIGEST_BYTES]
+        copy._odd = {(column, index - start): digest for (column, index), digest in self._odd.items()
+                     if start <= index < stop}
+        copy._roles = self._roles[start:stop]
+        copy._role_names = list(self._role_names)
+        copy._role_numbers = dict(self._role_numbers)
+        first = self._stamp_ends[start - 1] if start else 0
+        copy._stamps = self._stamps[first:self._stamp_ends[stop - 1]] if stop > start else bytearray()
+        copy._stamp_ends = array("q", (end - first for end in self._stamp_ends[start:stop]))
+        copy._tokens = self._tokens[start:stop]
+        copy._flags = self._flags[start:stop]
+        return copy
