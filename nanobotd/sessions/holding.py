@@ -60,10 +60,12 @@ class SpoolHolding:
             if tail_start is not None:  # its known bytes, after a metadata line that may have changed length
                 keep.shift = shift + parsed.region_start - tail_start
             return keep
-        rows = spooldb.held_rows(self.store, session.session_id) if generation else []
-        if rows and not session.hold_links and not link and not new_rows:
+        # whether any row is held; the rows themselves are read only when they move (nanobot's ordinary save
+        # of a long session holds them all, and moves none)
+        held = bool(generation and spooldb.held_rows(self.store, session.session_id, limit=1))
+        if held and not session.hold_links and not link and not new_rows:
             return keep  # a private copy: it still has every held line
-        if not rows and not new_rows:
+        if not held and not new_rows:
             return HoldPlan(None, 0, link, drop=generation)
         made = self._hold_version(session, handle, generation + 1, link)
         if made is None:  # replaced since it was opened: the old version keeps its rows, new rows are copied
@@ -72,8 +74,9 @@ class SpoolHolding:
         if fast and tail_start is not None and session.hold_of == previous and previous is not None:
             plan.shift = shift + parsed.region_start - tail_start  # the known bytes, after the new metadata line
             return plan
-        if not rows:  # nothing held before: only the new rows, held in the version just made
+        if not held:  # nothing held before: only the new rows, held in the version just made
             return plan
+        rows = spooldb.held_rows(self.store, session.session_id)
         where = parsed.new_records if fast else parsed.all_records()
         delta = parsed.region_start - tail_start if fast and tail_start is not None else None
         gone = []

@@ -95,15 +95,22 @@ class MessageList:
         self._tokens[index] = tokens
 
     def _packed(self, column: int, index: int, digest: str) -> bytes:
-        if len(digest) == _HEX:
-            try:
-                packed = bytes.fromhex(digest)
-            except ValueError:
-                packed = None
-            if packed is not None and packed.hex() == digest:  # lower-case hex, as blake2b's hexdigest
-                return packed
+        packed = self._packed_only(digest)
+        if packed is not None:
+            return packed
         self._odd[(column, index)] = digest
         return _NO_DIGEST
+
+    @staticmethod
+    def _packed_only(digest: str) -> bytes | None:
+        """*digest*'s 16 bytes, when it is 32 lower-case hex digits (as blake2b's hexdigest) and nothing else."""
+        if len(digest) != _HEX:
+            return None
+        try:
+            packed = bytes.fromhex(digest)
+        except ValueError:
+            return None
+        return packed if packed.hex() == digest else None
 
     # -- reading -------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -151,6 +158,20 @@ class MessageList:
         """Message *index*'s flags (0: it counts)."""
         return self._flags[index]
 
+    def has_digest(self, digest: str) -> bool:
+        """A message has *digest* (a search of the digest column: no string is made per message)."""
+        if self._odd and digest in (odd for (column, _), odd in self._odd.items() if column == 1):
+            return True
+        packed = self._packed_only(digest)
+        if packed is None:
+            return False
+        start = 0
+        while (at := self._digests.find(packed, start)) >= 0:
+            if at % DIGEST_BYTES == 0 and (1, at // DIGEST_BYTES) not in self._odd:
+                return True
+            start = at + 1
+        return False
+
     def digests(self, start: int = 0, stop: int | None = None) -> Iterator[str]:
         """The digests of messages *start* to *stop*, without making their MessageInfos."""
         for index in range(*slice(start, stop).indices(len(self))):
@@ -187,7 +208,8 @@ class MessageList:
         copy._role_numbers = dict(self._role_numbers)
         first = self._stamp_ends[start - 1] if start else 0
         copy._stamps = self._stamps[first:self._stamp_ends[stop - 1]] if stop > start else bytearray()
-        copy._stamp_ends = array("q", (end - first for end in self._stamp_ends[start:stop]))
+        ends = self._stamp_ends[start:stop]
+        copy._stamp_ends = array("q", (end - first for end in ends)) if first else ends
         copy._tokens = self._tokens[start:stop]
         copy._flags = self._flags[start:stop]
         return copy

@@ -29,6 +29,7 @@ FLAG_HIDDEN = 2
 LINE_NONE, LINE_NEW, LINE_KNOWN = 0, 1, 2  # a message's line: not kept, parsed in this scan, parse reused
 HASH_BLOCK = 1024 * 1024
 TOKEN_BATCH = 128  # messages counted together; small, so a file of a few hundred messages is counted as it is read
+SEARCHED_LOOKUPS = 64  # digests looked up in a known message list's column before its digests make a set
 BATCHES_IN_FLIGHT = 2  # batches being counted while the scan reads on; it finishes the oldest before handing over more
 
 
@@ -156,13 +157,42 @@ class _Uncounted(NamedTuple):
     text: str
 
 
+class _Taken:
+    """The digests of the messages read so far, to number a copy of one (digest#1, ...).
+
+    An append to a long session checks its few new messages against the known ones in their digest column
+    (a search of 16 bytes a message) instead of making a set of every digest on each save; after
+    SEARCHED_LOOKUPS lookups the set is made.
+    """
+
+    def __init__(self, known: MessageList | None = None) -> None:
+        self._known = known
+        self._digests: set[str] = set()
+        self._searches = 0
+
+    def __contains__(self, digest: str) -> bool:
+        if digest in self._digests:
+            return True
+        if self._known is None:
+            return False
+        self._searches += 1
+        if self._searches > SEARCHED_LOOKUPS:
+            self._digests.update(self._known.digests())
+            self._known = None
+            return digest in self._digests
+        return self._known.has_digest(digest)
+
+    def add(self, digest: str) -> None:
+        self._digests.add(digest)
+
+
 @dataclass
 class _Reading:
     """What one pass over a file's lines has collected so far."""
 
     header: sessionfile.SessionHeader
     messages: MessageList
-    taken: set[str]
+    taken: _Taken
     corrupt: int = 0
     region_start: int = 0
     region_end: int = 0
@@ -229,7 +259,7 @@ class _Reading:
 
 
 def _parse_all(path: Path, handle: BinaryIO, encoding: str, cached: Sequence[MessageInfo]) -> ParseResult:
-    reading = _Reading(sessionfile.SessionHeader(), MessageList(), set(), encoding=encoding)
+    reading = _Reading(sessionfile.SessionHeader(), MessageList(), _Taken(), encoding=encoding)
     for info in cached:
         reading.cache.setdefault(info.line_digest, []).append(info)
     _read_lines(path, handle, reading)
@@ -251,7 +281,7 @@ def _parse_appended(path: Path, handle: BinaryIO, encoding: str, cached: Sequenc
     region_start, digest = known
     known_end = region_start + tail.length
     messages = MessageList.of(cached)
-    reading = _Reading(header, messages, set(messages.digests()), corrupt=corrupt_before,
+    reading = _Reading(header, messages, _Taken(messages), corrupt=corrupt_before,
                        region_start=region_start, region_end=known_end, leading=False, encoding=encoding,
                        lines=MessageLines(first=len(cached)))
     if not _read_lines(path, handle, reading, offset=known_end, appending=True):
@@ -309,7 +339,7 @@ def _count_corrupt(path: Path, line: sessionfile.RawLine, reading: _Reading) -> 
                      line.oversized, sessionfile.MESSAGE_LINE_BYTES >> 20)
 
 
-def _message_info(line_digest: str, record: dict, taken: set[str]) -> tuple[_Fields, int, str | None] | None:
+def _message_info(line_digest: str, record: dict, taken: _Taken) -> tuple[_Fields, int, str | None] | None:
     """Parse one message: its MessageInfo fields but tokens and flags, its flags, and the text to count its
     tokens in (None: it counts none); a digest already taken in this file gets a numbered variant (#1, ...)."""
     fields = sessionfile.message_fields(record)

@@ -64,6 +64,15 @@ def test_a_copy_changes_apart_from_its_original(items, more, data):
     assert list(messages) == items
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.lists(infos, max_size=30), st.lists(digests, max_size=5))
+def test_has_digest_answers_as_a_set_of_the_digests_would(items, others):
+    messages = MessageList(items)
+    present = {info.digest for info in items}
+    for digest in [info.digest for info in items] + [info.line_digest for info in items] + others + ["0" * 32]:
+        assert messages.has_digest(digest) == (digest in present)
+
+
 def test_past_the_end_is_an_index_error_as_in_a_list():
     messages = MessageList([MessageInfo(_hex("l"), _hex("d"), "user", "2026-11-26T05:00:00", 12, 0)])
     for index in (1, -2):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from nanobotd import tokens
 from nanobotd.sessions import file as sessionfile
-from nanobotd.sessions.scan import TOKEN_BATCH, parse_session, read_line
+from nanobotd.sessions.scan import SEARCHED_LOOKUPS, TOKEN_BATCH, parse_session, read_line
 from tests.sessions.test_file import LINES
 from tests.support.workspace import conversation, make_workspace, write_session
 from tests.test_tokens import failing_encoding
@@ -70,6 +70,19 @@ def test_a_duplicate_of_an_earlier_message_falls_back_so_digests_stay_unique(tmp
     before, after, full = full_then_append(tmp_path, messages, messages + [messages[0]])
     assert not after.fast
     assert len({info.digest for info in after.messages}) == 7 and after.messages == full.messages
+
+
+@pytest.mark.parametrize("new", [3, SEARCHED_LOOKUPS + 40])
+def test_a_duplicate_after_many_new_messages_is_still_found(tmp_path, new):
+    """Known digests are searched in their column up to SEARCHED_LOOKUPS lookups, then put in a set: a copy
+    of an earlier message is noticed either way."""
+    messages = conversation(30)
+    fresh = conversation(new, tag="n")
+    before, after, full = full_then_append(tmp_path, messages, messages + fresh + [messages[7]])
+    assert not after.fast
+    assert len({info.digest for info in after.messages}) == 30 + new + 1 and after.messages == full.messages
+    before, after, full = full_then_append(tmp_path / "unique", messages, messages + fresh)
+    assert after.fast and after.messages == full.messages
 
 
 def test_a_file_without_a_final_newline_has_no_fast_path_state(tmp_path):
