@@ -15,6 +15,7 @@ from dataclasses import dataclass
 DIGEST_BYTES = 16  # blake2b digest_size of every message and line digest (file.line_digest, file.message_digest)
 _HEX = DIGEST_BYTES * 2
 _NO_DIGEST = bytes(DIGEST_BYTES)
+ROWS_BLOCK = 4096  # messages whose columns are turned into strings at once when many are read in a row
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +125,8 @@ class MessageList:
                            self.timestamp(index), self._tokens[index], self._flags[index])
 
     def __iter__(self) -> Iterator[MessageInfo]:
-        for index in range(len(self)):
-            yield self[index]
+        for row in self.rows():
+            yield MessageInfo(*row)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, (MessageList, list, tuple)):
@@ -174,8 +175,46 @@ class MessageList:
 
     def digests(self, start: int = 0, stop: int | None = None) -> Iterator[str]:
         """The digests of messages *start* to *stop*, without making their MessageInfos."""
-        for index in range(*slice(start, stop).indices(len(self))):
-            yield self.digest(index)
+        return self._column(1, self._digests, start, stop)
+
+    def line_digests(self) -> Iterator[str]:
+        """The line digests of every message, without making their MessageInfos."""
+        return self._column(0, self._line_digests, 0, None)
+
+    def _column(self, number: int, data: bytearray, start: int, stop: int | None) -> Iterator[str]:
+        start, stop, _ = slice(start, stop).indices(len(self))
+        for first in range(start, stop, ROWS_BLOCK):
+            last = min(first + ROWS_BLOCK, stop)
+            column = data[first * DIGEST_BYTES:last * DIGEST_BYTES].hex()
+            for index in range(first, last):
+                at = (index - first) * _HEX
+                yield self._odd.get((number, index), column[at:at + _HEX]) if self._odd else column[at:at + _HEX]
+
+    def rows(self, start: int = 0) -> Iterator[tuple[str, str, str, str, int, int]]:
+        """The fields of the messages from *start* on, in MessageInfo's order, made a block of columns at a
+        time (a first scan writes a row for every message)."""
+        for first in range(max(0, start), len(self), ROWS_BLOCK):
+            yield from self._block(first, min(first + ROWS_BLOCK, len(self)))
+
+    def _block(self, first: int, last: int) -> Iterator[tuple[str, str, str, str, int, int]]:
+        lines = self._line_digests[first * DIGEST_BYTES:last * DIGEST_BYTES].hex()
+        digests = self._digests[first * DIGEST_BYTES:last * DIGEST_BYTES].hex()
+        base = self._stamp_ends[first - 1] if first else 0
+        stamps = self._stamps[base:self._stamp_ends[last - 1]]
+        text = stamps.decode("utf-8", "surrogatepass")
+        ascii_only = len(text) == len(stamps)  # then byte offsets are character offsets
+        names, roles, ends, tokens, flags, odd = (self._role_names, self._roles, self._stamp_ends, self._tokens,
+                                                  self._flags, self._odd)
+        start = 0
+        for index in range(first, last):
+            end = ends[index] - base
+            stamp = text[start:end] if ascii_only else stamps[start:end].decode("utf-8", "surrogatepass")
+            at = (index - first) * _HEX
+            line, digest = lines[at:at + _HEX], digests[at:at + _HEX]
+            if odd:
+                line, digest = odd.get((0, index), line), odd.get((1, index), digest)
+            yield line, digest, names[roles[index]], stamp, tokens[index], flags[index]
+            start = end
 
     def total_tokens(self, start: int = 0, stop: int | None = None) -> int:
         """The tokens of messages *start* to *stop*."""

@@ -201,22 +201,28 @@ class _Reading:
     fast_ok: bool = True
     large: int = 0
     lines: MessageLines = field(default_factory=MessageLines)
-    cache: dict[str, list[MessageInfo]] = field(default_factory=dict)
-    line_copies: dict[str, int] = field(default_factory=dict)
+    cached: MessageList | None = None  # the previous scan's messages, whose parse a line reuses
+    cache: dict[str, int | deque[int]] = field(default_factory=dict)  # line digest -> its parse(s) in cached
     encoding: str = ""
     uncounted: list[_Uncounted] = field(default_factory=list)  # the next batch to count
     counting: deque[tuple[list[_Uncounted], PendingCounts]] = field(default_factory=deque)
 
     def reuse(self, line: sessionfile.RawLine) -> bool:
         """Take the cached parse of *line* when there is one; a line may repeat (same bytes twice), so
-        its k-th copy in the file reuses the k-th cached parse."""
-        if not self.cache:  # a first scan: nothing to reuse, nothing to number
+        its k-th copy in the file reuses the k-th cached parse (each parse is taken out of the cache once)."""
+        if not self.cache:  # a first scan, or every cached parse taken: nothing to reuse
             return False
-        copy = self.line_copies.get(line.line_digest, 0)
-        self.line_copies[line.line_digest] = copy + 1
-        infos = self.cache.get(line.line_digest, ())
-        info = infos[copy] if copy < len(infos) else None
-        if info is None or info.digest in self.taken:
+        entry = self.cache.pop(line.line_digest, None)
+        if entry is None:
+            return False
+        if isinstance(entry, deque):
+            index = entry.popleft()
+            if entry:
+                self.cache[line.line_digest] = entry
+        else:
+            index = entry
+        info = self.cached[index]
+        if info.digest in self.taken:
             return False
         self.taken.add(info.digest)
         self.messages.append(info)
@@ -260,8 +266,13 @@ class _Reading:
 
 def _parse_all(path: Path, handle: BinaryIO, encoding: str, cached: Sequence[MessageInfo]) -> ParseResult:
     reading = _Reading(sessionfile.SessionHeader(), MessageList(), _Taken(), encoding=encoding)
-    for info in cached:
-        reading.cache.setdefault(info.line_digest, []).append(info)
+    reading.cached = cached if isinstance(cached, MessageList) else MessageList(cached)
+    for index, line_digest in enumerate(reading.cached.line_digests()):
+        known = reading.cache.setdefault(line_digest, index)
+        if known != index:  # a line repeated: its parses in file order
+            if not isinstance(known, deque):
+                reading.cache[line_digest] = known = deque((known,))
+            known.append(index)
     _read_lines(path, handle, reading)
     tail = None
     if reading.fast_ok and reading.terminated:

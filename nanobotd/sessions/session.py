@@ -167,8 +167,7 @@ def store_message_cache(db, session_id: int, old: MessageList, new: MessageList,
     db.executemany(
         "INSERT OR REPLACE INTO messages (session_id, seq, line_digest, digest, role, timestamp, tokens, flags)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        ((session_id, seq, info.line_digest, info.digest, info.role, info.timestamp, info.tokens, info.flags)
-         for seq in range(prefix, len(new)) for info in (new[seq],)))  # rows made as written
+        ((session_id, seq, *fields) for seq, fields in enumerate(new.rows(prefix), start=prefix)))  # made as written
 
 
 # the spool rows of a session (?) with no message in its message cache: their messages left the file

@@ -8,7 +8,7 @@ import sys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanobotd.sessions.messages import MessageInfo, MessageList
+from nanobotd.sessions.messages import ROWS_BLOCK, MessageInfo, MessageList
 
 
 def _hex(text: str) -> str:
@@ -71,6 +71,21 @@ def test_has_digest_answers_as_a_set_of_the_digests_would(items, others):
     present = {info.digest for info in items}
     for digest in [info.digest for info in items] + [info.line_digest for info in items] + others + ["0" * 32]:
         assert messages.has_digest(digest) == (digest in present)
+
+
+def test_rows_and_digests_across_blocks_read_back_every_field():
+    count = 2 * ROWS_BLOCK + 5
+    items = [MessageInfo(_hex(f"l{n}") if n % 997 else "odd line", _hex(f"d{n}") if n % 1009 else f"odd {n}",
+                         "user" if n % 3 else "tool",
+                         f"2026-11-26T05:00:{n % 60:02d}" + ("é\ud800" if n % 4099 == 7 else ""), n, n % 4)
+             for n in range(count)]
+    messages = MessageList(items)
+    assert list(messages) == items
+    assert list(messages.line_digests()) == [info.line_digest for info in items]
+    for start in (0, 1, ROWS_BLOCK - 1, ROWS_BLOCK, ROWS_BLOCK + 7, count - 1, count, count + 3):
+        assert [MessageInfo(*row) for row in messages.rows(start)] == items[start:]
+        assert list(messages.digests(start, start + ROWS_BLOCK + 2)) == \
+            [info.digest for info in items[start:start + ROWS_BLOCK + 2]]
 
 
 def test_past_the_end_is_an_index_error_as_in_a_list():
