@@ -2,7 +2,7 @@
 
 A session's message cache lives as long as the session is in use, one entry per message in the file. As
 MessageInfo objects it cost ~340 bytes a message (the object, two 32-character hex digests, a timestamp
-string, an int): 34 MB for a 100k-message session. In columns it costs ~70: digests as their 16 bytes,
+string, an int): 34 MB for a 100k-message session. In columns it costs ~80: digests as their 16 bytes,
 timestamps as UTF-8 in one buffer, tokens and flags in arrays. A MessageInfo is made when one is read.
 """
 
@@ -36,7 +36,7 @@ class MessageInfo:
 
 
 class MessageList:
-    """A session file's MessageInfos, in file order, a few dozen bytes each (a Sequence of MessageInfo).
+    """A session file's MessageInfos, in file order, ~80 bytes each (a Sequence of MessageInfo).
 
     A digest that is not 32 lower-case hex digits (none the scan makes) is kept as a string beside the columns.
     """

@@ -99,7 +99,7 @@ def test_past_the_end_is_an_index_error_as_in_a_list():
 
 
 def test_a_long_session_costs_a_fraction_of_its_message_infos():
-    """~70 bytes a message in columns, against ~340 as MessageInfo objects (their strings included)."""
+    """~80 bytes a message in columns, against ~340 as MessageInfo objects (their strings included)."""
     items = [MessageInfo(_hex(f"line {n}"), _hex(f"message {n}"), sys.intern("user"),
                          f"2026-11-26T05:{n % 60:02d}:00.{n:06d}", 300 + n % 1000, 0) for n in range(10_000)]
     as_objects = sum(sys.getsizeof(info) + sys.getsizeof(info.line_digest) + sys.getsizeof(info.digest)
