@@ -189,16 +189,16 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
         same_bytes = appended  # the file still starts with the bytes read last time (where held lines are)
         appended = appended and session.messages is not None and session.agent_archived == agent_archived
         spooled = self._spool_map(session)
-        fresh = messages[len(old):] if appended else messages
+        first_fresh = len(old) if appended else 0  # the messages from here on are new to this scan's accounting
         if appended:  # nothing left the file; a message that had may be back
             gone = self._gone(session)
-            gone = gone - set(fresh.digests()) if gone else set()
+            gone = gone - set(messages.digests(first_fresh)) if gone else set()
         else:
             current = set(messages.digests())
             gone = {digest for digest in spooled if digest not in current}
             del current
         below = set(messages.digests(0, agent_archived)) if agent_archived and spooled else set()
-        to_spool = self._spool_rows(session, fresh, len(messages) - len(fresh), parsed, agent_archived)
+        to_spool = self._spool_rows(session, first_fresh, parsed, agent_archived)
         hold = self._plan_hold(session, parsed, handle, fast=same_bytes,
                                fingerprint=fingerprint,
                                tail_start=session.tail.start if same_bytes and session.tail else None,
@@ -211,7 +211,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
         session.agent_marked = header.marked
         self._write_spool(session, parsed, to_spool, agent_done, old, known_prefix=len(old) if appended else 0,
                           handle=handle, hold=hold)
-        session.total_tokens = (session.total_tokens if appended else 0) + fresh.total_tokens()
+        session.total_tokens = (session.total_tokens if appended else 0) + messages.total_tokens(first_fresh)
         session.messages = messages
         session.gone = gone
         session.state = "active"
@@ -227,15 +227,16 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
             self._recount(session)
         return vanished
 
-    def _spool_rows(self, session: SessionState, fresh: MessageList, first_index: int,
-                    parsed: ParseResult, agent_archived: int) -> list[int]:
-        """The message numbers to spool: the *fresh* conversation messages parsed in this scan that neither
-        the agent nor nanobotd archived (their rows are made, and their records read, as they are written)."""
+    def _spool_rows(self, session: SessionState, first_fresh: int, parsed: ParseResult,
+                    agent_archived: int) -> list[int]:
+        """The message numbers to spool: the conversation messages from *first_fresh* on parsed in this scan
+        that neither the agent nor nanobotd archived (their rows are made, and their records read, as they are
+        written)."""
         spooled = self._spool_map(session)
         if session.skipped:
             return []
         messages = parsed.messages
-        wanted = [index for index in range(max(first_index, agent_archived), first_index + len(fresh))
+        wanted = [index for index in range(max(first_fresh, agent_archived), len(messages))
                   if not (messages.flags(index) or messages.digest(index) in spooled)
                   and parsed.lines.kind(index) == LINE_NEW]
         archived = self._archived_among(session, [messages.digest(index) for index in wanted])
@@ -269,7 +270,6 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
             spooled[messages.digest(index)] = messages.tokens(index)
         for digest in agent_done:
             spooled.pop(digest, None)
-
 
     def _count_overlap(self, session: SessionState, agent_archived: list[str]) -> None:
         """Messages under the agent's mark (*agent_archived*, their digests) that nanobotd archived too: counted
@@ -391,7 +391,6 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
             if session.gone is None:
                 session.gone = set(vanished_digests(self.store, session.session_id))
             return session.gone
-
 
     def set_cycle(self, key: str, *, flushed: bool = False, next_cycle: bool = False) -> None:
         """Flush once per compaction cycle: remember the cycle flushed, or start a new cycle."""
