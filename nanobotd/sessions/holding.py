@@ -25,8 +25,18 @@ from loguru import logger
 
 from nanobotd.sessions import spool as spooldb
 from nanobotd.sessions.hold import LinkUnsupported
-from nanobotd.sessions.scan import LineRef, ParseResult, read_line
+from nanobotd.sessions.scan import LINE_KNOWN, LINE_NEW, LineFinder, LineRef, ParseResult, read_line
 from nanobotd.sessions.session import SessionState, save_hold
+
+
+@dataclass
+class HeldCarry:
+    """How the held rows follow the file into the version just held (see SpoolHolding._carry_held)."""
+
+    where: LineFinder  # the lines the scan parsed, by digest
+    handle: BinaryIO  # the new version, to check a known line where the fast path says it is
+    shift: int  # the held rows' shift in the old version
+    delta: int | None  # the fast path: how far the known bytes moved (None: a full parse)
 
 
 @dataclass
@@ -37,10 +47,10 @@ class HoldPlan:
     generation: int  # the session's held version after the scan (0: none)
     links: bool  # that version is a hard link of the file
     held_of: tuple[int, int, int] | None = None  # the fingerprint of the version held, when known
-    copies: list[tuple[str, str]] = field(default_factory=list)  # held rows that become copies: (digest, text)
     moves: list[tuple[str, LineRef]] = field(default_factory=list)  # held rows pointing at the new version
     lost: list[str] = field(default_factory=list)  # held rows whose line is nowhere any more
     drop: int = 0  # the generation to unlink once the transaction committed
+    carry: HeldCarry | None = None  # the held rows follow the file in the transaction, a batch at a time
 
 
 class SpoolHolding:
@@ -76,20 +86,8 @@ class SpoolHolding:
             return plan
         if not held:  # nothing held before: only the new rows, held in the version just made
             return plan
-        rows = spooldb.held_rows(self.store, session.session_id)
-        where = parsed.new_records if fast else parsed.all_records()
         delta = parsed.region_start - tail_start if fast and tail_start is not None else None
-        gone = []
-        for digest, line in rows:
-            ref = where.get(digest)
-            if ref is None and delta is not None:  # a known line: where the known bytes are now, if it is there
-                ref = LineRef(line.start + shift + delta, line.end + shift + delta, line.line_digest)
-                ref = ref if read_line(handle, ref) is not None else None
-            if ref is not None:
-                plan.moves.append((digest, ref))
-            else:
-                gone.append((digest, line))
-        self._copy_out(session, gone, plan)
+        plan.carry = HeldCarry(parsed.finder((LINE_NEW,) if fast else (LINE_NEW, LINE_KNOWN)), handle, shift, delta)
         return plan
 
     def _hold_version(self, session: SessionState, handle: BinaryIO, generation: int, link: bool) -> bool | None:
@@ -128,24 +126,48 @@ class SpoolHolding:
                          session.key, len(plan.lost))
         return plan
 
-    def _copy_out(self, session: SessionState, rows: list[tuple[str, LineRef]], plan: HoldPlan) -> None:
-        """Copy *rows* out of the session's current held version into *plan* (lost when unreadable)."""
-        if not rows:
-            return
-        texts = self.holds.read(session.session_id, session.hold_generation, session.hold_shift,
-                                [line for _, line in rows])
-        for (digest, _), text in zip(rows, texts, strict=True):
-            if text is None:
-                plan.lost.append(digest)
-            else:
-                plan.copies.append((digest, text))
+    def _carry_held(self, db: sqlite3.Connection, session: SessionState, plan: HoldPlan) -> None:
+        """Inside the scan's transaction, a batch of held rows at a time: each row still in the file points at its
+        line in the version just held; each one that left the file is copied out of the old version into the
+        spool (lost when its line is unreadable there too)."""
+        carry = plan.carry
+        for rows in spooldb.held_row_batches(db, session.session_id):
+            moves, gone = [], []
+            for digest, line in rows:
+                ref = carry.where.get(digest)
+                if ref is None and carry.delta is not None:  # a known line: where the known bytes are now, if there
+                    moved = carry.shift + carry.delta
+                    ref = LineRef(line.start + moved, line.end + moved, line.line_digest)
+                    ref = ref if read_line(carry.handle, ref) is not None else None
+                if ref is not None:
+                    moves.append((digest, ref))
+                else:
+                    gone.append((digest, line))
+            spooldb.move_held(db, session.session_id, moves)
+            spooldb.copy_held(db, session.session_id, self._copy_out(session, gone, plan.lost))
         if plan.lost:
             logger.error("session {}: {} unarchived message(s) left the file and their held lines are gone;"
                          " they cannot be archived", session.key, len(plan.lost))
 
+    def _copy_out(self, session: SessionState, rows: list[tuple[str, LineRef]],
+                  lost: list[str]) -> list[tuple[str, str]]:
+        """(digest, text) of *rows*, read from the session's current held version; an unreadable one is *lost*."""
+        if not rows:
+            return []
+        texts = self.holds.read(session.session_id, session.hold_generation, session.hold_shift,
+                                [line for _, line in rows])
+        copies = []
+        for (digest, _), text in zip(rows, texts, strict=True):
+            if text is None:
+                lost.append(digest)
+            else:
+                copies.append((digest, text))
+        return copies
+
     def _apply_hold(self, db: sqlite3.Connection, session: SessionState, plan: HoldPlan) -> None:
         """Inside the scan's transaction: the held rows moved, copied or dropped, the session's held version."""
-        spooldb.copy_held(db, session.session_id, plan.copies)
+        if plan.carry is not None:
+            self._carry_held(db, session, plan)
         spooldb.move_held(db, session.session_id, plan.moves)
         db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
                        [(session.session_id, digest) for digest in plan.lost])

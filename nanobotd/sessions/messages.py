@@ -18,6 +18,12 @@ _NO_DIGEST = bytes(DIGEST_BYTES)
 ROWS_BLOCK = 4096  # messages whose columns are turned into strings at once when many are read in a row
 
 
+def digest_key(digest: str) -> bytes | str:
+    """*digest* as a compact dict key: its 16 bytes (a digest the columns cannot hold stays a string)."""
+    packed = MessageList._packed_only(digest)
+    return digest if packed is None else packed
+
+
 @dataclass(frozen=True, slots=True)
 class MessageInfo:
     """What the tracker remembers of one message line (never its content)."""
@@ -158,6 +164,14 @@ class MessageList:
     def flags(self, index: int) -> int:
         """Message *index*'s flags (0: it counts)."""
         return self._flags[index]
+
+    def digest_key(self, index: int) -> bytes | str:
+        """Message *index*'s digest as digest_key() makes it, without making its hex string."""
+        if self._odd:
+            odd = self._odd.get((1, index))
+            if odd is not None:
+                return odd
+        return bytes(self._digests[index * DIGEST_BYTES:(index + 1) * DIGEST_BYTES])
 
     def has_digest(self, digest: str) -> bool:
         """A message has *digest* (a search of the digest column: no string is made per message)."""

@@ -12,7 +12,7 @@ import hashlib
 import sys
 from array import array
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, BinaryIO, NamedTuple
@@ -21,7 +21,7 @@ from loguru import logger
 
 from nanobotd import fsio
 from nanobotd.sessions import file as sessionfile
-from nanobotd.sessions.messages import MessageInfo, MessageList
+from nanobotd.sessions.messages import MessageInfo, MessageList, digest_key
 from nanobotd.tokens import PendingCounts, count_tokens_batch, submit_tokens_batch
 
 FLAG_COMMAND = 1
@@ -103,24 +103,45 @@ class ParseResult:
     @property
     def new_records(self) -> dict[str, LineRef]:
         """The new counted messages' lines, by digest (built on demand)."""
-        return self._records((LINE_NEW,))
+        return dict(self.finder((LINE_NEW,)).items())
 
     @property
     def known_records(self) -> dict[str, LineRef]:
         """A full parse: the lines of the counted messages whose parse was reused, by digest (built on demand)."""
-        return self._records((LINE_KNOWN,))
+        return dict(self.finder((LINE_KNOWN,)).items())
 
     def all_records(self) -> dict[str, LineRef]:
         """Every counted message's line this parse knows, by digest (built on demand)."""
-        return self._records((LINE_NEW, LINE_KNOWN))
+        return dict(self.finder().items())
 
-    def _records(self, kinds: tuple[int, ...]) -> dict[str, LineRef]:
-        lines, messages, records = self.lines, self.messages, {}
-        for at, kind in enumerate(lines.kinds):
-            if kind in kinds:
-                index = lines.first + at
-                records[messages.digest(index)] = lines.ref(index, messages.line_digest(index))
-        return records
+    def finder(self, kinds: tuple[int, ...] = (LINE_NEW, LINE_KNOWN)) -> LineFinder:
+        """The lines of the counted messages of *kinds*, found by digest."""
+        return LineFinder(self, kinds)
+
+
+class LineFinder:
+    """Where a parse found its counted messages' lines, looked up by digest: their 16-byte digests map to their
+    message numbers (~120 bytes a message, where a dict of LineRef by hex digest costs ~300: a full re-parse
+    of a long session looks up every held row), and a LineRef is made when one is found."""
+
+    def __init__(self, parsed: ParseResult, kinds: tuple[int, ...]) -> None:
+        self._lines, self._messages = parsed.lines, parsed.messages
+        first, messages = parsed.lines.first, parsed.messages
+        self._numbers = {messages.digest_key(first + at): first + at
+                         for at, kind in enumerate(parsed.lines.kinds) if kind in kinds}
+
+    def __len__(self) -> int:
+        return len(self._numbers)
+
+    def get(self, digest: str) -> LineRef | None:
+        """The line of the message with *digest*, None when the parse has no such counted message."""
+        index = self._numbers.get(digest_key(digest))
+        return None if index is None else self._lines.ref(index, self._messages.line_digest(index))
+
+    def items(self) -> Iterator[tuple[str, LineRef]]:
+        """(digest, line) of every message found, in file order."""
+        for index in self._numbers.values():
+            yield self._messages.digest(index), self._lines.ref(index, self._messages.line_digest(index))
 
 
 def parse_session(path: Path, encoding: str, *, cached: Sequence[MessageInfo] | None = None,

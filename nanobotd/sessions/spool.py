@@ -68,6 +68,18 @@ def held_rows(store: StateStore, session_id: int, *, limit: int = -1) -> list[tu
     return [(digest, LineRef(start, end, line)) for digest, start, end, line in rows]
 
 
+def held_row_batches(db: sqlite3.Connection, session_id: int, size: int = BATCH) -> Iterator[list[tuple[str, LineRef]]]:
+    """(digest, held line) of the session's held rows, *size* at a time in sequence order, read in the caller's
+    transaction: each batch may be moved or copied before the next is read (each query starts after the last
+    row read), so a long session's held rows are never all in memory."""
+    after = -(1 << 62)
+    while rows := db.execute("SELECT seq, digest, line_start, line_end, line_digest FROM spool WHERE session_id=?"
+                             " AND seq>? AND record=? AND line_digest IS NOT NULL ORDER BY seq LIMIT ?",
+                             (session_id, after, HELD, size)).fetchall():
+        after = rows[-1][0]
+        yield [(digest, LineRef(start, end, line)) for _, digest, start, end, line in rows]
+
+
 def copy_held(db: sqlite3.Connection, session_id: int, copies: list[tuple[str, str]]) -> None:
     """Held rows become copies: (digest, record text)."""
     db.executemany("UPDATE spool SET record=?, line_start=NULL, line_end=NULL, line_digest=NULL"

@@ -6,10 +6,12 @@ import errno
 import json
 import os
 import random
+import tracemalloc
 
 import pytest
 from loguru import logger
 
+from nanobotd.sessions import spool as spooldb
 from nanobotd.sessions.tracker import SessionTracker
 from nanobotd.state.store import StateStore
 from tests.support.workspace import conversation, make_workspace, write_session
@@ -254,3 +256,46 @@ def test_a_private_copy_goes_once_no_row_is_held_in_it_and_a_link_to_the_live_fi
     os.unlink(path)  # the file is deleted: a link to it would keep its bytes for nothing
     tracker.scan(path)
     assert held_files(store) == []
+
+
+def test_the_held_rows_of_a_long_session_follow_a_full_rewrite_batch_by_batch(tmp_path):
+    """More held rows than a batch (spool.BATCH): a checkpoint inserted mid-file moves every held row, and the
+    first messages leaving the file are copied out, across the batch boundaries."""
+    _, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    messages = conversation(2 * spooldb.BATCH + 500, words=4)
+    tracker.scan(write_session(sessions, KEY, messages[:10]))
+    tracker.scan(write_session(sessions, KEY, messages))  # a rename: held by a link from now on
+    checkpoint = {"role": "assistant", "content": "CHECKPOINT summary", "timestamp": "2026-11-02T00:00:00",
+                  "_hidden_history": True}
+    kept = messages[spooldb.BATCH + 200:]
+    path = write_session(sessions, KEY, kept[:300] + [checkpoint] + kept[300:])
+    result = tracker.scan(path)
+    assert not tracker.sessions[KEY].hold_links or result.vanished == spooldb.BATCH + 200
+    copied = store.query("SELECT count(*) FROM spool WHERE record != ''")[0][0]
+    held = store.query("SELECT count(*) FROM spool WHERE record = '' AND line_digest IS NOT NULL")[0][0]
+    assert (copied, held) == (spooldb.BATCH + 200, len(kept))
+    assert spooled_texts(tracker) == by_marker(messages)
+    assert tracker.sessions[KEY].unarchived_messages == len(kept)
+
+
+def test_a_full_rewrite_of_a_long_session_never_holds_all_its_held_rows_in_memory(tmp_path):
+    """The memory a rewrite that is not an append takes grows slowly with the session: the held rows follow the
+    file a batch at a time (they once were read all at once, with a dict of every line: ~830 bytes a message)."""
+    _, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    messages = conversation(5_000, words=4)
+    tracker.scan(write_session(sessions, KEY, messages[:10]))
+    tracker.scan(write_session(sessions, KEY, messages))
+    checkpoint = {"role": "assistant", "content": "CHECKPOINT summary", "timestamp": "2026-11-02T00:00:00",
+                  "_hidden_history": True}
+    path = write_session(sessions, KEY, messages[:2_500] + [checkpoint] + messages[2_500:])
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracker.scan(path)
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert peak / len(messages) < 600, f"{peak / len(messages):.0f} bytes a message"
+    assert spooled_texts(tracker) == by_marker(messages)
