@@ -5,7 +5,7 @@
 #
 # Benchmarks (LIST is a comma-separated choice of these; default all):
 #   consolidate  scripts/bench_consolidate.py: offline consolidation of one big session (and, where the tree's
-#                script has it, the same through a real daemon)
+#                script has them, the same through a real daemon, and saves of it that are not appends)
 #   burst        scripts/bench_burst.py --runs 1: sessions crossing the budget at once against the fake LLM
 #   search       scripts/bench_search.py: builtin search latency at 100k history entries / 1,000 sessions
 #   tracker      scripts/bench_tracker.py: idle cost, change latency, incremental scans, reconcile and cold
@@ -147,8 +147,11 @@ for number in $(seq 1 "$runs"); do
     for bench in ${only//,/ }; do
         case "$bench" in
             consolidate)
-                # the offline part always; a tree whose script has parts (--only) also runs the daemon part
-                if grep -q -- '"--only"' "$tree/scripts/bench_consolidate.py"; then
+                # the offline part always; a tree whose script has parts (--only) also runs the daemon part,
+                # and the rewrite part where it has one
+                if grep -q -- '"rewrite"' "$tree/scripts/bench_consolidate.py"; then
+                    parts=(--only offline,daemon,rewrite)
+                elif grep -q -- '"--only"' "$tree/scripts/bench_consolidate.py"; then
                     parts=(--only offline,daemon)
                 else
                     parts=()

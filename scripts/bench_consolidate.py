@@ -11,6 +11,10 @@
    through its first scan, then `nanobotctl consolidate KEY` (the real command, waiting for its run) again
    until the daemon reports nothing unarchived. Prints messages/s from the start and from the first
    consolidate, the daemon's peak RSS (VmHWM), and checks every marker reached history.jsonl exactly once.
+3. A session of that size through a real daemon (default settings), saved by the agent in ways that are not
+   appends: a checkpoint inserted mid-file (every held row moves to the new version), then /new (every row is
+   copied out of the held version, and the rescue archives them). Prints the daemon's peak RSS (VmHWM) after
+   each scan and after the rescue.
 
     scripts/bench_consolidate.py [--quick] [--only PARTS] [--json FILE]
 """
@@ -47,7 +51,7 @@ MARKER = re.compile(r"\bMSG-c(\d+)-(\d+)\b")
 DAEMON_CONSOLIDATE_ROUNDS = 20
 STOP_SECONDS = 300.0
 DRAIN_TIMEOUT_SECONDS = 900.0
-PARTS = ("offline", "daemon")
+PARTS = ("offline", "daemon", "rewrite")
 
 
 @dataclass(frozen=True)
@@ -146,11 +150,11 @@ def bench_offline(sizes: Sizes, root: Path) -> dict:
     return figures
 
 
-# -- 3: the offline session through a real daemon ------------------------------------------------------
+# -- 2: the offline session through a real daemon ------------------------------------------------------
 def bench_daemon_consolidate(sizes: Sizes, root: Path) -> dict:
     """A real daemon (offline, owner) starts on one big session; `nanobotctl consolidate` until none is left."""
     count = sizes.offline_messages
-    print(f"\n3. One {count}-message session through a real daemon (offline, owner):"
+    print(f"\n2. One {count}-message session through a real daemon (offline, owner):"
           " start, first scan, `nanobotctl consolidate` until nothing is unarchived")
     workspace, sessions = make_workspace(root / "daemon")
     key = "telegram:434343"
@@ -207,6 +211,61 @@ def bench_daemon_consolidate(sizes: Sizes, root: Path) -> dict:
     return figures
 
 
+# -- 3: saves that are not appends, through a real daemon ----------------------------------------------
+def bench_daemon_rewrite(sizes: Sizes, root: Path) -> dict:
+    """A real daemon holds one long session's unarchived messages; the agent then saves it with a checkpoint
+    inserted mid-file (every held row moves to the new version of the file), then clears it (/new: every row is
+    copied out of the held version, and the rescue archives them). The daemon's peak RSS after each."""
+    count = sizes.offline_messages
+    print(f"\n3. One {count}-message session through a real daemon, saved by the agent in ways that are not"
+          " appends: a checkpoint inserted mid-file, then /new")
+    workspace, sessions = make_workspace(root / "rewrite")
+    key = "telegram:454545"
+    conversation = nanobot_conversation(count, tag="c1")
+    path = write_session(sessions, key, conversation)
+    daemon = BenchDaemon(root / "rewrite-run", workspace, sessions)
+    started = time.monotonic()
+    daemon.start(wait=False)
+    try:
+        daemon.wait_reconciled(1, started)
+        figures = {"messages": count, "file_mb": round(path.stat().st_size / 1e6, 1),
+                   "vm_rss_after_scan_mb": round(memory_mb(daemon.proc.pid)["VmRSS"], 1)}
+        checkpoint = {"role": "assistant", "content": "Checkpoint: the conversation so far, summarised.",
+                      "timestamp": "2026-11-01T12:00:00", "_hidden_history": True}
+        write_session(sessions, key, conversation[:count // 2] + [checkpoint] + conversation[count // 2:])
+        figures["checkpoint_seconds"] = round(_wait_messages(daemon, key, count + 1), 2)
+        figures["checkpoint_vm_hwm_mb"] = round(memory_mb(daemon.proc.pid)["VmHWM"], 1)
+        write_session(sessions, key, [])
+        figures["new_seconds"] = round(_wait_messages(daemon, key, 0), 2)
+        figures["new_vm_hwm_mb"] = round(memory_mb(daemon.proc.pid)["VmHWM"], 1)
+        daemon.wait_settled(1, timeout=DRAIN_TIMEOUT_SECONDS)
+        figures["rescued_vm_hwm_mb"] = round(memory_mb(daemon.proc.pid)["VmHWM"], 1)
+        figures["unarchived_after"] = _unarchived(daemon, key)
+    finally:
+        _stop(daemon)
+    figures["vm_hwm_mb"] = max(figures["checkpoint_vm_hwm_mb"], figures["new_vm_hwm_mb"])
+    print(f"   session file {figures['file_mb']} MB;"
+          f" VmRSS after the first scan {figures['vm_rss_after_scan_mb']:.1f} MB")
+    print(f"   checkpoint inserted mid-file: scanned after {figures['checkpoint_seconds']:.1f} s,"
+          f" peak RSS (VmHWM) {figures['checkpoint_vm_hwm_mb']:.1f} MB")
+    print(f"   /new: scanned after {figures['new_seconds']:.1f} s, peak RSS {figures['new_vm_hwm_mb']:.1f} MB;"
+          f" once the rescue archived them {figures['rescued_vm_hwm_mb']:.1f} MB,"
+          f" {figures['unarchived_after']} left unarchived")
+    return figures
+
+
+def _wait_messages(daemon: BenchDaemon, key: str, messages: int) -> float:
+    """Seconds until the daemon shows the session with *messages* messages (its save scanned)."""
+    started = time.monotonic()
+    while time.monotonic() - started < DRAIN_TIMEOUT_SECONDS:
+        daemon.check_alive()
+        rows = (daemon.poll("/v1/sessions") or {}).get("sessions", [])
+        if any(row["key"] == key and row["messages"] == messages for row in rows):
+            return time.monotonic() - started
+        time.sleep(0.05)
+    raise RuntimeError(f"the daemon never showed {key} with {messages} messages:\n{daemon.log()[-3000:]}")
+
+
 def _stop(daemon: BenchDaemon) -> None:
     """SIGTERM, waiting out the index refresh of the history just written; SIGKILL past STOP_SECONDS."""
     try:
@@ -243,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
             figures["offline"] = bench_offline(sizes, root)
         if "daemon" in parts:
             figures["daemon"] = bench_daemon_consolidate(sizes, root)
+        if "rewrite" in parts:
+            figures["rewrite"] = bench_daemon_rewrite(sizes, root)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
         print(f"\nfigures written to {args.json}")
