@@ -8,7 +8,8 @@ transaction) where the held rows will be after it, holding the new version of th
 - a new version whose known bytes are unchanged (the fast path, nanobot's ordinary save): the held rows keep
   their offsets and the session's shift follows the new metadata line's length;
 - otherwise each held row still in the file points at its line in the new version, and each one that left
-  the file is copied out of the old version into the spool first.
+  the file is copied out of the old version into the spool first: inside the scan's transaction, a batch of
+  rows at a time (a long session's held rows are never all in memory).
 
 A file seen replaced by a rename is held by hard links from then on; the file itself rewritten in place
 under a link (the held lines changed) is held by private copies again, and the lines it took are reported.
