@@ -88,7 +88,7 @@ def settle(core: Core, workspace: Workspace, key: str) -> None:
         return
     poll_agent_history(core, workspace)
     entries = archive.unclaimed.pop(key, [])
-    vanished = [message for _, message, _ in workspace.tracker.pending(key, vanished_only=True)]
+    vanished = workspace.tracker.vanished(key)  # digests: a /new of a long session cuts every message
     if entries or not vanished:
         archive.waiting.pop(key, None)
         _agent_archived(core, workspace, key, entries, vanished)
@@ -100,20 +100,26 @@ def settle(core: Core, workspace: Workspace, key: str) -> None:
         return
     archive.waiting.pop(key, None)
     run_id = runs.submit(core, workspace, "consolidate", session_key=key, reason="rescue", vanished_only=True)
-    archive.rescued[key] = (core.clock(), [message.digest for message in vanished])
+    archive.rescued[key] = (core.clock(), vanished)
     logger.info("workspace {}: no archive entry of the agent for {} within {:g}s; {} message(s) rescued by run {}",
                 workspace.name, key, grace, len(vanished), run_id)
 
 
-def _agent_archived(core: Core, workspace: Workspace, key: str, entries: list[HistoryEntry], vanished: list) -> None:
-    """The agent archived the cut messages; only what its cut [RAW] entry dropped is archived by nanobotd."""
+def _agent_archived(core: Core, workspace: Workspace, key: str, entries: list[HistoryEntry],
+                    vanished: list[str]) -> None:
+    """The agent archived the cut messages (*vanished*, their digests in order); only what its cut [RAW] entry
+    dropped is archived by nanobotd (the messages' texts are read only to find that)."""
     if not vanished:
         return
     cut = next((entry for entry in entries if is_truncated_raw(entry.content)), None)
-    kept = len(vanished) if cut is None else kept_by_raw(cut.content, [message.text for message in vanished])
-    workspace.tracker.drop_agent_archived(key, [message.digest for message in vanished[:kept]])
+    kept = len(vanished)
+    if cut is not None:  # how many the cut entry kept is found in their texts
+        messages = [message for _, message, _ in workspace.tracker.pending(key, vanished_only=True)]
+        vanished = [message.digest for message in messages]
+        kept = kept_by_raw(cut.content, [message.text for message in messages])
+    workspace.tracker.drop_agent_archived(key, vanished[:kept])
     if kept < len(vanished):
-        dropped = [message.digest for message in vanished[kept:]]
+        dropped = vanished[kept:]
         run_id = runs.submit(core, workspace, "consolidate", session_key=key, reason="mend", vanished_only=True)
         logger.info("workspace {}: the agent's [RAW] entry for {} was cut; run {} archives the {} message(s) "
                     "it dropped", workspace.name, key, run_id, len(dropped))

@@ -128,10 +128,19 @@ def read_pending(store: StateStore, session_id: int, gone: set[str],
 
 def vanished_seqs(store: StateStore, session_id: int, gone: set[str]) -> list[int]:
     """Sequence numbers of the spooled messages no longer in the file, *gone* (their records are not read)."""
+    return [seq for seq, _ in _vanished_rows(store, session_id, gone)]
+
+
+def vanished_digests_in_order(store: StateStore, session_id: int, gone: set[str]) -> list[str]:
+    """Digests of the spooled messages no longer in the file, *gone*, in sequence order (no record is read)."""
+    return [digest for _, digest in _vanished_rows(store, session_id, gone)]
+
+
+def _vanished_rows(store: StateStore, session_id: int, gone: set[str]) -> list[tuple[int, str]]:
     if not gone:
         return []
     return store.query_with("SELECT seq, digest FROM spool WHERE session_id=? ORDER BY seq", (session_id,),
-                            lambda rows: [seq for seq, digest in rows if digest in gone])
+                            lambda rows: [(seq, digest) for seq, digest in rows if digest in gone])
 
 
 class SpoolPlan(Sequence[tuple[int, str, int, bool]]):

@@ -362,6 +362,14 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
         with self._lock:  # the held rows and the held version they are in, as one
             return spooldb.read_pending(self.store, session.session_id, gone, self._resolver(session))
 
+    def vanished(self, key: str) -> list[str]:
+        """The digests of a session's spooled messages no longer in its file, in first-seen order (as
+        `pending(key, vanished_only=True)` has them, without reading a record)."""
+        session = self.sessions.get(key)
+        if session is None:
+            return []
+        return spooldb.vanished_digests_in_order(self.store, session.session_id, self._gone(session))
+
     def spool_plan(self, key: str) -> spooldb.SpoolPlan:
         """(seq, role, tokens, still present in the file) of a session's spooled messages, in first-seen
         order, without their records."""

@@ -324,3 +324,23 @@ def test_a_vanished_message_stays_vanished_through_archive_restore_and_a_restart
     write_session(sessions, "cli:a", kept + conversation(1, tag="later"))
     restarted.scan(path)
     assert (again.unarchived_messages, len(again.gone)) == (5, 10)
+
+
+def test_the_vanished_digests_come_in_the_order_of_the_vanished_messages_without_reading_them(tmp_path):
+    """What the companion decides with: the digests alone, in the order pending(vanished_only=True) reads the
+    messages (a /new of a long session vanishes every message; their records are not decoded for that)."""
+    _, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    messages = conversation(12)
+    path = write_session(sessions, "cli:a", messages[:6])
+    tracker.scan(path)
+    write_session(sessions, "cli:a", messages)
+    tracker.scan(path)
+    write_session(sessions, "cli:a", messages[3:5] + messages[8:])  # six left the file, seen in two saves
+    tracker.scan(path)
+    expected = [message.digest for _, message, _ in tracker.pending("cli:a", vanished_only=True)]
+    assert len(expected) == 6 and tracker.vanished("cli:a") == expected
+    tracker.mark_archived("cli:a", expected[:2], "r-1")
+    assert tracker.vanished("cli:a") == expected[2:]
+    assert tracker.vanished("cli:b") == []
+    store.close()
