@@ -36,8 +36,7 @@ class HeldCarry:
 
     where: LineFinder  # the lines the scan parsed, by digest
     handle: BinaryIO  # the new version, to check a known line where the fast path says it is
-    shift: int  # the held rows' shift in the old version
-    delta: int | None  # the fast path: how far the known bytes moved (None: a full parse)
+    moved: int | None  # the fast path: a held row's offset to its known line in the new version (None: a full parse)
 
 
 @dataclass
@@ -87,8 +86,9 @@ class SpoolHolding:
             return plan
         if not held:  # nothing held before: only the new rows, held in the version just made
             return plan
-        delta = parsed.region_start - tail_start if fast and tail_start is not None else None
-        plan.carry = HeldCarry(parsed.finder((LINE_NEW,) if fast else (LINE_NEW, LINE_KNOWN)), handle, shift, delta)
+        # the known bytes moved with the new metadata line: a known line is that far from its old offset, if there
+        moved = shift + parsed.region_start - tail_start if fast and tail_start is not None else None
+        plan.carry = HeldCarry(parsed.finder((LINE_NEW,) if fast else (LINE_NEW, LINE_KNOWN)), handle, moved)
         return plan
 
     def _hold_version(self, session: SessionState, handle: BinaryIO, generation: int, link: bool) -> bool | None:
@@ -136,9 +136,8 @@ class SpoolHolding:
             moves, gone = [], []
             for digest, line in rows:
                 ref = carry.where.get(digest)
-                if ref is None and carry.delta is not None:  # a known line: where the known bytes are now, if there
-                    moved = carry.shift + carry.delta
-                    ref = LineRef(line.start + moved, line.end + moved, line.line_digest)
+                if ref is None and carry.moved is not None:  # a known line: where the known bytes are now, if there
+                    ref = LineRef(line.start + carry.moved, line.end + carry.moved, line.line_digest)
                     ref = ref if read_line(carry.handle, ref) is not None else None
                 if ref is not None:
                     moves.append((digest, ref))

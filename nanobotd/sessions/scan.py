@@ -125,13 +125,9 @@ class LineFinder:
     of a long session looks up every held row), and a LineRef is made when one is found."""
 
     def __init__(self, parsed: ParseResult, kinds: tuple[int, ...]) -> None:
-        self._lines, self._messages = parsed.lines, parsed.messages
-        first, messages = parsed.lines.first, parsed.messages
-        self._numbers = {messages.digest_key(first + at): first + at
-                         for at, kind in enumerate(parsed.lines.kinds) if kind in kinds}
-
-    def __len__(self) -> int:
-        return len(self._numbers)
+        self._lines, self._messages = lines, messages = parsed.lines, parsed.messages
+        self._numbers = {messages.digest_key(lines.first + at): lines.first + at
+                         for at, kind in enumerate(lines.kinds) if kind in kinds}
 
     def get(self, digest: str) -> LineRef | None:
         """The line of the message with *digest*, None when the parse has no such counted message."""
