@@ -18,6 +18,7 @@ from nanobotd.sessions.session import (
     save_session,
 )
 from nanobotd.sessions.spool import seq_ranges
+from nanobotd.state import bulk
 
 
 class ArchiveMarks:
@@ -36,14 +37,14 @@ class ArchiveMarks:
     def _record_archived(self, session: SessionState, runs_by_digest: dict[str, str], *,
                          seqs: list[int] | None = None, also=None) -> None:
         with self._lock, self.store.transaction() as db:
-            db.executemany("INSERT OR IGNORE INTO archived (session_id, digest, run_id) VALUES (?, ?, ?)",
-                           [(session.session_id, digest, run) for digest, run in runs_by_digest.items()])
+            for run in set(runs_by_digest.values()):  # one, but for marks rebuilt from history's spans
+                bulk.insert(db, "archived", "digest", [digest for digest, of in runs_by_digest.items() if of == run],
+                            fixed={"session_id": session.session_id, "run_id": run}, conflict="IGNORE")
             if seqs is not None and len(seqs) == len(runs_by_digest):
                 db.executemany("DELETE FROM spool WHERE session_id=? AND seq BETWEEN ? AND ?",
                                [(session.session_id, first, last) for first, last in seq_ranges(seqs)])
             else:
-                db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
-                               [(session.session_id, digest) for digest in runs_by_digest])
+                bulk.delete_in(db, "spool", "digest", runs_by_digest, where={"session_id": session.session_id})
             self._forget_spooled(session, list(runs_by_digest))
             save_session(db, session, self.clock())
             if also is not None:
@@ -54,8 +55,7 @@ class ArchiveMarks:
         """Messages that left the file and that the agent archived itself: out of the spool, not archived again."""
         session = self.sessions[key]
         with self.store.transaction() as db:
-            db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
-                           [(session.session_id, digest) for digest in digests])
+            bulk.delete_in(db, "spool", "digest", digests, where={"session_id": session.session_id})
         with self._lock:
             self._unspool(session, digests)
             self._save_session(session)

@@ -41,6 +41,7 @@ from nanobotd.sessions.session import (
     vanished_digests,
     vanished_in_spool,
 )
+from nanobotd.state import bulk
 from nanobotd.state.store import StateStore
 
 CACHED_MESSAGES = 50_000  # message infos kept in memory for the sessions used last (a big one stays alone)
@@ -258,8 +259,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
                 rows = ((info.digest, info.role, info.timestamp, info.tokens, parsed.new_line(index))
                         for index in to_spool for info in (messages[index],))
                 spooldb.insert_rows(db, session.session_id, rows, handle, now, shift=hold.shift)
-                db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
-                               [(session.session_id, digest) for digest in agent_done])
+                bulk.delete_in(db, "spool", "digest", agent_done, where={"session_id": session.session_id})
                 store_message_cache(db, session.session_id, old, messages, known_prefix=known_prefix)
         except BaseException:
             self._undo_hold(session, hold, before)
