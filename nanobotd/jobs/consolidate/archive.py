@@ -213,9 +213,10 @@ async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, rea
     chunks = chunks[:rounds] if reason == "budget" else chunks
     outcomes = []
     marks = PendingMarks(ctx, session_key, run_id, manifest)
+    loads = ChunkLoads(ctx, session_key, chunks)
     try:
         for number, chunk in enumerate(chunks):
-            if not chunk.load(ctx, session_key):
+            if not await loads.take(number):
                 continue
             note_progress(manifest, "archiving", number, len(chunks))
             if not (chunk.oversized or ctx.llm.offline):
@@ -226,6 +227,7 @@ async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, rea
             if marks.due():
                 await marks.commit()
     finally:
+        loads.cancel()
         marks.commit_now()  # chunks in history are marked before the run ends, however it ends
     note_progress(manifest, "archived", len(chunks), len(chunks))
     ctx.tracker.set_cycle(session_key, next_cycle=True)
@@ -234,6 +236,36 @@ async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, rea
     manifest["tokens"] = usage.to_json()
     ctx.store.finish_run(run_id, state="finished", outcome=overall, manifest=manifest)
     return manifest
+
+
+class ChunkLoads:
+    """The chunks' records read one chunk ahead, in a thread: the next chunk is read while the current one is
+    archived (its backup, history append and marks spend much of their time in fsync and SQLite, without the
+    GIL), and the event loop never reads records itself. At most two chunks' records are in memory."""
+
+    def __init__(self, ctx: JobEnv, session_key: str, chunks: list[Chunk]):
+        self.ctx, self.session_key, self.chunks = ctx, session_key, chunks
+        self.pending: asyncio.Future[bool] | None = None
+        self._start(0)
+
+    async def take(self, number: int) -> bool:
+        """Chunk *number* loaded (False: none of its messages is left in the spool); the next one starts."""
+        assert self.pending is not None
+        loaded = await self.pending
+        self._start(number + 1)
+        return loaded
+
+    def cancel(self) -> None:
+        """The run ends: a read still going is left to finish in its thread, its records unused."""
+        if self.pending is not None:
+            self.pending.cancel()
+            self.pending = None
+
+    def _start(self, number: int) -> None:
+        self.pending = None
+        if number < len(self.chunks):
+            load = asyncio.to_thread(self.chunks[number].load, self.ctx, self.session_key)
+            self.pending = asyncio.ensure_future(load)
 
 
 class PendingMarks:

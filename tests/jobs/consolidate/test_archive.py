@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 from datetime import datetime
 
 import pytest
@@ -105,6 +106,43 @@ def test_offline_mode_raw_archives_and_splits_long_transcripts_without_truncatin
     for message in messages:
         assert message["content"] in raw
     assert [entry["cursor"] for entry in entries] == list(range(1, len(entries) + 1))
+
+
+class LoadsSeen(SessionTracker):
+    """Notes which thread reads each chunk's records from the spool."""
+
+    loads: list[tuple[int, list[int]]] = []
+
+    def spooled_messages(self, key, seqs):
+        self.loads.append((threading.get_ident(), list(seqs)))
+        return super().spooled_messages(key, seqs)
+
+
+def test_chunks_are_read_one_ahead_off_the_event_loop_and_reach_history_in_order(tmp_path):
+    workspace, sessions = make_workspace(tmp_path)
+    settings = WorkspaceSettings(path=workspace, name="ws", llm=LLMSettings(model="none", context_window=8000))
+    store = StateStore(tmp_path / "state").open()
+    tracker = LoadsSeen("ws", store)
+    tracker.loads = []
+    ctx = JobEnv(settings, store, tracker, LLMClient(settings.llm), lambda: NOW)
+    messages = conversation(60, words=120)
+    tracker.scan(write_session(sessions, "cli:a", messages))
+    loop_threads = []
+
+    async def job():
+        loop_threads.append(threading.get_ident())
+        run_id = store.create_run("consolidate", "ws", session_key="cli:a")
+        return await consolidate.consolidate_session(ctx, "cli:a", run_id, reason="manual")
+
+    manifest = asyncio.run(job())
+    assert len(manifest["chunks"]) > 4
+    assert [seqs for _, seqs in tracker.loads] == [list(range(chunk["seq"][0], chunk["seq"][1] + 1))
+                                                   for chunk in manifest["chunks"]]
+    assert loop_threads[0] not in {thread for thread, _ in tracker.loads}
+    raw = raw_messages_in(history_entries(workspace))
+    positions = [raw.index(message["content"]) for message in messages]
+    assert positions == sorted(positions)
+    assert tracker.sessions["cli:a"].unarchived_messages == 0
 
 
 def test_command_messages_are_not_archived_and_dream_sessions_are_skipped(tmp_path):
