@@ -37,9 +37,12 @@ class ArchiveMarks:
     def _record_archived(self, session: SessionState, runs_by_digest: dict[str, str], *,
                          seqs: list[int] | None = None, also=None) -> None:
         with self._lock, self.store.transaction() as db:
-            for run in set(runs_by_digest.values()):  # one, but for marks rebuilt from history's spans
-                bulk.insert(db, "archived", "digest", [digest for digest, of in runs_by_digest.items() if of == run],
-                            fixed={"session_id": session.session_id, "run_id": run}, conflict="IGNORE")
+            by_run: dict[str, list[str]] = {}  # one run, but for marks rebuilt from history's spans
+            for digest, run in runs_by_digest.items():
+                by_run.setdefault(run, []).append(digest)
+            for run, digests in by_run.items():
+                bulk.insert(db, "archived", "digest", digests, fixed={"session_id": session.session_id, "run_id": run},
+                            conflict="IGNORE")
             if seqs is not None and len(seqs) == len(runs_by_digest):
                 db.executemany("DELETE FROM spool WHERE session_id=? AND seq BETWEEN ? AND ?",
                                [(session.session_id, first, last) for first, last in seq_ranges(seqs)])

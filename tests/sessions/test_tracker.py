@@ -142,12 +142,14 @@ def test_archive_marks_are_rebuilt_from_history_spans_after_the_db_is_lost(tmp_p
 
     workspace, sessions = make_workspace(tmp_path)
     store, tracker = make_tracker(tmp_path)
-    path = write_session(sessions, "cli:a", conversation(8))
-    tracker.scan(path)
     ctx = JobEnv(WorkspaceSettings(path=workspace, name="ws"), store, tracker, LLMClient(LLMSettings()),
                      lambda: datetime(2026, 11, 22))
-    run_id = store.create_run("consolidate", "ws", session_key="cli:a")
-    asyncio.run(consolidate.consolidate_session(ctx, "cli:a", run_id, reason="manual"))
+    runs = []
+    for count in (6, 8):  # two runs: the marks rebuilt carry each one's run id
+        path = write_session(sessions, "cli:a", conversation(count))
+        tracker.scan(path)
+        runs.append(store.create_run("consolidate", "ws", session_key="cli:a"))
+        asyncio.run(consolidate.consolidate_session(ctx, "cli:a", runs[-1], reason="manual"))
     write_session(sessions, "cli:a", conversation(10))
     store.close()
     (tmp_path / "state" / "state.db").unlink()
@@ -158,6 +160,8 @@ def test_archive_marks_are_rebuilt_from_history_spans_after_the_db_is_lost(tmp_p
     spans = [entry.span for entry in read_history(workspace / "memory").entries]
     assert tracker.apply_history_spans("cli:a", spans) == 8
     assert [message.text.split()[0] for _, message, _ in tracker.pending("cli:a")] == ["M-8", "M-9"]
+    assert store.query("SELECT run_id, count(*) FROM archived GROUP BY run_id ORDER BY count(*) DESC") == [
+        (runs[0], 6), (runs[1], 2)]
 
 
 def test_a_100_mb_line_and_a_binary_file_cost_bounded_memory(tmp_path):
