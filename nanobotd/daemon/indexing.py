@@ -55,13 +55,17 @@ async def refresh_index(core: Core, workspace: Workspace) -> dict | None:
     paths, workspace.pending_paths = workspace.pending_paths, set()
     changed = None if ALL_FILES in paths or not paths else sorted(paths)
     workspace.refreshing = True
+    loop = asyncio.get_running_loop()
+    started = loop.time()
     try:
-        loop = asyncio.get_running_loop()
         workspace.last_refresh = await loop.run_in_executor(core.executor, workspace.index.refresh, changed)
     except Exception as exc:  # the index is a cache: a failure is logged, never fatal
         logger.opt(exception=exc).error("workspace {}: index refresh failed: {}", workspace.name, exc)
     finally:
         workspace.refreshing = False
+        # counted for status: an index refresh runs beside jobs and shares the CPU (and the GIL) with them
+        workspace.refreshes += 1
+        workspace.refresh_seconds += loop.time() - started
     return workspace.last_refresh
 
 

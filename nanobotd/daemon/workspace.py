@@ -77,6 +77,8 @@ class Workspace:
         self.pending_since = 0.0
         self.refresh_handle: asyncio.TimerHandle | None = None
         self.refreshing = False
+        self.refreshes = 0  # index refreshes finished since the start, and the seconds they ran
+        self.refresh_seconds = 0.0
         self.last_refresh: dict | None = None
 
     def _make_qmd(self, state_dir: Path, environ) -> QmdBackend | None:
@@ -293,7 +295,9 @@ class Workspace:
     def search_status(self) -> dict:
         """Backends, index figures and freshness."""
         search = {"backend": self.settings.search.backend, "builtin": self.index.stats(),
-                  "last_refresh": self.last_refresh, "pending_changes": len(self.pending_paths)}
+                  "last_refresh": self.last_refresh, "pending_changes": len(self.pending_paths),
+                  "refreshing": self.refreshing, "refreshes": self.refreshes,
+                  "refresh_seconds": round(self.refresh_seconds, 3)}
         if self.qmd is not None:
             search["qmd"] = self.qmd.freshness()
         return search

@@ -31,7 +31,7 @@ STATUS = {
                     "builtin": {"units": 185, "files": 8, "last_refresh": "2025-01-01T10:00:01", "db_bytes": 457328},
                     "last_refresh": {"files_checked": 8, "files_reindexed": 2, "units_added": 20, "units_removed": 3,
                                      "seconds": 0.03},
-                    "pending_changes": 0}},
+                    "pending_changes": 0, "refreshing": True, "refreshes": 14, "refresh_seconds": 3.25}},
         {"name": "second", "path": "/srv/ws2", "llm_mode": "offline", "watcher": {"healthy": False},
          "jobs": {"dream": {"off": "the dream needs an LLM", "last_success": None, "next_run": None,
                             "running": False}}},

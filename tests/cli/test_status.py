@@ -25,6 +25,7 @@ def test_search_figures_are_labelled_lines_not_a_run_on_line(socket_path: Path, 
     assert "    index         185 units from 8 files, 446 KiB, refreshed 2025-01-01T10:00:01" in lines
     assert "    last refresh  8 files checked, 2 reindexed, +20 -3 units in 0.03s" in lines
     assert "    pending       0 changed file(s) to index" in lines
+    assert "    refreshes     14 since the start, 3.25s in all, one running now" in lines
     assert not [line for line in lines if "=" in line]
 
 

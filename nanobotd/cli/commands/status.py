@@ -63,6 +63,10 @@ def search_rows(search: Any) -> tuple[tuple[str, str], Rows]:
                                      f"in {format_cell(refresh.get('seconds'))}s"))
     if search.get("pending_changes") is not None:
         rows.append(("pending", f"{format_cell(search['pending_changes'])} changed file(s) to index"))
+    if search.get("refreshes") is not None:  # the index's share of the daemon's work since it started
+        running = ", one running now" if search.get("refreshing") else ""
+        rows.append(("refreshes", f"{format_cell(search['refreshes'])} since the start, "
+                                  f"{format_cell(search.get('refresh_seconds'))}s in all{running}"))
     if isinstance(search.get("qmd"), dict):
         rows.extend(("qmd " + label.strip(), text) for label, text in _field_rows(search["qmd"]))
     return ("search", f"backend {format_cell(search.get('backend'))}"), rows
