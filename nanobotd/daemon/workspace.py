@@ -77,8 +77,9 @@ class Workspace:
         self.pending_since = 0.0
         self.refresh_handle: asyncio.TimerHandle | None = None
         self.refreshing = False
-        self.refreshes = 0  # index refreshes finished since the start, and the seconds they ran
+        self.refreshes = 0  # index refreshes finished since the start, the seconds they ran, the one running
         self.refresh_seconds = 0.0
+        self.refresh_started: float | None = None  # time.monotonic()
         self.last_refresh: dict | None = None
 
     def _make_qmd(self, state_dir: Path, environ) -> QmdBackend | None:
@@ -292,12 +293,17 @@ class Workspace:
         data["search"] = self.search_status()
         return data
 
+    def _refresh_seconds(self) -> float:
+        """Seconds the index refreshes ran since the start, the one running included."""
+        running = self.refresh_started
+        return self.refresh_seconds + (time.monotonic() - running if running is not None else 0.0)
+
     def search_status(self) -> dict:
         """Backends, index figures and freshness."""
         search = {"backend": self.settings.search.backend, "builtin": self.index.stats(),
                   "last_refresh": self.last_refresh, "pending_changes": len(self.pending_paths),
                   "refreshing": self.refreshing, "refreshes": self.refreshes,
-                  "refresh_seconds": round(self.refresh_seconds, 3)}
+                  "refresh_seconds": round(self._refresh_seconds(), 3)}
         if self.qmd is not None:
             search["qmd"] = self.qmd.freshness()
         return search
