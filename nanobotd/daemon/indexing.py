@@ -55,18 +55,16 @@ async def refresh_index(core: Core, workspace: Workspace) -> dict | None:
         return None
     paths, workspace.pending_paths = workspace.pending_paths, set()
     changed = None if ALL_FILES in paths or not paths else sorted(paths)
-    workspace.refreshing = True
     # counted for status: an index refresh runs beside jobs and shares the CPU (and the GIL) with them
-    workspace.refresh_started = time.monotonic()
+    started = workspace.refresh_started = time.monotonic()
     try:
         loop = asyncio.get_running_loop()
         workspace.last_refresh = await loop.run_in_executor(core.executor, workspace.index.refresh, changed)
     except Exception as exc:  # the index is a cache: a failure is logged, never fatal
         logger.opt(exception=exc).error("workspace {}: index refresh failed: {}", workspace.name, exc)
     finally:
-        workspace.refreshing = False
         workspace.refreshes += 1
-        workspace.refresh_seconds += time.monotonic() - workspace.refresh_started
+        workspace.refresh_seconds += time.monotonic() - started
         workspace.refresh_started = None
     return workspace.last_refresh
 

@@ -76,10 +76,9 @@ class Workspace:
         self.pending_paths: set[Path] = set()
         self.pending_since = 0.0
         self.refresh_handle: asyncio.TimerHandle | None = None
-        self.refreshing = False
         self.refreshes = 0  # index refreshes finished since the start, the seconds they ran, the one running
         self.refresh_seconds = 0.0
-        self.refresh_started: float | None = None  # time.monotonic()
+        self.refresh_started: float | None = None  # time.monotonic(); the refresh is single-flight
         self.last_refresh: dict | None = None
 
     def _make_qmd(self, state_dir: Path, environ) -> QmdBackend | None:
@@ -292,6 +291,11 @@ class Workspace:
         data["git"] = self.git.health()
         data["search"] = self.search_status()
         return data
+
+    @property
+    def refreshing(self) -> bool:
+        """An index refresh is running (refreshes are single-flight)."""
+        return self.refresh_started is not None
 
     def _refresh_seconds(self) -> float:
         """Seconds the index refreshes ran since the start, the one running included."""
