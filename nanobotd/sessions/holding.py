@@ -28,6 +28,7 @@ from nanobotd.sessions import spool as spooldb
 from nanobotd.sessions.hold import LinkUnsupported
 from nanobotd.sessions.scan import LINE_KNOWN, LINE_NEW, LineFinder, LineRef, ParseResult, read_line
 from nanobotd.sessions.session import SessionState, save_hold
+from nanobotd.state import bulk
 
 
 @dataclass
@@ -109,17 +110,19 @@ class SpoolHolding:
         session is held by copies (the lines the rewrite took are reported lost)."""
         generation, shift = session.hold_generation, session.hold_shift
         rows = spooldb.held_rows(self.store, session.session_id)
-        texts = self.holds.read(session.session_id, generation, shift, [line for _, line in rows])
-        if all(text is not None for text in texts):
+        if all(None not in self.holds.read(session.session_id, generation, shift,
+                                           [line for _, line in rows[start:start + spooldb.BATCH]])
+               for start in range(0, len(rows), spooldb.BATCH)):  # a batch of texts in memory at a time
             return HoldPlan(shift, generation, True, fingerprint)
         logger.error("session {}: its file was rewritten in place (not replaced by a rename), changing the version"
                      " nanobotd held; it is held by copies from now on", session.key)
         self._hold_version(session, handle, generation + 1, False)
         plan = HoldPlan(0, generation + 1, False, fingerprint, drop=generation)
-        where = parsed.all_records()
+        where = parsed.finder()
         for digest, _ in rows:
-            if digest in where:
-                plan.moves.append((digest, where[digest]))
+            ref = where.get(digest)
+            if ref is not None:
+                plan.moves.append((digest, ref))
             else:
                 plan.lost.append(digest)
         if plan.lost:
@@ -169,8 +172,7 @@ class SpoolHolding:
         if plan.carry is not None:
             self._carry_held(db, session, plan)
         spooldb.move_held(db, session.session_id, plan.moves)
-        db.executemany("DELETE FROM spool WHERE session_id=? AND digest=?",
-                       [(session.session_id, digest) for digest in plan.lost])
+        bulk.delete_in(db, "spool", "digest", plan.lost, where={"session_id": session.session_id})
         session.hold_generation = plan.generation
         session.hold_shift = plan.shift or 0
         session.hold_links = plan.links
