@@ -90,7 +90,7 @@ def count_tokens_batch(texts: list[str], encoding_name: str = DEFAULT_ENCODING) 
     encoding = get_encoding(encoding_name)
     threads = max(1, min(BATCH_THREADS, os.cpu_count() or 1, len(texts) // MIN_TEXTS_PER_THREAD))
     if threads == 1:
-        return [_count(encoding, text) for text in texts]
+        return [count_text(encoding, text) for text in texts]
     batch = PendingCounts(encoding, texts)
     _hand_over(batch, threads - 1)
     return batch.result()
@@ -105,7 +105,7 @@ def submit_tokens_batch(texts: list[str], encoding_name: str = DEFAULT_ENCODING)
     return batch
 
 
-def _count(encoding, text: str) -> int:
+def count_text(encoding, text: str) -> int:
     """The exact count of the text's first MAX_COUNTED_CHARS, plus 4 chars a token beyond them."""
     return len(encoding.encode_ordinary(text[:MAX_COUNTED_CHARS])) + max(0, len(text) - MAX_COUNTED_CHARS) // 4
 
@@ -145,7 +145,7 @@ class PendingCounts:
             self._counting += 1
         try:
             while (index := next(self._next)) < len(self._texts):
-                self._counts[index] = _count(self._encoding, self._texts[index])
+                self._counts[index] = count_text(self._encoding, self._texts[index])
         finally:
             with self._finished:
                 self._counting -= 1

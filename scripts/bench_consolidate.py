@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_content import nanobot_conversation  # noqa: E402
-from bench_daemon import BenchDaemon, cpu_seconds, memory_mb  # noqa: E402
+from bench_daemon import BenchDaemon, children_hwm_mb, cpu_seconds, memory_mb  # noqa: E402
 
 from nanobotd.config.schema import LLMSettings  # noqa: E402
 from nanobotd.sessions import file as sessionfile  # noqa: E402
@@ -182,6 +182,7 @@ def bench_daemon_consolidate(sizes: Sizes, root: Path) -> dict:
         finished = time.monotonic()
         index_after = _index_refreshes(daemon)
         memory = memory_mb(daemon.proc.pid)
+        children_hwm = children_hwm_mb(daemon.proc.pid)
         cpu = cpu_seconds(daemon.proc.pid)[0]
     finally:
         _stop(daemon)
@@ -197,7 +198,8 @@ def bench_daemon_consolidate(sizes: Sizes, root: Path) -> dict:
         "consolidate_messages_per_second": round(count / (finished - consolidating)),
         "daemon_cpu_seconds": round(cpu, 1), "vm_hwm_after_scan_mb": round(memory_after_scan["VmHWM"], 1),
         "vm_hwm_mb": round(memory["VmHWM"], 1), "vm_rss_mb": round(memory["VmRSS"], 1),
-        "history_entries": len(entries), "markers_missing": missing, "markers_duplicated": duplicated,
+        "children_vm_hwm_mb": children_hwm, "history_entries": len(entries), "markers_missing": missing,
+        "markers_duplicated": duplicated,
         "all_messages_in_history": missing == 0 and duplicated == 0 and left == 0,
         # the index refreshes beside the consolidation share the daemon's CPU with it: the same tree took
         # 8 s or 12 s for it, depending on how much of the session's first index refresh overlapped it
@@ -212,7 +214,8 @@ def bench_daemon_consolidate(sizes: Sizes, root: Path) -> dict:
     print(f"   beside it, index refreshes ran {figures['index_refresh_seconds_during']:.1f} s of the"
           f" {figures['consolidate_seconds']:.1f} s ({figures['index_refreshes_ended_during']} ended meanwhile)")
     print(f"   daemon peak RSS (VmHWM) {figures['vm_hwm_mb']:.1f} MB (after the scan"
-          f" {figures['vm_hwm_after_scan_mb']:.1f} MB); VmRSS at the end {figures['vm_rss_mb']:.1f} MB")
+          f" {figures['vm_hwm_after_scan_mb']:.1f} MB); VmRSS at the end {figures['vm_rss_mb']:.1f} MB;"
+          f" its children's (the token counting process) {children_hwm:.1f} MB")
     verdict = "OK" if figures["all_messages_in_history"] else "FAILED"
     print(f"   correctness: {count - missing}/{count} markers in history, {missing} missing, {duplicated} duplicated,"
           f" {left} left unarchived -> {verdict}")

@@ -54,6 +54,12 @@ def tree_memory_mb(pid: int) -> dict:
             "total_mb": round(own + sum(children.values()), 1)}
 
 
+def children_hwm_mb(pid: int) -> float:
+    """The peak RSS (VmHWM) of *pid*'s children alive now, summed: what a scan's counting process costs
+    beside the daemon (its own VmHWM leaves it out)."""
+    return round(sum(memory_mb(child)["VmHWM"] for child in child_pids(pid)), 1)
+
+
 def percentile(values: list[float], share: float) -> float:
     """Nearest-rank percentile."""
     ordered = sorted(values)

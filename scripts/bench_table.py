@@ -59,6 +59,8 @@ FIGURES = (
     Figure("builtin search p99", "search", ("builtin.p99_ms",), "< 20", "ms"),
     Figure("cold start", "tracker", ("cold_start.cold_start_seconds",), "<= 6", "s"),
     Figure("cold start RSS", "tracker", ("cold_start.cold_start_vm_rss_mb",), "<= 120", "MB"),
+    Figure("cold start peak RSS, daemon and its counting process", "tracker",
+           ("cold_start.cold_start_total_vm_hwm_mb",), "<= 120", "MB"),
     Figure("RSS after the last LLM call (5 min)", "tracker", ("llm_idle.total_mb",), "< 60", "MB"),
     Figure("burst: LLM slots busy", "burst", ("burst.llm_utilisation",), ">= 95", "%", scale=100.0),
     Figure("burst: total / ideal time", "burst", ("burst.total_over_ideal",), "<= 1.10", "x"),

@@ -163,6 +163,9 @@ class Daemon:
                     triggers.trigger_idle(self.core)
                     if tokens.release_if_idle(TOKENIZER_IDLE_SECONDS):
                         logger.debug("released the idle tokenizer")
+                    for workspace in self.core.workspaces.values():
+                        if workspace.counting.stop_if_idle(TOKENIZER_IDLE_SECONDS):
+                            logger.debug("workspace {}: let the idle token counting process go", workspace.name)
             except Exception as exc:  # the tick loop carries the watchdog: it must outlive any bug
                 logger.opt(exception=exc).error("tick: {}", exc)
 

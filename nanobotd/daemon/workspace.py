@@ -36,6 +36,7 @@ from nanobotd.sessions.file import is_session_file
 from nanobotd.sessions.tracker import ScanResult, SessionTracker
 from nanobotd.state.store import StateStore
 from nanobotd.timestamps import iso_local
+from nanobotd.tokenprocess import CountingProcess
 from nanobotd.tokens import encoding_name_for
 
 ALL_FILES = Path("*")  # a pending index change that means "check every file"
@@ -55,7 +56,9 @@ class Workspace:
         # beside nanobot, count as nanobot counts (cl100k); an owner counts for its own model
         encoding = (encoding_name_for(settings.llm.model) if settings.consolidation.mode == "owner"
                     else AGENT_ENCODING)
-        self.tracker = SessionTracker(settings.name, store, encoding=encoding, clock=clock)
+        self.counting = CountingProcess()  # a scan of many new messages counts them in a child process
+        self.tracker = SessionTracker(settings.name, store, encoding=encoding, clock=clock,
+                                      counter=self.counting.submit)
         self.agent = AgentSettings(path=None)
         self.agent_base_tokens = settings.consolidation.agent_base_tokens  # learned at each agent compaction
         self.agent_archive = None  # companion mode's state (daemon.companion), made on first use
@@ -137,12 +140,14 @@ class Workspace:
                            moved, history.HISTORY_NAME, fsio.TORN_SUFFIX)
 
     async def close(self) -> None:
-        """Release what the workspace holds: refresh timer, QMD child, LLM worker, index, git thread."""
+        """Release what the workspace holds: refresh timer, QMD child, LLM worker, counting process, index and
+        git thread."""
         if self.refresh_handle is not None:
             self.refresh_handle.cancel()
         if self.qmd is not None:
             await self.qmd.close()
         await self.llm.aclose()
+        self.counting.close()
         self.index.close()
         self.git.close()
 
@@ -165,9 +170,11 @@ class Workspace:
         try:
             return self.tracker.scan(path)
         except Exception as exc:  # one bad file must never stop the daemon
-            self.scan_errors += 1
-            logger.opt(exception=exc).error("workspace {}: scanning {} failed: {}", self.name, path, exc)
-            return None
+            return self._scan_failed(path, exc)
+
+    def _scan_failed(self, path: Path, exc: Exception) -> None:
+        self.scan_errors += 1
+        logger.opt(exception=exc).error("workspace {}: scanning {} failed: {}", self.name, path, exc)
 
     def reconcile(self) -> list[ScanResult]:
         """Scan every session file (fingerprints make unchanged files free) and notice deleted ones."""
@@ -180,12 +187,13 @@ class Workspace:
             except OSError as exc:
                 logger.warning("workspace {}: cannot list {}: {}", self.name, folder, exc)
                 continue
-            for path in entries:
-                if is_session_file(path) and path.is_file():
-                    seen.add(path)
-                    result = self.scan_path(path)
-                    if result is not None:
-                        results.append(result)
+            files = [path for path in entries if is_session_file(path) and path.is_file()]
+            seen.update(files)
+            for path, result in self.tracker.scan_many(files):  # one bad file must never stop the daemon
+                if isinstance(result, Exception):
+                    self._scan_failed(path, result)
+                elif result is not None:
+                    results.append(result)
         for session in list(self.tracker.sessions.values()):
             if session.state != "deleted" and session.path not in seen and session.path.parent in self.sessions_dirs:
                 result = self.tracker.forget_path(session.path)

@@ -12,7 +12,7 @@ import hashlib
 import sys
 from array import array
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, BinaryIO, NamedTuple
@@ -88,6 +88,14 @@ class ParseResult:
     fast: bool = False
     large: int = 0  # new messages over sessionfile.MAX_LINE_BYTES (read whole, archived raw in parts)
     region_start: int = 0  # where the message lines start (after the leading metadata)
+    counting: _Reading | None = field(default=None, repr=False)  # the counts still being counted (defer_counts)
+
+    def wait_counts(self) -> None:
+        """Every new message has its token count after this (a parse made with defer_counts leaves the
+        counting threads counting them); raises what counting raised."""
+        if self.counting is not None:
+            counting, self.counting = self.counting, None
+            counting.count()
 
     def new_line(self, index: int) -> LineRef | None:
         """Where message *index* is, when it is a counted message parsed in this scan (not reused)."""
@@ -141,20 +149,29 @@ class LineFinder:
 
 
 def parse_session(path: Path, encoding: str, *, cached: Sequence[MessageInfo] | None = None,
-                  tail: Tail | None = None, corrupt_before: int = 0, handle: BinaryIO | None = None) -> ParseResult:
+                  tail: Tail | None = None, corrupt_before: int = 0, handle: BinaryIO | None = None,
+                  defer_counts: bool = False, counter: Counter | None = None) -> ParseResult:
     """Parse *path*; with the previous scan's *cached* messages and *tail*, decode only what is new.
 
     *handle*: the file already open (the caller reads the new messages' lines from it again afterwards).
+    *defer_counts*: return as soon as the lines are read, the counting threads still counting the last new
+    messages' tokens; `wait_counts()` on the result finishes them (the caller reads another file meanwhile).
+    *counter*: counts a batch of texts while the parse goes on (default: the counting threads).
     """
     if handle is None:
         with fsio.open_regular(path) as opened:
             return parse_session(path, encoding, cached=cached, tail=tail, corrupt_before=corrupt_before,
                                  handle=opened)
+    result = None
     if cached is not None and tail is not None:
-        result = _parse_appended(path, handle, encoding, cached, tail, corrupt_before)
-        if result is not None:
-            return result
-    return _parse_all(path, handle, encoding, cached or [])
+        result = _parse_appended(path, handle, encoding, cached, tail, corrupt_before, counter)
+    if result is None:
+        result = _parse_all(path, handle, encoding, cached or [], counter)
+    if defer_counts:
+        result.counting.hand_over()
+    else:
+        result.wait_counts()
+    return result
 
 
 def read_line(handle: BinaryIO, ref: LineRef) -> bytes | None:
@@ -165,6 +182,7 @@ def read_line(handle: BinaryIO, ref: LineRef) -> bytes | None:
 
 
 _Fields = tuple[str, str, str, str]  # a MessageInfo's line_digest, digest, role and timestamp
+Counter = Callable[[list[str], str], Any]  # (texts, encoding name) -> pending counts, whose result() gives them
 
 
 class _Uncounted(NamedTuple):
@@ -221,6 +239,7 @@ class _Reading:
     cached: MessageList | None = None  # the previous scan's messages, whose parse a line reuses
     cache: dict[str, int | deque[int]] = field(default_factory=dict)  # line digest -> its parse(s) in cached
     encoding: str = ""
+    counter: Counter | None = None  # where batches are counted (default: the counting threads)
     uncounted: list[_Uncounted] = field(default_factory=list)  # the next batch to count
     counting: deque[tuple[list[_Uncounted], PendingCounts]] = field(default_factory=deque)
 
@@ -257,11 +276,16 @@ class _Reading:
             if len(self.uncounted) >= TOKEN_BATCH:
                 if len(self.counting) >= BATCHES_IN_FLIGHT:
                     self._collect()
-                self.counting.append((self.uncounted, submit_tokens_batch([m.text for m in self.uncounted],
-                                                                          self.encoding)))
-                self.uncounted = []
+                self.hand_over()
         if len(line.data) > sessionfile.MAX_LINE_BYTES:
             self.large += 1
+
+    def hand_over(self) -> None:
+        """Let the counting threads count the rest too (count() collects it)."""
+        if self.uncounted:
+            submit = self.counter or submit_tokens_batch
+            self.counting.append((self.uncounted, submit([m.text for m in self.uncounted], self.encoding)))
+            self.uncounted = []
 
     def count(self) -> None:
         """Count the rest and wait for the batches being counted: every message has its count after this."""
@@ -281,8 +305,9 @@ class _Reading:
             self.messages.set_tokens(message.index, tokens)
 
 
-def _parse_all(path: Path, handle: BinaryIO, encoding: str, cached: Sequence[MessageInfo]) -> ParseResult:
-    reading = _Reading(sessionfile.SessionHeader(), MessageList(), _Taken(), encoding=encoding)
+def _parse_all(path: Path, handle: BinaryIO, encoding: str, cached: Sequence[MessageInfo],
+               counter: Counter | None) -> ParseResult:
+    reading = _Reading(sessionfile.SessionHeader(), MessageList(), _Taken(), encoding=encoding, counter=counter)
     reading.cached = cached if isinstance(cached, MessageList) else MessageList(cached)
     for index, line_digest in enumerate(reading.cached.line_digests()):
         known = reading.cache.setdefault(line_digest, index)
@@ -296,11 +321,11 @@ def _parse_all(path: Path, handle: BinaryIO, encoding: str, cached: Sequence[Mes
         length = reading.region_end - reading.region_start
         tail = Tail(length, _hash_range(handle, reading.region_start, length), reading.region_start)
     return ParseResult(_key(path, reading.header), reading.header, reading.messages, reading.corrupt,
-                       reading.lines, tail, large=reading.large, region_start=reading.region_start)
+                       reading.lines, tail, large=reading.large, region_start=reading.region_start, counting=reading)
 
 
 def _parse_appended(path: Path, handle: BinaryIO, encoding: str, cached: Sequence[MessageInfo], tail: Tail,
-                    corrupt_before: int) -> ParseResult | None:
+                    corrupt_before: int, counter: Counter | None) -> ParseResult | None:
     """The fast path: None when the file no longer starts (after its metadata) with the known bytes."""
     header = sessionfile.SessionHeader()
     known = _known_region(handle, tail, header)
@@ -311,7 +336,7 @@ def _parse_appended(path: Path, handle: BinaryIO, encoding: str, cached: Sequenc
     messages = MessageList.of(cached)
     reading = _Reading(header, messages, _Taken(messages), corrupt=corrupt_before,
                        region_start=region_start, region_end=known_end, leading=False, encoding=encoding,
-                       lines=MessageLines(first=len(cached)))
+                       lines=MessageLines(first=len(cached)), counter=counter)
     if not _read_lines(path, handle, reading, offset=known_end, appending=True):
         return None
     new_tail = None
@@ -320,7 +345,7 @@ def _parse_appended(path: Path, handle: BinaryIO, encoding: str, cached: Sequenc
         _update_hash(digest, handle, known_end, reading.region_end - known_end)
         new_tail = Tail(reading.region_end - region_start, digest.hexdigest(), region_start)
     return ParseResult(_key(path, header), header, reading.messages, reading.corrupt, reading.lines,
-                       new_tail, fast=True, large=reading.large, region_start=region_start)
+                       new_tail, fast=True, large=reading.large, region_start=region_start, counting=reading)
 
 
 def _read_lines(path: Path, handle: BinaryIO, reading: _Reading, *, offset: int = 0, appending: bool = False) -> bool:
@@ -356,7 +381,6 @@ def _read_lines(path: Path, handle: BinaryIO, reading: _Reading, *, offset: int 
             reading.corrupt += 1
             continue
         reading.take(*parsed, line)
-    reading.count()
     return True
 
 

@@ -5,7 +5,9 @@ parse and token count, so only new messages are decoded and counted. Every conve
 agent has not archived and nanobotd has not archived is copied into the spool, so a rewrite that
 drops it (`/new`, fork, truncation) cannot lose it: vanished spool rows are handed to the rescue.
 Parsing lives in `sessions.scan`, the per-session record and its database row in `sessions.session`,
-the spool's rows in `sessions.spool` and the archive marks in `sessions.marks`.
+the spool's rows in `sessions.spool`, the archive marks in `sessions.marks`, the held rows' moves in
+`sessions.holding`, scanning many files in a row in `sessions.pipeline` and the jobs' reads of the spool in
+`sessions.spoolreads`.
 """
 
 from __future__ import annotations
@@ -20,14 +22,14 @@ from typing import BinaryIO
 from loguru import logger
 
 from nanobotd import fsio
-from nanobotd.memory.transcript import PendingMessage
 from nanobotd.sessions import file as sessionfile
 from nanobotd.sessions import spool as spooldb
 from nanobotd.sessions.hold import Holds
 from nanobotd.sessions.holding import SpoolHolding
 from nanobotd.sessions.marks import ArchiveMarks
 from nanobotd.sessions.messages import MessageList
-from nanobotd.sessions.scan import LINE_NEW, ParseResult, parse_session
+from nanobotd.sessions.pipeline import ReadFile, ScanPipeline
+from nanobotd.sessions.scan import LINE_NEW, Counter, ParseResult, parse_session
 from nanobotd.sessions.session import (
     ScanResult,
     SessionState,
@@ -41,19 +43,22 @@ from nanobotd.sessions.session import (
     vanished_digests,
     vanished_in_spool,
 )
+from nanobotd.sessions.spoolreads import SpoolReads
 from nanobotd.state import bulk
 from nanobotd.state.store import StateStore
 
 CACHED_MESSAGES = 50_000  # message infos kept in memory for the sessions used last (a big one stays alone)
 
 
-class SessionTracker(ArchiveMarks, SpoolHolding):
+class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
     """Tracks every session file of one workspace; thread-safe (scans run on an executor)."""
 
-    def __init__(self, workspace_name: str, store: StateStore, *, encoding: str = "o200k_base", clock=time.time):
+    def __init__(self, workspace_name: str, store: StateStore, *, encoding: str = "o200k_base", clock=time.time,
+                 counter: Counter | None = None):
         self.workspace_name = workspace_name
         self.store = store
         self.encoding = encoding
+        self.counter = counter  # counts the batches when scan_many reads several files (see sessions.pipeline)
         self.clock = clock
         # Copy-on-write: a scan on the executor replaces the dict instead of growing it, so a reader on the
         # loop iterating `sessions` (GET /v1/sessions, status) always walks a consistent snapshot.
@@ -112,66 +117,97 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
     # -- scanning ----------------------------------------------------------------------------------
     def scan(self, path: Path, *, force: bool = False) -> ScanResult | None:
         """Bring one session file's accounting up to date; None when *path* is not a session file."""
+        with self._lock:
+            begun = self._begin_scan(Path(path), force=force)
+            return self._finish_scan(begun) if isinstance(begun, ReadFile) else begun
+
+    def _begin_scan(self, path: Path, *, force: bool = False,
+                    defer_counts: bool = False, counter: Counter | None = None) -> ReadFile | ScanResult | None:
+        """Read the file when it changed (call under the lock): a ReadFile to finish, or scan()'s answer when
+        there is nothing to apply. *defer_counts*: the last tokens are still being counted (see parse_session);
+        *counter*: where the batches are counted (default: the counting threads)."""
         started = time.perf_counter()
-        path = Path(path)
         try:
             stat = os.stat(path)
         except FileNotFoundError:
             return self.forget_path(path)
-        fingerprint = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-        with self._lock:
-            known = self._session_by_path(path)
-            if known is not None and known.fingerprint == fingerprint and not force:
-                return ScanResult(known.key, False)
-            try:
-                handle = fsio.open_regular(path)
-            except OSError as exc:
-                logger.warning("cannot read session file {}: {}", path, exc)
-                return None
-            with handle:
-                # the open file is what is read (twice: the parse, then the new lines for the spool), so a
-                # rename over the path meanwhile cannot mix two versions
-                stat = os.fstat(handle.fileno())
-                fingerprint = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-                parsed = self._parse(path, known, handle)
-                if parsed is None:
-                    return None
-                session = self._session_for(parsed.key, path)
-                mark_before = session.agent_archived
-                tail_before = session.unarchived_tokens + 4 * session.unarchived_messages
-                vanished = self._apply(session, parsed, fingerprint, stat.st_mtime,
-                                       appended=parsed.fast and known is session, handle=handle)
-            mark_moved = known is session and session.agent_archived > mark_before
-            session.corrupt_lines = corrupt = parsed.corrupt
-            session.tail = parsed.tail
-            new_count = parsed.new_count
-            key = parsed.key
-            self._save_session(session)
-            if self.sessions.get(key) is not session:
-                self.sessions = {**self.sessions, key: session}
-            self._cached_messages(session)
-            self._trim_caches(session)
-            if corrupt:
-                logger.warning("session {}: skipped {} corrupt line(s)", key, corrupt)
-            if parsed.large:
-                self.large_messages += parsed.large
-                logger.warning("session {}: {} message(s) over {} MiB read whole; they are archived raw, in parts",
-                               key, parsed.large, sessionfile.MAX_LINE_BYTES >> 20)
-            return ScanResult(key, True, new_count, vanished, corrupt, time.perf_counter() - started,
-                              mark_moved, tail_before)
+        known = self._session_by_path(path)
+        if known is not None and known.fingerprint == (stat.st_ino, stat.st_size, stat.st_mtime_ns) and not force:
+            return ScanResult(known.key, False)
+        try:
+            handle = fsio.open_regular(path)
+        except OSError as exc:
+            logger.warning("cannot read session file {}: {}", path, exc)
+            return None
+        try:
+            # the open file is what is read (twice: the parse, then the new lines for the spool), so a rename
+            # over the path meanwhile cannot mix two versions
+            stat = os.fstat(handle.fileno())
+            cached = self._cached_messages(known) if known is not None else None
+            parsed = self._parse(path, known, cached, handle, defer_counts, counter)
+        except BaseException:
+            handle.close()
+            raise
+        if parsed is None:
+            handle.close()
+            return None
+        return ReadFile(path, handle, (stat.st_ino, stat.st_size, stat.st_mtime_ns), stat.st_mtime, known, cached,
+                       parsed, started)
+
+    def _finish_scan(self, begun: ReadFile) -> ScanResult:
+        """Apply what _begin_scan read (under the lock) and close the file."""
+        with begun.handle as handle:
+            parsed, known, path = begun.parsed, begun.known, begun.path
+            parsed.wait_counts()
+            if known is not None and known.messages is None:  # let go meanwhile (_trim_caches): as it was read
+                known.messages = begun.cached
+            session = self._session_for(parsed.key, path)
+            mark_before = session.agent_archived
+            tail_before = session.unarchived_tokens + 4 * session.unarchived_messages
+            vanished = self._apply(session, parsed, begun.fingerprint, begun.mtime,
+                                   appended=parsed.fast and known is session, handle=handle)
+        mark_moved = known is session and session.agent_archived > mark_before
+        session.corrupt_lines = corrupt = parsed.corrupt
+        session.tail = parsed.tail
+        key = parsed.key
+        self._save_session(session)
+        if self.sessions.get(key) is not session:
+            self.sessions = {**self.sessions, key: session}
+        self._cached_messages(session)
+        self._trim_caches(session)
+        if corrupt:
+            logger.warning("session {}: skipped {} corrupt line(s)", key, corrupt)
+        if parsed.large:
+            self.large_messages += parsed.large
+            logger.warning("session {}: {} message(s) over {} MiB read whole; they are archived raw, in parts",
+                           key, parsed.large, sessionfile.MAX_LINE_BYTES >> 20)
+        return ScanResult(key, True, parsed.new_count, vanished, corrupt, time.perf_counter() - begun.started,
+                          mark_moved, tail_before)
+
+    def _stale(self, path: Path) -> bool:
+        """A scan of *path* would read it: it changed since its last scan, or was never scanned."""
+        try:
+            stat = os.stat(path)
+        except OSError:
+            return False
+        known = self._session_by_path(path)
+        return known is None or known.fingerprint != (stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
     def _session_by_path(self, path: Path) -> SessionState | None:
         key = self._keys_by_path.get(path)
         return self.sessions.get(key) if key is not None else None
 
-    def _parse(self, path: Path, known: SessionState | None, handle: BinaryIO):
+    def _parse(self, path: Path, known: SessionState | None, cached: MessageList | None, handle: BinaryIO,
+               defer_counts: bool, counter: Counter | None):
         """Read the file; only new messages are decoded and counted (see sessionscan)."""
         try:
             if known is None:
-                result = parse_session(path, self.encoding, handle=handle)
+                result = parse_session(path, self.encoding, handle=handle, defer_counts=defer_counts,
+                                       counter=counter)
             else:
-                result = parse_session(path, self.encoding, cached=self._cached_messages(known),
-                                       tail=known.tail, corrupt_before=known.corrupt_lines, handle=handle)
+                result = parse_session(path, self.encoding, cached=cached, tail=known.tail,
+                                       corrupt_before=known.corrupt_lines, handle=handle, defer_counts=defer_counts,
+                                       counter=counter)
         except OSError as exc:
             logger.warning("cannot read session file {}: {}", path, exc)
             return None
@@ -344,52 +380,6 @@ class SessionTracker(ArchiveMarks, SpoolHolding):
             session.tail = None
             self._release_hold(session)  # no held row left: the deleted file's bytes are not kept
             return ScanResult(session.key, True, 0, len(self._spool_map(session)), 0)
-
-    # -- the spool, for jobs -----------------------------------------------------------------------
-    def pending(self, key: str, *, vanished_only: bool = False) -> list[tuple[int, PendingMessage, bool]]:
-        """Spooled messages of a session in first-seen order: (seq, message, still present in the file).
-
-        Every record is read and decoded: for the few messages a flush or the rescue needs; consolidation
-        plans with `spool_plan` and reads one chunk at a time with `spooled_messages`.
-        """
-        session = self.sessions.get(key)
-        if session is None:
-            return []
-        gone = self._gone(session)
-        if vanished_only:  # few, usually: their records alone are read
-            seqs = spooldb.vanished_seqs(self.store, session.session_id, gone)
-            return [(seq, message, False) for seq, message, _ in self.spooled_messages(key, seqs)]
-        with self._lock:  # the held rows and the held version they are in, as one
-            return spooldb.read_pending(self.store, session.session_id, gone, self._resolver(session))
-
-    def vanished(self, key: str) -> list[str]:
-        """The digests of a session's spooled messages no longer in its file, in first-seen order (as
-        `pending(key, vanished_only=True)` has them, without reading a record)."""
-        session = self.sessions.get(key)
-        if session is None:
-            return []
-        return spooldb.vanished_digests_in_order(self.store, session.session_id, self._gone(session))
-
-    def spool_plan(self, key: str) -> spooldb.SpoolPlan:
-        """(seq, role, tokens, still present in the file) of a session's spooled messages, in first-seen
-        order, without their records."""
-        session = self.sessions.get(key)
-        if session is None:
-            return spooldb.SpoolPlan()
-        return spooldb.read_plan(self.store, session.session_id, self._gone(session))
-
-    def spooled_messages(self, key: str, seqs: list[int]) -> list[tuple[int, PendingMessage, str]]:
-        """The spooled messages at *seqs* that are still spooled: (seq, message, its record as JSON text)."""
-        session = self.sessions.get(key)
-        if session is None or not seqs:
-            return []
-        with self._lock:  # the held rows and the held version they are in, as one
-            return spooldb.read_spooled(self.store, session.session_id, seqs, self._resolver(session))
-
-    def _resolver(self, session: SessionState) -> spooldb.Resolve:
-        """Reads held lines from the session's held version as it is now (call under the lock)."""
-        generation, shift = session.hold_generation, session.hold_shift
-        return lambda lines: self.holds.read(session.session_id, generation, shift, lines)
 
     def _gone(self, session: SessionState) -> set[str]:
         """Spooled digests no longer in the session file: kept in step by each scan, and read from the database

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
+import signal
 import time
 
 from tests.support.fakellm import FakeLLM, Responder, Text
@@ -78,3 +80,70 @@ max_retries = 0
         if path.suffix == ".jsonl":
             for line in path.read_text().splitlines():
                 json.loads(line)
+
+
+def test_sigkill_during_a_cold_start_leaves_no_counting_process_and_the_next_start_counts_exactly(
+        tmp_path, daemon_process):
+    """A cold start of many sessions counts their tokens in a child process; the daemon killed meanwhile
+    takes it along (its stdin closes), and the next start's counts are exactly what one scan at a time gives."""
+    from nanobotd.sessions.tracker import SessionTracker
+    from nanobotd.state.store import StateStore
+    from tests.support.workspace import conversation
+
+    workspace, sessions = make_workspace(tmp_path / "ws")
+    paths = [write_session(sessions, f"cli:c{number}", conversation(240, tag=f"c{number}", words=40))
+             for number in range(60)]
+    proc = daemon_process(workspace, mode="companion")  # beside nanobot: cl100k, as the agent counts
+    proc.start(wait=False)
+    counting = _wait_for_counting_child(proc)
+    os.kill(proc.proc.pid, signal.SIGKILL)
+    proc.proc.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while _alive(counting) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(counting), "the counting process outlived its daemon"
+
+    proc.start()
+    status = proc.wait_for(lambda: _reconciled(proc, len(paths)), timeout=120)
+    store = StateStore(tmp_path / "reference").open()
+    reference = SessionTracker("ws", store, encoding="cl100k_base")
+    expected = [reference.scan(path) and reference.sessions[f"cli:c{number}"] for number, path in enumerate(paths)]
+    assert status["unarchived_messages"] == sum(session.unarchived_messages for session in expected) == 60 * 240
+    assert status["unarchived_tokens"] == sum(session.unarchived_tokens for session in expected)
+    store.close()
+
+
+def _wait_for_counting_child(proc) -> int:
+    from tests.support.observe import child_pids
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for child in child_pids(proc.proc.pid):
+            if "tokenworker" in _cmdline(child):
+                return child
+        time.sleep(0.01)
+    raise AssertionError("no counting process was started:\n" + proc.log()[-3000:])
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z"
+
+
+def _reconciled(proc, sessions: int) -> dict | None:
+    answer = proc.ctl("--json", "status")
+    if answer.returncode != 0:
+        return None
+    workspace = json.loads(answer.stdout)["workspaces"][0]
+    return workspace if workspace.get("last_reconcile") and workspace.get("sessions_watched") == sessions else None

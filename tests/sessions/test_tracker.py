@@ -348,3 +348,130 @@ def test_the_vanished_digests_come_in_the_order_of_the_vanished_messages_without
     assert tracker.vanished("cli:a") == expected[2:]
     assert tracker.vanished("cli:b") == []
     store.close()
+
+
+def _sessions_for_many(sessions) -> list:
+    """Files of every kind a reconcile meets: long and short, agent-archived, corrupt, empty, not a session."""
+    paths = [write_session(sessions, f"cli:s{number}", conversation(number * 37 % 300 + 1, tag=f"s{number}"))
+             for number in range(9)]
+    paths.append(write_session(sessions, "cli:marked", conversation(150, tag="k"), last_archived=60))
+    paths.append(write_session(sessions, "cli:corrupt", conversation(20, tag="c"), extra_lines=["{not json", "[1]"]))
+    empty = sessions / filename_for_key("cli:empty")
+    empty.write_bytes(b"")
+    paths.append(empty)
+    folder = sessions / filename_for_key("cli:folder")  # unreadable as a file: scan() gives None
+    folder.mkdir()
+    paths.append(folder)
+    return sorted(paths)
+
+
+def _change_for_many(sessions) -> None:
+    """Appends, a rewrite that drops messages (/new), a deletion."""
+    write_session(sessions, "cli:s1", conversation(38, tag="s1") + conversation(200, tag="more"))
+    write_session(sessions, "cli:s2", conversation(5, tag="fresh"))
+    (sessions / filename_for_key("cli:s3")).unlink()
+    write_session(sessions, "cli:marked", conversation(180, tag="k"), last_archived=170)
+
+
+def _accounting(store, tracker) -> dict:
+    """Everything a scan leaves behind, per session: counters, spool and message cache."""
+    found = {}
+    for key, session in tracker.sessions.items():
+        spool = store.query("SELECT digest, tokens, role FROM spool WHERE session_id=? ORDER BY digest",
+                            (session.session_id,))
+        cache = store.query("SELECT COUNT(*), SUM(tokens) FROM messages WHERE session_id=?", (session.session_id,))
+        found[key] = (session.state, session.unarchived_messages, session.unarchived_tokens, session.total_tokens,
+                      session.message_count, session.agent_archived, session.corrupt_lines, sorted(spool), cache)
+    return found
+
+
+def test_scan_many_leaves_what_one_scan_at_a_time_leaves_with_counts_in_a_child_process(tmp_path, monkeypatch):
+    """scan_many reads each file while the one before is counted (in the counting process here, with the
+    caches let go after every file, so a file read is applied to a session whose cache was dropped): each
+    session ends exactly as scanning the files one by one leaves it, cold and after changes."""
+    from nanobotd.sessions import tracker as trackermodule
+    from nanobotd.tokenprocess import CountingProcess
+
+    monkeypatch.setattr(trackermodule, "CACHED_MESSAGES", 10)
+    one_by_one, many = tmp_path / "one", tmp_path / "many"
+    _, sessions_one = make_workspace(one_by_one)
+    _, sessions_many = make_workspace(many)
+    counting = CountingProcess(after_texts=1)
+    store_one, store_many = StateStore(one_by_one / "state").open(), StateStore(many / "state").open()
+    tracker_one = SessionTracker("ws", store_one)
+    tracker_many = SessionTracker("ws", store_many, counter=counting.submit)
+    try:
+        for change in (_sessions_for_many, _change_for_many):
+            change(sessions_one)
+            change(sessions_many)
+            # and two paths with no file: one never seen, one deleted (cli:s3, once changed)
+            missing = ["never.jsonl", filename_for_key("cli:s3")]
+            paths_one = sorted(path for path in sessions_one.iterdir()) + [sessions_one / name for name in missing]
+            paths_many = sorted(path for path in sessions_many.iterdir()) + [sessions_many / name for name in missing]
+            alone = [tracker_one.scan(path) for path in paths_one]
+            together = list(tracker_many.scan_many(paths_many))
+            assert [path.name for path, _ in together] == [path.name for path in paths_many]
+            assert [_without_time(result) for _, result in together] == [_without_time(result) for result in alone]
+            assert _accounting(store_many, tracker_many) == _accounting(store_one, tracker_one)
+        assert counting.starts == 1
+        assert tracker_many.sessions["cli:s3"].state == "deleted"
+        assert tracker_many.sessions["cli:s1"].message_count == 238
+    finally:
+        counting.close()
+        store_one.close()
+        store_many.close()
+
+
+def _without_time(result):
+    return None if result is None else (result.key, result.changed, result.new_messages, result.vanished,
+                                        result.corrupt_lines, result.mark_moved, result.tail_before)
+
+
+def test_scan_many_reports_a_file_that_fails_and_goes_on_with_the_next(tmp_path, monkeypatch):
+    from nanobotd.sessions import pipeline
+
+    monkeypatch.setattr(pipeline, "SCAN_SLICE_SECONDS", 0.0)  # a slice a file: the lock is let go between
+    _, sessions = make_workspace(tmp_path)
+    paths = [write_session(sessions, f"cli:f{number}", conversation(140, tag=f"f{number}")) for number in range(4)]
+    store, tracker = make_tracker(tmp_path)
+    failing = paths[1]
+    apply = tracker._apply
+
+    def apply_or_fail(session, parsed, *args, **kwargs):
+        if session.path == failing:
+            raise RuntimeError("disk on fire")
+        return apply(session, parsed, *args, **kwargs)
+
+    monkeypatch.setattr(tracker, "_apply", apply_or_fail)
+    results = dict(tracker.scan_many(sorted(paths)))
+    assert isinstance(results[failing], RuntimeError)
+    assert all(results[path].changed for path in paths if path != failing)
+    assert {key for key in tracker.sessions} == {"cli:f0", "cli:f2", "cli:f3"}
+    assert all(tracker.sessions[key].message_count == 140 for key in ("cli:f0", "cli:f2", "cli:f3"))
+    store.close()
+
+
+def test_scan_many_counts_in_its_counter_only_when_two_files_or_more_are_to_be_read(tmp_path):
+    """One long file alone is counted by the counting threads (no process and no second encoding for it)."""
+    from nanobotd.tokens import submit_tokens_batch
+
+    _, sessions = make_workspace(tmp_path)
+    batches: list[int] = []
+
+    def counter(texts, encoding):
+        batches.append(len(texts))
+        return submit_tokens_batch(texts, encoding)
+
+    store = StateStore(tmp_path / "state").open()
+    tracker = SessionTracker("ws", store, counter=counter)
+    long_one = write_session(sessions, "cli:long", conversation(600, tag="l"))
+    short_one = write_session(sessions, "cli:short", conversation(3, tag="s"))
+    tracker.scan(short_one)
+    list(tracker.scan_many([long_one, short_one]))  # only the long one is new
+    assert batches == [] and tracker.sessions["cli:long"].message_count == 600
+    write_session(sessions, "cli:long", conversation(900, tag="l"))
+    write_session(sessions, "cli:short", conversation(200, tag="s"))
+    list(tracker.scan_many([long_one, short_one]))
+    assert sum(batches) == 300 + 197  # every new message of both, and nothing else
+    assert tracker.sessions["cli:short"].unarchived_messages == 200
+    store.close()

@@ -1,0 +1,96 @@
+"""Scanning many session files in a row, for the session tracker (a start-up reconcile).
+
+`SessionTracker` mixes this in. Each file is read (`_begin_scan`) while the tokens of the one before are
+still being counted, then that one is applied (`_finish_scan`): the counting (in the counting process or
+threads) runs beside the reading instead of after it. The tracker's lock is held a slice of
+SCAN_SLICE_SECONDS at a time, every file begun in a slice applied before the lock is let go, so a scan of one
+file from the watcher never meets a file half scanned.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from nanobotd.sessions.messages import MessageList
+from nanobotd.sessions.scan import Counter, ParseResult
+from nanobotd.sessions.session import ScanResult, SessionState
+
+SCAN_SLICE_SECONDS = 0.25  # scan_many holds the lock this long at a time (archive marks wait for it)
+
+
+@dataclass
+class ReadFile:
+    """A session file read by the tracker's _begin_scan, still open, its parse to apply by _finish_scan."""
+
+    path: Path
+    handle: BinaryIO
+    fingerprint: tuple[int, int, int]
+    mtime: float
+    known: SessionState | None  # the session the path had when it was read
+    cached: MessageList | None  # its message cache then
+    parsed: ParseResult
+    started: float
+
+
+class ScanPipeline:
+    """scan_many (the tracker's _lock, counter, _stale, _begin_scan and _finish_scan are used as is)."""
+
+    def scan_many(self, paths: Iterable[Path]) -> Iterator[tuple[Path, ScanResult | None | Exception]]:
+        """scan() of each of *paths* in order, each file read while the tokens of the one before are still
+        being counted (tiktoken counts without the GIL): a start-up reconcile of many files.
+
+        Yields (path, what scan() returns, or the Exception it raised). The lock is held a slice of
+        SCAN_SLICE_SECONDS at a time, every file begun in it finished before it is let go. When two files or
+        more are to be read, the tracker's counter (the counting process) counts: beside one file, however
+        long, the counting threads cost less memory than a process with an encoding of its own.
+        """
+        paths = [Path(path) for path in paths]
+        stale = (path for path in paths if self._stale(path))
+        counter = self.counter if len(list(itertools.islice(stale, 2))) == 2 else None
+        remaining = iter(paths)
+        more = True
+        while more:
+            with self._lock:
+                done, more = self._scan_slice(remaining, counter)
+            yield from done
+
+    def _scan_slice(self, paths: Iterator[Path], counter: Counter | None) -> tuple[list, bool]:
+        """Scan paths until the slice's time is up; returns what was scanned and whether paths are left."""
+        done: list[tuple[Path, ScanResult | None | Exception]] = []
+        until = time.perf_counter() + SCAN_SLICE_SECONDS
+        waiting: ReadFile | None = None
+        more = False
+        try:
+            for path in paths:
+                try:
+                    begun = self._begin_scan(path, defer_counts=True, counter=counter)
+                except Exception as exc:  # reported with this path, in its turn
+                    begun = exc
+                if waiting is not None:
+                    done.append((waiting.path, self._finish_caught(waiting)))
+                    waiting = None
+                if isinstance(begun, ReadFile):
+                    waiting = begun
+                else:
+                    done.append((path, begun))
+                if time.perf_counter() >= until:
+                    more = True
+                    break
+            if waiting is not None:
+                done.append((waiting.path, self._finish_caught(waiting)))
+                waiting = None
+        finally:
+            if waiting is not None:  # interrupted: the file read is let go unapplied
+                waiting.handle.close()
+        return done, more
+
+    def _finish_caught(self, begun: ReadFile) -> ScanResult | Exception:
+        try:
+            return self._finish_scan(begun)
+        except Exception as exc:
+            return exc
