@@ -59,7 +59,7 @@ class ProcessCounts:
         """Every text's count, as count_tokens_batch gives it."""
         if not self._answered.wait(self._child.result_timeout):
             self._child.kill("did not answer a batch in time")
-            self._answered.wait()
+            self._answered.wait(EXIT_WAIT_SECONDS)  # the reader answers None once the pipe ends
         if self._counts is None or len(self._counts) != len(self._texts):
             return count_tokens_batch(self._texts, self._encoding_name)
         return self._counts
@@ -70,7 +70,8 @@ class _Child:
 
     def __init__(self, command: list[str], result_timeout: float) -> None:
         self.result_timeout = result_timeout
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        # buffered pipes: a read of n bytes waits for all n (a raw pipe may hand over part of an answer)
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.waiting: deque[ProcessCounts] = deque()  # sent, not answered: the reader answers the first
         self.failed = False
         self._send = threading.Lock()
@@ -85,14 +86,18 @@ class _Child:
         pending = ProcessCounts(self, texts, encoding_name)
         request = encode_request(texts, encoding_name)
         with self._send:  # answered in the order written
-            self.waiting.append(pending)
-            self._requests.put(request)
+            if self.failed:  # the reader has ended: nobody would answer it
+                pending.answer(None)
+            else:
+                self.waiting.append(pending)
+                self._requests.put(request)
         return pending
 
     def _write(self) -> None:
         while (request := self._requests.get()) is not None:
             try:
                 self.process.stdin.write(request)
+                self.process.stdin.flush()
             except (OSError, ValueError):  # it died: the reader answers every batch waiting with None
                 self.kill("could not be written to")
                 return
@@ -114,9 +119,10 @@ class _Child:
                 self.waiting.popleft().answer(counts.tolist())
         except (OSError, ValueError):
             pass
-        self.failed = True
-        while self.waiting:  # what it took with it is counted in the daemon
-            self.waiting.popleft().answer(None)
+        with self._send:  # a batch sent from now on is answered None at once
+            self.failed = True
+            while self.waiting:  # what it took with it is counted in the daemon
+                self.waiting.popleft().answer(None)
         self._reap()
 
     def _reap(self) -> None:

@@ -35,6 +35,9 @@ def test_the_process_counts_what_the_daemon_counts_even_lone_surrogates():
         assert pending.result() == count_tokens_batch(TEXTS, ENCODING)
         other = counting.submit(TEXTS[:2], "o200k_base")  # the encoding travels with the batch
         assert other.result() == count_tokens_batch(TEXTS[:2], "o200k_base")
+        many = [f"text {number}" for number in range(20_000)]  # an answer (80 kB) over a pipe's 64 kB
+        assert counting.submit(many, ENCODING).result() == count_tokens_batch(many, ENCODING)
+        assert isinstance(counting.submit(TEXTS, ENCODING), ProcessCounts), "still counting in the process"
     finally:
         counting.close()
 
