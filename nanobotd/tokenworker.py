@@ -1,9 +1,9 @@
 """The counting process: counts batches of texts' tokens for the daemon, beside it.
 
-A scan of many new messages counts them here instead of in the daemon's counting threads: tiktoken
+A reconcile reading several session files has their tokens counted here, not in the daemon's threads: tiktoken
 encodes without the GIL, but each text's call takes the GIL twice, and beside a scanning thread busy
 in Python every take waits. The daemon writes a batch to stdin and reads its counts from stdout (see
-`tokens.CountingProcess`); the process exits when stdin closes, as it does when the daemon dies.
+`tokenprocess.CountingProcess`); the process exits when stdin closes, as it does when the daemon dies.
 
 A request: `<I` length, then the pickled (encoding name, texts). The answer: `<I` texts, then a `<I`
 count each, in the order asked.

@@ -56,7 +56,7 @@ class Workspace:
         # beside nanobot, count as nanobot counts (cl100k); an owner counts for its own model
         encoding = (encoding_name_for(settings.llm.model) if settings.consolidation.mode == "owner"
                     else AGENT_ENCODING)
-        self.counting = CountingProcess()  # a scan of many new messages counts them in a child process
+        self.counting = CountingProcess()  # a reconcile reading several files counts in a child process
         self.tracker = SessionTracker(settings.name, store, encoding=encoding, clock=clock,
                                       counter=self.counting.submit)
         self.agent = AgentSettings(path=None)

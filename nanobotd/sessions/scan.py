@@ -161,7 +161,7 @@ def parse_session(path: Path, encoding: str, *, cached: Sequence[MessageInfo] | 
     if handle is None:
         with fsio.open_regular(path) as opened:
             return parse_session(path, encoding, cached=cached, tail=tail, corrupt_before=corrupt_before,
-                                 handle=opened)
+                                 handle=opened, defer_counts=defer_counts, counter=counter)
     result = None
     if cached is not None and tail is not None:
         result = _parse_appended(path, handle, encoding, cached, tail, corrupt_before, counter)

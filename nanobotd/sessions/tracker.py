@@ -50,6 +50,11 @@ from nanobotd.state.store import StateStore
 CACHED_MESSAGES = 50_000  # message infos kept in memory for the sessions used last (a big one stays alone)
 
 
+def fingerprint_of(stat: os.stat_result) -> tuple[int, int, int]:
+    """What tells a version of a session file from another: inode (a rename), size and mtime."""
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
 class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
     """Tracks every session file of one workspace; thread-safe (scans run on an executor)."""
 
@@ -132,7 +137,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
         except FileNotFoundError:
             return self.forget_path(path)
         known = self._session_by_path(path)
-        if known is not None and known.fingerprint == (stat.st_ino, stat.st_size, stat.st_mtime_ns) and not force:
+        if known is not None and known.fingerprint == fingerprint_of(stat) and not force:
             return ScanResult(known.key, False)
         try:
             handle = fsio.open_regular(path)
@@ -151,7 +156,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
         if parsed is None:
             handle.close()
             return None
-        return ReadFile(path, handle, (stat.st_ino, stat.st_size, stat.st_mtime_ns), stat.st_mtime, known, cached,
+        return ReadFile(path, handle, fingerprint_of(stat), stat.st_mtime, known, cached,
                        parsed, started)
 
     def _finish_scan(self, begun: ReadFile) -> ScanResult:
@@ -191,7 +196,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
         except OSError:
             return False
         known = self._session_by_path(path)
-        return known is None or known.fingerprint != (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        return known is None or known.fingerprint != fingerprint_of(stat)
 
     def _session_by_path(self, path: Path) -> SessionState | None:
         key = self._keys_by_path.get(path)
