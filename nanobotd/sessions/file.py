@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring as _json_string
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from nanobotd import fsio
 
@@ -40,9 +40,9 @@ class SessionHeader:
     updated_at: str = ""
 
 
-@dataclass(frozen=True)
-class RawLine:
-    """One line of a session file, undecoded, with a digest of its bytes (the parse cache key)."""
+class RawLine(NamedTuple):
+    """One line of a session file, undecoded, with a digest of its bytes (the parse cache key); a tuple, made
+    once a line (a frozen dataclass cost ~1.4 µs of each line's ~25)."""
 
     number: int
     data: bytes | None

@@ -297,9 +297,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
         try:
             with self.store.transaction() as db:
                 self._apply_hold(db, session, hold)
-                rows = ((info.digest, info.role, info.timestamp, info.tokens, parsed.new_line(index))
-                        for index in to_spool for info in (messages[index],))
-                spooldb.insert_rows(db, session.session_id, rows, handle, now, shift=hold.shift)
+                spooldb.insert_rows(db, session.session_id, parsed.spool_rows(to_spool), handle, now, shift=hold.shift)
                 bulk.delete_in(db, "spool", "digest", agent_done, where={"session_id": session.session_id})
                 store_message_cache(db, session.session_id, old, messages, known_prefix=known_prefix)
         except BaseException:

@@ -57,6 +57,22 @@ def test_each_new_counted_message_points_at_its_own_line_and_reused_ones_do_not(
     assert not reparsed.new_records and len(reparsed.all_records()) == 7
 
 
+@pytest.mark.parametrize("numbers", [[], [0], [1, 2, 3], [0, 5, 6, 4099, 4100, 5000, 5001], list(range(5002))])
+def test_spool_rows_give_each_asked_message_its_fields_and_line_as_one_message_at_a_time_does(tmp_path, numbers):
+    """The rows a scan spools are read a block of columns at a time (past a block's end too, with gaps): the
+    same digest, role, timestamp, tokens and line as reading each message and its new_line, in order."""
+    command = {"role": "user", "content": "/status", "timestamp": "2026-11-01T09:00:30", "_command": True}
+    _, sessions = make_workspace(tmp_path)
+    path = write_session(sessions, "cli:a", [command] + conversation(5001, tag="b"))
+    parsed = parse_session(path, "o200k_base")
+    expected = [(parsed.messages[index].digest, parsed.messages[index].role, parsed.messages[index].timestamp,
+                 parsed.messages[index].tokens, parsed.new_line(index)) for index in numbers]
+    assert list(parsed.spool_rows(numbers)) == expected
+    if numbers[:1] == [0]:
+        assert expected[0][4] is None  # the slash command has no line to spool
+    assert all(row[4] is not None for row in expected[1:])
+
+
 def test_a_message_inserted_mid_file_falls_back_to_the_full_parse(tmp_path):
     messages = conversation(10)
     checkpoint = {"role": "user", "content": "summary", "timestamp": "2026-11-01T09:01:00", "_hidden_history": True}
