@@ -27,6 +27,7 @@ MAX_LINE_BYTES = 8 * 1024 * 1024
 MESSAGE_LINE_BYTES = 64 * 1024 * 1024
 READ_CHUNK = 1024 * 1024
 SESSION_SUFFIX = ".jsonl"
+_DECODER = json.JSONDecoder()  # json.loads' own, called without its per-call encoding detection
 
 
 @dataclass
@@ -107,10 +108,7 @@ def iter_raw_lines(path: Path, max_line_bytes: int = MAX_LINE_BYTES, offset: int
         with fsio.open_regular(path) as opened:
             yield from iter_raw_lines(path, max_line_bytes, offset, handle=opened)
         return
-    number = 0
-    pending = bytearray()
-    skipping = 0
-    position = offset
+    reader = _LineReader(max_line_bytes, offset)
     remaining = os.fstat(handle.fileno()).st_size - offset
     handle.seek(offset)
     while remaining > 0:
@@ -118,31 +116,55 @@ def iter_raw_lines(path: Path, max_line_bytes: int = MAX_LINE_BYTES, offset: int
         if not chunk:
             break
         remaining -= len(chunk)
-        start = 0
-        while True:
-            newline = chunk.find(b"\n", start)
-            piece = chunk[start:] if newline < 0 else chunk[start:newline]
-            if skipping:
-                skipping += len(piece)
-            else:
-                pending += piece
-                if len(pending) > max_line_bytes:
-                    skipping = len(pending)
-                    pending.clear()
-            if newline < 0:
-                break
-            number += 1
-            line = _finish_line(number, pending, skipping, position + newline + 1, True)
-            if line is not None:
-                yield line
-            pending.clear()
-            skipping = 0
-            start = newline + 1
-        position += len(chunk)
-    if pending or skipping:
-        line = _finish_line(number + 1, pending, skipping, position, False)
+        yield from reader.lines_in(chunk)
+    if reader.pending or reader.skipping:
+        line = _finish_line(reader.number + 1, reader.pending, reader.skipping, reader.position, False)
         if line is not None:
             yield line
+
+
+class _LineReader:
+    """The lines of a file read a chunk at a time: a line inside one chunk is sliced from it (nearly every
+    line), one across chunks is gathered in *pending* (or only measured, past the size cap)."""
+
+    def __init__(self, max_line_bytes: int, offset: int) -> None:
+        self.max_line_bytes = max_line_bytes
+        self.number = 0
+        self.pending = bytearray()
+        self.skipping = 0
+        self.position = offset  # where the chunk being read starts
+
+    def lines_in(self, chunk: bytes) -> Iterator[RawLine]:
+        start, position = 0, self.position
+        while True:
+            newline = chunk.find(b"\n", start)
+            if newline >= 0 and not (self.pending or self.skipping) and newline - start <= self.max_line_bytes:
+                self.number += 1
+                data = chunk[start:newline].strip()
+                if data:
+                    yield RawLine(self.number, data, line_digest(data), end=position + newline + 1,
+                                  start=position + start)
+            else:
+                self._gather(chunk[start:] if newline < 0 else chunk[start:newline])
+                if newline < 0:
+                    break
+                self.number += 1
+                line = _finish_line(self.number, self.pending, self.skipping, position + newline + 1, True)
+                if line is not None:
+                    yield line
+                self.pending.clear()
+                self.skipping = 0
+            start = newline + 1
+        self.position += len(chunk)
+
+    def _gather(self, piece: bytes) -> None:
+        if self.skipping:
+            self.skipping += len(piece)
+            return
+        self.pending += piece
+        if len(self.pending) > self.max_line_bytes:
+            self.skipping = len(self.pending)
+            self.pending.clear()
 
 
 def _finish_line(number: int, pending: bytearray, skipping: int, end: int, terminated: bool) -> RawLine | None:
@@ -163,10 +185,14 @@ def line_digest(data: bytes) -> str:
 
 def decode_record(line: RawLine) -> dict | None:
     """The JSON object on *line*, or None when it is not one (corrupt, binary, oversized)."""
-    if line.data is None:
+    data = line.data
+    if data is None:
         return None
     try:
-        record = json.loads(line.data)
+        if data[:1] == b"{" and not data.startswith(b"{\x00"):  # UTF-8, as json.loads would detect it
+            record = _DECODER.decode(data.decode("utf-8", "surrogatepass"))
+        else:
+            record = json.loads(data)
     except (ValueError, RecursionError):  # deep nesting is garbage too, not a crash
         return None
     return record if isinstance(record, dict) else None

@@ -51,6 +51,57 @@ def test_lines_of_any_bytes_are_the_non_blank_lines_or_say_they_were_too_long(co
     assert all(line.end <= len(content) for line in lines)
 
 
+def expected_lines(content: bytes, limit: int) -> list[tuple]:
+    """(number, data or None, oversized, start, end, terminated) of each non-blank line, from a plain split."""
+    found, start = [], 0
+    pieces = content.split(b"\n")
+    for number, piece in enumerate(pieces, start=1):
+        terminated = number < len(pieces)
+        end = start + len(piece) + terminated
+        if len(piece) > limit:
+            found.append((number, None, len(piece), start, end, terminated))
+        elif piece.strip():
+            found.append((number, piece.strip(), 0, start, end, terminated))
+        start = end
+    return found
+
+
+@settings(max_examples=300, deadline=None)
+@given(content=st.lists(st.sampled_from([b"\n", b" ", b"{", b"x", b"\xff", b"ab\ncd", b"  \n"]), max_size=80)
+       .map(b"".join), limit=st.integers(min_value=1, max_value=40), chunk=st.integers(min_value=1, max_value=17))
+def test_lines_that_cross_read_chunks_are_read_as_lines_inside_one_are(content, limit, chunk):
+    """A line inside one read chunk is sliced from it, one across chunks gathered: both give the same line,
+    offsets and numbering as a plain split, over or under the size cap, the last one unterminated."""
+    original = sessionfile.READ_CHUNK
+    sessionfile.READ_CHUNK = chunk
+    try:
+        lines = list(sessionfile.iter_raw_lines(write(content), max_line_bytes=limit))
+    finally:
+        sessionfile.READ_CHUNK = original
+    assert [(line.number, line.data, line.oversized, line.start, line.end, line.terminated) for line in lines] == \
+        expected_lines(content, limit)
+    assert all(line.line_digest == sessionfile.line_digest(line.data) for line in lines if line.data is not None)
+
+
+def decoded_as_json_loads_would(data: bytes) -> dict | None:
+    try:
+        record = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+@settings(max_examples=300, deadline=None)
+@given(record=RECORDS, encoding=st.sampled_from(["utf-8", "utf-8-sig", "utf-16", "utf-16-le", "utf-32-le"]),
+       junk=st.binary(max_size=6))
+def test_a_line_decodes_exactly_as_json_loads_decodes_its_bytes_whatever_their_encoding(record, encoding, junk):
+    text = json.dumps(record, ensure_ascii=False)
+    for data in (text.encode(encoding, "surrogatepass"), text.encode("utf-8", "surrogatepass") + junk,
+                 b"{" + junk, junk):
+        line = sessionfile.RawLine(1, data, "")
+        assert sessionfile.decode_record(line) == decoded_as_json_loads_would(data)
+
+
 @settings(max_examples=200, deadline=None)
 @given(lines=st.lists(LINES, max_size=12))
 def test_any_line_decodes_to_a_record_or_none_and_a_header_stays_sane(lines):
