@@ -6,7 +6,6 @@ point TIKTOKEN_CACHE_DIR at them before the first get_encoding. litellm itself i
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import gc
 import importlib.util
@@ -17,6 +16,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from nanobotd import heap
 
 DEFAULT_ENCODING = "o200k_base"
 CL100K_MODEL_HINTS = ("gpt-4-", "gpt-4", "gpt-3.5", "text-embedding", "claude")
@@ -226,8 +227,5 @@ def release_if_idle(idle_seconds: float) -> bool:
     if registry is not None:
         registry.ENCODINGS.clear()
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    heap.trim()
     return True

@@ -8,10 +8,12 @@ from pathlib import Path
 
 from loguru import logger
 
+from nanobotd import heap
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.workspace import ALL_FILES, Workspace
 
 MAX_WAIT_FACTOR = 5  # changes wait at most this many debounce periods for the index
+TRIM_AFTER_REFRESH_SECONDS = 1.0  # a refresh this long gives its freed memory back (heap.trim) when it ends
 
 
 def session_changed(core: Core, workspace: Workspace, path: Path) -> None:
@@ -56,9 +58,9 @@ async def refresh_index(core: Core, workspace: Workspace) -> dict | None:
     paths, workspace.pending_paths = workspace.pending_paths, set()
     changed = None if ALL_FILES in paths or not paths else sorted(paths)
     # counted for status: an index refresh runs beside jobs and shares the CPU (and the GIL) with them
+    loop = asyncio.get_running_loop()
     started = workspace.refresh_started = time.monotonic()
     try:
-        loop = asyncio.get_running_loop()
         workspace.last_refresh = await loop.run_in_executor(core.executor, workspace.index.refresh, changed)
     except Exception as exc:  # the index is a cache: a failure is logged, never fatal
         logger.opt(exception=exc).error("workspace {}: index refresh failed: {}", workspace.name, exc)
@@ -66,6 +68,9 @@ async def refresh_index(core: Core, workspace: Workspace) -> dict | None:
         workspace.refreshes += 1
         workspace.refresh_seconds += time.monotonic() - started
         workspace.refresh_started = None
+    if time.monotonic() - started >= TRIM_AFTER_REFRESH_SECONDS:
+        # a long refresh read a long transcript: its transient memory goes back before the next scan adds its own
+        await loop.run_in_executor(core.executor, heap.trim)
     return workspace.last_refresh
 
 

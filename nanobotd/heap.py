@@ -1,0 +1,22 @@
+"""Giving freed memory back to the operating system.
+
+CPython frees objects into glibc's heap, which keeps the pages: after a large transient (an encoding
+loaded then dropped, the index refresh of a long transcript) the daemon's RSS stays where the transient
+took it, and the next transient adds to that instead of reusing it. `malloc_trim` hands the free pages back.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+LIBC = "libc.so.6"
+
+
+def trim(library: str = LIBC) -> bool:
+    """Return the heap's free pages to the system (glibc's malloc_trim); False where that is not available."""
+    try:
+        release = ctypes.CDLL(library).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return False
+    release(0)
+    return True
