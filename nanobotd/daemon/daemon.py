@@ -15,7 +15,7 @@ from pathlib import Path
 
 from loguru import logger
 
-from nanobotd import __version__, tokens
+from nanobotd import __version__, heap, tokens
 from nanobotd.api.server import ControlServer
 from nanobotd.config.load import Config, ConfigError, load_config, socket_group_id
 from nanobotd.config.schema import WorkspaceSettings
@@ -34,6 +34,7 @@ TICK_SECONDS = 1.0
 RESTART_KEYS = ("socket", "state_dir", "socket_group", "log_level", "timezone")
 IDLE_CHECK_SECONDS = 30.0
 TOKENIZER_IDLE_SECONDS = 60.0
+CACHE_IDLE_SECONDS = 300.0  # a session's in-memory caches go after this long unused (read back when needed)
 
 
 class Daemon:
@@ -166,8 +167,21 @@ class Daemon:
                     for workspace in self.core.workspaces.values():
                         if workspace.counting.stop_if_idle(TOKENIZER_IDLE_SECONDS):
                             logger.debug("workspace {}: let the idle token counting process go", workspace.name)
+                    released = await asyncio.get_running_loop().run_in_executor(self.core.executor,
+                                                                                self._release_idle_caches)
+                    if released:
+                        logger.debug("let go of {} idle session cache entries", released)
             except Exception as exc:  # the tick loop carries the watchdog: it must outlive any bug
                 logger.opt(exception=exc).error("tick: {}", exc)
+
+    def _release_idle_caches(self) -> int:
+        """Idle sessions' caches go, and the heap gives their pages back (on the executor: a scan may hold a
+        tracker's lock)."""
+        released = sum(workspace.tracker.release_idle_caches(CACHE_IDLE_SECONDS)
+                       for workspace in self.core.workspaces.values())
+        if released:
+            heap.trim()
+        return released
 
     def _idle_check_seconds(self) -> float:
         """Check for idle sessions often enough for the most pressing workspace, at most every 30 s."""

@@ -71,7 +71,8 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
         self.large_messages = 0
         self._lock = threading.RLock()
         self._keys_by_path: dict[Path, str] = {}
-        self._cached: OrderedDict[str, None] = OrderedDict()  # sessions whose caches are in memory, last used last
+        # sessions whose caches are in memory, last used last, with when (self.clock) they were last used
+        self._cached: OrderedDict[str, float] = OrderedDict()
         self.holds = Holds(store.state_dir)
         self._load_sessions()
         swept = self.holds.sweep({session.session_id: session.hold_generation for session in self.sessions.values()})
@@ -101,7 +102,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
         with self._lock:
             if session.messages is None:
                 session.messages = spooldb.read_message_cache(self.store, session.session_id)
-            self._cached[session.key] = None
+            self._cached[session.key] = self.clock()
             self._cached.move_to_end(session.key)
             return session.messages
 
@@ -118,6 +119,23 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
             del self._cached[key]
             if session is not None:
                 session.messages, session.gone, session.spool = None, None, None
+
+    def release_idle_caches(self, idle_seconds: float) -> int:
+        """Let go of the in-memory caches (message list, spool map, vanished set) of the sessions not used for
+        *idle_seconds*: an idle daemon keeps none of a long session's ~100 bytes a message; the next scan or
+        job reads them back from the database. Returns how many cached messages were let go."""
+        released = 0
+        with self._lock:
+            cutoff = self.clock() - idle_seconds
+            for key, used in list(self._cached.items()):
+                if used > cutoff:
+                    break  # last used last: every session after this one was used later
+                del self._cached[key]
+                session = self.sessions.get(key)
+                if session is not None:
+                    released += len(session.messages or ()) + len(session.spool or ())
+                    session.messages, session.gone, session.spool = None, None, None
+        return released
 
     # -- scanning ----------------------------------------------------------------------------------
     def scan(self, path: Path, *, force: bool = False) -> ScanResult | None:

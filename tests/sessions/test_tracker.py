@@ -475,3 +475,37 @@ def test_scan_many_counts_in_its_counter_only_when_two_files_or_more_are_to_be_r
     assert sum(batches) == 300 + 197  # every new message of both, and nothing else
     assert tracker.sessions["cli:short"].unarchived_messages == 200
     store.close()
+
+
+def test_idle_sessions_let_their_caches_go_and_read_them_back_with_the_same_accounting(tmp_path):
+    """release_idle_caches drops the caches of sessions unused for the idle time, and only theirs; a later
+    save, a cut and an archive of such a session leave exactly what a tracker that kept its caches leaves."""
+    now = [1_000.0]
+    _, sessions = make_workspace(tmp_path / "one")
+    kept_store = StateStore(tmp_path / "kept-state").open()
+    kept = SessionTracker("ws", kept_store)
+    store = StateStore(tmp_path / "state").open()
+    tracker = SessionTracker("ws", store, clock=lambda: now[0])
+    conversations = {f"cli:{name}": conversation(12, tag=name) for name in "ab"}
+    paths = {key: write_session(sessions, key, messages) for key, messages in conversations.items()}
+    for path in paths.values():
+        tracker.scan(path)
+        kept.scan(path)
+    now[0] += 200
+    tracker.scan(paths["cli:b"])  # unchanged, but b is used again
+    write_session(sessions, "cli:b", conversations["cli:b"] + conversation(1, tag="b2"))
+    tracker.scan(paths["cli:b"])
+    kept.scan(paths["cli:b"])
+    now[0] += 150  # a: 350 s unused; b: 150 s
+    assert tracker.release_idle_caches(300) == 12 + 12  # a's 12 messages and its 12 spooled rows
+    a, b = tracker.sessions["cli:a"], tracker.sessions["cli:b"]
+    assert (a.messages, a.spool, a.gone) == (None, None, None)
+    assert b.messages is not None and len(b.messages) == 13
+    assert tracker.release_idle_caches(300) == 0  # nothing more is idle
+    write_session(sessions, "cli:a", conversations["cli:a"][5:] + conversation(2, tag="a2"))  # a cut and a save
+    assert _without_time(tracker.scan(paths["cli:a"])) == _without_time(kept.scan(paths["cli:a"]))
+    for each in (tracker, kept):
+        each.mark_archived("cli:a", [message.digest for _, message, _ in each.pending("cli:a")][:4], "r-1")
+    assert _accounting(store, tracker) == _accounting(kept_store, kept)
+    store.close()
+    kept_store.close()
