@@ -116,10 +116,8 @@ class ParseResult:
                                                                               start=numbers[0]):
             if index != number:
                 continue
-            at = index - lines.first
-            kind = lines.kinds[at] if 0 <= at < len(lines.kinds) else LINE_NONE
-            yield digest, role, stamp, tokens, (LineRef(lines.starts[at], lines.ends[at], line_digest)
-                                                if kind == LINE_NEW else None)
+            yield digest, role, stamp, tokens, (lines.ref(index, line_digest) if lines.kind(index) == LINE_NEW
+                                                else None)
             number = next(wanted, None)
             if number is None:
                 return

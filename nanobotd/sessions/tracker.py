@@ -116,26 +116,30 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
             if session is keep or (session is not None and total + size <= CACHED_MESSAGES):
                 total += size
                 continue
-            del self._cached[key]
-            if session is not None:
-                session.messages, session.gone, session.spool = None, None, None
+            self._let_go(key)
 
     def release_idle_caches(self, idle_seconds: float) -> int:
-        """Let go of the in-memory caches (message list, spool map, vanished set) of the sessions not used for
-        *idle_seconds*: an idle daemon keeps none of a long session's ~100 bytes a message; the next scan or
-        job reads them back from the database. Returns how many cached messages were let go."""
+        """Let go of the in-memory caches of the sessions not used for *idle_seconds*: an idle daemon keeps none
+        of a long session's ~100 bytes a message; the next scan or job reads them back from the database.
+        Returns how many entries (cached messages and spooled rows) were let go."""
         released = 0
         with self._lock:
             cutoff = self.clock() - idle_seconds
             for key, used in list(self._cached.items()):
                 if used > cutoff:
                     break  # last used last: every session after this one was used later
-                del self._cached[key]
-                session = self.sessions.get(key)
-                if session is not None:
-                    released += len(session.messages or ()) + len(session.spool or ())
-                    session.messages, session.gone, session.spool = None, None, None
+                released += self._let_go(key)
         return released
+
+    def _let_go(self, key: str) -> int:
+        """Drop one session's caches (message list, spool map, vanished set); returns the entries they held."""
+        del self._cached[key]
+        session = self.sessions.get(key)
+        if session is None:
+            return 0
+        held = len(session.messages or ()) + len(session.spool or ())
+        session.messages, session.gone, session.spool = None, None, None
+        return held
 
     # -- scanning ----------------------------------------------------------------------------------
     def scan(self, path: Path, *, force: bool = False) -> ScanResult | None:
