@@ -82,7 +82,10 @@ def end_line(run: RunRecord) -> str:
 
 def _consolidate(manifest: dict) -> dict:
     done = [chunk for chunk in manifest.get("chunks") or [] if isinstance(chunk, dict) and chunk.get("done")]
-    entries = len(manifest.get("cursors") or [])
+    # a running consolidation journals no `cursors` (its chunks hold them: state.runsteps)
+    cursors = (manifest.get("cursors") if "cursors" in manifest
+               else [cursor for chunk in done for cursor in chunk.get("cursors") or ()])
+    entries = len(cursors or [])
     return {"entries_added": entries, "messages_archived": sum(int(chunk.get("count") or 0) for chunk in done),
             "files": [HISTORY_FILE] if entries else []}
 

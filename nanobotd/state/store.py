@@ -21,6 +21,7 @@ from typing import TypeVar
 
 from loguru import logger
 
+from nanobotd.state import runsteps
 from nanobotd.timestamps import iso_local
 
 T = TypeVar("T")
@@ -143,6 +144,15 @@ MIGRATIONS: list[str] = [
     ALTER TABLE sessions ADD COLUMN hold_generation INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE sessions ADD COLUMN hold_shift INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE sessions ADD COLUMN hold_links INTEGER NOT NULL DEFAULT 0;
+    """,
+    # 5: a long run's steps journalled one row each (runsteps), not inside a manifest rewritten at every step
+    """
+    CREATE TABLE run_steps (
+        run_id TEXT NOT NULL,
+        step INTEGER NOT NULL,
+        record TEXT NOT NULL,
+        PRIMARY KEY (run_id, step)
+    );
     """,
 ]
 
@@ -306,9 +316,15 @@ class StateStore:
         with self.transaction() as db:
             journal_in(db, run_id, manifest)
 
+    def journal_steps(self, run_id: str, steps: list[tuple[int, dict]], head: dict) -> None:
+        """Journal a few step records of a long run and its manifest's head (see state.runsteps)."""
+        with self.transaction() as db:
+            runsteps.write_steps(db, run_id, steps, head)
+
     def finish_run(self, run_id: str, *, state: str, outcome: str, manifest: dict | None = None) -> None:
         """Close a run: state finished | failed | rolled_back, with its outcome."""
         with self.transaction() as db:
+            manifest = runsteps.fold_steps(db, run_id, manifest)
             if manifest is None:
                 db.execute("UPDATE runs SET state=?, outcome=?, finished_at=? WHERE run_id=?",
                            (state, outcome, self.clock(), run_id))
@@ -318,15 +334,24 @@ class StateStore:
 
     def get_run(self, run_id: str) -> RunRecord | None:
         """One run by id."""
-        rows = self.query("SELECT * FROM runs WHERE run_id=?", (run_id,))
-        return _run_from_row(rows[0]) if rows else None
+        runs = self._runs("SELECT * FROM runs WHERE run_id=?", (run_id,))
+        return runs[0] if runs else None
 
     def list_runs(self, *, kind: str | None = None, workspace: str | None = None, limit: int = 50,
                   states: tuple[str, ...] | None = None, unchanged: bool = True) -> list[RunRecord]:
         """Newest first; *unchanged* False leaves out the finished runs that changed nothing."""
         where, args = _run_filter(kind, workspace, states, unchanged)
         sql = f"SELECT * FROM runs WHERE {where} ORDER BY started_at DESC, rowid DESC LIMIT ?"
-        return [_run_from_row(row) for row in self.query(sql, (*args, limit))]
+        return self._runs(sql, (*args, limit))
+
+    def _runs(self, sql: str, args: tuple) -> list[RunRecord]:
+        """The runs *sql* selects, an open run's journalled steps put back in its manifest."""
+        with self._lock:
+            db = self._require()
+            rows = db.execute(sql, args).fetchall()
+            open_runs = [row[0] for row in rows if row[4] in OPEN_RUN_STATES]
+            steps = runsteps.steps_of(db, open_runs) if open_runs else {}
+        return [_run_from_row(row, steps.get(row[0])) for row in rows]
 
     def count_unchanged_runs(self, *, kind: str | None = None, workspace: str | None = None) -> int:
         """How many finished runs changed nothing, so a listing that hides them can say so."""
@@ -392,10 +417,11 @@ def _run_filter(kind: str | None, workspace: str | None, states: tuple[str, ...]
     return " AND ".join(clauses), args
 
 
-def _run_from_row(row: tuple) -> RunRecord:
+def _run_from_row(row: tuple, steps: list[dict] | None = None) -> RunRecord:
     run_id, kind, workspace, session_key, state, outcome, started_at, finished_at, manifest = row
     try:
         parsed = json.loads(manifest)
     except ValueError:
         parsed = {"unreadable_manifest": manifest}
-    return RunRecord(run_id, kind, workspace, session_key, state, outcome, started_at, finished_at, parsed)
+    return RunRecord(run_id, kind, workspace, session_key, state, outcome, started_at, finished_at,
+                     runsteps.with_steps(parsed, steps))

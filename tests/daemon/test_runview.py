@@ -44,3 +44,11 @@ def test_progress_is_shown_for_open_runs_only() -> None:
 def test_a_consolidations_reason_is_its_trigger() -> None:
     data = runview.run_json(record("consolidate", {"reason": "manual"}, outcome="no_change"), phase=None, now=0)
     assert data["trigger"] == "manual" and "reason" not in data and data["duration_seconds"] == 2.5
+
+
+def test_a_running_consolidation_counts_the_entries_of_its_done_chunks() -> None:
+    # while it runs, its journal holds chunks (steps) and no `cursors` list (state.runsteps)
+    running = record("consolidate", {"chunks": [{"done": True, "count": 6, "cursors": [3, 4]},
+                                                {"done": False, "count": 9, "cursors": [5]}]}, state="started")
+    assert runview.changes(running) == {"entries_added": 2, "messages_archived": 6,
+                                        "files": ["memory/history.jsonl"], "commits": []}

@@ -3,7 +3,8 @@
 Write-ahead: each chunk's planned cursors (with a hash of their content) are journalled under the
 history lock before the append, and the chunk's messages are backed up in the run folder; so after a
 crash `recover_consolidation` can tell, for every chunk, whether it reached history (finish it) or not
-(roll it back), and every message ends archived exactly once or still in the spool.
+(roll it back), and every message ends archived exactly once or still in the spool. A chunk's record is
+journalled as a step of its own (state.runsteps) beside the manifest's head, never with every chunk before it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from nanobotd.llm.failures import LLMError
 from nanobotd.llm.reply import UsageMeter
 from nanobotd.memory import history
 from nanobotd.memory.transcript import raw_entries, transcript
-from nanobotd.state.store import RunRecord, journal_in
+from nanobotd.state.runsteps import write_steps
+from nanobotd.state.store import RunRecord
 
 # Archive marks of chunks that reached history are committed together, up to this many chunks or this long
 # after the first of them (one commit per chunk rewrote the same index pages hundreds of times); a crash in
@@ -34,6 +36,7 @@ MARK_BATCH_SECONDS = 0.5
 OFFLINE_REASON = "offline mode: no LLM configured"
 NOTHING_LEFT_REASON = "nothing unarchived to archive"
 OVERSIZED_REASON = "a message over half the context window is never sent to the LLM"
+GROWING_KEYS = ("chunks", "cursors")  # journalled as steps (chunks) or made from them (cursors), not in the head
 
 
 async def summarize_chunk(ctx: JobEnv, chunk: Chunk, session_key: str,
@@ -105,7 +108,7 @@ async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, rea
             note_progress(manifest, "archiving", number, len(chunks))
             if not (chunk.oversized or ctx.llm.offline):
                 await marks.commit()  # the LLM call takes a while: what reached history is marked first
-                ctx.store.journal(run_id, manifest)  # and the run says it is waiting (else the next journal does)
+                ctx.store.journal(run_id, manifest_head(manifest))  # and the run says it is waiting
             outcomes.append(await archive_chunk(ctx, session_key, run_id, number, chunk, manifest, usage, marks))
             chunk.loaded = []
             if marks.due():
@@ -122,21 +125,32 @@ async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, rea
     return manifest
 
 
+def manifest_head(manifest: dict) -> dict:
+    """What the run's own row journals while it archives: the manifest less what grows with every chunk."""
+    return {key: value for key, value in manifest.items() if key not in GROWING_KEYS}
+
+
+def chunk_cursors(manifest: dict) -> list[int]:
+    """The cursors of the entries a run's done chunks wrote, in order (what `cursors` lists once it finished)."""
+    return [cursor for chunk in manifest.get("chunks") or [] if isinstance(chunk, dict) and chunk.get("done")
+            for cursor in chunk.get("cursors") or ()]
+
+
 class PendingMarks:
     """Chunks whose entries reached history, waiting for their archive marks: committed in one transaction
     with the journal saying they are done (so a crash leaves both or neither)."""
 
     def __init__(self, ctx: JobEnv, session_key: str, run_id: str, manifest: dict):
         self.ctx, self.session_key, self.run_id, self.manifest = ctx, session_key, run_id, manifest
-        self.records: list[dict] = []
+        self.records: list[tuple[int, dict]] = []  # (chunk number, its record)
         self.digests: list[str] = []
         self.seqs: list[int] = []
         self.since = 0.0
 
-    def add(self, record: dict, digests: list[str], seqs: list[int]) -> None:
+    def add(self, number: int, record: dict, digests: list[str], seqs: list[int]) -> None:
         if not self.records:
             self.since = time.monotonic()
-        self.records.append(record)
+        self.records.append((number, record))
         self.digests.extend(digests)
         self.seqs.extend(seqs)
 
@@ -152,11 +166,12 @@ class PendingMarks:
     def commit_now(self) -> None:
         if not self.records:
             return
-        for record in self.records:
+        for _, record in self.records:
             record["done"] = True
         seqs = self.seqs if len(self.seqs) == len(self.digests) else None
+        steps, head = self.records, manifest_head(self.manifest)
         self.ctx.tracker.mark_archived(self.session_key, self.digests, self.run_id, seqs=seqs,
-                                       also=lambda db: journal_in(db, self.run_id, self.manifest))
+                                       also=lambda db: write_steps(db, self.run_id, steps, head))
         self.records, self.digests, self.seqs = [], [], []
 
 
@@ -184,14 +199,14 @@ async def archive_chunk(ctx: JobEnv, session_key: str, run_id: str, number: int,
     def journal_cursors(cursors: list[int]) -> None:
         record["cursors"] = cursors
         record["hashes"] = hashes
-        ctx.store.journal(run_id, manifest)
+        ctx.store.journal_steps(run_id, [(number, record)], manifest_head(manifest))
 
     span = {"run": run_id, "first": messages[0].digest, "last": messages[-1].digest, "count": len(messages)}
     written = await asyncio.to_thread(history.append_entries, ctx.memory_dir, [(c, session_key) for c in contents],
                                       ctx.now(), before_write=journal_cursors, span=span)
     record["cursors"] = [entry.cursor for entry in written]
     manifest["cursors"].extend(record["cursors"])
-    marks.add(record, [message.digest for message in messages], seqs)
+    marks.add(number, record, [message.digest for message in messages], seqs)
     row = {"summarized": "written", "nothing": "no_change"}.get(outcome, outcome)
     ctx.store.record_outcome("consolidate", ctx.settings.name, row, run_id=run_id, reason=reason,
                              tokens=usage.prompt_tokens + usage.completion_tokens,
@@ -237,6 +252,7 @@ def recover_consolidation(ctx: JobEnv, run: RunRecord) -> str:
             chunk["rolled_back"] = True
             rolled_back += 1
     outcome = "recovered" if finished else "rolled_back"
+    manifest["cursors"] = chunk_cursors(manifest)
     manifest["recovery"] = {"finished_chunks": finished, "rolled_back_chunks": rolled_back}
     ctx.store.finish_run(run.run_id, state="finished" if finished else "rolled_back", outcome=outcome,
                          manifest=manifest)
@@ -244,8 +260,9 @@ def recover_consolidation(ctx: JobEnv, run: RunRecord) -> str:
 
 
 def restore_consolidation(ctx: JobEnv, run: RunRecord, *, dry_run: bool) -> dict:
-    """Undo an archive run: remove the entries it wrote and put its messages back in the spool."""
-    cursors = set(run.manifest.get("cursors", []))
+    """Undo an archive run: remove the entries it wrote and put its messages back in the spool (the entries of
+    every done chunk, whether or not the run lived to list them under `cursors`)."""
+    cursors = set(run.manifest.get("cursors", [])) | set(chunk_cursors(run.manifest))
     chunks = [chunk for chunk in run.manifest.get("chunks", []) if chunk.get("done")]
     plan = [f"remove history entries with cursors {sorted(cursors)}" if cursors else "no history entries to remove"]
     count = sum(chunk.get("count", 0) for chunk in chunks)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import threading
 from datetime import datetime
@@ -262,3 +263,55 @@ def test_a_raw_fallback_records_why_and_a_run_with_nothing_to_archive_counts_as_
     rows = ctx.store.query("SELECT outcome, reason FROM outcomes ORDER BY id")
     assert [row[0] for row in rows] == ["raw_fallback", "no_change"]
     assert rows[0][1].startswith("LLM failed: ") and rows[1][1] == "nothing unarchived to archive"
+
+
+def journal_statements(store) -> list[str]:
+    """Every statement that journals a run's manifest or a step of it, as SQLite ran it (values bound)."""
+    seen: list[str] = []
+    store._require().set_trace_callback(seen.append)
+    return seen
+
+
+def test_a_long_run_journals_each_chunk_at_its_own_size_not_with_every_chunk_before_it(tmp_path):
+    ctx, sessions = make_context(tmp_path, LLMSettings(model="none", context_window=8000, max_tokens=1000))
+    ctx.tracker.scan(write_session(sessions, "cli:a", conversation(120, words=100)))
+    statements = journal_statements(ctx.store)
+    run, manifest = run_job(ctx, "cli:a")
+    ctx.store._require().set_trace_callback(None)
+    chunks = len(manifest["chunks"])
+    journalled = [len(sql) for sql in statements
+                  if sql.startswith(("UPDATE runs SET manifest=", "INSERT OR REPLACE INTO run_steps"))]
+    assert chunks >= 20 and all(chunk["done"] for chunk in run.manifest["chunks"])
+    # the whole manifest once it finished is ~chunks x a chunk's record; no journal of the run comes near it
+    whole = len(json.dumps(run.manifest))
+    assert journalled and max(journalled) < 3 * whole / chunks
+    assert sum(journalled) < 6 * whole
+    assert ctx.store.query("SELECT count(*) FROM run_steps")[0][0] == 0
+
+
+def test_a_run_cut_short_after_its_entries_reached_history_is_recovered_and_restored_whole(tmp_path):
+    ctx, sessions = make_context(tmp_path, LLMSettings(model="none", context_window=8000, max_tokens=1000))
+    ctx.tracker.scan(write_session(sessions, "cli:a", conversation(30, words=100)))
+    run_id = ctx.store.create_run("consolidate", "ws", session_key="cli:a")
+    real_mark = ctx.tracker.mark_archived
+
+    def die_before_marking(*args, **kwargs):
+        raise KeyboardInterrupt("simulated kill")
+
+    ctx.tracker.mark_archived = die_before_marking  # every chunk reached history; none is marked archived
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(consolidate.consolidate_session(ctx, "cli:a", run_id, reason="manual"))
+    ctx.tracker.mark_archived = real_mark
+    interrupted = ctx.store.get_run(run_id)
+    written = [entry["cursor"] for entry in history_entries(ctx.settings.path)]
+    assert len(interrupted.manifest["chunks"]) >= 3 and len(written) >= 3
+    assert consolidate.recover_consolidation(ctx, interrupted) == "recovered"
+    recovered = ctx.store.get_run(run_id)
+    assert recovered.manifest["cursors"] == written
+    assert ctx.tracker.sessions["cli:a"].unarchived_messages == 0
+    consolidate.restore_consolidation(ctx, recovered, dry_run=False)
+    assert history_entries(ctx.settings.path) == []
+    assert len(ctx.tracker.pending("cli:a")) == 30
+    run_job(ctx, "cli:a")
+    raw = raw_messages_in(history_entries(ctx.settings.path))
+    assert all(raw.count(f"M-{index} ") == 1 for index in range(30))

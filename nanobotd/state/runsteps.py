@@ -1,0 +1,71 @@
+"""A run's journal a step at a time: the records of a long run's steps are journalled one row each.
+
+A consolidation journals before each chunk it archives. When that journal was the whole manifest, each chunk
+rewrote every earlier chunk's record with it: the bytes journalled grew with the square of the chunks (a
+100k-message session, 175 chunks: 31 MB of JSON; 1M messages: 3 GB and 22 s of encoding alone). Now each
+step's record is its own row of `run_steps` and the run's manifest holds only its head (the manifest less
+the list of steps). Reading a run puts the steps back under their list's key, and finishing it folds them
+into its manifest, so a finished run's manifest is what it always was.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable
+
+STEPS_KEY = "chunks"  # the manifest's list of step records (a consolidation's chunks)
+
+
+def head_of(manifest: dict) -> dict:
+    """*manifest* without its list of steps: what the run's row holds while the steps are journalled apart."""
+    return {key: value for key, value in manifest.items() if key != STEPS_KEY}
+
+
+def write_steps(db: sqlite3.Connection, run_id: str, steps: Iterable[tuple[int, dict]], head: dict) -> None:
+    """Journal the records of *steps* ((number, record), a record replacing the step's earlier one) and the
+    run's *head*, inside a transaction the caller holds: each costs its own size, whatever came before."""
+    db.executemany("INSERT OR REPLACE INTO run_steps (run_id, step, record) VALUES (?, ?, ?)",
+                   [(run_id, number, json.dumps(record)) for number, record in steps])
+    db.execute("UPDATE runs SET manifest=? WHERE run_id=?", (json.dumps(head_of(head)), run_id))
+
+
+def steps_of(db: sqlite3.Connection, run_ids: list[str]) -> dict[str, list[dict]]:
+    """The journalled step records of each of *run_ids* that has any, in step order."""
+    found: dict[str, list[dict]] = {}
+    for start in range(0, len(run_ids), 500):
+        part = run_ids[start:start + 500]
+        rows = db.execute(f"SELECT run_id, record FROM run_steps WHERE run_id IN ({','.join('?' * len(part))})"
+                          " ORDER BY run_id, step", part)
+        for run_id, record in rows:
+            found.setdefault(run_id, []).append(_record(record))
+    return found
+
+
+def with_steps(manifest: dict, steps: list[dict] | None) -> dict:
+    """*manifest* with its journalled *steps* under STEPS_KEY (as it is when they are none)."""
+    return manifest if steps is None else {**manifest, STEPS_KEY: steps}
+
+
+def fold_steps(db: sqlite3.Connection, run_id: str, manifest: dict | None) -> dict | None:
+    """The manifest a finishing run keeps, and its step rows dropped (inside the caller's transaction).
+
+    *manifest*: the whole manifest the run ends with (it holds every step), or None to keep the journalled
+    one, its steps folded back in. None when there is nothing to change.
+    """
+    steps = steps_of(db, [run_id]).get(run_id)
+    if steps is None:
+        return manifest
+    db.execute("DELETE FROM run_steps WHERE run_id=?", (run_id,))
+    if manifest is not None:
+        return manifest
+    row = db.execute("SELECT manifest FROM runs WHERE run_id=?", (run_id,)).fetchone()
+    return with_steps(_record(row[0]) if row else {}, steps)
+
+
+def _record(text: str) -> dict:
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return {"unreadable_manifest": text}
+    return record if isinstance(record, dict) else {"unreadable_manifest": text}

@@ -1,0 +1,66 @@
+"""A long run's steps journalled a row each: read back in its manifest, folded into it when the run ends."""
+
+from __future__ import annotations
+
+from nanobotd.state.store import StateStore
+
+
+def open_run(tmp_path):
+    store = StateStore(tmp_path / "state").open()
+    run_id = store.create_run("consolidate", "ws", session_key="cli:a", manifest={"session": "cli:a"})
+    return store, run_id
+
+
+def step_rows(store, run_id):
+    return store.query("SELECT step FROM run_steps WHERE run_id=? ORDER BY step", (run_id,))
+
+
+def test_an_open_runs_steps_come_back_in_order_under_its_chunks_beside_its_head(tmp_path):
+    store, run_id = open_run(tmp_path)
+    store.journal_steps(run_id, [(2, {"count": 3})], {"session": "cli:a", "progress": {"done": 2}})
+    store.journal_steps(run_id, [(0, {"count": 1}), (1, {"count": 2})], {"session": "cli:a", "progress": {"done": 3}})
+    store.journal_steps(run_id, [(1, {"count": 2, "done": True})], {"session": "cli:a", "progress": {"done": 3}})
+    run = store.get_run(run_id)
+    assert run.manifest == {"session": "cli:a", "progress": {"done": 3},
+                            "chunks": [{"count": 1}, {"count": 2, "done": True}, {"count": 3}]}
+    assert store.list_runs(states=("started",))[0].manifest == run.manifest
+    # the run's own row holds the head only, however many steps there are
+    assert "chunks" not in store.query("SELECT manifest FROM runs WHERE run_id=?", (run_id,))[0][0]
+
+
+def test_a_head_given_with_its_chunks_journals_them_as_steps_only(tmp_path):
+    store, run_id = open_run(tmp_path)
+    store.journal_steps(run_id, [(0, {"count": 1})], {"session": "cli:a", "chunks": [{"count": 99}]})
+    assert store.get_run(run_id).manifest["chunks"] == [{"count": 1}]
+
+
+def test_finishing_with_the_whole_manifest_keeps_it_and_drops_the_steps(tmp_path):
+    store, run_id = open_run(tmp_path)
+    store.journal_steps(run_id, [(0, {"count": 1})], {"session": "cli:a"})
+    whole = {"session": "cli:a", "chunks": [{"count": 1, "done": True}], "cursors": [7]}
+    store.finish_run(run_id, state="finished", outcome="raw_fallback", manifest=whole)
+    assert store.get_run(run_id).manifest == whole
+    assert step_rows(store, run_id) == []
+
+
+def test_finishing_without_a_manifest_folds_the_journalled_steps_into_it(tmp_path):
+    store, run_id = open_run(tmp_path)
+    store.journal_steps(run_id, [(0, {"count": 1}), (1, {"count": 2})], {"session": "cli:a", "progress": {}})
+    store.finish_run(run_id, state="failed", outcome="interrupted")
+    assert step_rows(store, run_id) == []
+    run = store.get_run(run_id)
+    assert (run.state, run.outcome) == ("failed", "interrupted")
+    assert run.manifest == {"session": "cli:a", "progress": {}, "chunks": [{"count": 1}, {"count": 2}]}
+
+
+def test_steps_survive_a_reopened_database_and_other_runs_keep_their_own(tmp_path):
+    store, run_id = open_run(tmp_path)
+    other = store.create_run("consolidate", "ws", session_key="cli:b", manifest={"session": "cli:b"})
+    store.journal_steps(run_id, [(0, {"count": 1})], {"session": "cli:a"})
+    store.journal_steps(other, [(0, {"count": 5})], {"session": "cli:b"})
+    store.close()
+    store = StateStore(tmp_path / "state").open()
+    assert store.get_run(run_id).manifest["chunks"] == [{"count": 1}]
+    assert store.get_run(other).manifest["chunks"] == [{"count": 5}]
+    store.finish_run(run_id, state="finished", outcome="summarized")
+    assert store.get_run(other).manifest["chunks"] == [{"count": 5}]
