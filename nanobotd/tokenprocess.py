@@ -1,11 +1,12 @@
-"""The daemon's handle on its counting process (`tokenworker`): started when a reconcile reads many files.
+"""The daemon's handle on its counting process (`tokenworker`): started when a scan has much to count.
 
 The counting threads encode without the GIL, but every text takes the GIL twice; beside a scan busy in
 Python each take waits, so when a reconcile reads several files (`sessions.pipeline`: a cold start's
-thousands of new messages) their batches are counted here instead, by a child process with a GIL of its
-own, and the daemon loads no encoding for them. A save's scan never uses it, and a reconcile only once it
-has handed over PROCESS_AFTER_TEXTS texts. It is let go after `idle_seconds` without a batch, and dies with
-the daemon (its stdin closes).
+thousands of new messages), or one file has a long stretch unread (`tracker.PROCESS_SCAN_BYTES`: a long
+session seen for the first time), their batches are counted here instead, by a child process with a GIL of
+its own, and the daemon loads no encoding for them. A save's scan never uses it, and a reconcile only once
+it has handed over PROCESS_AFTER_TEXTS texts. The workspace lets it go once the scan or reconcile is done
+(the daemon's idle check after `idle_seconds` otherwise), and it dies with the daemon (its stdin closes).
 
 A batch whose process exits, or does not answer within RESULT_TIMEOUT_SECONDS (the process is then
 killed), is counted in the daemon instead: a count is never lost, only slower.

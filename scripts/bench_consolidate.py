@@ -4,9 +4,10 @@
 (The burst of sessions crossing the budget at once is scripts/bench_burst.py.)
 
 1. Offline (raw) consolidation of a 100,000-message session through the real code path, in a fresh child
-   process (so its VmHWM is its own): SessionTracker.scan, then consolidate.consolidate_session(...,
-   reason="manual") with an offline LLMClient. Prints messages/s, peak RSS, the history entries written,
-   and checks that every message's marker reached history.jsonl exactly once.
+   process (so its VmHWM is its own): SessionTracker.scan (with a counting process, as the daemon's), then
+   consolidate.consolidate_session(..., reason="manual") with an offline LLMClient. Prints messages/s, peak RSS
+   (and the counting process's), the history entries written, and checks that every message's marker reached
+   history.jsonl exactly once.
 2. The session of part 1 through a real daemon (offline, consolidation mode owner): from the process start
    through its first scan, then `nanobotctl consolidate KEY` (the real command, waiting for its run) again
    until the daemon reports nothing unarchived. Prints messages/s from the start and from the first
@@ -16,7 +17,7 @@
    copied out of the held version, and the rescue archives them). Prints the daemon's peak RSS (VmHWM) after
    each scan and after the rescue.
 
-    scripts/bench_consolidate.py [--quick] [--only PARTS] [--json FILE]
+    scripts/bench_consolidate.py [--quick] [--only PARTS] [--messages N] [--json FILE]
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_content import nanobot_conversation  # noqa: E402
-from bench_daemon import BenchDaemon, children_hwm_mb, cpu_seconds, memory_mb  # noqa: E402
+from bench_daemon import BenchDaemon, TreePeak, children_hwm_mb, cpu_seconds, memory_mb  # noqa: E402
 
 from nanobotd.config.schema import LLMSettings  # noqa: E402
 from nanobotd.sessions import file as sessionfile  # noqa: E402
@@ -79,14 +80,19 @@ def offline_worker(workspace: str, sessions: str, state_dir: str, key: str, repl
     from nanobotd.llm.client import LLMClient
     from nanobotd.sessions.tracker import SessionTracker
     from nanobotd.state.store import StateStore
+    from nanobotd.tokenprocess import CountingProcess
 
     settings = WorkspaceSettings(path=Path(workspace), name="ws", sessions_dir=Path(sessions),
                                  llm=LLMSettings(model="none"))
     store = StateStore(Path(state_dir)).open()
-    tracker = SessionTracker("ws", store)
+    counting = CountingProcess()  # as the daemon's workspace has one (a long file is counted there)
+    tracker = SessionTracker("ws", store, counter=counting.submit)
     context = JobEnv(settings, store, tracker, LLMClient(settings.llm), datetime.now)
+    together = TreePeak(os.getpid()).__enter__()  # this process and its counting process, sampled
     started = time.perf_counter()
     tracker.scan(Path(sessions) / sessionfile.filename_for_key(key))
+    counting_hwm = children_hwm_mb(os.getpid())
+    counting.stop_if_idle(0.0)  # as the daemon's workspace lets it go once the scan is done
     scan_seconds = time.perf_counter() - started
     scan_memory = memory_mb()
     pending = tracker.sessions[key].unarchived_messages
@@ -94,13 +100,15 @@ def offline_worker(workspace: str, sessions: str, state_dir: str, key: str, repl
     started = time.perf_counter()
     manifest = asyncio.run(consolidate.consolidate_session(context, key, run_id, reason="manual"))
     consolidate_seconds = time.perf_counter() - started
+    together.__exit__(None, None, None)
     memory = memory_mb()
     session = tracker.sessions[key]
     reply.send({
         "scan_seconds": scan_seconds, "consolidate_seconds": consolidate_seconds, "pending_before": pending,
         "unarchived_after": session.unarchived_messages, "chunks": len(manifest["chunks"]),
         "run_outcome": store.get_run(run_id).outcome, "hwm_after_scan_mb": scan_memory["VmHWM"],
-        "vm_hwm_mb": memory["VmHWM"], "vm_rss_mb": memory["VmRSS"],
+        "vm_hwm_mb": memory["VmHWM"], "vm_rss_mb": memory["VmRSS"], "counting_process_hwm_mb": counting_hwm,
+        "with_counting_process_peak_rss_mb": round(together.peak_mb, 1),
     })
     reply.close()
     store.close()
@@ -141,7 +149,9 @@ def bench_offline(sizes: Sizes, root: Path) -> dict:
     print(f"   throughput: {figures['consolidate_messages_per_second']} messages/s archiving,"
           f" {figures['end_to_end_messages_per_second']} messages/s scan + archive")
     print(f"   peak RSS (VmHWM) {figures['vm_hwm_mb']:.1f} MB (after the scan {figures['hwm_after_scan_mb']:.1f} MB);"
-          f" VmRSS at the end {figures['vm_rss_mb']:.1f} MB")
+          f" VmRSS at the end {figures['vm_rss_mb']:.1f} MB; the counting process's peak"
+          f" {figures['counting_process_hwm_mb']:.1f} MB; both together at most"
+          f" {figures['with_counting_process_peak_rss_mb']:.1f} MB (RSS and its child's private memory, every 20 ms)")
     print(f"   history: {figures['history_entries']} entries ({figures['raw_entries']} [RAW]),"
           f" {figures['history_mb']} MB")
     verdict = "OK" if figures["all_messages_in_history"] else "FAILED"
@@ -163,7 +173,9 @@ def bench_daemon_consolidate(sizes: Sizes, root: Path) -> dict:
                          workspace_lines='consolidation = { mode = "owner" }\n')
     started = time.monotonic()
     daemon.start(wait=False)
+    together = TreePeak(daemon.proc.pid)
     try:
+        together.__enter__()
         scanned = daemon.wait_reconciled(1, started)
         memory_after_scan = memory_mb(daemon.proc.pid)
         index_before = _index_refreshes(daemon)
@@ -185,6 +197,7 @@ def bench_daemon_consolidate(sizes: Sizes, root: Path) -> dict:
         children_hwm = children_hwm_mb(daemon.proc.pid)
         cpu = cpu_seconds(daemon.proc.pid)[0]
     finally:
+        together.__exit__(None, None, None)
         _stop(daemon)
     entries = history_entries(workspace)
     found = Counter(marker for entry in entries for marker in markers_in(entry["content"]))
@@ -198,7 +211,8 @@ def bench_daemon_consolidate(sizes: Sizes, root: Path) -> dict:
         "consolidate_messages_per_second": round(count / (finished - consolidating)),
         "daemon_cpu_seconds": round(cpu, 1), "vm_hwm_after_scan_mb": round(memory_after_scan["VmHWM"], 1),
         "vm_hwm_mb": round(memory["VmHWM"], 1), "vm_rss_mb": round(memory["VmRSS"], 1),
-        "children_vm_hwm_mb": children_hwm, "history_entries": len(entries), "markers_missing": missing,
+        "children_vm_hwm_mb": children_hwm, "with_children_peak_rss_mb": round(together.peak_mb, 1),
+        "history_entries": len(entries), "markers_missing": missing,
         "markers_duplicated": duplicated,
         "all_messages_in_history": missing == 0 and duplicated == 0 and left == 0,
         # the index refreshes beside the consolidation share the daemon's CPU with it: the same tree took
@@ -215,7 +229,8 @@ def bench_daemon_consolidate(sizes: Sizes, root: Path) -> dict:
           f" {figures['consolidate_seconds']:.1f} s ({figures['index_refreshes_ended_during']} ended meanwhile)")
     print(f"   daemon peak RSS (VmHWM) {figures['vm_hwm_mb']:.1f} MB (after the scan"
           f" {figures['vm_hwm_after_scan_mb']:.1f} MB); VmRSS at the end {figures['vm_rss_mb']:.1f} MB;"
-          f" its children's (the token counting process) {children_hwm:.1f} MB")
+          f" its children's (the token counting process) {children_hwm:.1f} MB; the daemon and its children"
+          f" together held at most {together.peak_mb:.1f} MB (RSS and their private memory, every 20 ms)")
     verdict = "OK" if figures["all_messages_in_history"] else "FAILED"
     print(f"   correctness: {count - missing}/{count} markers in history, {missing} missing, {duplicated} duplicated,"
           f" {left} left unarchived -> {verdict}")
@@ -305,13 +320,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
     parser.add_argument("--only", help=f"comma-separated parts to run (default all: {','.join(PARTS)})")
+    parser.add_argument("--messages", type=int,
+                        help=f"messages of the big session (default {FULL.offline_messages}, --quick"
+                             f" {QUICK.offline_messages})")
     parser.add_argument("--json", type=Path, help="write the figures to this file")
     args = parser.parse_args(argv)
+    if args.messages is not None and args.messages < 1:
+        parser.error("--messages must be a positive whole number")
     parts = args.only.split(",") if args.only else list(PARTS)
     unknown = set(parts) - set(PARTS)
     if unknown:
         parser.error(f"unknown part(s) {', '.join(sorted(unknown))}; choose from {', '.join(PARTS)}")
     sizes = QUICK if args.quick else FULL
+    if args.messages is not None:
+        sizes = Sizes(args.messages)
     print(f"nanobotd consolidation benchmark ({'quick' if args.quick else 'full'} sizes, {os.cpu_count()} CPUs)")
     figures: dict = {"sizes": asdict(sizes)}
     with tempfile.TemporaryDirectory(prefix="nanobotd-bench-consolidate-") as folder:

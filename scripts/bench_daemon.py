@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -52,6 +53,45 @@ def tree_memory_mb(pid: int) -> dict:
     children = {child: memory_mb(child)["VmRSS"] for child in child_pids(pid)}
     return {"daemon_mb": round(own, 1), "children_mb": {str(child): round(rss, 1) for child, rss in children.items()},
             "total_mb": round(own + sum(children.values()), 1)}
+
+
+def private_mb(pid: int) -> float:
+    """The memory only this process holds, in MB (Private_Clean + Private_Dirty): what it adds beside its
+    parent (a child forked before its exec shares all its parent's pages, which its RSS would count again)."""
+    found = 0.0
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as handle:
+            for line in handle:
+                if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                    found += int(line.split()[1]) / 1024
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return found
+
+
+class TreePeak:
+    """The most memory a process and its children held at once (its RSS and their private memory), sampled
+    every *interval* s while in use: what the machine gave them together (their VmHWMs summed add peaks that
+    may never have met)."""
+
+    def __init__(self, pid: int, interval: float = 0.02) -> None:
+        self.pid, self.interval, self.peak_mb = pid, interval, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="tree-peak", daemon=True)
+
+    def __enter__(self) -> TreePeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            total = memory_mb(self.pid)["VmRSS"] + sum(private_mb(child) for child in child_pids(self.pid))
+            self.peak_mb = max(self.peak_mb, total)
+            self._stop.wait(self.interval)
 
 
 def children_hwm_mb(pid: int) -> float:

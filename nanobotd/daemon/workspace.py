@@ -56,7 +56,7 @@ class Workspace:
         # beside nanobot, count as nanobot counts (cl100k); an owner counts for its own model
         encoding = (encoding_name_for(settings.llm.model) if settings.consolidation.mode == "owner"
                     else AGENT_ENCODING)
-        self.counting = CountingProcess()  # a reconcile reading several files counts in a child process
+        self.counting = CountingProcess()  # a reconcile of several files, or a long one, counts in a child process
         self.tracker = SessionTracker(settings.name, store, encoding=encoding, clock=clock,
                                       counter=self.counting.submit)
         self.agent = AgentSettings(path=None)
@@ -171,6 +171,14 @@ class Workspace:
             return self.tracker.scan(path)
         except Exception as exc:  # one bad file must never stop the daemon
             return self._scan_failed(path, exc)
+        finally:
+            self._let_counting_go()
+
+    def _let_counting_go(self) -> None:
+        """The counting process a long scan started exits once no batch is left: its encoding (~45-65 MB) is
+        not kept beside the run the scan triggers, and the next long stretch starts it again (~0.3 s)."""
+        if self.counting.stop_if_idle(0.0):
+            logger.debug("workspace {}: the token counting process is done", self.name)
 
     def _scan_failed(self, path: Path, exc: Exception) -> None:
         self.scan_errors += 1
@@ -201,6 +209,7 @@ class Workspace:
                     results.append(result)
         self.last_reconcile = self.clock()
         self.last_reconcile_seconds = time.perf_counter() - started
+        self._let_counting_go()
         return results
 
     # -- triggers ------------------------------------------------------------------------------------

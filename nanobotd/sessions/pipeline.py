@@ -46,8 +46,8 @@ class ScanPipeline:
 
         Yields (path, what scan() returns, or the Exception it raised). The lock is held a slice of
         SCAN_SLICE_SECONDS at a time, every file begun in it finished before it is let go. When two files or
-        more are to be read, the tracker's counter (the counting process) counts: beside one file, however
-        long, the counting threads cost less memory than a process with an encoding of its own.
+        more are to be read, the tracker's counter (the counting process) counts; beside one file, only when
+        much of it is unread (tracker.PROCESS_SCAN_BYTES): a save's few lines are counted by the threads.
         """
         paths = [Path(path) for path in paths]
         stale = (path for path in paths if self._stale(path))

@@ -308,6 +308,8 @@ class _Reading:
 
     def count(self) -> None:
         """Count the rest and wait for the batches being counted: every message has its count after this."""
+        if self.uncounted and self.counter is not None:  # the counter's process has the encoding: load none here
+            self.hand_over()
         if self.uncounted:
             self._place(self.uncounted, count_tokens_batch([m.text for m in self.uncounted], self.encoding))
             self.uncounted = []

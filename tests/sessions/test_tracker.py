@@ -452,7 +452,7 @@ def test_scan_many_reports_a_file_that_fails_and_goes_on_with_the_next(tmp_path,
 
 
 def test_scan_many_counts_in_its_counter_only_when_two_files_or_more_are_to_be_read(tmp_path):
-    """One long file alone is counted by the counting threads (no process and no second encoding for it)."""
+    """One file alone, under PROCESS_SCAN_BYTES unread, is counted by the counting threads (no process)."""
     from nanobotd.tokens import submit_tokens_batch
 
     _, sessions = make_workspace(tmp_path)
@@ -509,3 +509,38 @@ def test_idle_sessions_let_their_caches_go_and_read_them_back_with_the_same_acco
     assert _accounting(store, tracker) == _accounting(kept_store, kept)
     store.close()
     kept_store.close()
+
+
+def test_a_long_unread_stretch_is_counted_in_the_counter_whole_and_a_short_one_by_the_threads(tmp_path):
+    """A file with process_scan_bytes or more unread is counted by the counter even alone, its last partial batch
+    too (so the scanning process loads no encoding), and ends exactly as a tracker counting in its threads leaves
+    it; an append under the limit is counted by the threads."""
+    from nanobotd.tokens import submit_tokens_batch
+
+    _, sessions = make_workspace(tmp_path / "one")
+    _, sessions_many = make_workspace(tmp_path / "many")
+    batches: list[int] = []
+
+    def counter(texts, encoding):
+        batches.append(len(texts))
+        return submit_tokens_batch(texts, encoding)
+
+    plain_store, store = StateStore(tmp_path / "plain-state").open(), StateStore(tmp_path / "state").open()
+    plain = SessionTracker("ws", plain_store)
+    tracker = SessionTracker("ws", store, counter=counter, process_scan_bytes=20_000)
+    first, more = conversation(300, tag="l"), conversation(10, tag="m")
+    path = write_session(sessions, "cli:long", first)
+    plain.scan(path)
+    tracker.scan(path)
+    assert sum(batches) == 300 and len(batches) == 3  # 128, 128 and the last 44
+    assert _accounting(store, tracker) == _accounting(plain_store, plain)
+    batches.clear()
+    write_session(sessions, "cli:long", first + more)  # an append of ~2 kB: the threads
+    plain.scan(path)
+    tracker.scan(path)
+    assert batches == [] and _accounting(store, tracker) == _accounting(plain_store, plain)
+    long_alone = write_session(sessions_many, "cli:alone", conversation(200, tag="a"))
+    list(tracker.scan_many([long_alone]))
+    assert sum(batches) == 200 and tracker.sessions["cli:alone"].message_count == 200
+    plain_store.close()
+    store.close()
