@@ -64,3 +64,26 @@ def test_steps_survive_a_reopened_database_and_other_runs_keep_their_own(tmp_pat
     assert store.get_run(other).manifest["chunks"] == [{"count": 5}]
     store.finish_run(run_id, state="finished", outcome="summarized")
     assert store.get_run(other).manifest["chunks"] == [{"count": 5}]
+
+
+def test_a_database_from_before_run_steps_gains_them_and_its_open_run_reads_as_it_was(tmp_path):
+    """An interrupted run journalled whole by an older nanobotd (schema 4, no run_steps) is read, recovered and
+    finished exactly as it was journalled."""
+    import json
+    import sqlite3
+
+    from nanobotd.state.store import MIGRATIONS
+
+    (tmp_path / "state").mkdir()
+    db = sqlite3.connect(tmp_path / "state" / "state.db", isolation_level=None)
+    for number, script in enumerate(MIGRATIONS[:4]):
+        db.executescript("BEGIN;" + script + f"; PRAGMA user_version={number + 1}; COMMIT;")
+    whole = {"session": "cli:a", "chunks": [{"count": 2, "cursors": [4], "done": False}], "cursors": []}
+    db.execute("INSERT INTO runs (run_id, kind, workspace, session_key, state, started_at, manifest)"
+               " VALUES ('r-old', 'consolidate', 'ws', 'cli:a', 'started', 1.0, ?)", (json.dumps(whole),))
+    db.close()
+    store = StateStore(tmp_path / "state").open()
+    assert store.query("PRAGMA user_version")[0][0] == len(MIGRATIONS)
+    assert store.list_runs(states=("started",))[0].manifest == whole
+    store.finish_run("r-old", state="rolled_back", outcome="rolled_back")
+    assert store.get_run("r-old").manifest == whole
