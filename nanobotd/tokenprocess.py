@@ -21,6 +21,8 @@ import threading
 import time
 from array import array
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from loguru import logger
@@ -165,6 +167,7 @@ class CountingProcess:
         self._child: _Child | None = None
         self._handed = 0
         self._last_used = 0.0
+        self._users = 0  # scans and reconciles under way that may hand it batches (in_use)
         self._lock = threading.Lock()
 
     def submit(self, texts: list[str], encoding_name: str) -> ProcessCounts | PendingCounts:
@@ -199,6 +202,22 @@ class CountingProcess:
     def pid(self) -> int | None:
         child = self._child
         return child.process.pid if child is not None else None
+
+    @contextmanager
+    def in_use(self) -> Iterator[None]:
+        """Around a scan or reconcile that may hand it batches: when the last of them is done, the process is let
+        go (its encoding, ~45-65 MB, is not kept beside the run the scan triggers; the next long stretch starts
+        it again in ~0.3 s)."""
+        with self._lock:
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._users -= 1
+                last = self._users == 0
+            if last and self.stop_if_idle(0.0):
+                logger.debug("the token counting process is done: let go")
 
     def stop_if_idle(self, idle_seconds: float) -> bool:
         """Let the process go when no batch came for *idle_seconds* (and none is waiting)."""

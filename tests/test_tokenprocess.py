@@ -169,3 +169,19 @@ def _wait_gone(pid: int) -> None:
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(pid)
+
+
+def test_the_process_is_let_go_when_the_last_scan_using_it_is_done():
+    counting = CountingProcess(after_texts=1)
+    try:
+        with counting.in_use():
+            with counting.in_use():  # a watcher's scan during a reconcile
+                assert counting.submit(["one text"] * 4, ENCODING).result() == [2] * 4
+            assert counting.running  # the reconcile goes on: its process is kept
+            assert counting.submit(["one text"] * 4, ENCODING).result() == [2] * 4
+            pid = counting.pid
+        assert not counting.running and counting.pid is None
+        assert not _alive(pid)
+        assert counting.starts == 1
+    finally:
+        counting.close()

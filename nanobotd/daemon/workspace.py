@@ -168,17 +168,10 @@ class Workspace:
     def scan_path(self, path: Path) -> ScanResult | None:
         """Scan one file (runs on an executor thread); errors are logged and counted, never raised."""
         try:
-            return self.tracker.scan(path)
+            with self.counting.in_use():  # a long new file is counted there, and it is let go once done
+                return self.tracker.scan(path)
         except Exception as exc:  # one bad file must never stop the daemon
             return self._scan_failed(path, exc)
-        finally:
-            self._let_counting_go()
-
-    def _let_counting_go(self) -> None:
-        """The counting process a long scan started exits once no batch is left: its encoding (~45-65 MB) is
-        not kept beside the run the scan triggers, and the next long stretch starts it again (~0.3 s)."""
-        if self.counting.stop_if_idle(0.0):
-            logger.debug("workspace {}: the token counting process is done", self.name)
 
     def _scan_failed(self, path: Path, exc: Exception) -> None:
         self.scan_errors += 1
@@ -197,11 +190,12 @@ class Workspace:
                 continue
             files = [path for path in entries if is_session_file(path) and path.is_file()]
             seen.update(files)
-            for path, result in self.tracker.scan_many(files):  # one bad file must never stop the daemon
-                if isinstance(result, Exception):
-                    self._scan_failed(path, result)
-                elif result is not None:
-                    results.append(result)
+            with self.counting.in_use():
+                for path, result in self.tracker.scan_many(files):  # one bad file must never stop the daemon
+                    if isinstance(result, Exception):
+                        self._scan_failed(path, result)
+                    elif result is not None:
+                        results.append(result)
         for session in list(self.tracker.sessions.values()):
             if session.state != "deleted" and session.path not in seen and session.path.parent in self.sessions_dirs:
                 result = self.tracker.forget_path(session.path)
@@ -209,7 +203,6 @@ class Workspace:
                     results.append(result)
         self.last_reconcile = self.clock()
         self.last_reconcile_seconds = time.perf_counter() - started
-        self._let_counting_go()
         return results
 
     # -- triggers ------------------------------------------------------------------------------------
