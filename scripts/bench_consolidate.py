@@ -88,7 +88,7 @@ def offline_worker(workspace: str, sessions: str, state_dir: str, key: str, repl
     counting = CountingProcess()  # as the daemon's workspace has one (a long file is counted there)
     tracker = SessionTracker("ws", store, counter=counting.submit)
     context = JobEnv(settings, store, tracker, LLMClient(settings.llm), datetime.now)
-    together = TreePeak(os.getpid()).__enter__()  # this process and its counting process, sampled
+    together = TreePeak(os.getpid()).start()  # this process and its counting process, sampled
     started = time.perf_counter()
     tracker.scan(Path(sessions) / sessionfile.filename_for_key(key))
     counting_hwm = children_hwm_mb(os.getpid())
@@ -100,7 +100,7 @@ def offline_worker(workspace: str, sessions: str, state_dir: str, key: str, repl
     started = time.perf_counter()
     manifest = asyncio.run(consolidate.consolidate_session(context, key, run_id, reason="manual"))
     consolidate_seconds = time.perf_counter() - started
-    together.__exit__(None, None, None)
+    together.stop()
     memory = memory_mb()
     session = tracker.sessions[key]
     reply.send({
@@ -173,9 +173,8 @@ def bench_daemon_consolidate(sizes: Sizes, root: Path) -> dict:
                          workspace_lines='consolidation = { mode = "owner" }\n')
     started = time.monotonic()
     daemon.start(wait=False)
-    together = TreePeak(daemon.proc.pid)
+    together = TreePeak(daemon.proc.pid).start()
     try:
-        together.__enter__()
         scanned = daemon.wait_reconciled(1, started)
         memory_after_scan = memory_mb(daemon.proc.pid)
         index_before = _index_refreshes(daemon)
@@ -197,7 +196,7 @@ def bench_daemon_consolidate(sizes: Sizes, root: Path) -> dict:
         children_hwm = children_hwm_mb(daemon.proc.pid)
         cpu = cpu_seconds(daemon.proc.pid)[0]
     finally:
-        together.__exit__(None, None, None)
+        together.stop()
         _stop(daemon)
     entries = history_entries(workspace)
     found = Counter(marker for entry in entries for marker in markers_in(entry["content"]))
@@ -229,7 +228,7 @@ def bench_daemon_consolidate(sizes: Sizes, root: Path) -> dict:
           f" {figures['consolidate_seconds']:.1f} s ({figures['index_refreshes_ended_during']} ended meanwhile)")
     print(f"   daemon peak RSS (VmHWM) {figures['vm_hwm_mb']:.1f} MB (after the scan"
           f" {figures['vm_hwm_after_scan_mb']:.1f} MB); VmRSS at the end {figures['vm_rss_mb']:.1f} MB;"
-          f" its children's (the token counting process) {children_hwm:.1f} MB; the daemon and its children"
+          f" its children's (the counting process, if still there) {children_hwm:.1f} MB; the daemon and its children"
           f" together held at most {together.peak_mb:.1f} MB (RSS and their private memory, every 20 ms)")
     verdict = "OK" if figures["all_messages_in_history"] else "FAILED"
     print(f"   correctness: {count - missing}/{count} markers in history, {missing} missing, {duplicated} duplicated,"

@@ -79,13 +79,19 @@ class TreePeak:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, name="tree-peak", daemon=True)
 
-    def __enter__(self) -> TreePeak:
+    def start(self) -> TreePeak:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+    def __enter__(self) -> TreePeak:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
 
     def _sample(self) -> None:
         while not self._stop.is_set():

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from nanobotd.jobs.consolidate.archive import chunk_cursors
 from nanobotd.state.store import RunRecord
 
 HISTORY_FILE = "memory/history.jsonl"
@@ -83,9 +84,7 @@ def end_line(run: RunRecord) -> str:
 def _consolidate(manifest: dict) -> dict:
     done = [chunk for chunk in manifest.get("chunks") or [] if isinstance(chunk, dict) and chunk.get("done")]
     # a running consolidation journals no `cursors` (its chunks hold them: state.runsteps)
-    cursors = (manifest.get("cursors") if "cursors" in manifest
-               else [cursor for chunk in done for cursor in chunk.get("cursors") or ()])
-    entries = len(cursors or [])
+    entries = len((manifest.get("cursors") if "cursors" in manifest else chunk_cursors(manifest)) or [])
     return {"entries_added": entries, "messages_archived": sum(int(chunk.get("count") or 0) for chunk in done),
             "files": [HISTORY_FILE] if entries else []}
 

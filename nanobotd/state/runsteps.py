@@ -53,12 +53,13 @@ def fold_steps(db: sqlite3.Connection, run_id: str, manifest: dict | None) -> di
     *manifest*: the whole manifest the run ends with (it holds every step), or None to keep the journalled
     one, its steps folded back in. None when there is nothing to change.
     """
+    if manifest is not None:  # it holds every step already: its rows are only dropped, never read
+        db.execute("DELETE FROM run_steps WHERE run_id=?", (run_id,))
+        return manifest
     steps = steps_of(db, [run_id]).get(run_id)
     if steps is None:
-        return manifest
+        return None
     db.execute("DELETE FROM run_steps WHERE run_id=?", (run_id,))
-    if manifest is not None:
-        return manifest
     row = db.execute("SELECT manifest FROM runs WHERE run_id=?", (run_id,)).fetchone()
     return with_steps(_record(row[0]) if row else {}, steps)
 
