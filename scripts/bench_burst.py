@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import json
 import os
 import statistics
 import sys
@@ -43,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_content import nanobot_conversation  # noqa: E402
-from bench_daemon import BenchDaemon, cpu_seconds, percentile, verdict  # noqa: E402
+from bench_daemon import BenchDaemon, cpu_seconds, percentile, save_figures, verdict  # noqa: E402
 
 from nanobotd.config.schema import LLMSettings  # noqa: E402
 from nanobotd.sessions import file as sessionfile  # noqa: E402
@@ -311,9 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                          "runs": args.runs},
                "burst": dict(medians, sessions=count, in_flight_ok=all(run["in_flight_ok"] for run in runs)),
                "burst_min": minimums, "burst_runs": runs}
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
-        print(f"\nfigures written to {args.json}")
+    save_figures(args.json, figures)
     return 0
 
 

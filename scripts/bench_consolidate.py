@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import os
 import re
@@ -41,7 +40,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_content import nanobot_conversation  # noqa: E402
-from bench_daemon import BenchDaemon, TreePeak, children_hwm_mb, cpu_seconds, memory_mb  # noqa: E402
+from bench_daemon import (  # noqa: E402
+    BenchDaemon,
+    TreePeak,
+    children_hwm_mb,
+    cpu_seconds,
+    memory_mb,
+    save_figures,
+)
 
 from nanobotd.config.schema import LLMSettings  # noqa: E402
 from nanobotd.sessions import file as sessionfile  # noqa: E402
@@ -343,9 +349,7 @@ def main(argv: list[str] | None = None) -> int:
             figures["daemon"] = bench_daemon_consolidate(sizes, root)
         if "rewrite" in parts:
             figures["rewrite"] = bench_daemon_rewrite(sizes, root)
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
-        print(f"\nfigures written to {args.json}")
+    save_figures(args.json, figures)
     return 0
 
 

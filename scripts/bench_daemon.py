@@ -7,6 +7,7 @@ libraries from /proc/<pid>/maps, and the daemon's own view over its control sock
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -115,6 +116,13 @@ def percentile(values: list[float], share: float) -> float:
 def verdict(ok: bool) -> str:
     """PASS or FAIL against a target."""
     return "PASS" if ok else "FAIL"
+
+
+def save_figures(path: Path | None, figures: dict) -> None:
+    """Write a benchmark's *figures* as JSON to *path* (its --json), when one was given."""
+    if path is not None:
+        path.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
+        print(f"\nfigures written to {path}")
 
 
 # -- a daemon with the default [daemon] settings ----------------------------------------------------------

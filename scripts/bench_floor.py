@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import os
 import sys
@@ -40,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_content import nanobot_conversation  # noqa: E402
+from bench_daemon import save_figures  # noqa: E402
 
 from tests.support.workspace import make_workspace, write_session  # noqa: E402
 
@@ -277,9 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             figures["long"] = bench_long(Path(folder), args.messages, cores)
         if "reconcile" in parts:
             figures["reconcile"] = bench_reconcile(Path(folder), args.sessions, args.per_session, cores)
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
-        print(f"\nfigures written to {args.json}")
+    save_figures(args.json, figures)
     return 0
 
 

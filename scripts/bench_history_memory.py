@@ -14,7 +14,6 @@ on a small history first (imports and caches are not counted). Median and min of
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -22,8 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench_daemon import save_figures  # noqa: E402
 from loguru import logger  # noqa: E402
 
 from tests.support.bighistory import CONTENT_CHARS, ENTRIES, measure  # noqa: E402
@@ -65,9 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                                        "seconds_min": min(seconds[name])}
         print(f"{name:24s} {statistics.median(values) / 1e6:15.2f} {min(values) / 1e6:8.2f}"
               f" {statistics.median(seconds[name]):15.2f} {min(seconds[name]):8.2f}")
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
-        print(f"figures written to {args.json}")
+    save_figures(args.json, figures)
     return 0
 
 

@@ -11,7 +11,6 @@ last answer. The worker leaves after llm.idle_exit_seconds (300 by default).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -23,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_content import nanobot_conversation  # noqa: E402
-from bench_daemon import BenchDaemon, tree_memory_mb, verdict  # noqa: E402
+from bench_daemon import BenchDaemon, save_figures, tree_memory_mb, verdict  # noqa: E402
 
 from tests.support.fakellm import FakeLLM, Responder, Text  # noqa: E402
 from tests.support.observe import child_pids, litellm_mappings  # noqa: E402
@@ -156,9 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ndaemon + children RSS {args.idle_seconds:g} s after the last LLM answer, {len(runs)} run(s):"
           f" median {summary['total_mb_median']:.1f} MB, min {totals[0]:.1f} MB   target < {TARGET_RSS_MB:.0f}"
           f"   {verdict(summary['total_mb_median'] < TARGET_RSS_MB)}")
-    if args.json:
-        args.json.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-        print(f"figures written to {args.json}")
+    save_figures(args.json, summary)
     return 0
 
 

@@ -37,7 +37,10 @@ import urllib.parse
 from datetime import datetime, timedelta
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench_daemon import save_figures  # noqa: E402
 
 from nanobotd.index.builtin import BuiltinIndex  # noqa: E402
 
@@ -332,8 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.data_dir is None:
             shutil.rmtree(root, ignore_errors=True)
     print_results(results)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    save_figures(args.json, results)
     return 0
 
 

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_content import nanobot_conversation  # noqa: E402
-from bench_daemon import BenchDaemon, cpu_seconds, memory_mb, percentile, verdict  # noqa: E402
+from bench_daemon import BenchDaemon, cpu_seconds, memory_mb, percentile, save_figures, verdict  # noqa: E402
 from bench_llm_idle import bench_llm_idle  # noqa: E402
 from bench_startup import bench_cold_start, bench_reconcile, write_reconcile_sessions  # noqa: E402
 
@@ -279,9 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                 figures["reconcile"] = bench_reconcile(root, workspace, sessions, count, messages)
         if "llm-idle" in parts:
             figures["llm_idle"] = bench_llm_idle(root, sizes.llm_idle_seconds)
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
-        print(f"\nfigures written to {args.json}")
+    save_figures(args.json, figures)
     return 0
 
 
