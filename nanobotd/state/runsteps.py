@@ -38,7 +38,7 @@ def steps_of(db: sqlite3.Connection, run_ids: list[str]) -> dict[str, list[dict]
         rows = db.execute(f"SELECT run_id, record FROM run_steps WHERE run_id IN ({','.join('?' * len(part))})"
                           " ORDER BY run_id, step", part)
         for run_id, record in rows:
-            found.setdefault(run_id, []).append(_record(record))
+            found.setdefault(run_id, []).append(read_manifest(record))
     return found
 
 
@@ -61,10 +61,11 @@ def fold_steps(db: sqlite3.Connection, run_id: str, manifest: dict | None) -> di
         return None
     db.execute("DELETE FROM run_steps WHERE run_id=?", (run_id,))
     row = db.execute("SELECT manifest FROM runs WHERE run_id=?", (run_id,)).fetchone()
-    return with_steps(_record(row[0]) if row else {}, steps)
+    return with_steps(read_manifest(row[0]) if row else {}, steps)
 
 
-def _record(text: str) -> dict:
+def read_manifest(text: str) -> dict:
+    """A journalled manifest or step record; one that is not a JSON object is kept as its text."""
     try:
         record = json.loads(text)
     except ValueError:

@@ -419,9 +419,5 @@ def _run_filter(kind: str | None, workspace: str | None, states: tuple[str, ...]
 
 def _run_from_row(row: tuple, steps: list[dict] | None = None) -> RunRecord:
     run_id, kind, workspace, session_key, state, outcome, started_at, finished_at, manifest = row
-    try:
-        parsed = json.loads(manifest)
-    except ValueError:
-        parsed = {"unreadable_manifest": manifest}
     return RunRecord(run_id, kind, workspace, session_key, state, outcome, started_at, finished_at,
-                     runsteps.with_steps(parsed, steps))
+                     runsteps.with_steps(runsteps.read_manifest(manifest), steps))

@@ -25,7 +25,7 @@ from nanobotd.llm.failures import LLMError
 from nanobotd.llm.reply import UsageMeter
 from nanobotd.memory import history
 from nanobotd.memory.transcript import raw_entries, transcript
-from nanobotd.state.runsteps import write_steps
+from nanobotd.state.runsteps import STEPS_KEY, write_steps
 from nanobotd.state.store import RunRecord
 
 # Archive marks of chunks that reached history are committed together, up to this many chunks or this long
@@ -36,7 +36,7 @@ MARK_BATCH_SECONDS = 0.5
 OFFLINE_REASON = "offline mode: no LLM configured"
 NOTHING_LEFT_REASON = "nothing unarchived to archive"
 OVERSIZED_REASON = "a message over half the context window is never sent to the LLM"
-GROWING_KEYS = ("chunks", "cursors")  # journalled as steps (chunks) or made from them (cursors), not in the head
+GROWING_KEYS = (STEPS_KEY, "cursors")  # journalled as steps (chunks) or made from them (cursors), not in the head
 
 
 async def summarize_chunk(ctx: JobEnv, chunk: Chunk, session_key: str,
