@@ -36,10 +36,11 @@ EXIT_WAIT_SECONDS = 5.0
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
 
-def worker_command() -> list[str]:
-    """This interpreter running `tokenworker`, with this package importable whatever the working directory."""
+def worker_command(module: str = "nanobotd.tokenworker") -> list[str]:
+    """This interpreter running *module*'s main (`tokenworker`'s by default), with this package importable
+    whatever the working directory."""
     bootstrap = (f"import sys; sys.path.insert(0, {str(PACKAGE_ROOT)!r}); "
-                 "from nanobotd.tokenworker import main; sys.exit(main())")
+                 f"from {module} import main; sys.exit(main())")
     return [sys.executable, "-c", bootstrap]
 
 

@@ -11,6 +11,7 @@ no writes for idle_minutes -> consolidate everything.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -33,6 +34,7 @@ from nanobotd.memory import history
 from nanobotd.sessions import discovery
 from nanobotd.sessions.agent_config import AgentSettings, find_agent_config, read_agent_settings
 from nanobotd.sessions.file import is_session_file
+from nanobotd.sessions.parsepool import processes_for
 from nanobotd.sessions.tracker import ScanResult, SessionTracker
 from nanobotd.state.store import StateStore
 from nanobotd.timestamps import iso_local
@@ -58,7 +60,7 @@ class Workspace:
                     else AGENT_ENCODING)
         self.counting = CountingProcess()  # a reconcile of several files, or a long one, counts in a child process
         self.tracker = SessionTracker(settings.name, store, encoding=encoding, clock=clock,
-                                      counter=self.counting.submit)
+                                      counter=self.counting.submit, parse_processes=processes_for(os.cpu_count()))
         self.agent = AgentSettings(path=None)
         self.agent_base_tokens = settings.consolidation.agent_base_tokens  # learned at each agent compaction
         self.agent_archive = None  # companion mode's state (daemon.companion), made on first use

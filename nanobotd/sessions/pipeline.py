@@ -4,7 +4,8 @@
 still being counted, then that one is applied (`_finish_scan`): the counting (in the counting process or
 threads) runs beside the reading instead of after it. The tracker's lock is held a slice of
 SCAN_SLICE_SECONDS at a time, every file begun in a slice applied before the lock is let go, so a scan of one
-file from the watcher never meets a file half scanned.
+file from the watcher never meets a file half scanned. Files never seen before, when there are many, are read
+whole by parse processes a few files ahead (`parsepool`), and the reconciling thread only applies them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from nanobotd.sessions import parsepool
 from nanobotd.sessions.messages import MessageList
 from nanobotd.sessions.scan import Counter, ParseResult
 from nanobotd.sessions.session import ScanResult, SessionState
@@ -48,18 +50,32 @@ class ScanPipeline:
         SCAN_SLICE_SECONDS at a time, every file begun in it finished before it is let go. When two files or
         more are to be read, the tracker's counter (the counting process) counts; beside one file, only when
         much of it is unread (tracker.PROCESS_SCAN_BYTES): a save's few lines are counted by the threads.
+        Many files never seen (a cold start) are parsed and counted ahead by the tracker's parse processes.
         """
         paths = [Path(path) for path in paths]
         stale = (path for path in paths if self._stale(path))
         counter = self.counter if len(list(itertools.islice(stale, 2))) == 2 else None
+        ahead = self._parses_ahead(paths)
         remaining = iter(paths)
         more = True
-        while more:
-            with self._lock:
-                done, more = self._scan_slice(remaining, counter)
-            yield from done
+        try:
+            while more:
+                with self._lock:
+                    done, more = self._scan_slice(remaining, counter, ahead)
+                yield from done
+        finally:
+            if ahead is not None:
+                ahead.close()
 
-    def _scan_slice(self, paths: Iterator[Path], counter: Counter | None) -> tuple[list, bool]:
+    def _parses_ahead(self, paths: list[Path]) -> parsepool.ParsesAhead | None:
+        """Parse processes for the files never seen, when there are enough of them (a cold start)."""
+        new = [path for path in paths if self._session_by_path(path) is None]
+        if not self.parse_processes or len(new) < parsepool.MIN_NEW_FILES:
+            return None
+        return parsepool.ParsesAhead(new, self.encoding, self.parse_processes)
+
+    def _scan_slice(self, paths: Iterator[Path], counter: Counter | None,
+                    ahead: parsepool.ParsesAhead | None = None) -> tuple[list, bool]:
         """Scan paths until the slice's time is up; returns what was scanned and whether paths are left."""
         done: list[tuple[Path, ScanResult | None | Exception]] = []
         until = time.perf_counter() + SCAN_SLICE_SECONDS
@@ -68,7 +84,8 @@ class ScanPipeline:
         try:
             for path in paths:
                 try:
-                    begun = self._begin_scan(path, defer_counts=True, counter=counter)
+                    parsed = ahead.take(path) if ahead is not None else None
+                    begun = self._begin_scan(path, defer_counts=True, counter=counter, ahead=parsed)
                 except Exception as exc:  # reported with this path, in its turn
                     begun = exc
                 if waiting is not None:

@@ -28,6 +28,7 @@ from nanobotd.sessions.hold import Holds
 from nanobotd.sessions.holding import SpoolHolding
 from nanobotd.sessions.marks import ArchiveMarks
 from nanobotd.sessions.messages import MessageList
+from nanobotd.sessions.parsepool import Answer
 from nanobotd.sessions.pipeline import ReadFile, ScanPipeline
 from nanobotd.sessions.scan import LINE_NEW, Counter, ParseResult, parse_session
 from nanobotd.sessions.session import (
@@ -70,13 +71,15 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
     """Tracks every session file of one workspace; thread-safe (scans run on an executor)."""
 
     def __init__(self, workspace_name: str, store: StateStore, *, encoding: str = "o200k_base", clock=time.time,
-                 counter: Counter | None = None, process_scan_bytes: int = PROCESS_SCAN_BYTES):
+                 counter: Counter | None = None, process_scan_bytes: int = PROCESS_SCAN_BYTES,
+                 parse_processes: int = 0):
         self.workspace_name = workspace_name
         self.store = store
         self.encoding = encoding
         # counts the batches when scan_many reads several files (see sessions.pipeline), or a long unread stretch
         self.counter = counter
         self.process_scan_bytes = process_scan_bytes
+        self.parse_processes = parse_processes  # scan_many parses many new files in this many processes (parsepool)
         self.clock = clock
         # Copy-on-write: a scan on the executor replaces the dict instead of growing it, so a reader on the
         # loop iterating `sessions` (GET /v1/sessions, status) always walks a consistent snapshot.
@@ -161,11 +164,12 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
             begun = self._begin_scan(Path(path), force=force)
             return self._finish_scan(begun) if isinstance(begun, ReadFile) else begun
 
-    def _begin_scan(self, path: Path, *, force: bool = False,
-                    defer_counts: bool = False, counter: Counter | None = None) -> ReadFile | ScanResult | None:
+    def _begin_scan(self, path: Path, *, force: bool = False, defer_counts: bool = False,
+                    counter: Counter | None = None, ahead: Answer | None = None) -> ReadFile | ScanResult | None:
         """Read the file when it changed (call under the lock): a ReadFile to finish, or scan()'s answer when
         there is nothing to apply. *defer_counts*: the last tokens are still being counted (see parse_session);
-        *counter*: where the batches are counted (default: the counting threads)."""
+        *counter*: where the batches are counted (default: the counting threads); *ahead*: a parse process's
+        parse of the file and the version it read, used when the file is new and that version is the one open."""
         started = time.perf_counter()
         try:
             stat = os.stat(path)
@@ -186,7 +190,10 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
             cached = self._cached_messages(known) if known is not None else None
             if counter is None and unread_bytes(stat, known) >= self.process_scan_bytes:
                 counter = self.counter
-            parsed = self._parse(path, known, cached, handle, defer_counts, counter)
+            if known is None and ahead is not None and ahead[0] == fingerprint_of(stat):
+                parsed = ahead[1]
+            else:
+                parsed = self._parse(path, known, cached, handle, defer_counts, counter)
         except BaseException:
             handle.close()
             raise

@@ -84,8 +84,9 @@ max_retries = 0
 
 def test_sigkill_during_a_cold_start_leaves_no_counting_process_and_the_next_start_counts_exactly(
         tmp_path, daemon_process):
-    """A cold start of many sessions counts their tokens in a child process; the daemon killed meanwhile
-    takes it along (its stdin closes), and the next start's counts are exactly what one scan at a time gives."""
+    """A cold start of many sessions counts their tokens in child processes (the parse processes that read the
+    new files whole, or the counting process); the daemon killed meanwhile takes them along (their stdin
+    closes), and the next start's counts are exactly what one scan at a time gives."""
     from nanobotd.sessions.tracker import SessionTracker
     from nanobotd.state.store import StateStore
     from tests.support.workspace import conversation
@@ -95,13 +96,13 @@ def test_sigkill_during_a_cold_start_leaves_no_counting_process_and_the_next_sta
              for number in range(60)]
     proc = daemon_process(workspace, mode="companion")  # beside nanobot: cl100k, as the agent counts
     proc.start(wait=False)
-    counting = _wait_for_counting_child(proc)
+    counting = _wait_for_counting_children(proc)
     os.kill(proc.proc.pid, signal.SIGKILL)
     proc.proc.wait(timeout=10)
     deadline = time.monotonic() + 10
-    while _alive(counting) and time.monotonic() < deadline:
+    while any(_alive(child) for child in counting) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(counting), "the counting process outlived its daemon"
+    assert not any(_alive(child) for child in counting), "a counting process outlived its daemon"
 
     proc.start()
     status = proc.wait_for(lambda: _reconciled(proc, len(paths)), timeout=120)
@@ -113,14 +114,16 @@ def test_sigkill_during_a_cold_start_leaves_no_counting_process_and_the_next_sta
     store.close()
 
 
-def _wait_for_counting_child(proc) -> int:
+def _wait_for_counting_children(proc) -> list[int]:
+    """The daemon's children that count tokens, once there is one (the others started by then with it)."""
     from tests.support.observe import child_pids
 
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        for child in child_pids(proc.proc.pid):
-            if "tokenworker" in _cmdline(child):
-                return child
+        counting = [child for child in child_pids(proc.proc.pid)
+                    if "tokenworker" in _cmdline(child) or "parseworker" in _cmdline(child)]
+        if counting:
+            return counting
         time.sleep(0.01)
     raise AssertionError("no counting process was started:\n" + proc.log()[-3000:])
 
