@@ -9,14 +9,16 @@ Two workloads, each part measured in a fresh process (its own CPU and its childr
    - the scan with a counter that answers at once (the parse and the spool, message cache and hold writes: the
      scanning thread's own work), and the parse alone that way;
    - the real scan (counted by the counting process) and the real archive.
-2. A start-up reconcile of --sessions x --per-session messages, as bench_startup's cold start reads them: the
-   reconcile with a counter that answers at once (the reconciling thread's own work), the texts counted alone,
-   and the real reconcile.
+2. A start-up reconcile of --sessions x --per-session messages, as bench_startup's cold start reads them. With
+   parse processes (sessions.parsepool: 16 new files or more, two cores or more): the files parsed and counted
+   by them alone, the reconcile given their parses at once (the reconciling thread's own work), and the real
+   reconcile. Without: the reconcile with a counter that answers at once, the texts counted alone, the real one.
 
 From them it prints two floors against each goal:
 - the serial floor: the parts that wait for each other, each as long as it took alone, its waits for the disk
   included (the spool rows carry the counts, the archive plans its chunks by them): max(parse, counting) +
-  writes + archive; for the reconcile, which counts one file while it reads the next, max(its own work, counting);
+  writes + archive; for the reconcile, which applies one file while the next is parsed (or counted), max(its own
+  work, the parsing or the counting);
 - the CPU floor: every part's CPU spread perfectly over the machine's cores.
 A goal under both floors cannot be met by making the parts overlap better; only by less work per message.
 
@@ -156,22 +158,59 @@ def _archive(store, tracker, workspace: str, sessions: str) -> dict:
             "unarchived_after": tracker.sessions[LONG_KEY].unarchived_messages}
 
 
-def part_reconcile(workspace: str, sessions: str, state_dir: str, *, count: bool) -> dict:
-    """Workspace.reconcile() on an empty state database (its counting process, or counts answered at once)."""
+class _ReadyParses:
+    """Parse processes whose parses are all made already: take() gives each at once."""
+
+    answers: dict = {}
+
+    def __init__(self, paths, encoding: str, processes: int) -> None:
+        pass
+
+    def take(self, path: Path):
+        return self.answers.pop(Path(path), None)
+
+    def close(self) -> None:
+        pass
+
+
+def _parse_first(paths: list[Path], encoding: str, processes: int) -> dict:
+    """Every file parsed by the daemon's parse processes, from their start to the last parse taken; the reconcile
+    that follows gets these parses at once (its own work without the parsing)."""
+    from nanobotd.sessions import parsepool
+
+    started = time.perf_counter()
+    ahead = parsepool.ParsesAhead(paths, encoding, processes)
+    _ReadyParses.answers = {path: ahead.take(path) for path in paths}
+    wall = time.perf_counter() - started
+    ahead.close()
+    parsepool.ParsesAhead = _ReadyParses
+    return {"parsing_wall": wall, "parsing_child_cpu": _cpu()[1],
+            "parsed": sum(answer is not None for answer in _ReadyParses.answers.values())}
+
+
+def part_reconcile(workspace: str, sessions: str, state_dir: str, *, own: bool) -> dict:
+    """Workspace.reconcile() on an empty state database, as the daemon reconciles. *own*: the reconciling thread's
+    own work alone: where the daemon parses new files in processes, with their parses made first (timed as the
+    parsing part); otherwise with counts answered at once."""
     from nanobotd.config.schema import WorkspaceSettings
     from nanobotd.daemon.workspace import Workspace
+    from nanobotd.sessions import parsepool
     from nanobotd.state.store import StateStore
 
     settings = WorkspaceSettings(path=Path(workspace), name="ws", sessions_dir=Path(sessions))
     store = StateStore(Path(state_dir)).open()
     runtime = Workspace(settings, store, state_dir=Path(state_dir), environ={}, home=None, now=datetime.now)
-    if not count:
-        runtime.tracker.counter = answering_counter
-    before, started = _cpu()[0], time.perf_counter()
+    tracker, paths = runtime.tracker, sorted(Path(sessions).glob("*.jsonl"))
+    figures: dict = {"parse_processes": tracker.parse_processes if len(paths) >= parsepool.MIN_NEW_FILES else 0}
+    if own and figures["parse_processes"]:
+        figures.update(_parse_first(paths, tracker.encoding, tracker.parse_processes))
+    elif own:
+        tracker.counter = answering_counter
+    before, started = _cpu(), time.perf_counter()
     results = runtime.reconcile()
-    figures = {"wall": time.perf_counter() - started, "cpu": _cpu()[0] - before, "sessions": len(results)}
+    figures.update(wall=time.perf_counter() - started, cpu=_cpu()[0] - before[0], sessions=len(results))
     store.close()  # the counting process was let go when the reconcile was done
-    figures["child_cpu"] = _cpu()[1]
+    figures["child_cpu"] = _cpu()[1] - before[1]
     return figures
 
 
@@ -225,27 +264,37 @@ def bench_reconcile(root: Path, count: int, per_session: int, cores: int) -> dic
     paths = [str(write_session(sessions, f"telegram:{200000 + number}",
                                nanobot_conversation(per_session, tag=f"r{number}", seed=2)))
              for number in range(count)]
-    counting = in_child(part_counting, paths)
-    own = in_child(part_reconcile, str(workspace), str(sessions), str(root / "many-own"), count=False)
-    real = in_child(part_reconcile, str(workspace), str(sessions), str(root / "many-real"), count=True)
-    goal = GOAL_COLD_START_SECONDS
-    serial = max(own["wall"], counting["wall"])
-    total_cpu = own["cpu"] + counting["child_cpu"]
+    own = in_child(part_reconcile, str(workspace), str(sessions), str(root / "many-own"), own=True)
+    real = in_child(part_reconcile, str(workspace), str(sessions), str(root / "many-real"), own=False)
     figures = {
-        "sessions": count, "messages_per_session": per_session, "cores": cores, "goal_seconds": goal,
+        "sessions": count, "messages_per_session": per_session, "cores": cores, "goal_seconds": GOAL_COLD_START_SECONDS,
+        "parse_processes": own["parse_processes"],
         "reconcile_own_cpu": round(own["cpu"], 2), "reconcile_own_wall": round(own["wall"], 2),
-        "counting_wall": round(counting["wall"], 2), "counting_child_cpu": round(counting["child_cpu"], 2),
         "today_seconds": round(real["wall"], 2), "reconcile_cpu": round(real["cpu"], 2),
         "reconcile_child_cpu": round(real["child_cpu"], 2),
-        "serial_floor_seconds": round(serial, 2), "cpu_floor_seconds": round(total_cpu / cores, 2),
     }
-    print(f"   counting alone (a counting process, from its start): {counting['wall']:.2f} s for"
-          f" {counting['texts']} texts ({counting['child_cpu']:.2f} CPU-s in it)")
-    print(f"   the reconciling thread's own work (counts answered at once): {own['wall']:.2f} s,"
-          f" {own['cpu']:.2f} CPU-s")
+    if own["parse_processes"]:  # the files are parsed and counted in the parse processes, beside the writes
+        other, other_cpu = own["parsing_wall"], own["parsing_child_cpu"]
+        figures.update(parsing_wall=round(other, 2), parsing_child_cpu=round(other_cpu, 2), parsed=own["parsed"])
+        print(f"   parsed and counted alone by {own['parse_processes']} parse processes, from their start:"
+              f" {other:.2f} s for {own['parsed']} of {count} files ({other_cpu:.2f} CPU-s in them)")
+        print(f"   the reconciling thread's own work (their parses given at once): {own['wall']:.2f} s,"
+              f" {own['cpu']:.2f} CPU-s")
+        children = "in the parse processes"
+    else:  # the reconciling thread parses, and counts one file while it reads the next
+        counting = in_child(part_counting, paths)
+        other, other_cpu = counting["wall"], counting["child_cpu"]
+        figures.update(counting_wall=round(other, 2), counting_child_cpu=round(other_cpu, 2))
+        print(f"   counting alone (a counting process, from its start): {other:.2f} s for"
+              f" {counting['texts']} texts ({other_cpu:.2f} CPU-s in it)")
+        print(f"   the reconciling thread's own work (counts answered at once): {own['wall']:.2f} s,"
+              f" {own['cpu']:.2f} CPU-s")
+        children = "in the counting process"
+    figures["serial_floor_seconds"] = round(max(own["wall"], other), 2)
+    figures["cpu_floor_seconds"] = round((own["cpu"] + other_cpu) / cores, 2)
     print(f"   the real reconcile {real['wall']:.2f} s ({real['cpu']:.2f} CPU-s here,"
-          f" {real['child_cpu']:.2f} in the counting process); a daemon adds its own start to this")
-    _print_floors(figures, goal, f"{goal:g} s")
+          f" {real['child_cpu']:.2f} {children}); a daemon adds its own start to this")
+    _print_floors(figures, GOAL_COLD_START_SECONDS, f"{GOAL_COLD_START_SECONDS:g} s")
     return figures
 
 

@@ -20,6 +20,7 @@ def test_small_run_measures_every_part_and_derives_both_floors_from_them(tmp_pat
     long, many = figures["long"], figures["reconcile"]
     assert long["messages"] == 400 and long["unarchived_after"] == 0  # the archive really ran, all of it
     assert many["sessions"] == 6 and many["messages_per_session"] == 30
+    assert many["parse_processes"] == 0  # 6 new files: parsed in the daemon, as the daemon would
     for part in (long, many):
         assert part["cores"] >= 1 and part["today_seconds"] > 0 and part["counting_wall"] > 0
         assert part["counting_child_cpu"] > 0  # the texts were counted in a process of their own
@@ -34,3 +35,24 @@ def test_small_run_measures_every_part_and_derives_both_floors_from_them(tmp_pat
     assert long["goal_seconds"] == 400 / 20_000 and many["goal_seconds"] == 6.0
     assert long["goal_is"] in done.stdout and many["goal_is"] in done.stdout
     assert "the real scan" in done.stdout and "the real reconcile" in done.stdout
+
+
+def test_a_reconcile_with_parse_processes_measures_them_and_the_writes_alone(tmp_path):
+    """16 new files on two cores or more: the daemon parses them in processes, and so do the parts measured."""
+    from nanobotd.sessions.parsepool import MIN_NEW_FILES, processes_for
+
+    out = tmp_path / "floor.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--only", "reconcile", "--sessions", str(MIN_NEW_FILES),
+                           "--per-session", "20", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    many = json.loads(out.read_text())["reconcile"]
+    assert many["parse_processes"] == processes_for(many["cores"])
+    if not many["parse_processes"]:
+        assert many["counting_wall"] > 0
+        return
+    assert many["parsed"] == MIN_NEW_FILES and many["parsing_child_cpu"] > 0 and many["parsing_wall"] > 0
+    assert many["reconcile_child_cpu"] > 0  # the real reconcile's files were parsed in its children too
+    assert abs(many["serial_floor_seconds"] - max(many["reconcile_own_wall"], many["parsing_wall"])) < 0.03
+    spread = (many["reconcile_own_cpu"] + many["parsing_child_cpu"]) / many["cores"]
+    assert abs(many["cpu_floor_seconds"] - spread) < 0.03
+    assert "parse processes" in done.stdout and many["goal_is"] in done.stdout
