@@ -22,6 +22,7 @@ class DaemonSettings:
     timezone: str = ""
     job_stop_seconds: float = 20.0
     socket_group: str = ""
+    parse_processes: int = 2  # at most, one per core (none on one core): a cold start's new files are parsed in them
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ NUMBER_BOUNDS: dict[str, tuple[float, bool, float]] = {
     "daemon.reconcile_seconds": (1, True, DAY),
     "daemon.debounce_seconds": (0, False, 3600),
     "daemon.job_stop_seconds": (0, False, 3600),
+    "daemon.parse_processes": (0, True, 16),
     "llm.timeout_seconds": (0, False, 3600),
     "llm.max_retries": (0, True, 20),
     "llm.concurrency": (1, True, 64),

@@ -8,6 +8,7 @@ The daemon builds a small `Core` and hands it down; nothing below holds the daem
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,12 +27,13 @@ from nanobotd.daemon.jobqueue import JobQueue
 from nanobotd.daemon.scheduler import JobScheduler
 from nanobotd.daemon.workspace import Workspace
 from nanobotd.notify import Notifier, watchdog_interval
+from nanobotd.sessions.parsepool import processes_for
 from nanobotd.state.store import StateStore
 from nanobotd.watcher import SessionWatcher
 
 TICK_SECONDS = 1.0
 # [daemon] keys a reload cannot apply to a running process: status names them until the next restart.
-RESTART_KEYS = ("socket", "state_dir", "socket_group", "log_level", "timezone")
+RESTART_KEYS = ("socket", "state_dir", "socket_group", "log_level", "timezone", "parse_processes")
 IDLE_CHECK_SECONDS = 30.0
 TOKENIZER_IDLE_SECONDS = 60.0
 CACHE_IDLE_SECONDS = 300.0  # a session's in-memory caches go after this long unused (read back when needed)
@@ -89,7 +91,8 @@ class Daemon:
     def _new_workspace(self, settings: WorkspaceSettings) -> Workspace:
         home = Path(self.config.environ.get("HOME", "~")).expanduser()
         return Workspace(settings, self.core.store, state_dir=self.config.state_dir, environ=self.config.environ,
-                         home=home, now=self.core.now, clock=self.core.clock)
+                         home=home, now=self.core.now, clock=self.core.clock,
+                         parse_processes=processes_for(os.cpu_count(), self.config.daemon.parse_processes))
 
     async def run(self) -> int:
         """Serve until SIGTERM/SIGINT; returns the exit status."""

@@ -50,7 +50,7 @@ class Workspace:
     """Everything the daemon keeps for one configured workspace."""
 
     def __init__(self, settings: WorkspaceSettings, store: StateStore, *, state_dir: Path, environ,
-                 home: Path | None, now: Callable[[], datetime], clock=time.time):
+                 home: Path | None, now: Callable[[], datetime], clock=time.time, parse_processes: int | None = None):
         self.settings = settings
         self.store = store
         self.home = home
@@ -60,7 +60,9 @@ class Workspace:
                     else AGENT_ENCODING)
         self.counting = CountingProcess()  # a reconcile of several files, or a long one, counts in a child process
         self.tracker = SessionTracker(settings.name, store, encoding=encoding, clock=clock,
-                                      counter=self.counting.submit, parse_processes=processes_for(os.cpu_count()))
+                                      counter=self.counting.submit,
+                                      parse_processes=(processes_for(os.cpu_count()) if parse_processes is None
+                                                       else parse_processes))
         self.agent = AgentSettings(path=None)
         self.agent_base_tokens = settings.consolidation.agent_base_tokens  # learned at each agent compaction
         self.agent_archive = None  # companion mode's state (daemon.companion), made on first use

@@ -25,7 +25,7 @@ from nanobotd.sessions.parseworker import Fingerprint, encode, read_item
 from nanobotd.sessions.scan import ParseResult
 from nanobotd.tokenprocess import EXIT_WAIT_SECONDS, worker_command
 
-PARSE_PROCESSES = 2  # at most; one per core, and none on a single core (the daemon parses as fast alone)
+PARSE_PROCESSES = 2  # at most (daemon.parse_processes); one per core, none on one core (the daemon is as fast alone)
 MIN_NEW_FILES = 16  # fewer new files are parsed in the daemon: the processes' start (~0.4 s) would not pay
 FILES_AHEAD = 2  # files asked of each process before the tracker takes the first: a few parses in memory
 TIMEOUT_SECONDS = 60.0  # a parse not back in this long (plus TIMEOUT_PER_MIB for each MiB) is given up
@@ -35,10 +35,11 @@ WORKER_MODULE = "nanobotd.sessions.parseworker"
 Answer = tuple[Fingerprint, ParseResult]
 
 
-def processes_for(cpu_count: int | None) -> int:
-    """How many parse processes a machine with *cpu_count* cores runs (0: it parses in the daemon)."""
+def processes_for(cpu_count: int | None, most: int = PARSE_PROCESSES) -> int:
+    """How many parse processes a machine with *cpu_count* cores runs, *most* at most (daemon.parse_processes;
+    0: the daemon parses every file itself, as it does on a single core)."""
     cores = cpu_count or 1
-    return min(PARSE_PROCESSES, cores) if cores >= 2 else 0
+    return max(0, min(most, cores)) if cores >= 2 else 0
 
 
 class _Parse:

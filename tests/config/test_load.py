@@ -83,6 +83,9 @@ def check_config_exit(tmp_path: Path, text: str, capsys) -> tuple[int, str]:
     ("reconcile_seconds = 1e12", "daemon.reconcile_seconds"),
     ("job_stop_seconds = 0", "daemon.job_stop_seconds"),
     ("job_stop_seconds = nan", "daemon.job_stop_seconds"),
+    ("parse_processes = -1", "daemon.parse_processes"),
+    ("parse_processes = 1.5", "daemon.parse_processes"),
+    ("parse_processes = 1000", "daemon.parse_processes"),
 ])
 def test_a_daemon_number_that_is_nan_inf_zero_or_huge_exits_2_naming_the_key(tmp_path, capsys, daemon, key):
     status, err = check_config_exit(tmp_path, f"[daemon]\n{daemon}\n[[workspaces]]\npath = \"ws\"\n", capsys)
@@ -162,7 +165,7 @@ def test_a_workspace_argument_still_resolves_against_the_current_directory(tmp_p
 
 KNOWN_KEYS = {
     "daemon": ["socket", "state_dir", "log_level", "reconcile_seconds", "debounce_seconds", "timezone",
-               "job_stop_seconds", "socket_group"],
+               "job_stop_seconds", "socket_group", "parse_processes"],
     "llm": ["model", "timeout_seconds", "max_retries", "concurrency", "context_window", "max_tokens"],
     "consolidation": ["ratio", "idle_minutes", "mode", "chunk_ratio_min", "chunk_ratio_max", "raw_max_chars"],
     "lifecycle": ["schedule", "active_days", "ttl_days", "max_history_entries"],

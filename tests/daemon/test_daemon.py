@@ -28,10 +28,10 @@ def short_dir():
 
 
 def write_config(path: Path, state: Path, workspaces: list[tuple[str, Path, Path, float]], *,
-                 debounce: float = 0.2, log_level: str = "INFO") -> None:
+                 debounce: float = 0.2, log_level: str = "INFO", daemon_lines: str = "") -> None:
     """A config of (name, workspace, fake qmd, search debounce) workspaces, each searched through QMD."""
     text = (f'[daemon]\nsocket = "{state}/sock/n.sock"\nstate_dir = "{state}/state"\nreconcile_seconds = 1\n'
-            f'debounce_seconds = {debounce}\nlog_level = "{log_level}"\n')
+            f'debounce_seconds = {debounce}\nlog_level = "{log_level}"\n{daemon_lines}')
     for name, workspace, qmd, search_debounce in workspaces:
         text += (f'\n[[workspaces]]\nname = "{name}"\npath = "{workspace}"\nconsolidation = {{ mode = "owner" }}\n'
                  f'search = {{ backend = "both", qmd_command = "{qmd}", debounce_seconds = {search_debounce} }}\n')
@@ -97,3 +97,32 @@ def test_a_sighup_that_changes_the_search_debounce_reopens_the_workspace_with_it
     assert after.settings.search.debounce_seconds == 0.3
     assert after.qmd.settings.debounce_seconds == 0.3
     assert restart_needed == []
+
+
+def test_parse_processes_reach_the_trackers_and_a_change_waits_for_the_next_start(tmp_path, short_dir):
+    from nanobotd.sessions.parsepool import processes_for
+
+    workspace, _ = make_workspace(tmp_path)
+    qmd = fake_qmd(tmp_path, workspace)
+    config_path = tmp_path / "nanobotd.toml"
+    write_config(config_path, short_dir, [("ws", workspace, qmd, 0.3)], daemon_lines="parse_processes = 0\n")
+
+    async def scenario():
+        daemon = Daemon(load_config(config_path, environ=dict(os.environ)), notifier=Notifier({}))
+        running = asyncio.get_running_loop().create_task(daemon.run())
+        try:
+            tracker = (await wait_until(lambda: daemon.core.workspaces.get("ws"))).tracker
+            before = tracker.parse_processes
+            write_config(config_path, short_dir, [("ws", workspace, qmd, 0.3)], daemon_lines="parse_processes = 2\n")
+            os.kill(os.getpid(), signal.SIGHUP)
+            await wait_until(lambda: daemon.core.restart_needed)
+            return before, daemon.core.workspaces["ws"].tracker.parse_processes, list(daemon.core.restart_needed)
+        finally:
+            daemon.request_stop()
+            await asyncio.wait_for(running, 30)
+
+    before, after, restart_needed = asyncio.run(scenario())
+    assert before == after == 0  # none: every file is parsed in the daemon, until the next start
+    assert restart_needed == ["parse_processes"]
+    assert [processes_for(4, most) for most in (0, 1, 2, 8)] == [0, 1, 2, 4]
+    assert processes_for(1, 8) == 0 and processes_for(None) == 0
