@@ -178,12 +178,15 @@ class Daemon:
                 logger.opt(exception=exc).error("tick: {}", exc)
 
     def _release_idle_caches(self) -> int:
-        """Idle sessions' caches go, and the heap gives their pages back (on the executor: a scan may hold a
-        tracker's lock)."""
+        """Idle sessions' caches go, and so does the state database's page cache while no job runs; the heap gives
+        their pages back (on the executor: a scan may hold a tracker's lock)."""
         released = sum(workspace.tracker.release_idle_caches(CACHE_IDLE_SECONDS)
                        for workspace in self.core.workspaces.values())
-        if released:
-            heap.trim()
+        idle = not self.core.queue.running_kinds()
+        if idle:
+            self.core.store.shrink_memory()
+        if released or idle:
+            heap.trim()  # a few ms at most, every IDLE_CHECK_SECONDS
         return released
 
     def _idle_check_seconds(self) -> float:

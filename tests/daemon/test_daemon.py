@@ -126,3 +126,30 @@ def test_parse_processes_reach_the_trackers_and_a_change_waits_for_the_next_star
     assert restart_needed == ["parse_processes"]
     assert [processes_for(4, most) for most in (0, 1, 2, 8)] == [0, 1, 2, 4]
     assert processes_for(1, 8) == 0 and processes_for(None) == 0
+
+
+def test_the_idle_check_gives_the_state_databases_page_cache_back_only_while_no_job_runs(tmp_path, short_dir):
+    workspace, _ = make_workspace(tmp_path)
+    qmd = fake_qmd(tmp_path, workspace)
+    config_path = tmp_path / "nanobotd.toml"
+    write_config(config_path, short_dir, [("ws", workspace, qmd, 0.3)])
+
+    async def scenario():
+        daemon = Daemon(load_config(config_path, environ=dict(os.environ)), notifier=Notifier({}))
+        running = asyncio.get_running_loop().create_task(daemon.run())
+        try:
+            await wait_until(lambda: daemon.core.workspaces.get("ws"))
+            shrunk = []
+            daemon.core.store.shrink_memory = lambda: shrunk.append(True)
+            daemon._release_idle_caches()
+            idle = len(shrunk)
+            daemon.core.queue._running["run-x"] = type("Job", (), {"kind": "consolidate", "task": None})()
+            daemon._release_idle_caches()
+            daemon.core.queue._running.pop("run-x")
+            return idle, len(shrunk)
+        finally:
+            daemon.request_stop()
+            await asyncio.wait_for(running, 30)
+
+    idle, busy = asyncio.run(scenario())
+    assert idle == 1 and busy == 1  # given back when idle; kept while a job runs

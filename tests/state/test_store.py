@@ -68,3 +68,46 @@ def test_runs_that_changed_nothing_can_be_left_out_and_counted(tmp_path):
     assert [run.run_id for run in store.list_runs(unchanged=False)] == [failed, changed]
     assert len(store.list_runs()) == 4
     assert store.count_unchanged_runs() == 2 and store.count_unchanged_runs(kind="flush") == 0
+
+
+PAGE_CACHE_SCRIPT = """
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from nanobotd import heap
+from nanobotd.state.store import StateStore
+
+def rss_kib():
+    return int(next(line for line in open("/proc/self/status") if line.startswith("VmRSS")).split()[1])
+
+store = StateStore(Path(sys.argv[1])).open()
+with store.transaction() as db:
+    db.execute("CREATE TABLE filler (body BLOB)")
+    db.executemany("INSERT INTO filler VALUES (randomblob(3000))", [()] * 10_000)  # ~30 MB of pages
+store.close()
+store = StateStore(Path(sys.argv[1])).open()
+heap.trim()
+before = rss_kib()
+store.query("SELECT SUM(length(hex(body))) FROM filler")  # every page through the cache
+filled = rss_kib()
+store.shrink_memory()
+heap.trim()
+print(store.query("PRAGMA cache_size")[0][0], before, filled, rss_kib())
+"""
+
+
+def test_the_page_cache_holds_16_mib_while_busy_and_is_given_back_when_idle(tmp_path):
+    """A long session's archive marks need more than SQLite's 2 MiB default; opening the database (its check reads
+    every page) and an idle daemon keep none of it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", PAGE_CACHE_SCRIPT, str(tmp_path), str(repo)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    cache_size, before, filled, after = (int(value) for value in done.stdout.split())
+    assert cache_size == -16 * 1024  # KiB
+    assert filled - before > 12 * 1024, "reading 30 MB filled the 16 MiB cache"
+    assert filled - after > 12 * 1024, "shrink_memory gave it back"
