@@ -37,10 +37,10 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
 
 def worker_command(module: str = "nanobotd.tokenworker") -> list[str]:
-    """This interpreter running *module*'s main (`tokenworker`'s by default), with this package importable
-    whatever the working directory."""
-    bootstrap = (f"import sys; sys.path.insert(0, {str(PACKAGE_ROOT)!r}); "
-                 f"from {module} import main; sys.exit(main())")
+    """This interpreter serving the daemon on stdin and stdout with *module*'s serve (`tokenworker`'s by
+    default), with this package importable whatever the working directory."""
+    bootstrap = (f"import sys; sys.path.insert(0, {str(PACKAGE_ROOT)!r}); from {module} import serve; "
+                 "sys.exit(serve(sys.stdin.buffer, sys.stdout.buffer))")
     return [sys.executable, "-c", bootstrap]
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import pickle
 import struct
-import sys
 from array import array
 from typing import BinaryIO
 
@@ -47,12 +46,3 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> int:
         answers.write(LENGTH.pack(len(counts)) + counts.tobytes())
         answers.flush()
     return 0
-
-
-def main() -> int:
-    """Serve the daemon on stdin and stdout."""
-    return serve(sys.stdin.buffer, sys.stdout.buffer)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import sys
 from pathlib import Path
 from typing import BinaryIO
 
@@ -75,12 +74,3 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> int:
         answers.write(encode(answer))
         answers.flush()
     return 0
-
-
-def main() -> int:
-    """Serve the daemon on stdin and stdout."""
-    return serve(sys.stdin.buffer, sys.stdout.buffer)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

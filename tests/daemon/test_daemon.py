@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -27,6 +28,18 @@ def short_dir():
     shutil.rmtree(base, ignore_errors=True)
 
 
+@contextlib.asynccontextmanager
+async def running_daemon(config_path: Path):
+    """A daemon started from *config_path* in this process's loop, stopped when the block ends."""
+    daemon = Daemon(load_config(config_path, environ=dict(os.environ)), notifier=Notifier({}))
+    running = asyncio.get_running_loop().create_task(daemon.run())
+    try:
+        yield daemon
+    finally:
+        daemon.request_stop()
+        await asyncio.wait_for(running, 30)
+
+
 def write_config(path: Path, state: Path, workspaces: list[tuple[str, Path, Path, float]], *,
                  debounce: float = 0.2, log_level: str = "INFO", daemon_lines: str = "") -> None:
     """A config of (name, workspace, fake qmd, search debounce) workspaces, each searched through QMD."""
@@ -36,6 +49,15 @@ def write_config(path: Path, state: Path, workspaces: list[tuple[str, Path, Path
         text += (f'\n[[workspaces]]\nname = "{name}"\npath = "{workspace}"\nconsolidation = {{ mode = "owner" }}\n'
                  f'search = {{ backend = "both", qmd_command = "{qmd}", debounce_seconds = {search_debounce} }}\n')
     path.write_text(text)
+
+
+def one_workspace(tmp_path: Path, short_dir: Path, search_debounce: float, *, daemon_lines: str = ""):
+    """(workspace, fake qmd, config path) of a config with one workspace "ws"."""
+    workspace, _ = make_workspace(tmp_path)
+    qmd = fake_qmd(tmp_path, workspace)
+    config_path = tmp_path / "nanobotd.toml"
+    write_config(config_path, short_dir, [("ws", workspace, qmd, search_debounce)], daemon_lines=daemon_lines)
+    return workspace, qmd, config_path
 
 
 def test_a_sighup_that_drops_a_workspace_closes_its_git_thread_and_qmd_child(tmp_path, short_dir):
@@ -49,9 +71,7 @@ def test_a_sighup_that_drops_a_workspace_closes_its_git_thread_and_qmd_child(tmp
     write_config(config_path, short_dir, [("keep", keep, keep_qmd, 0.1), ("drop", drop, drop_qmd, 0.1)])
 
     async def scenario():
-        daemon = Daemon(load_config(config_path, environ=dict(os.environ)), notifier=Notifier({}))
-        running = asyncio.get_running_loop().create_task(daemon.run())
-        try:
+        async with running_daemon(config_path) as daemon:
             await wait_until(child_pid_file.exists)  # the dropped workspace's QMD update is running
             dropped = daemon.core.workspaces["drop"]
             write_config(config_path, short_dir, [("keep", keep, keep_qmd, 0.1)], debounce=0.7, log_level="DEBUG")
@@ -59,9 +79,6 @@ def test_a_sighup_that_drops_a_workspace_closes_its_git_thread_and_qmd_child(tmp
             await wait_until(lambda: "drop" not in daemon.core.workspaces)
             kept = daemon.core.workspaces["keep"]
             return dropped, kept, daemon.core.watcher.debounce, list(daemon.core.restart_needed)
-        finally:
-            daemon.request_stop()
-            await asyncio.wait_for(running, 30)
 
     dropped, kept, debounce, restart_needed = asyncio.run(scenario())
     assert process_is_gone(int(child_pid_file.read_text()))
@@ -72,15 +89,10 @@ def test_a_sighup_that_drops_a_workspace_closes_its_git_thread_and_qmd_child(tmp
 
 
 def test_a_sighup_that_changes_the_search_debounce_reopens_the_workspace_with_it(tmp_path, short_dir):
-    workspace, _ = make_workspace(tmp_path)
-    qmd = fake_qmd(tmp_path, workspace)
-    config_path = tmp_path / "nanobotd.toml"
-    write_config(config_path, short_dir, [("ws", workspace, qmd, 2.0)])
+    workspace, qmd, config_path = one_workspace(tmp_path, short_dir, 2.0)
 
     async def scenario():
-        daemon = Daemon(load_config(config_path, environ=dict(os.environ)), notifier=Notifier({}))
-        running = asyncio.get_running_loop().create_task(daemon.run())
-        try:
+        async with running_daemon(config_path) as daemon:
             before = await wait_until(lambda: daemon.core.workspaces.get("ws"))
             await wait_until(lambda: before.opened)
             write_config(config_path, short_dir, [("ws", workspace, qmd, 0.3)])
@@ -88,9 +100,6 @@ def test_a_sighup_that_changes_the_search_debounce_reopens_the_workspace_with_it
             after = await wait_until(lambda: daemon.core.workspaces.get("ws") is not before
                                      and daemon.core.workspaces.get("ws"))
             return before, after, list(daemon.core.restart_needed)
-        finally:
-            daemon.request_stop()
-            await asyncio.wait_for(running, 30)
 
     before, after, restart_needed = asyncio.run(scenario())
     assert before.qmd._closed and before.git._executor._shutdown
@@ -102,24 +111,16 @@ def test_a_sighup_that_changes_the_search_debounce_reopens_the_workspace_with_it
 def test_parse_processes_reach_the_trackers_and_a_change_waits_for_the_next_start(tmp_path, short_dir):
     from nanobotd.sessions.parsepool import processes_for
 
-    workspace, _ = make_workspace(tmp_path)
-    qmd = fake_qmd(tmp_path, workspace)
-    config_path = tmp_path / "nanobotd.toml"
-    write_config(config_path, short_dir, [("ws", workspace, qmd, 0.3)], daemon_lines="parse_processes = 0\n")
+    workspace, qmd, config_path = one_workspace(tmp_path, short_dir, 0.3, daemon_lines="parse_processes = 0\n")
 
     async def scenario():
-        daemon = Daemon(load_config(config_path, environ=dict(os.environ)), notifier=Notifier({}))
-        running = asyncio.get_running_loop().create_task(daemon.run())
-        try:
+        async with running_daemon(config_path) as daemon:
             tracker = (await wait_until(lambda: daemon.core.workspaces.get("ws"))).tracker
             before = tracker.parse_processes
             write_config(config_path, short_dir, [("ws", workspace, qmd, 0.3)], daemon_lines="parse_processes = 2\n")
             os.kill(os.getpid(), signal.SIGHUP)
             await wait_until(lambda: daemon.core.restart_needed)
             return before, daemon.core.workspaces["ws"].tracker.parse_processes, list(daemon.core.restart_needed)
-        finally:
-            daemon.request_stop()
-            await asyncio.wait_for(running, 30)
 
     before, after, restart_needed = asyncio.run(scenario())
     assert before == after == 0  # none: every file is parsed in the daemon, until the next start
@@ -129,15 +130,10 @@ def test_parse_processes_reach_the_trackers_and_a_change_waits_for_the_next_star
 
 
 def test_the_idle_check_gives_the_state_databases_page_cache_back_only_while_no_job_runs(tmp_path, short_dir):
-    workspace, _ = make_workspace(tmp_path)
-    qmd = fake_qmd(tmp_path, workspace)
-    config_path = tmp_path / "nanobotd.toml"
-    write_config(config_path, short_dir, [("ws", workspace, qmd, 0.3)])
+    _, _, config_path = one_workspace(tmp_path, short_dir, 0.3)
 
     async def scenario():
-        daemon = Daemon(load_config(config_path, environ=dict(os.environ)), notifier=Notifier({}))
-        running = asyncio.get_running_loop().create_task(daemon.run())
-        try:
+        async with running_daemon(config_path) as daemon:
             await wait_until(lambda: daemon.core.workspaces.get("ws"))
             shrunk = []
             daemon.core.store.shrink_memory = lambda: shrunk.append(True)
@@ -147,9 +143,6 @@ def test_the_idle_check_gives_the_state_databases_page_cache_back_only_while_no_
             daemon._release_idle_caches()
             daemon.core.queue._running.pop("run-x")
             return idle, len(shrunk)
-        finally:
-            daemon.request_stop()
-            await asyncio.wait_for(running, 30)
 
     idle, busy = asyncio.run(scenario())
     assert idle == 1 and busy == 1  # given back when idle; kept while a job runs
