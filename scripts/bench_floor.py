@@ -10,9 +10,10 @@ Two workloads, each part measured in a fresh process (its own CPU and its childr
      scanning thread's own work), and the parse alone that way;
    - the real scan (counted by the counting process) and the real archive.
 2. A start-up reconcile of --sessions x --per-session messages, as bench_startup's cold start reads them. With
-   parse processes (sessions.parsepool: 16 new files or more, two cores or more): the files parsed and counted
-   by them alone, the reconcile given their parses at once (the reconciling thread's own work), and the real
-   reconcile. Without: the reconcile with a counter that answers at once, the texts counted alone, the real one.
+   parse processes (--parse-processes, as daemon.parse_processes; 16 new files or more, two cores or more):
+   the files parsed and counted by them alone, the reconcile given their parses at once (the reconciling
+   thread's own work), and the real reconcile. Without: the reconcile with a counter that answers at once, the
+   texts counted alone, the real one.
 
 From them it prints two floors against each goal:
 - the serial floor: the parts that wait for each other, each as long as it took alone, its waits for the disk
@@ -22,7 +23,8 @@ From them it prints two floors against each goal:
 - the CPU floor: every part's CPU spread perfectly over the machine's cores.
 A goal under both floors cannot be met by making the parts overlap better; only by less work per message.
 
-    scripts/bench_floor.py [--messages N] [--sessions N] [--per-session N] [--only long,reconcile] [--json F]
+    scripts/bench_floor.py [--messages N] [--sessions N] [--per-session N] [--parse-processes N]
+                           [--only long,reconcile] [--json F]
 """
 
 from __future__ import annotations
@@ -188,7 +190,7 @@ def _parse_first(paths: list[Path], encoding: str, processes: int) -> dict:
             "parsed": sum(answer is not None for answer in _ReadyParses.answers.values())}
 
 
-def part_reconcile(workspace: str, sessions: str, state_dir: str, *, own: bool) -> dict:
+def part_reconcile(workspace: str, sessions: str, state_dir: str, *, own: bool, parse_processes: int = 0) -> dict:
     """Workspace.reconcile() on an empty state database, as the daemon reconciles. *own*: the reconciling thread's
     own work alone: where the daemon parses new files in processes, with their parses made first (timed as the
     parsing part); otherwise with counts answered at once."""
@@ -199,7 +201,8 @@ def part_reconcile(workspace: str, sessions: str, state_dir: str, *, own: bool) 
 
     settings = WorkspaceSettings(path=Path(workspace), name="ws", sessions_dir=Path(sessions))
     store = StateStore(Path(state_dir)).open()
-    runtime = Workspace(settings, store, state_dir=Path(state_dir), environ={}, home=None, now=datetime.now)
+    runtime = Workspace(settings, store, state_dir=Path(state_dir), environ={}, home=None, now=datetime.now,
+                        parse_processes=parsepool.processes_for(os.cpu_count(), parse_processes))
     tracker, paths = runtime.tracker, sorted(Path(sessions).glob("*.jsonl"))
     figures: dict = {"parse_processes": tracker.parse_processes if len(paths) >= parsepool.MIN_NEW_FILES else 0}
     if own and figures["parse_processes"]:
@@ -258,14 +261,16 @@ def bench_long(root: Path, messages: int, cores: int) -> dict:
     return figures
 
 
-def bench_reconcile(root: Path, count: int, per_session: int, cores: int) -> dict:
+def bench_reconcile(root: Path, count: int, per_session: int, cores: int, parse_processes: int = 0) -> dict:
     print(f"\n2. A start-up reconcile of {count} sessions x {per_session} messages (empty state database)")
     workspace, sessions = make_workspace(root / "many")
     paths = [str(write_session(sessions, f"telegram:{200000 + number}",
                                nanobot_conversation(per_session, tag=f"r{number}", seed=2)))
              for number in range(count)]
-    own = in_child(part_reconcile, str(workspace), str(sessions), str(root / "many-own"), own=True)
-    real = in_child(part_reconcile, str(workspace), str(sessions), str(root / "many-real"), own=False)
+    own = in_child(part_reconcile, str(workspace), str(sessions), str(root / "many-own"), own=True,
+                   parse_processes=parse_processes)
+    real = in_child(part_reconcile, str(workspace), str(sessions), str(root / "many-real"), own=False,
+                    parse_processes=parse_processes)
     figures = {
         "sessions": count, "messages_per_session": per_session, "cores": cores, "goal_seconds": GOAL_COLD_START_SECONDS,
         "parse_processes": own["parse_processes"],
@@ -314,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"sessions of the reconcile (default {DEFAULT_SESSIONS})")
     parser.add_argument("--per-session", type=int, default=DEFAULT_PER_SESSION,
                         help=f"messages per session there (default {DEFAULT_PER_SESSION})")
+    parser.add_argument("--parse-processes", type=int, default=0,
+                        help="the reconcile's daemon.parse_processes (default 0, the daemon's default)")
     parser.add_argument("--only", default="long,reconcile", help="comma-separated parts (default long,reconcile)")
     parser.add_argument("--json", type=Path, help="write the figures to this file")
     args = parser.parse_args(argv)
@@ -325,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         if "long" in parts:
             figures["long"] = bench_long(Path(folder), args.messages, cores)
         if "reconcile" in parts:
-            figures["reconcile"] = bench_reconcile(Path(folder), args.sessions, args.per_session, cores)
+            figures["reconcile"] = bench_reconcile(Path(folder), args.sessions, args.per_session, cores,
+                                                   args.parse_processes)
     save_figures(args.json, figures)
     return 0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import tomllib
 import zoneinfo
@@ -39,7 +40,15 @@ KEY_HINTS = {
                "variable in llm.api_key_env, e.g. api_key_env = \"OPENAI_API_KEY\"",
 }
 
+
 __all__ = ["Config", "ConfigError", "build_config", "check_cron", "load_config", "socket_group_id"]
+
+
+def key_name(key: str) -> str:
+    """*key* as a message names it: bare when TOML would write it bare, else quoted as TOML quotes it (a key
+    that is empty or holds a ':' would otherwise hide where the message's key ends)."""
+    bare = bool(key) and all(char.isascii() and (char.isalnum() or char in "_-") for char in key)
+    return key if bare else json.dumps(key, ensure_ascii=False)
 
 
 @dataclass(frozen=True)
@@ -96,7 +105,7 @@ def build_config(data: dict, *, source: Path | None, workspace_args: list[str], 
     known = {"daemon", "workspaces", *WORKSPACE_TABLES}
     for key in data:
         if key not in known:
-            raise ConfigError(f"{key if key.strip() else repr(key)}: unknown key (known: {', '.join(sorted(known))})")
+            raise ConfigError(f"{key_name(key)}: unknown key (known: {', '.join(sorted(known))})")
     daemon = _make(DaemonSettings, _table(data, "daemon"), "daemon")
     _check_daemon(daemon)
     global_tables = {name: _table(data, name) for name in WORKSPACE_TABLES}
@@ -162,7 +171,7 @@ def _make(cls: type, values: dict, prefix: str, base: Any = None) -> Any:
     for key, value in values.items():
         if key not in fields:
             hint = KEY_HINTS.get(key) or f"known: {', '.join(sorted(fields))}"
-            raise ConfigError(f"{prefix}.{key}: unknown key ({hint})")
+            raise ConfigError(f"{prefix}.{key_name(key)}: unknown key ({hint})")
         updates[key] = _coerce(value, _field_type(fields[key], getattr(current, key)), f"{prefix}.{key}")
         if isinstance(updates[key], (int, float)) and not isinstance(updates[key], bool):
             check_number(updates[key], f"{prefix}.{key}", f"{prefix.rsplit('.', 1)[-1]}.{key}")
@@ -202,7 +211,7 @@ def _make_workspace(raw: Any, index: int, global_tables: dict, environ: Mapping[
         raise ConfigError(f"{prefix}: expected a table")
     for key in raw:
         if key not in WORKSPACE_KEYS and key not in WORKSPACE_TABLES:
-            raise ConfigError(f"{prefix}.{key}: unknown key")
+            raise ConfigError(f"{prefix}.{key_name(key)}: unknown key")
     path_value = raw.get("path")
     if not isinstance(path_value, str) or not path_value.strip():
         raise ConfigError(f"{prefix}.path: missing (every workspace needs a path)")

@@ -22,7 +22,7 @@ class DaemonSettings:
     timezone: str = ""
     job_stop_seconds: float = 20.0
     socket_group: str = ""
-    parse_processes: int = 2  # at most, one per core (none on one core): a cold start's new files are parsed in them
+    parse_processes: int = 0  # a cold start's new files parsed in up to this many child processes (one per core)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ no writes for idle_minutes -> consolidate everything.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -34,7 +33,6 @@ from nanobotd.memory import history
 from nanobotd.sessions import discovery
 from nanobotd.sessions.agent_config import AgentSettings, find_agent_config, read_agent_settings
 from nanobotd.sessions.file import is_session_file
-from nanobotd.sessions.parsepool import processes_for
 from nanobotd.sessions.tracker import ScanResult, SessionTracker
 from nanobotd.state.store import StateStore
 from nanobotd.timestamps import iso_local
@@ -50,7 +48,7 @@ class Workspace:
     """Everything the daemon keeps for one configured workspace."""
 
     def __init__(self, settings: WorkspaceSettings, store: StateStore, *, state_dir: Path, environ,
-                 home: Path | None, now: Callable[[], datetime], clock=time.time, parse_processes: int | None = None):
+                 home: Path | None, now: Callable[[], datetime], clock=time.time, parse_processes: int = 0):
         self.settings = settings
         self.store = store
         self.home = home
@@ -60,9 +58,7 @@ class Workspace:
                     else AGENT_ENCODING)
         self.counting = CountingProcess()  # a reconcile of several files, or a long one, counts in a child process
         self.tracker = SessionTracker(settings.name, store, encoding=encoding, clock=clock,
-                                      counter=self.counting.submit,
-                                      parse_processes=(processes_for(os.cpu_count()) if parse_processes is None
-                                                       else parse_processes))
+                                      counter=self.counting.submit, parse_processes=parse_processes)
         self.agent = AgentSettings(path=None)
         self.agent_base_tokens = settings.consolidation.agent_base_tokens  # learned at each agent compaction
         self.agent_archive = None  # companion mode's state (daemon.companion), made on first use

@@ -25,7 +25,7 @@ from nanobotd.sessions.parseworker import Fingerprint, encode, read_item
 from nanobotd.sessions.scan import ParseResult
 from nanobotd.tokenprocess import EXIT_WAIT_SECONDS, worker_command
 
-PARSE_PROCESSES = 2  # at most (daemon.parse_processes); one per core, none on one core (the daemon is as fast alone)
+PARSE_PROCESSES = 2  # the useful most on two cores (daemon.parse_processes, 0 by default: see the README)
 MIN_NEW_FILES = 16  # fewer new files are parsed in the daemon: the processes' start (~0.4 s) would not pay
 FILES_AHEAD = 2  # files asked of each process before the tracker takes the first: a few parses in memory
 TIMEOUT_SECONDS = 60.0  # a parse not back in this long (plus TIMEOUT_PER_MIB for each MiB) is given up

@@ -29,9 +29,9 @@ T = TypeVar("T")
 DB_NAME = "state.db"
 # SQLite's page cache for the connection (the default is 2 MiB): a long session's archive marks go into the
 # archived index in random digest order, and with 2 MiB its pages were evicted and read back over and over
-# (100k marks: 0.69 CPU-s with 16 MiB, 0.87-0.95 with the default). Used only as pages are touched, and given
-# back when the daemon is idle (shrink_memory).
-CACHE_KIB = 16 * 1024
+# (100k marks: 0.51-0.56 CPU-s with 8 MiB, 0.66-0.67 with the default; 16 MiB did no better). Used only as
+# pages are touched, and given back when the daemon is idle (shrink_memory).
+CACHE_KIB = 8 * 1024
 RUNS_DIR = "runs"
 OPEN_RUN_STATES = ("queued", "started")
 # Outcomes of finished runs that changed nothing; `nanobotctl runs` hides them unless asked (--all).

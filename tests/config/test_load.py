@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from nanobotd.config.load import ConfigError, build_config, load_config
@@ -197,6 +197,8 @@ def config_data(draw):
 
 @settings(max_examples=150, deadline=None)
 @given(data=config_data())
+@example(data={":": 0, "workspaces": []})  # a key holding the ':' that ends the key in the message
+@example(data={"": 0, "workspaces": []})
 def test_any_config_ends_in_a_config_or_a_config_error_naming_a_key(data):
     try:
         config = build_config(data, source=None, workspace_args=[], environ={"HOME": "/nonexistent-home"})

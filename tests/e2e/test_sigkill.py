@@ -9,6 +9,8 @@ import re
 import signal
 import time
 
+import pytest
+
 from tests.support.fakellm import FakeLLM, Responder, Text
 from tests.support.histories import read_history
 from tests.support.workspace import make_workspace, write_session
@@ -82,8 +84,9 @@ max_retries = 0
                 json.loads(line)
 
 
+@pytest.mark.parametrize("parse_processes", [0, 2])
 def test_sigkill_during_a_cold_start_leaves_no_counting_process_and_the_next_start_counts_exactly(
-        tmp_path, daemon_process):
+        tmp_path, daemon_process, parse_processes):
     """A cold start of many sessions counts their tokens in child processes (the parse processes that read the
     new files whole, or the counting process); the daemon killed meanwhile takes them along (their stdin
     closes), and the next start's counts are exactly what one scan at a time gives."""
@@ -94,9 +97,12 @@ def test_sigkill_during_a_cold_start_leaves_no_counting_process_and_the_next_sta
     workspace, sessions = make_workspace(tmp_path / "ws")
     paths = [write_session(sessions, f"cli:c{number}", conversation(240, tag=f"c{number}", words=40))
              for number in range(60)]
-    proc = daemon_process(workspace, mode="companion")  # beside nanobot: cl100k, as the agent counts
+    proc = daemon_process(workspace, mode="companion",  # beside nanobot: cl100k, as the agent counts
+                          extra_config=f"parse_processes = {parse_processes}")
     proc.start(wait=False)
     counting = _wait_for_counting_children(proc)
+    kinds = {"parseworker" if "parseworker" in _cmdline(child) else "tokenworker" for child in counting}
+    assert kinds == ({"parseworker"} if parse_processes and (os.cpu_count() or 1) >= 2 else {"tokenworker"})
     os.kill(proc.proc.pid, signal.SIGKILL)
     proc.proc.wait(timeout=10)
     deadline = time.monotonic() + 10

@@ -38,15 +38,17 @@ def test_small_run_measures_every_part_and_derives_both_floors_from_them(tmp_pat
 
 
 def test_a_reconcile_with_parse_processes_measures_them_and_the_writes_alone(tmp_path):
-    """16 new files on two cores or more: the daemon parses them in processes, and so do the parts measured."""
+    """16 new files on two cores or more, daemon.parse_processes 2: the files are parsed in processes, and so are
+    they in the parts measured."""
     from nanobotd.sessions.parsepool import MIN_NEW_FILES, processes_for
 
     out = tmp_path / "floor.json"
     done = subprocess.run([sys.executable, str(SCRIPT), "--only", "reconcile", "--sessions", str(MIN_NEW_FILES),
-                           "--per-session", "20", "--json", str(out)], capture_output=True, text=True, timeout=300)
+                           "--per-session", "20", "--parse-processes", "2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     many = json.loads(out.read_text())["reconcile"]
-    assert many["parse_processes"] == processes_for(many["cores"])
+    assert many["parse_processes"] == processes_for(many["cores"], 2)
     if not many["parse_processes"]:
         assert many["counting_wall"] > 0
         return
