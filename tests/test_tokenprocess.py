@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from nanobotd import tokens
 from nanobotd.tokenprocess import CountingProcess, ProcessCounts
 from nanobotd.tokens import PendingCounts, count_tokens_batch
+from tests.support.observe import pid_exists
 
 ENCODING = "cl100k_base"
 TEXTS = ["hello world", "Grüße aus Köln — 東京 🚀", "a lone surrogate \ud800 from json.loads", "", "x" * 20_000,
@@ -89,7 +90,7 @@ def test_an_idle_process_is_let_go_and_a_later_big_scan_starts_another():
         time.sleep(0.05)
         assert counting.stop_if_idle(0.01) is True
         assert not counting.running and counting.pid is None
-        assert not _alive(pid)
+        assert not pid_exists(pid)
         assert isinstance(counting.submit(["a"] * 5, ENCODING), PendingCounts)  # counting starts over
         started(counting)
         assert counting.starts == 2 and counting.pid != pid
@@ -156,19 +157,11 @@ def test_releasing_the_encodings_does_not_touch_the_process():
         counting.close()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _wait_gone(pid: int) -> None:
     deadline = time.monotonic() + 10
-    while _alive(pid) and time.monotonic() < deadline:
+    while pid_exists(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(pid)
+    assert not pid_exists(pid)
 
 
 def test_the_process_is_let_go_when_the_last_scan_using_it_is_done():
@@ -181,7 +174,7 @@ def test_the_process_is_let_go_when_the_last_scan_using_it_is_done():
             assert counting.submit(["one text"] * 4, ENCODING).result() == [2] * 4
             pid = counting.pid
         assert not counting.running and counting.pid is None
-        assert not _alive(pid)
+        assert not pid_exists(pid)
         assert counting.starts == 1
     finally:
         counting.close()

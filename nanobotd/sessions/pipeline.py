@@ -69,8 +69,10 @@ class ScanPipeline:
 
     def _parses_ahead(self, paths: list[Path]) -> parsepool.ParsesAhead | None:
         """Parse processes for the files never seen, when there are enough of them (a cold start)."""
+        if not self.parse_processes:  # the default: a periodic reconcile does not even look
+            return None
         new = [path for path in paths if self._session_by_path(path) is None]
-        if not self.parse_processes or len(new) < parsepool.MIN_NEW_FILES:
+        if len(new) < parsepool.MIN_NEW_FILES:
             return None
         return parsepool.ParsesAhead(new, self.encoding, self.parse_processes)
 

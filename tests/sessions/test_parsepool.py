@@ -19,6 +19,7 @@ from nanobotd.sessions.scan import parse_session
 from nanobotd.sessions.tracker import SessionTracker
 from nanobotd.state.store import StateStore
 from tests.sessions.test_tracker import _accounting, _change_for_many, _sessions_for_many, _without_time
+from tests.support.observe import pid_exists
 from tests.support.workspace import conversation, make_workspace, write_session
 
 ENCODING = "o200k_base"
@@ -86,7 +87,7 @@ def test_new_files_parsed_in_the_processes_leave_what_the_daemons_own_parse_leav
         files = {path.name for path in ahead[0].iterdir() if path.is_file()}
         assert spy.parsed_ahead() == files, "every readable file was parsed in a process"
         assert spy.answers[filename_for_key("cli:folder")] is None and spy.answers["never.jsonl"] is None
-        assert len(spy.pids) == 2 and all(_exited(pid) for pid in spy.pids), "let go once the scan is done"
+        assert len(spy.pids) == 2 and all(not pid_exists(pid) for pid in spy.pids), "let go once the scan is done"
         spy.answers.clear()
         spy.asked.clear()
         for sessions, _, _ in (alone, ahead):
@@ -178,7 +179,7 @@ def test_a_process_that_hangs_or_answers_garbage_leaves_every_file_to_the_daemon
     assert all(results[path].changed for path in paths)
     assert {key: session.message_count for key, session in tracker.sessions.items()} == _expected(paths)
     assert spy.parsed_ahead() == set()
-    assert all(_exited(pid) for pid in spy.pids), "killed, and reaped"
+    assert all(not pid_exists(pid) for pid in spy.pids), "killed, and reaped"
     store.close()
 
 
@@ -210,10 +211,3 @@ def test_the_worker_answers_the_parse_the_daemon_makes_and_why_it_could_not_read
     assert nothing is None and "not a regular file" in why
     assert parseworker.read_item(answers) is None
 
-
-def _exited(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 
@@ -19,6 +20,15 @@ async def wait_until(predicate, timeout: float = 20.0):
             return value
         await asyncio.sleep(0.05)
     raise AssertionError("condition not met in time")
+
+
+def pid_exists(pid: int) -> bool:
+    """*pid* is still a process, a zombie not yet reaped included (a child that was waited for is not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def child_pids(pid: int) -> list[int]:
