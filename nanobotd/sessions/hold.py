@@ -86,15 +86,10 @@ class Holds:
         if not any(wanted):
             return texts
         try:
-            handle = fsio.open_regular(self.path(session_id, generation))
+            return read_held_lines(self.path(session_id, generation), shift, wanted)
         except OSError as exc:
             logger.error("held session file {} is unreadable: {}", self.path(session_id, generation), exc)
             return texts
-        with handle:
-            for index, line in enumerate(wanted):
-                if line is not None:
-                    texts[index] = _read_line(handle, line, shift)
-        return texts
 
     def drop(self, session_id: int, generation: int) -> None:
         if generation > 0:
@@ -114,6 +109,13 @@ class Holds:
                 entry.unlink(missing_ok=True)
                 removed += 1
         return removed
+
+
+def read_held_lines(path: Path, shift: int, lines: list[LineRef | None]) -> list[str | None]:
+    """The text of each line of the held version at *path* (None for a line that is not held, or whose bytes
+    are no longer there); OSError when the file cannot be opened."""
+    with fsio.open_regular(path) as handle:
+        return [None if line is None else _read_line(handle, line, shift) for line in lines]
 
 
 def _copy_from(handle: BinaryIO, target: Path) -> None:

@@ -95,8 +95,7 @@ def move_held(db: sqlite3.Connection, session_id: int, moves: list[tuple[str, Li
 def _texts(rows: list[tuple], resolve: Resolve) -> list[str | None]:
     """Each row's record text: its copy, or its line read from the held version (rows end with record,
     line_start, line_end, line_digest)."""
-    lines = [LineRef(start, end, line) if record == HELD and line is not None else None
-             for *_, record, start, end, line in rows]
+    lines = held_lines(rows)
     held = resolve(lines) if any(lines) else [None] * len(rows)
     texts = []
     for row, line, text in zip(rows, lines, held, strict=True):
@@ -188,18 +187,38 @@ def read_plan(store: StateStore, session_id: int, gone: set[str]) -> SpoolPlan:
 def read_spooled(store: StateStore, session_id: int, seqs: list[int],
                  resolve: Resolve) -> list[tuple[int, PendingMessage, str]]:
     """The spooled messages at *seqs* still spooled: (seq, message, its record as JSON text), read by ranges."""
+    rows = spooled_rows(store, session_id, seqs)
+    return spooled_messages(rows, _texts(rows, resolve))
+
+
+def spooled_rows(store: StateStore, session_id: int, seqs: list[int]) -> list[tuple]:
+    """The spool's rows at *seqs* (those still spooled), in sequence order, queried by ranges: session_id,
+    digest, seq, role, timestamp, tokens, record, line_start, line_end, line_digest."""
     wanted = set(seqs)
-    result = []
+    rows = []
     for first, last in seq_ranges(wanted):
-        rows = [row for row in store.query(
+        rows.extend(row for row in store.query(
             "SELECT session_id, digest, seq, role, timestamp, tokens, record, line_start, line_end, line_digest"
             " FROM spool WHERE session_id=? AND seq BETWEEN ? AND ? ORDER BY seq", (session_id, first, last))
-            if row[2] in wanted]
-        for (_, digest, seq, role, stamp, tokens, *_), record in zip(rows, _texts(rows, resolve), strict=True):
-            if record is not None:
-                message, text = pending_message(digest, role, stamp, tokens, record)
-                result.append((seq, message, text))
+            if row[2] in wanted)
+    return rows
+
+
+def spooled_messages(rows: list[tuple], texts: list[str | None]) -> list[tuple[int, PendingMessage, str]]:
+    """(seq, message, its record as JSON text) of spool *rows* whose record *texts* could be read."""
+    result = []
+    for (_, digest, seq, role, stamp, tokens, *_), record in zip(rows, texts, strict=True):
+        if record is not None:
+            message, text = pending_message(digest, role, stamp, tokens, record)
+            result.append((seq, message, text))
     return result
+
+
+def held_lines(rows: list[tuple]) -> list[LineRef | None]:
+    """The held line of each spool row (rows end with record, line_start, line_end, line_digest); None for a
+    row whose record is a copy."""
+    return [LineRef(start, end, line) if record == HELD and line is not None else None
+            for *_, record, start, end, line in rows]
 
 
 def seq_ranges(seqs: Iterable[int]) -> Iterator[tuple[int, int]]:

@@ -6,6 +6,8 @@ read as one) and its in-memory view of which spooled messages left the file (`_g
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from nanobotd.memory.transcript import PendingMessage
 from nanobotd.sessions import spool as spooldb
 from nanobotd.sessions.session import SessionState
@@ -53,6 +55,17 @@ class SpoolReads:
             return []
         with self._lock:  # the held rows and the held version they are in, as one
             return spooldb.read_spooled(self.store, session.session_id, seqs, self._resolver(session))
+
+    def spooled_rows(self, key: str, seqs: list[int]) -> tuple[list[tuple], Path, int]:
+        """The spool rows at *seqs* still spooled (`spool.spooled_rows`), and where their held lines were at the
+        query: the held version's path and shift. A reader outside the lock (`spool.held_lines`) keeps only lines
+        whose bytes still match their digest, so a version replaced meanwhile is never misread."""
+        session = self.sessions.get(key)
+        if session is None or not seqs:
+            return [], Path(), 0
+        with self._lock:
+            rows = spooldb.spooled_rows(self.store, session.session_id, seqs)
+            return rows, self.holds.path(session.session_id, session.hold_generation), session.hold_shift
 
     def _resolver(self, session: SessionState) -> spooldb.Resolve:
         """Reads held lines from the session's held version as it is now (call under the lock)."""

@@ -120,6 +120,49 @@ def test_sigkill_during_a_cold_start_leaves_no_counting_process_and_the_next_sta
     store.close()
 
 
+def test_sigkill_during_an_offline_archive_leaves_no_reading_process_and_loses_no_message(tmp_path, daemon_process):
+    """A long offline archive has its chunks read by a chunk-reading process; the daemon killed meanwhile takes
+    it along (its stdin closes), and after recovery and the next run every message is in history once."""
+    from collections import Counter
+
+    from tests.support.observe import child_pids
+    from tests.support.workspace import conversation
+
+    workspace, sessions = make_workspace(tmp_path / "ws")
+    messages = conversation(3000, tag="k", words=60)
+    write_session(sessions, "cli:long", messages)
+    proc = daemon_process(workspace, extra_config="\n[llm]\nmodel = \"none\"\ncontext_window = 8000\nmax_tokens = 1000")
+    proc.start()
+    proc.wait_for(lambda: (proc.session("cli:long") or {}).get("unarchived_messages"), timeout=60)
+    assert proc.ctl("consolidate", "cli:long", "--no-wait").returncode == 0
+    readers: list[int] = []
+    deadline = time.monotonic() + 60
+    while not readers and time.monotonic() < deadline:
+        readers = [child for child in child_pids(proc.proc.pid) if "readworker" in _cmdline(child)]
+        time.sleep(0.005)
+    assert readers, "no chunk-reading process was started:\n" + proc.log()[-3000:]
+    time.sleep(random.Random(20261127).uniform(0.05, 0.5))
+    os.kill(proc.proc.pid, signal.SIGKILL)
+    proc.proc.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while any(_alive(child) for child in readers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(child) for child in readers), "a chunk-reading process outlived its daemon"
+
+    proc.start()
+    finished = proc.ctl("consolidate", "cli:long", "--wait", timeout=120)
+    assert finished.returncode == 0, finished.stderr + proc.log()[-3000:]
+    assert proc.session("cli:long")["unarchived_messages"] == 0
+    assert "was interrupted; recovery" in proc.log(), "killed mid-run"
+    assert proc.stop() == 0
+    scan = read_history(workspace / "memory")
+    assert scan.bad_lines == []
+    seen = Counter(int(number) for entry in scan.entries
+                   for number in re.findall(r"\bK-(\d+) (?:user|assistant) says", entry.content))
+    assert set(seen) == set(range(len(messages))), f"lost: {sorted(set(range(len(messages))) - set(seen))[:10]}"
+    assert {number: count for number, count in seen.items() if count != 1} == {}, "archived more than once"
+
+
 def _wait_for_counting_children(proc) -> list[int]:
     """The daemon's children that count tokens, once there is one (the others started by then with it)."""
     from tests.support.observe import child_pids

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from loguru import logger
 
-from nanobotd import fsio
 from nanobotd.jobs.common import JobEnv, note_progress
 from nanobotd.jobs.consolidate.chunks import Chunk, ChunkLoads, plan_chunks, select_messages
 from nanobotd.jobs.consolidate.prompt import NOTHING, archive_messages, parse_summary
@@ -44,9 +43,9 @@ async def summarize_chunk(ctx: JobEnv, chunk: Chunk, session_key: str,
     """(outcome, entry contents, reason): summarized | nothing | raw_fallback, with why it fell back."""
     settings = ctx.settings.consolidation
     if chunk.oversized:
-        return "raw_fallback", raw_entries(chunk.messages, settings.raw_max_chars), OVERSIZED_REASON
-    if ctx.llm.offline:
-        return "raw_fallback", raw_entries(chunk.messages, settings.raw_max_chars), OFFLINE_REASON
+        return "raw_fallback", chunk.raw_entries(settings.raw_max_chars), OVERSIZED_REASON
+    if ctx.llm.offline or chunk.read is not None:  # read by the chunk-reading process: a run without an LLM
+        return "raw_fallback", chunk.raw_entries(settings.raw_max_chars), OFFLINE_REASON
     try:
         reply = await ctx.llm.complete(archive_messages(transcript(chunk.messages), session_key),
                                        max_tokens=min(ctx.settings.llm.max_tokens, 4096))
@@ -67,13 +66,9 @@ async def summarize_chunk(ctx: JobEnv, chunk: Chunk, session_key: str,
     return "summarized", [summary], ""
 
 
-def _backup_chunk(ctx: JobEnv, run_id: str, number: int, chunk: Chunk) -> Path:
-    """The chunk's messages in the run folder, each record as the spool holds its JSON text (not re-encoded)."""
-    path = ctx.store.run_dir(run_id) / f"chunk-{number:03d}.jsonl"
-    lines = [f'{{"digest":{json.dumps(message.digest)},"tokens":{int(message.tokens)},"record":{raw}}}'
-             for _, message, raw in chunk.loaded]
-    fsio.atomic_write(path, "\n".join(lines) + "\n")
-    return path
+def backup_path(ctx: JobEnv, run_id: str, number: int) -> Path:
+    """Where a run's chunk *number* is backed up: its messages, each record as the spool holds its JSON text."""
+    return ctx.store.run_dir(run_id) / f"chunk-{number:03d}.jsonl"
 
 
 def content_hash(content: str) -> str:
@@ -100,7 +95,8 @@ async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, rea
     chunks = chunks[:rounds] if reason == "budget" else chunks
     outcomes = []
     marks = PendingMarks(ctx, session_key, run_id, manifest)
-    loads = ChunkLoads(ctx, session_key, chunks)
+    raw_backups = (lambda number: backup_path(ctx, run_id, number)) if ctx.llm.offline else None
+    loads = ChunkLoads(ctx, session_key, chunks, raw_backups=raw_backups)
     try:
         for number, chunk in enumerate(chunks):
             if not await loads.take(number):
@@ -110,7 +106,7 @@ async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, rea
                 await marks.commit()  # the LLM call takes a while: what reached history is marked first
                 ctx.store.journal(run_id, manifest_head(manifest))  # and the run says it is waiting
             outcomes.append(await archive_chunk(ctx, session_key, run_id, number, chunk, manifest, usage, marks))
-            chunk.loaded = []
+            chunk.release()
             if marks.due():
                 await marks.commit()
     finally:
@@ -181,12 +177,12 @@ async def archive_chunk(ctx: JobEnv, session_key: str, run_id: str, number: int,
     so recovery can finish or roll back a chunk a crash cut short; its marks wait in *marks*. Returns the
     chunk's outcome."""
     outcome, contents, reason = await summarize_chunk(ctx, chunk, session_key, usage)
-    messages, seqs = chunk.messages, chunk.seqs
+    digests, seqs = chunk.digests, chunk.seqs
     record = {
-        "seq": [seqs[0], seqs[-1]], "count": len(messages),
-        "first_digest": messages[0].digest, "last_digest": messages[-1].digest,
+        "seq": [seqs[0], seqs[-1]], "count": len(digests),
+        "first_digest": digests[0], "last_digest": digests[-1],
         "tokens": chunk.tokens, "outcome": outcome, "oversized": chunk.oversized,
-        "backup": str(await asyncio.to_thread(_backup_chunk, ctx, run_id, number, chunk)), "done": False,
+        "backup": str(await asyncio.to_thread(chunk.back_up, backup_path(ctx, run_id, number))), "done": False,
     }
     if reason:
         record["fallback_reason"] = reason
@@ -201,12 +197,12 @@ async def archive_chunk(ctx: JobEnv, session_key: str, run_id: str, number: int,
         record["hashes"] = hashes
         ctx.store.journal_steps(run_id, [(number, record)], manifest_head(manifest))
 
-    span = {"run": run_id, "first": messages[0].digest, "last": messages[-1].digest, "count": len(messages)}
+    span = {"run": run_id, "first": digests[0], "last": digests[-1], "count": len(digests)}
     written = await asyncio.to_thread(history.append_entries, ctx.memory_dir, [(c, session_key) for c in contents],
                                       ctx.now(), before_write=journal_cursors, span=span)
     record["cursors"] = [entry.cursor for entry in written]
     manifest["cursors"].extend(record["cursors"])
-    marks.add(number, record, [message.digest for message in messages], seqs)
+    marks.add(number, record, digests, seqs)
     row = {"summarized": "written", "nothing": "no_change"}.get(outcome, outcome)
     ctx.store.record_outcome("consolidate", ctx.settings.name, row, run_id=run_id, reason=reason,
                              tokens=usage.prompt_tokens + usage.completion_tokens,

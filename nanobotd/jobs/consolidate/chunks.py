@@ -8,15 +8,23 @@ from __future__ import annotations
 
 import asyncio
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from loguru import logger
+
+from nanobotd import fsio
 from nanobotd.jobs.common import JobEnv
-from nanobotd.memory.transcript import PendingMessage
+from nanobotd.jobs.consolidate.reader import ChunkReader
+from nanobotd.jobs.consolidate.readworker import ReadChunk, backup_text
+from nanobotd.memory.transcript import PendingMessage, raw_entries
 from nanobotd.sessions.spool import SpoolPlan
 
 SAFETY_MARGIN = 1.2
 PROMPT_OVERHEAD_TOKENS = 600
+READER_MIN_CHUNKS = 8  # fewer chunks are read in the daemon: the process's start (~0.15 s) would not pay
+READER_AHEAD = 2  # chunks asked of the reading process beyond the next (its backups' fsyncs wait there)
 
 
 @dataclass
@@ -29,6 +37,7 @@ class Chunk:
     planned_tokens: int
     oversized: bool = False
     loaded: list[tuple[int, PendingMessage, str]] = field(default_factory=list)
+    read: ReadChunk | None = None  # or read by the chunk-reading process (a run without an LLM: no messages)
 
     @classmethod
     def of(cls, items: list[tuple[int, str, int]], *, oversized: bool = False) -> Chunk:
@@ -40,18 +49,51 @@ class Chunk:
 
     @property
     def seqs(self) -> list[int]:
+        if self.read is not None:
+            return self.read.seqs
         return [seq for seq, _, _ in self.loaded] if self.loaded else list(self.planned)
 
     @property
+    def digests(self) -> list[str]:
+        return self.read.digests if self.read is not None else [message.digest for _, message, _ in self.loaded]
+
+    @property
     def tokens(self) -> int:
+        if self.read is not None:
+            return sum(self.read.tokens)
         if self.loaded:
             return sum(message.tokens for _, message, _ in self.loaded)
         return self.planned_tokens
 
-    def load(self, ctx: JobEnv, session_key: str) -> bool:
-        """Read the chunk's records from the spool; False when none is left there (archived meanwhile)."""
+    def raw_entries(self, max_chars: int) -> list[str]:
+        """The chunk's [RAW] history entries."""
+        return self.read.entries if self.read is not None else raw_entries(self.messages, max_chars)
+
+    def back_up(self, path: Path) -> Path:
+        """The chunk's messages in its backup file *path* (`archive.backup_path`: where the reading process wrote
+        them already, when it read the chunk)."""
+        if self.read is None:
+            fsio.atomic_write(path, backup_text(self.loaded))
+        return path
+
+    def load(self, ctx: JobEnv, session_key: str, reader: ChunkReader | None = None,
+             backup: Path | None = None) -> bool:
+        """Read the chunk's records from the spool (by *reader*, when given and it can, which also backs them
+        up to *backup*); False when none is left there (archived meanwhile)."""
+        if reader is not None and reader.closed:  # the run ended before this read began: it is never used
+            return False
+        if reader is not None and backup is not None:
+            rows, held, shift = ctx.tracker.spooled_rows(session_key, list(self.planned))
+            if rows:
+                self.read = reader.read(held, shift, rows, ctx.settings.consolidation.raw_max_chars, backup)
+                if self.read is not None:
+                    return bool(self.read.seqs)
         self.loaded = ctx.tracker.spooled_messages(session_key, list(self.planned))
         return bool(self.loaded)
+
+    def release(self) -> None:
+        """Archived: its records are let go."""
+        self.loaded, self.read = [], None
 
 
 def chunk_ratio(ctx: JobEnv, tokens: Sequence[int]) -> float:
@@ -131,30 +173,52 @@ def _last_user_boundary(items: list[tuple[int, str, int]]) -> int:
 
 
 class ChunkLoads:
-    """The chunks' records read one chunk ahead, in a thread: the next chunk is read while the current one is
-    archived (its backup, history append and marks spend much of their time in fsync and SQLite, without the
-    GIL), and the event loop never reads records itself. At most two chunks' records are in memory."""
+    """The chunks' records read ahead, in threads: the next chunk is read while the current one is archived (its
+    backup, history append and marks spend much of their time in fsync and SQLite, without the GIL), and the
+    event loop never reads records itself. At most two chunks' records are in memory (with a reading process,
+    READER_AHEAD more chunks' entries and backup lines).
 
-    def __init__(self, ctx: JobEnv, session_key: str, chunks: list[Chunk]):
+    A run that renders every chunk raw (no LLM) of READER_MIN_CHUNKS chunks or more has them read and backed up
+    by a chunk-reading process (`reader`), on another core, from the second chunk on (the first is read here
+    while the process starts), READER_AHEAD chunks ahead (its backups' fsyncs wait in that process, not in the
+    run). A chunk it read and backed up that the run never archives (the run failed or was cancelled first)
+    leaves its backup in the run folder, unlisted in the run's manifest.
+    """
+
+    def __init__(self, ctx: JobEnv, session_key: str, chunks: list[Chunk], *,
+                 raw_backups: Callable[[int], Path] | None = None):
         self.ctx, self.session_key, self.chunks = ctx, session_key, chunks
-        self.pending: asyncio.Future[bool] | None = None
+        self.pending: dict[int, asyncio.Future[bool]] = {}
+        self.reader: ChunkReader | None = None
+        self.backups = raw_backups
         self._start(0)
+        if raw_backups is not None and len(chunks) >= READER_MIN_CHUNKS:
+            try:
+                self.reader = ChunkReader()
+            except OSError as exc:
+                logger.warning("cannot start a chunk-reading process: {}; chunks are read in the daemon", exc)
 
     async def take(self, number: int) -> bool:
-        """Chunk *number* loaded (False: none of its messages is left in the spool); the next one starts."""
-        assert self.pending is not None
-        loaded = await self.pending
+        """Chunk *number* loaded (False: none of its messages is left in the spool); the next ones start."""
+        self._start(number)
+        loaded = await self.pending.pop(number)
         self._start(number + 1)
         return loaded
 
     def cancel(self) -> None:
-        """The run ends: a read still going is left to finish in its thread, its records unused."""
-        if self.pending is not None:
-            self.pending.cancel()
-            self.pending = None
+        """The run ends: reads still going are left to finish in their threads, their records unused; the
+        chunk-reading process goes."""
+        for pending in self.pending.values():
+            pending.cancel()
+        self.pending = {}
+        if self.reader is not None:
+            self.reader.close()
 
     def _start(self, number: int) -> None:
-        self.pending = None
-        if number < len(self.chunks):
-            load = asyncio.to_thread(self.chunks[number].load, self.ctx, self.session_key)
-            self.pending = asyncio.ensure_future(load)
+        """Chunk *number* and, with a reading process, the READER_AHEAD after it are being read."""
+        last = number + (READER_AHEAD if self.reader is not None and not self.reader.failed else 0)
+        for ahead in range(number, min(last + 1, len(self.chunks))):
+            if ahead not in self.pending:
+                backup = self.backups(ahead) if self.reader is not None else None
+                load = asyncio.to_thread(self.chunks[ahead].load, self.ctx, self.session_key, self.reader, backup)
+                self.pending[ahead] = asyncio.ensure_future(load)

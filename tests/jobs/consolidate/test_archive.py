@@ -13,6 +13,7 @@ import pytest
 from nanobotd.config.schema import ConsolidationSettings, LLMSettings, WorkspaceSettings
 from nanobotd.jobs.common import JobEnv
 from nanobotd.jobs.consolidate import archive as consolidate
+from nanobotd.jobs.consolidate import chunks
 from nanobotd.llm.client import LLMClient
 from nanobotd.memory import history
 from nanobotd.sessions.tracker import SessionTracker
@@ -119,7 +120,8 @@ class LoadsSeen(SessionTracker):
         return super().spooled_messages(key, seqs)
 
 
-def test_chunks_are_read_one_ahead_off_the_event_loop_and_reach_history_in_order(tmp_path):
+def test_chunks_are_read_one_ahead_off_the_event_loop_and_reach_history_in_order(tmp_path, monkeypatch):
+    monkeypatch.setattr(chunks, "READER_MIN_CHUNKS", 10**6)  # read in the daemon (test_reader: in a process)
     workspace, sessions = make_workspace(tmp_path)
     settings = WorkspaceSettings(path=workspace, name="ws", llm=LLMSettings(model="none", context_window=8000))
     store = StateStore(tmp_path / "state").open()

@@ -1,0 +1,195 @@
+"""The chunk-reading process of an archive run without an LLM: what it reads and backs up is exactly what the
+daemon reads and backs up itself, the run can be restored from its backups, and a process that dies, hangs or
+answers garbage costs only time."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from nanobotd.config.schema import LLMSettings, WorkspaceSettings
+from nanobotd.jobs.common import JobEnv
+from nanobotd.jobs.consolidate import archive as consolidate
+from nanobotd.jobs.consolidate import chunks, reader, readworker
+from nanobotd.jobs.consolidate.reader import ChunkReader
+from nanobotd.llm.client import LLMClient
+from nanobotd.memory.transcript import raw_entries
+from nanobotd.sessions import spool as spooldb
+from nanobotd.sessions.tracker import SessionTracker
+from nanobotd.state.store import StateStore
+from tests.jobs.consolidate.test_archive import NOW, raw_messages_in
+from tests.support.fakellm import FakeLLM, Text
+from tests.support.observe import pid_exists
+from tests.support.workspace import conversation, history_entries, make_workspace, write_session
+
+MESSAGES = conversation(60, words=120, tag="r")  # 30 chunks in a context window of 8,000 tokens
+
+
+def _context(root: Path, llm: LLMSettings | None = None) -> tuple[JobEnv, Path]:
+    workspace, sessions = make_workspace(root)
+    llm = llm or LLMSettings(model="none", context_window=8000)
+    settings = WorkspaceSettings(path=workspace, name="ws", llm=llm)
+    store = StateStore(root / "state").open()
+    return JobEnv(settings, store, SessionTracker("ws", store), LLMClient(settings.llm), lambda: NOW), sessions
+
+
+def _archive(ctx: JobEnv, sessions: Path, messages: list[dict] = MESSAGES) -> tuple[str, dict]:
+    ctx.tracker.scan(write_session(sessions, "cli:a", messages))
+    run_id = ctx.store.create_run("consolidate", "ws", session_key="cli:a")
+    return run_id, asyncio.run(consolidate.consolidate_session(ctx, "cli:a", run_id, reason="manual"))
+
+
+class _Spy:
+    """The chunk-reading processes started, and how many chunks each one read."""
+
+    def __init__(self, monkeypatch, *, after_first=None) -> None:
+        self.pids: list[int] = []
+        self.read = 0
+        start, read = ChunkReader.__init__, ChunkReader.read
+        spy = self
+
+        def started(handle, *args, **kwargs):
+            start(handle, *args, **kwargs)
+            spy.pids.append(handle.pid)
+
+        def reading(handle, *args, **kwargs):
+            answer = read(handle, *args, **kwargs)
+            if answer is not None:
+                spy.read += 1
+                if spy.read == 1 and after_first is not None:
+                    after_first(handle)
+            return answer
+
+        monkeypatch.setattr(ChunkReader, "__init__", started)
+        monkeypatch.setattr(ChunkReader, "read", reading)
+
+
+def _every_message_once(ctx: JobEnv, messages: list[dict] = MESSAGES) -> None:
+    raw = raw_messages_in(history_entries(ctx.settings.path))
+    positions = [raw.index(message["content"]) for message in messages]
+    assert positions == sorted(positions), "in order"
+    assert all(raw.count(message["content"]) == 1 for message in messages), "archived once"
+    assert ctx.tracker.sessions["cli:a"].unarchived_messages == 0
+    assert ctx.tracker.spool_plan("cli:a").seqs.tolist() == []
+
+
+def _without_run(entry: dict) -> dict:
+    return {**entry, "nanobotd_span": {**entry["nanobotd_span"], "run": None}}
+
+
+def test_an_offline_run_of_many_chunks_reads_them_in_a_process_and_writes_what_the_daemon_writes(
+        tmp_path, monkeypatch):
+    here, _ = _context(tmp_path / "here")
+    monkeypatch.setattr(chunks, "READER_MIN_CHUNKS", 10**6)
+    here_run, here_manifest = _archive(here, _)
+    monkeypatch.undo()
+    spy = _Spy(monkeypatch)
+    ctx, sessions = _context(tmp_path / "process")
+    run_id, manifest = _archive(ctx, sessions)
+
+    assert len(spy.pids) == 1 and spy.read == len(manifest["chunks"]) - 1 == 29, "all but the first chunk"
+    assert not pid_exists(spy.pids[0]), "the process exited with the run, and was reaped"
+    assert ([_without_run(entry) for entry in history_entries(ctx.settings.path)]
+            == [_without_run(entry) for entry in history_entries(here.settings.path)])
+    steady = ("seq", "count", "first_digest", "last_digest", "tokens", "outcome", "cursors", "hashes", "done")
+    assert ([{key: chunk.get(key) for key in steady} for chunk in manifest["chunks"]]
+            == [{key: chunk.get(key) for key in steady} for chunk in here_manifest["chunks"]])
+    for chunk, here_chunk in zip(manifest["chunks"], here_manifest["chunks"], strict=True):
+        assert Path(chunk["backup"]).read_bytes() == Path(here_chunk["backup"]).read_bytes()
+    assert sorted(path.name for path in ctx.store.run_dir(run_id).iterdir()) == [
+        f"chunk-{number:03d}.jsonl" for number in range(30)], "no temp file, no backup the manifest does not list"
+    _every_message_once(ctx)
+
+    restored = consolidate.restore_consolidation(ctx, ctx.store.get_run(run_id), dry_run=False)
+    assert restored["messages"] == len(MESSAGES)
+    assert [message.record for _, message, _ in ctx.tracker.pending("cli:a")] == MESSAGES
+    assert raw_messages_in(history_entries(ctx.settings.path)) == ""
+    here.store.close()
+    ctx.store.close()
+
+
+def test_a_reading_process_killed_mid_run_loses_no_message(tmp_path, monkeypatch):
+    spy = _Spy(monkeypatch, after_first=lambda handle: os.kill(handle.pid, signal.SIGKILL))
+    ctx, sessions = _context(tmp_path)
+    _, manifest = _archive(ctx, sessions)
+    assert 1 <= spy.read < len(manifest["chunks"]) - 1, "the chunks after the kill are read in the daemon"
+    assert not pid_exists(spy.pids[0])
+    _every_message_once(ctx)
+    assert all(Path(chunk["backup"]).is_file() for chunk in manifest["chunks"])
+    ctx.store.close()
+
+
+HUNG = "import sys, time; sys.stdin.buffer.read(4); time.sleep(60)"
+GARBAGE = ("import sys; sys.stdin.buffer.read(4); sys.stdout.buffer.write(b'\\x05\\x00\\x00\\x00hello');"
+           " sys.stdout.flush()")
+WRONG = ("import pickle, struct, sys; sys.stdin.buffer.read(4); data = pickle.dumps(['not', 'a', 'chunk']);"
+         " sys.stdout.buffer.write(struct.pack('<I', len(data)) + data); sys.stdout.flush(); sys.stdin.read()")
+EXITS = "import sys; sys.exit(3)"
+
+
+@pytest.mark.parametrize("script", [HUNG, GARBAGE, WRONG, EXITS],
+                         ids=["hangs", "answers-garbage", "answers-no-chunk", "exits"])
+def test_a_process_that_hangs_dies_or_answers_garbage_leaves_every_chunk_to_the_daemon(tmp_path, monkeypatch,
+                                                                                         script):
+    monkeypatch.setattr(reader, "READ_TIMEOUT_SECONDS", 0.5)
+    monkeypatch.setattr(reader, "worker_command", lambda module: [sys.executable, "-c", script])
+    spy = _Spy(monkeypatch)
+    ctx, sessions = _context(tmp_path)
+    _, manifest = _archive(ctx, sessions)
+    assert len(spy.pids) == 1 and spy.read == 0
+    assert not pid_exists(spy.pids[0]), "killed (or exited), and reaped"
+    assert len(manifest["chunks"]) == 30
+    _every_message_once(ctx)
+    ctx.store.close()
+
+
+def test_a_short_run_or_one_with_an_llm_starts_no_process(tmp_path, monkeypatch):
+    spy = _Spy(monkeypatch)
+    ctx, sessions = _context(tmp_path / "short")
+    _, manifest = _archive(ctx, sessions, MESSAGES[:10])
+    assert 1 < len(manifest["chunks"]) < chunks.READER_MIN_CHUNKS and spy.pids == []
+    ctx.store.close()
+    with FakeLLM(default=Text("- [durable] noted")) as fake:  # its chunks go to the LLM, read in the daemon
+        ctx, sessions = _context(tmp_path / "online", LLMSettings(
+            model=fake.model, api_base=fake.base_url, max_retries=0, timeout_seconds=5, context_window=8000))
+        _, manifest = _archive(ctx, sessions)
+        assert len(manifest["chunks"]) == len(fake.requests) == 30
+    assert spy.pids == [] and all(chunk["outcome"] == "summarized" for chunk in manifest["chunks"])
+    ctx.store.close()
+
+
+def test_the_worker_reads_held_and_copied_records_as_the_daemon_does_and_says_why_it_cannot(tmp_path):
+    ctx, sessions = _context(tmp_path)
+    ctx.tracker.scan(write_session(sessions, "cli:a", MESSAGES[:12]))
+    seqs = list(range(1, 13))
+    rows, held, shift = ctx.tracker.spooled_rows("cli:a", seqs)
+    assert any(spooldb.held_lines(rows)), "the rows are held: their lines are read from the held version"
+    copied = [(*row[:6], row[6] or text, None, None, None)  # as rows copied into the spool look
+              for row, (_, _, text) in zip(rows, ctx.tracker.spooled_messages("cli:a", seqs), strict=True)]
+    changed = [(*row[:9], "0" * 32) if number == 5 else row for number, row in enumerate(rows)]
+    backups = [tmp_path / f"backup-{number}.jsonl" for number in range(4)]
+    requests = b"".join(readworker.encode(request) for request in (
+        (str(held), shift, rows, 4000, str(backups[0])), (str(held), shift, copied, 4000, str(backups[1])),
+        (str(held), shift, changed, 4000, str(backups[2])), (str(tmp_path / "gone"), shift, rows, 4000,
+                                                               str(backups[3]))))
+    answers = io.BytesIO()
+    assert readworker.serve(io.BytesIO(requests), answers) == 0
+    answers.seek(0)
+    from_held, from_copies, line_changed, unreadable = (readworker.read_item(answers) for _ in range(4))
+    assert readworker.read_item(answers) is None
+
+    loaded = ctx.tracker.spooled_messages("cli:a", seqs)
+    for answer, backup in ((from_held, backups[0]), (from_copies, backups[1])):
+        assert answer.seqs == seqs and answer.digests == [message.digest for _, message, _ in loaded]
+        assert answer.tokens == [message.tokens for _, message, _ in loaded]
+        assert answer.entries == raw_entries([message for _, message, _ in loaded], 4000) and len(answer.entries) > 1
+        assert answer.backup == str(backup) and backup.read_text() == readworker.backup_text(loaded)
+    assert line_changed == "a held line is gone or changed" and not backups[2].exists()
+    assert unreadable.startswith("held version unreadable (FileNotFoundError") and not backups[3].exists()
+    ctx.store.close()
