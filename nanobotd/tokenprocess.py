@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from array import array
 from collections import deque
 from collections.abc import Iterator
@@ -42,6 +43,12 @@ def worker_command(module: str = "nanobotd.tokenworker") -> list[str]:
     bootstrap = (f"import sys; sys.path.insert(0, {str(PACKAGE_ROOT)!r}); from {module} import serve; "
                  "sys.exit(serve(sys.stdin.buffer, sys.stdout.buffer))")
     return [sys.executable, "-c", bootstrap]
+
+
+def counting_processes() -> int:
+    """How many counting processes this daemon has alive now, every workspace's (one holds an encoding, ~57 MB:
+    a job that would start a child of its own beside one may wait for it to go)."""
+    return sum(child.process.poll() is None for child in list(_Child.started))
 
 
 class ProcessCounts:
@@ -72,10 +79,13 @@ class ProcessCounts:
 class _Child:
     """One counting process: batches are written in order and answered in that order."""
 
+    started: weakref.WeakSet[_Child] = weakref.WeakSet()  # every workspace's, for counting_processes()
+
     def __init__(self, command: list[str], result_timeout: float) -> None:
         self.result_timeout = result_timeout
         # buffered pipes: a read of n bytes waits for all n (a raw pipe may hand over part of an answer)
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        _Child.started.add(self)
         self.waiting: deque[ProcessCounts] = deque()  # sent, not answered: the reader answers the first
         self.failed = False
         self._send = threading.Lock()

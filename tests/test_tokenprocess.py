@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nanobotd import tokens
-from nanobotd.tokenprocess import CountingProcess, ProcessCounts
+from nanobotd.tokenprocess import CountingProcess, ProcessCounts, counting_processes
 from nanobotd.tokens import PendingCounts, count_tokens_batch
 from tests.support.observe import pid_exists
 
@@ -96,6 +96,23 @@ def test_an_idle_process_is_let_go_and_a_later_big_scan_starts_another():
         assert counting.starts == 2 and counting.pid != pid
     finally:
         counting.close()
+
+
+def test_the_daemon_knows_how_many_counting_processes_are_alive():
+    before = counting_processes()  # other tests' shared ones
+    first, second = started(CountingProcess(after_texts=1)), started(CountingProcess(after_texts=1))
+    try:
+        assert counting_processes() == before + 2
+        os.kill(first.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while counting_processes() > before + 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert counting_processes() == before + 1, "a dead one is not counted"
+        second.close()
+        assert counting_processes() == before
+    finally:
+        first.close()
+        second.close()
 
 
 def test_a_killed_process_loses_no_count_and_the_rest_is_counted_in_the_daemon():

@@ -20,6 +20,7 @@ from nanobotd.jobs.consolidate.reader import ChunkReader
 from nanobotd.jobs.consolidate.readworker import ReadChunk, backup_text
 from nanobotd.memory.transcript import PendingMessage, raw_entries
 from nanobotd.sessions.spool import SpoolPlan
+from nanobotd.tokenprocess import counting_processes
 
 SAFETY_MARGIN = 1.2
 PROMPT_OVERHEAD_TOKENS = 600
@@ -180,7 +181,8 @@ class ChunkLoads:
 
     A run that renders every chunk raw (no LLM) of READER_MIN_CHUNKS chunks or more has them read and backed up
     by a chunk-reading process (`reader`), on another core, from the second chunk on (the first is read here
-    while the process starts), READER_AHEAD chunks ahead (its backups' fsyncs wait in that process, not in the
+    while the process starts; with a counting process alive, from the first chunk after it went),
+    READER_AHEAD chunks ahead (its backups' fsyncs wait in that process, not in the
     run). A chunk it read and backed up that the run never archives (the run failed or was cancelled first)
     leaves its backup in the run folder, unlisted in the run's manifest.
     """
@@ -191,19 +193,28 @@ class ChunkLoads:
         self.pending: dict[int, asyncio.Future[bool]] = {}
         self.reader: ChunkReader | None = None
         self.backups = raw_backups
+        self._reader_wanted = raw_backups is not None and len(chunks) >= READER_MIN_CHUNKS
         self._start(0)
-        if raw_backups is not None and len(chunks) >= READER_MIN_CHUNKS:
-            try:
-                self.reader = ChunkReader()
-            except OSError as exc:
-                logger.warning("cannot start a chunk-reading process: {}; chunks are read in the daemon", exc)
+        self._start_reader()
 
     async def take(self, number: int) -> bool:
         """Chunk *number* loaded (False: none of its messages is left in the spool); the next ones start."""
         self._start(number)
         loaded = await self.pending.pop(number)
+        self._start_reader()
         self._start(number + 1)
         return loaded
+
+    def _start_reader(self) -> None:
+        """The chunk-reading process, when the run wants one and no counting process is alive (a scan's, ~57 MB:
+        the two together would hold more than the run is allowed; until it goes, chunks are read here)."""
+        if not self._reader_wanted or counting_processes():
+            return
+        self._reader_wanted = False
+        try:
+            self.reader = ChunkReader()
+        except OSError as exc:
+            logger.warning("cannot start a chunk-reading process: {}; chunks are read in the daemon", exc)
 
     def cancel(self) -> None:
         """The run ends: reads still going are left to finish in their threads, their records unused; the

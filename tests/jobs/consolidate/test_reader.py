@@ -23,6 +23,7 @@ from nanobotd.memory.transcript import raw_entries
 from nanobotd.sessions import spool as spooldb
 from nanobotd.sessions.tracker import SessionTracker
 from nanobotd.state.store import StateStore
+from nanobotd.tokenprocess import CountingProcess
 from tests.jobs.consolidate.test_archive import NOW, raw_messages_in
 from tests.support.fakellm import FakeLLM, Text
 from tests.support.observe import pid_exists
@@ -43,6 +44,12 @@ def _archive(ctx: JobEnv, sessions: Path, messages: list[dict] = MESSAGES) -> tu
     ctx.tracker.scan(write_session(sessions, "cli:a", messages))
     run_id = ctx.store.create_run("consolidate", "ws", session_key="cli:a")
     return run_id, asyncio.run(consolidate.consolidate_session(ctx, "cli:a", run_id, reason="manual"))
+
+
+@pytest.fixture(autouse=True)
+def _no_counting_process(monkeypatch):
+    """Counting processes other tests keep alive (in this process) do not hold the reading process back."""
+    monkeypatch.setattr(chunks, "counting_processes", lambda: 0)
 
 
 class _Spy:
@@ -85,10 +92,10 @@ def _without_run(entry: dict) -> dict:
 
 def test_an_offline_run_of_many_chunks_reads_them_in_a_process_and_writes_what_the_daemon_writes(
         tmp_path, monkeypatch):
-    here, _ = _context(tmp_path / "here")
-    monkeypatch.setattr(chunks, "READER_MIN_CHUNKS", 10**6)
-    here_run, here_manifest = _archive(here, _)
-    monkeypatch.undo()
+    here, here_sessions = _context(tmp_path / "here")
+    with monkeypatch.context() as alone:
+        alone.setattr(chunks, "READER_MIN_CHUNKS", 10**6)
+        _, here_manifest = _archive(here, here_sessions)
     spy = _Spy(monkeypatch)
     ctx, sessions = _context(tmp_path / "process")
     run_id, manifest = _archive(ctx, sessions)
@@ -145,6 +152,33 @@ def test_a_process_that_hangs_dies_or_answers_garbage_leaves_every_chunk_to_the_
     assert len(spy.pids) == 1 and spy.read == 0
     assert not pid_exists(spy.pids[0]), "killed (or exited), and reaped"
     assert len(manifest["chunks"]) == 30
+    _every_message_once(ctx)
+    ctx.store.close()
+
+
+def test_no_process_starts_beside_a_counting_process_and_one_starts_once_it_went(tmp_path, monkeypatch):
+    counting = CountingProcess(after_texts=1)
+    counting.submit(["warm up"], "o200k_base").result()
+    monkeypatch.setattr(chunks, "counting_processes", lambda: int(counting.running))  # this one, not others'
+    went_at: list[int] = []
+    load = chunks.Chunk.load
+
+    def loading(chunk, ctx, key, reader=None, backup=None):
+        went_at.append(reader is not None)
+        if len(went_at) == 10:
+            counting.close()  # a scan's counting process goes mid-run
+        return load(chunk, ctx, key, reader, backup)
+
+    monkeypatch.setattr(chunks.Chunk, "load", loading)
+    spy = _Spy(monkeypatch)
+    ctx, sessions = _context(tmp_path)
+    try:
+        _, manifest = _archive(ctx, sessions)
+    finally:
+        counting.close()
+    assert len(spy.pids) == 1 and 0 < spy.read < 29 and spy.read == sum(went_at)
+    assert went_at[:10] == [False] * 10, "read in the daemon while the counting process held its encoding"
+    assert not pid_exists(spy.pids[0])
     _every_message_once(ctx)
     ctx.store.close()
 
