@@ -37,11 +37,13 @@ EXIT_WAIT_SECONDS = 5.0
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
 
-def worker_command(module: str = "nanobotd.tokenworker") -> list[str]:
-    """This interpreter serving the daemon on stdin and stdout with *module*'s serve (`tokenworker`'s by
-    default), with this package importable whatever the working directory."""
-    bootstrap = (f"import sys; sys.path.insert(0, {str(PACKAGE_ROOT)!r}); from {module} import serve; "
-                 "sys.exit(serve(sys.stdin.buffer, sys.stdout.buffer))")
+def worker_command(module: str = "nanobotd.tokenworker", entry: str = "serve") -> list[str]:
+    """This interpreter serving the daemon on stdin and stdout with *module*'s *entry* (`tokenworker`'s serve by
+    default; "serve" is handed both streams, another entry takes no argument), with this package importable
+    whatever the working directory."""
+    call = "serve(sys.stdin.buffer, sys.stdout.buffer)" if entry == "serve" else f"{entry}()"
+    bootstrap = (f"import sys; sys.path.insert(0, {str(PACKAGE_ROOT)!r}); from {module} import {entry}; "
+                 f"sys.exit({call})")
     return [sys.executable, "-c", bootstrap]
 
 

@@ -16,17 +16,16 @@ import asyncio
 import itertools
 import queue
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from loguru import logger
 
 from nanobotd.llm.failures import TIMEOUT, WORKER, Failure, redact
 from nanobotd.llm.protocol import OP_CANCEL, OP_COMPLETE, OP_GO, decode, encode, failure_from_json
 from nanobotd.llm.slots import LLMSlots, SlotTicket
+from nanobotd.tokenprocess import worker_command as child_command
 
 IDLE_EXIT_SECONDS = 300.0
 START_TIMEOUT_SECONDS = 60.0  # importing litellm takes ~2.5 s on an idle machine; far longer under load
@@ -35,7 +34,6 @@ START_TIMEOUT_SECONDS = 60.0  # importing litellm takes ~2.5 s on an idle machin
 HANG_GRACE_SECONDS = 1.0
 EXIT_WAIT_SECONDS = 5.0
 STDERR_LINE_LIMIT = 2000
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
 class WorkerFailure(Exception):
@@ -64,9 +62,7 @@ class WorkerAnswer:
 
 def worker_command() -> list[str]:
     """This interpreter running `llm.worker`, with this package importable whatever the working directory."""
-    bootstrap = (f"import sys; sys.path.insert(0, {str(PACKAGE_ROOT)!r}); "
-                 "from nanobotd.llm.worker import main; sys.exit(main())")
-    return [sys.executable, "-c", bootstrap]
+    return child_command("nanobotd.llm.worker", "main")
 
 
 class LLMWorker:
