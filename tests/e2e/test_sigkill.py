@@ -103,12 +103,7 @@ def test_sigkill_during_a_cold_start_leaves_no_counting_process_and_the_next_sta
     counting = _wait_for_counting_children(proc)
     kinds = {"parseworker" if "parseworker" in _cmdline(child) else "tokenworker" for child in counting}
     assert kinds == ({"parseworker"} if parse_processes and (os.cpu_count() or 1) >= 2 else {"tokenworker"})
-    os.kill(proc.proc.pid, signal.SIGKILL)
-    proc.proc.wait(timeout=10)
-    deadline = time.monotonic() + 10
-    while any(_alive(child) for child in counting) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(_alive(child) for child in counting), "a counting process outlived its daemon"
+    _kill_and_outlive_none(proc, counting, "a counting process")
 
     proc.start()
     status = proc.wait_for(lambda: _reconciled(proc, len(paths)), timeout=120)
@@ -142,12 +137,7 @@ def test_sigkill_during_an_offline_archive_leaves_no_reading_process_and_loses_n
         time.sleep(0.005)
     assert readers, "no chunk-reading process was started:\n" + proc.log()[-3000:]
     time.sleep(random.Random(20261127).uniform(0.05, 0.5))
-    os.kill(proc.proc.pid, signal.SIGKILL)
-    proc.proc.wait(timeout=10)
-    deadline = time.monotonic() + 10
-    while any(_alive(child) for child in readers) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(_alive(child) for child in readers), "a chunk-reading process outlived its daemon"
+    _kill_and_outlive_none(proc, readers, "a chunk-reading process")
 
     proc.start()
     finished = proc.ctl("consolidate", "cli:long", "--wait", timeout=120)
@@ -161,6 +151,16 @@ def test_sigkill_during_an_offline_archive_leaves_no_reading_process_and_loses_n
                    for number in re.findall(r"\bK-(\d+) (?:user|assistant) says", entry.content))
     assert set(seen) == set(range(len(messages))), f"lost: {sorted(set(range(len(messages))) - set(seen))[:10]}"
     assert {number: count for number, count in seen.items() if count != 1} == {}, "archived more than once"
+
+
+def _kill_and_outlive_none(proc, children: list[int], what: str) -> None:
+    """SIGKILL the daemon: none of its *children* is alive soon after (their stdin closed with it)."""
+    os.kill(proc.proc.pid, signal.SIGKILL)
+    proc.proc.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while any(_alive(child) for child in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(child) for child in children), f"{what} outlived its daemon"
 
 
 def _wait_for_counting_children(proc) -> list[int]:
