@@ -22,7 +22,7 @@ import time
 import weakref
 from array import array
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -45,6 +45,16 @@ def worker_command(module: str = "nanobotd.tokenworker", entry: str = "serve") -
     bootstrap = (f"import sys; sys.path.insert(0, {str(PACKAGE_ROOT)!r}); from {module} import {entry}; "
                  f"sys.exit({call})")
     return [sys.executable, "-c", bootstrap]
+
+
+def reap(process: subprocess.Popen, kill: Callable[[str], None], reason: str = "did not exit") -> None:
+    """Wait for a child told to go (its stdin closed, or its output ended) to exit; *kill* it with *reason* when it
+    does not within EXIT_WAIT_SECONDS, then wait (no zombie is left)."""
+    try:
+        process.wait(EXIT_WAIT_SECONDS)
+    except subprocess.TimeoutExpired:
+        kill(reason)
+        process.wait()
 
 
 def counting_processes() -> int:
@@ -143,11 +153,7 @@ class _Child:
 
     def _reap(self) -> None:
         """Its output ended: it exits (or is made to), and is waited for (no zombie is left)."""
-        try:
-            self.process.wait(EXIT_WAIT_SECONDS)
-        except subprocess.TimeoutExpired:
-            self.kill("closed its output but did not exit")
-            self.process.wait()
+        reap(self.process, self.kill, "closed its output but did not exit")
 
     def kill(self, reason: str) -> None:
         if self.process.poll() is None:
@@ -157,11 +163,7 @@ class _Child:
     def close(self) -> None:
         """Let it finish and exit (its stdin closed), killed if it does not."""
         self._requests.put(None)
-        try:
-            self.process.wait(EXIT_WAIT_SECONDS)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        reap(self.process, self.kill)
         self._writer.join(EXIT_WAIT_SECONDS)
         self._reader.join(EXIT_WAIT_SECONDS)
         self.process.stdout.close()

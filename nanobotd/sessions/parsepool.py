@@ -23,7 +23,7 @@ from loguru import logger
 
 from nanobotd.sessions.parseworker import Fingerprint, encode, read_item
 from nanobotd.sessions.scan import ParseResult
-from nanobotd.tokenprocess import EXIT_WAIT_SECONDS, worker_command
+from nanobotd.tokenprocess import EXIT_WAIT_SECONDS, reap, worker_command
 
 PARSE_PROCESSES = 2  # the useful most on two cores (daemon.parse_processes, 0 by default: see the README)
 MIN_NEW_FILES = 16  # fewer new files are parsed in the daemon: the processes' start (~0.4 s) would not pay
@@ -115,11 +115,7 @@ class _Worker:
     def close(self) -> None:
         """Its thread has been told to stop: the process exits once its stdin closes (killed if it does not)."""
         self.thread.join(EXIT_WAIT_SECONDS)
-        try:
-            self.process.wait(EXIT_WAIT_SECONDS)
-        except subprocess.TimeoutExpired:
-            self.kill("did not exit")
-            self.process.wait()
+        reap(self.process, self.kill)
         self.thread.join()
 
 

@@ -44,7 +44,7 @@ async def summarize_chunk(ctx: JobEnv, chunk: Chunk, session_key: str,
     settings = ctx.settings.consolidation
     if chunk.oversized:
         return "raw_fallback", chunk.raw_entries(settings.raw_max_chars), OVERSIZED_REASON
-    if ctx.llm.offline or chunk.read is not None:  # read by the chunk-reading process: a run without an LLM
+    if ctx.llm.offline:
         return "raw_fallback", chunk.raw_entries(settings.raw_max_chars), OFFLINE_REASON
     try:
         reply = await ctx.llm.complete(archive_messages(transcript(chunk.messages), session_key),

@@ -199,7 +199,6 @@ class ChunkLoads:
 
     async def take(self, number: int) -> bool:
         """Chunk *number* loaded (False: none of its messages is left in the spool); the next ones start."""
-        self._start(number)
         loaded = await self.pending.pop(number)
         self._start_reader()
         self._start(number + 1)

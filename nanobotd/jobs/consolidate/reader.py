@@ -15,7 +15,7 @@ from loguru import logger
 
 from nanobotd.jobs.consolidate.readworker import ReadChunk
 from nanobotd.sessions.parseworker import encode, read_item
-from nanobotd.tokenprocess import EXIT_WAIT_SECONDS, worker_command
+from nanobotd.tokenprocess import reap, worker_command
 
 WORKER_MODULE = "nanobotd.jobs.consolidate.readworker"
 READ_TIMEOUT_SECONDS = 60.0  # a chunk fits one LLM request (or is one message): read in milliseconds
@@ -77,11 +77,7 @@ class ChunkReader:
             self.process.stdin.close()
         except (OSError, ValueError):
             pass
-        try:
-            self.process.wait(EXIT_WAIT_SECONDS)
-        except subprocess.TimeoutExpired:
-            self._kill("did not exit")
-            self.process.wait()
+        reap(self.process, self._kill)
         if self._lock.acquire(blocking=False):  # no read in flight: its output is closed here
             try:
                 self.process.stdout.close()
