@@ -15,11 +15,11 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from json.encoder import encode_basestring as _json_string
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
 from nanobotd import fsio
+from nanobotd.jsontext import json_string
 
 MAX_LINE_BYTES = 8 * 1024 * 1024
 # The tracker reads a message line up to this size (a huge paste must be archived, not dropped); past it the
@@ -249,9 +249,9 @@ def message_digest(role: str, text: str, timestamp: str) -> str:
     """Identity of a message across rewrites: a digest of role, content and timestamp.
 
     The digested bytes are `json.dumps([role, text, timestamp], ensure_ascii=False)`, built from the JSON
-    string encoder itself (json.dumps with options makes a new encoder for every call: a third of a scan).
+    string encoders themselves (json.dumps with options makes a new encoder for every call: a third of a scan).
     """
-    payload = f"[{_json_string(role)}, {_json_string(text)}, {_json_string(timestamp)}]"
+    payload = f"[{json_string(role)}, {json_string(text)}, {json_string(timestamp)}]"
     return hashlib.blake2b(payload.encode("utf-8", errors="replace"), digest_size=16).hexdigest()
 
 
