@@ -10,14 +10,17 @@ Every write stays inside the workspace (the memory folder's parent): a symlink l
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import NamedTuple
 
 from nanobotd import fsio
+from nanobotd.jsontext import json_string
 
 HISTORY_NAME = "history.jsonl"
 CURSOR_NAME = ".cursor"
@@ -55,8 +58,47 @@ class HistoryEntry:
         return record
 
     def to_line(self) -> bytes:
-        """The entry as one line of history.jsonl."""
-        return (json.dumps(self.to_record(), ensure_ascii=False) + "\n").encode("utf-8")
+        """The entry as one line of history.jsonl: `json.dumps(to_record(), ensure_ascii=False)`, encoded."""
+        return entry_line(self.cursor, self.timestamp, _json_bytes(self.content), self.session_key, self.span)
+
+
+class PreparedEntry(NamedTuple):
+    """An entry's content made ready for history.jsonl before its append (an archive run's chunk-reading process
+    prepares the run's [RAW] entries): cleaned, as its JSON string in UTF-8, with its content hash."""
+
+    content_json: bytes
+    hash: str
+
+
+def entry_line(cursor: int, timestamp: str, content_json: bytes, session_key: str | None, span: dict | None) -> bytes:
+    """One line of history.jsonl, its content already JSON (*content_json*): byte for byte what json.dumps of
+    the entry's record (ensure_ascii=False) makes, its content not encoded again."""
+    head = f'{{"cursor": {json.dumps(cursor)}, "timestamp": {_json_text(timestamp)}, "content": '
+    tail = f', "session_key": {json.dumps(session_key, ensure_ascii=False)}' if session_key else ""
+    if span:
+        tail += f', "{SPAN_FIELD}": {json.dumps(span, ensure_ascii=False)}'
+    return head.encode("utf-8") + content_json + (tail + "}\n").encode("utf-8")
+
+
+def _json_text(value: object) -> str:
+    return json_string(value) if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _json_bytes(value: object) -> bytes:
+    return _json_text(value).encode("utf-8")
+
+
+def content_hash(content: str) -> str:
+    """Identifies an entry we wrote (by its cleaned content), should its cursor be found after a crash."""
+    return hashlib.sha1(clean_content(content).encode("utf-8")).hexdigest()[:16]
+
+
+def prepare_entry(content: str) -> PreparedEntry | None:
+    """*content* ready for append_prepared; None when nothing is left of it once cleaned (it is not appended)."""
+    cleaned = clean_content(content)
+    if not cleaned:
+        return None
+    return PreparedEntry(_json_bytes(cleaned), hashlib.sha1(cleaned.encode("utf-8")).hexdigest()[:16])
 
 
 def history_path(memory_dir: Path) -> Path:
@@ -173,26 +215,51 @@ def append_entries(
     """
     items = [(clean_content(content), key) for content, key in contents]
     items = [(content, key) for content, key in items if content]
-    if not items:
-        return []
+    entries: list[HistoryEntry] = []
+
+    def lines(start: int, stamp: str) -> Iterator[bytes]:
+        entries.extend(HistoryEntry(start + offset, stamp, content, key, span=span)
+                       for offset, (content, key) in enumerate(items))
+        return (entry.to_line() for entry in entries)
+
+    _append(memory_dir, len(items), now, lines, before_write)
+    return entries
+
+
+def append_prepared(memory_dir: Path, prepared: list[PreparedEntry], session_key: str | None, now: datetime, *,
+                    before_write: Callable[[list[int]], None] | None = None, span: dict | None = None) -> list[int]:
+    """append_entries of contents prepared already (prepare_entry), all of *session_key*; returns their cursors.
+    The lines written are the very bytes append_entries writes for the same contents."""
+    def lines(start: int, stamp: str) -> Iterator[bytes]:
+        return (entry_line(start + offset, stamp, entry.content_json, session_key, span)
+                for offset, entry in enumerate(prepared))
+
+    start = _append(memory_dir, len(prepared), now, lines, before_write)
+    return list(range(start, start + len(prepared)))
+
+
+def _append(memory_dir: Path, count: int, now: datetime, lines: Callable[[int, str], Iterable[bytes]],
+            before_write: Callable[[list[int]], None] | None) -> int:
+    """Append *count* entries, the lines *lines*(first cursor, timestamp) makes, under the history lock; returns
+    the first cursor (nothing is written for none)."""
+    if not count:
+        return 0
     root = workspace_root(memory_dir)
     fsio.confine(memory_dir, root).mkdir(parents=True, exist_ok=True)
     path = history_path(memory_dir)
     with fsio.file_lock(memory_dir / LOCK_NAME, timeout=LOCK_TIMEOUT, root=root):
         start = max(read_cursor_file(memory_dir / CURSOR_NAME), largest_cursor_in_file(path)) + 1
-        stamp = now_stamp(now)
-        entries = [HistoryEntry(start + offset, stamp, content, key, span=span)
-                   for offset, (content, key) in enumerate(items)]
+        last = start + count - 1
         if before_write is not None:
-            before_write([entry.cursor for entry in entries])
-        payload = b"".join(entry.to_line() for entry in entries)
+            before_write(list(range(start, last + 1)))
+        payload = b"".join(lines(start, now_stamp(now)))
         fsio.confine(path, root)
         # The cursors are reserved in .cursor before the append: an append that then fails (and is cut back
         # off) leaves only a gap in the numbering, never entries that .cursor does not cover.
-        fsio.atomic_write(memory_dir / CURSOR_NAME, str(entries[-1].cursor), root=root)
+        fsio.atomic_write(memory_dir / CURSOR_NAME, str(last), root=root)
         fsio.ensure_trailing_newline(path, root=root)
         fsio.append_record(path, payload, root=root)
-    return entries
+    return start
 
 
 def repair_torn_line(memory_dir: Path) -> int:

@@ -187,3 +187,39 @@ def test_remove_entries_counts_what_it_streams_out_and_an_empty_removal_writes_n
     assert [entry.cursor for entry in seen] == [2, 4]
     assert [entry.cursor for entry in history.iter_entries(tmp_path)] == [1, 3]
     assert (tmp_path / ".cursor").read_text() == "4"
+
+
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.text(),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+                           max_leaves=8)
+TEXTS = st.text(alphabet=st.characters(exclude_categories=("Cs",)))  # a lone surrogate cannot be written as UTF-8
+
+
+@settings(max_examples=300, deadline=None)
+@given(cursor=st.integers(min_value=1), timestamp=TEXTS, content=TEXTS,
+       key=st.none() | TEXTS, span=st.none() | st.dictionaries(TEXTS, JSON_VALUES, max_size=4))
+def test_an_entry_line_is_the_json_of_its_record_byte_for_byte(cursor, timestamp, content, key, span):
+    entry = history.HistoryEntry(cursor, timestamp, content, key, span=span)
+    assert entry.to_line() == (json.dumps(entry.to_record(), ensure_ascii=False) + "\n").encode("utf-8")
+
+
+@settings(max_examples=60, deadline=None)
+@given(contents=st.lists(TEXTS | st.sampled_from(["", "  ", "<think>only reasoning</think>", "a\u2028b \"q\" \\"]),
+                         max_size=6),
+       key=st.none() | st.sampled_from(["telegram:1", "cli:é"]),
+       span=st.none() | st.fixed_dictionaries({"run": st.text(max_size=8), "count": st.integers()}))
+def test_prepared_entries_append_the_very_bytes_and_cursors_of_plain_ones(contents, key, span):
+    with tempfile.TemporaryDirectory() as folder:
+        plain, prepared = Path(folder) / "plain" / "memory", Path(folder) / "prepared" / "memory"
+        for memory in (plain, prepared):
+            history.append_entries(memory, [("before", None)], NOW)
+        journalled: list[list[int]] = []
+        written = history.append_entries(plain, [(content, key) for content in contents], NOW,
+                                         before_write=journalled.append, span=span)
+        entries = [entry for entry in map(history.prepare_entry, contents) if entry is not None]
+        cursors = history.append_prepared(prepared, entries, key, NOW, before_write=journalled.append, span=span)
+        assert cursors == [entry.cursor for entry in written]
+        assert journalled == ([cursors, cursors] if cursors else [])
+        assert [entry.hash for entry in entries] == [history.content_hash(entry.content) for entry in written]
+        for name in (history.HISTORY_NAME, history.CURSOR_NAME):
+            assert (prepared / name).read_bytes() == (plain / name).read_bytes()

@@ -93,19 +93,19 @@ def crashed_consolidation(big: BigHistory):
     ctx = big.ctx
     ctx.tracker.scan(write_session(big.sessions, "cli:crash", conversation(4)))
     run_id = ctx.store.create_run("consolidate", "ws", session_key="cli:crash")
-    append = history.append_entries
+    append = history.append_prepared
 
     def append_then_die(*args, **kwargs):
         append(*args, **kwargs)
         raise KeyboardInterrupt("killed after the append")
 
-    history.append_entries = append_then_die
+    history.append_prepared = append_then_die
     try:
         asyncio.run(archive.consolidate_session(ctx, "cli:crash", run_id, reason="manual"))
     except KeyboardInterrupt:
         pass
     finally:
-        history.append_entries = append
+        history.append_prepared = append
     return ctx.store.get_run(run_id)
 
 

@@ -10,7 +10,6 @@ journalled as a step of its own (state.runsteps) beside the manifest's head, nev
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from nanobotd.jobs.consolidate.prompt import NOTHING, archive_messages, parse_su
 from nanobotd.llm.failures import LLMError
 from nanobotd.llm.reply import UsageMeter
 from nanobotd.memory import history
+from nanobotd.memory.history import PreparedEntry
 from nanobotd.memory.transcript import raw_entries, transcript
 from nanobotd.state.runsteps import STEPS_KEY, write_steps
 from nanobotd.state.store import RunRecord
@@ -39,8 +39,9 @@ GROWING_KEYS = (STEPS_KEY, "cursors")  # journalled as steps (chunks) or made fr
 
 
 async def summarize_chunk(ctx: JobEnv, chunk: Chunk, session_key: str,
-                          usage: UsageMeter) -> tuple[str, list[str], str]:
-    """(outcome, entry contents, reason): summarized | nothing | raw_fallback, with why it fell back."""
+                          usage: UsageMeter) -> tuple[str, list[str] | list[PreparedEntry], str]:
+    """(outcome, entry contents, reason): summarized | nothing | raw_fallback, with why it fell back. A chunk
+    archived raw may have its entries prepared already (read by the chunk-reading process)."""
     settings = ctx.settings.consolidation
     if chunk.oversized:
         return "raw_fallback", chunk.raw_entries(settings.raw_max_chars), OVERSIZED_REASON
@@ -69,11 +70,6 @@ async def summarize_chunk(ctx: JobEnv, chunk: Chunk, session_key: str,
 def backup_path(ctx: JobEnv, run_id: str, number: int) -> Path:
     """Where a run's chunk *number* is backed up: its messages, each record as the spool holds its JSON text."""
     return ctx.store.run_dir(run_id) / f"chunk-{number:03d}.jsonl"
-
-
-def content_hash(content: str) -> str:
-    """Identifies an entry we wrote, should its cursor be found after a crash."""
-    return hashlib.sha1(history.clean_content(content).encode("utf-8")).hexdigest()[:16]
 
 
 async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, reason: str,
@@ -119,6 +115,14 @@ async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, rea
     manifest["tokens"] = usage.to_json()
     ctx.store.finish_run(run_id, state="finished", outcome=overall, manifest=manifest)
     return manifest
+
+
+def prepared_entries(contents: list[str] | list[PreparedEntry]) -> list[PreparedEntry]:
+    """Entry contents ready for history (prepared already by the chunk-reading process, or here); one left empty
+    once cleaned is not appended."""
+    prepared = (content if isinstance(content, PreparedEntry) else history.prepare_entry(content)
+                for content in contents)
+    return [entry for entry in prepared if entry is not None]
 
 
 def manifest_head(manifest: dict) -> dict:
@@ -190,17 +194,21 @@ async def archive_chunk(ctx: JobEnv, session_key: str, run_id: str, number: int,
     manifest["tokens"] = usage.to_json()
     # Recovery looks only at chunks whose cursors were journalled, so the chunk's record is journalled with
     # its cursors (before the append), or with done (no entry to append), not on its own before.
-    hashes = [content_hash(content) for content in contents]
-
-    def journal_cursors(cursors: list[int]) -> None:
-        record["cursors"] = cursors
-        record["hashes"] = hashes
-        ctx.store.journal_steps(run_id, [(number, record)], manifest_head(manifest))
-
     span = {"run": run_id, "first": digests[0], "last": digests[-1], "count": len(digests)}
-    written = await asyncio.to_thread(history.append_entries, ctx.memory_dir, [(c, session_key) for c in contents],
-                                      ctx.now(), before_write=journal_cursors, span=span)
-    record["cursors"] = [entry.cursor for entry in written]
+
+    def append() -> list[int]:
+        prepared = prepared_entries(contents)
+        hashes = [entry.hash for entry in prepared]
+
+        def journal_cursors(cursors: list[int]) -> None:
+            record["cursors"] = cursors
+            record["hashes"] = hashes
+            ctx.store.journal_steps(run_id, [(number, record)], manifest_head(manifest))
+
+        return history.append_prepared(ctx.memory_dir, prepared, session_key, ctx.now(), before_write=journal_cursors,
+                                       span=span)
+
+    record["cursors"] = await asyncio.to_thread(append)
     manifest["cursors"].extend(record["cursors"])
     marks.add(number, record, digests, seqs)
     row = {"summarized": "written", "nothing": "no_change"}.get(outcome, outcome)
@@ -226,7 +234,7 @@ def recover_consolidation(ctx: JobEnv, run: RunRecord) -> str:
     # Only the cursors the interrupted chunks journalled matter: stream the history, keep the hashes of those.
     journalled = {cursor for chunk in manifest.get("chunks", []) if not chunk.get("done")
                   for cursor in chunk.get("cursors") or ()}
-    present = {entry.cursor: content_hash(entry.content)
+    present = {entry.cursor: history.content_hash(entry.content)
                for entry in (history.iter_entries(ctx.memory_dir) if journalled else ()) if entry.cursor in journalled}
     finished = rolled_back = 0
     for chunk in manifest.get("chunks", []):

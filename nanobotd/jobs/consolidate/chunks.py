@@ -18,6 +18,7 @@ from nanobotd import fsio
 from nanobotd.jobs.common import JobEnv
 from nanobotd.jobs.consolidate.reader import ChunkReader
 from nanobotd.jobs.consolidate.readworker import ReadChunk, backup_text
+from nanobotd.memory.history import PreparedEntry
 from nanobotd.memory.transcript import PendingMessage, raw_entries
 from nanobotd.sessions.spool import SpoolPlan
 from nanobotd.tokenprocess import counting_processes
@@ -66,8 +67,8 @@ class Chunk:
             return sum(message.tokens for _, message, _ in self.loaded)
         return self.planned_tokens
 
-    def raw_entries(self, max_chars: int) -> list[str]:
-        """The chunk's [RAW] history entries."""
+    def raw_entries(self, max_chars: int) -> list[str] | list[PreparedEntry]:
+        """The chunk's [RAW] history entries (prepared already, when the chunk-reading process read it)."""
         return self.read.entries if self.read is not None else raw_entries(self.messages, max_chars)
 
     def back_up(self, path: Path) -> Path:

@@ -1,9 +1,10 @@
 """A chunk-reading process: reads the chunks of an archive run without an LLM for the daemon, a few ahead.
 
 Archiving a long session offline is CPU work in one process, and nearly half of it was reading each chunk's
-records (from the session's held version of the file), decoding them and rendering the chunk's [RAW] entries
-and backup. Here a child process does that for the next chunks while the daemon archives the current one, on
-another core: the daemon still queries the spool rows (under the tracker's lock), journals, appends and marks.
+records (from the session's held version of the file), decoding them, rendering the chunk's [RAW] entries and
+backup, and encoding the entries for history.jsonl. Here a child process does that for the next chunks while the
+daemon archives the current one, on another core: the daemon still queries the spool rows (under the tracker's
+lock), journals, appends and marks.
 It exits when stdin closes, as it does when the daemon dies.
 
 A request: (the held version's path, its shift, the chunk's spool rows, the [RAW] entry size, where its backup
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from nanobotd import fsio
+from nanobotd.memory.history import PreparedEntry, prepare_entry
 from nanobotd.memory.transcript import PendingMessage, raw_entries
 from nanobotd.sessions import spool as spooldb
 from nanobotd.sessions.hold import read_held_lines
@@ -34,7 +36,7 @@ class ReadChunk:
     digests: list[str]
     tokens: list[int]
     backup: str  # the path of the chunk's backup, written
-    entries: list[str]  # its [RAW] history entries
+    entries: list[PreparedEntry]  # its [RAW] history entries, ready to append
 
 
 def backup_text(loaded: list[tuple[int, PendingMessage, str]]) -> str:
@@ -62,7 +64,8 @@ def read_chunk(path: Path, shift: int, rows: list[tuple], raw_max_chars: int, ba
     messages = [message for _, message, _ in loaded]
     fsio.atomic_write(backup, backup_text(loaded))
     return ReadChunk([seq for seq, _, _ in loaded], [message.digest for message in messages],
-                     [int(message.tokens) for message in messages], str(backup), raw_entries(messages, raw_max_chars))
+                     [int(message.tokens) for message in messages], str(backup),
+                     [entry for entry in map(prepare_entry, raw_entries(messages, raw_max_chars)) if entry is not None])
 
 
 def serve(requests: BinaryIO, answers: BinaryIO) -> int:

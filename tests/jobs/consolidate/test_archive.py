@@ -215,20 +215,20 @@ def test_crash_after_cursor_journal_is_rolled_back_or_finished(tmp_path):
     ctx, sessions = make_context(tmp_path, LLMSettings(model="none"))
     ctx.tracker.scan(write_session(sessions, "cli:a", conversation(4)))
     run_id = ctx.store.create_run("consolidate", "ws", session_key="cli:a")
-    real_append = history.append_entries
+    real_append = history.append_prepared
 
-    def crash_before_write(memory_dir, contents, now, before_write=None, span=None):
+    def crash_before_write(memory_dir, prepared, key, now, before_write=None, span=None):
         def journal_then_die(cursors):
             before_write(cursors)
             raise KeyboardInterrupt("simulated kill")
-        return real_append(memory_dir, contents, now, before_write=journal_then_die, span=span)
+        return real_append(memory_dir, prepared, key, now, before_write=journal_then_die, span=span)
 
-    consolidate.history.append_entries = crash_before_write
+    consolidate.history.append_prepared = crash_before_write
     try:
         with pytest.raises(KeyboardInterrupt):
             asyncio.run(consolidate.consolidate_session(ctx, "cli:a", run_id, reason="manual"))
     finally:
-        consolidate.history.append_entries = real_append
+        consolidate.history.append_prepared = real_append
     outcome = consolidate.recover_consolidation(ctx, ctx.store.get_run(run_id))
     assert outcome == "rolled_back"
     assert len(ctx.tracker.pending("cli:a")) == 4

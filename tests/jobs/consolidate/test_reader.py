@@ -19,6 +19,7 @@ from nanobotd.jobs.consolidate import archive as consolidate
 from nanobotd.jobs.consolidate import chunks, reader, readworker
 from nanobotd.jobs.consolidate.reader import ChunkReader
 from nanobotd.llm.client import LLMClient
+from nanobotd.memory import history
 from nanobotd.memory.transcript import raw_entries
 from nanobotd.sessions import spool as spooldb
 from nanobotd.sessions.tracker import SessionTracker
@@ -222,7 +223,8 @@ def test_the_worker_reads_held_and_copied_records_as_the_daemon_does_and_says_wh
     for answer, backup in ((from_held, backups[0]), (from_copies, backups[1])):
         assert answer.seqs == seqs and answer.digests == [message.digest for _, message, _ in loaded]
         assert answer.tokens == [message.tokens for _, message, _ in loaded]
-        assert answer.entries == raw_entries([message for _, message, _ in loaded], 4000) and len(answer.entries) > 1
+        entries = raw_entries([message for _, message, _ in loaded], 4000)
+        assert answer.entries == [history.prepare_entry(entry) for entry in entries] and len(answer.entries) > 1
         assert answer.backup == str(backup) and backup.read_text() == readworker.backup_text(loaded)
     assert line_changed == "a held line is gone or changed" and not backups[2].exists()
     assert unreadable.startswith("held version unreadable (FileNotFoundError") and not backups[3].exists()
