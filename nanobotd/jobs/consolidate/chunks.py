@@ -7,8 +7,10 @@ only when it is archived, one chunk ahead, so a long session's records are never
 from __future__ import annotations
 
 import asyncio
+import functools
 from array import array
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +28,9 @@ from nanobotd.tokenprocess import counting_processes
 SAFETY_MARGIN = 1.2
 PROMPT_OVERHEAD_TOKENS = 600
 READER_MIN_CHUNKS = 8  # fewer chunks are read in the daemon: the process's start (~0.15 s) would not pay
-READER_AHEAD = 2  # chunks asked of the reading process beyond the next (its backups' fsyncs wait there)
+# chunks asked of the reading process beyond the next: enough that it always has one queued while the run commits a
+# batch of marks (their loads wait meanwhile), each in a thread of the run's own (READER_AHEAD + 1 threads)
+READER_AHEAD = 6
 
 
 @dataclass
@@ -184,8 +188,10 @@ class ChunkLoads:
     by a chunk-reading process (`reader`), on another core, from the second chunk on (the first is read here
     while the process starts; with a counting process alive, from the first chunk after it went),
     READER_AHEAD chunks ahead (its backups' fsyncs wait in that process, not in the
-    run). A chunk it read and backed up that the run never archives (the run failed or was cancelled first)
-    leaves its backup in the run folder, unlisted in the run's manifest.
+    run), in threads of the run's own (the loads wait there for the process's answers, in the order asked, and
+    would otherwise hold the threads the run appends and marks in). A chunk it read and backed up that the run
+    never archives (the run failed or was cancelled first) leaves its backup in the run folder, unlisted in the
+    run's manifest.
     """
 
     def __init__(self, ctx: JobEnv, session_key: str, chunks: list[Chunk], *,
@@ -194,6 +200,7 @@ class ChunkLoads:
         self.pending: dict[int, asyncio.Future[bool]] = {}
         self.reader: ChunkReader | None = None
         self.backups = raw_backups
+        self._threads: ThreadPoolExecutor | None = None  # the loads' threads, while the process reads
         self._reader_wanted = raw_backups is not None and len(chunks) >= READER_MIN_CHUNKS
         self._start(0)
         self._start_reader()
@@ -215,6 +222,8 @@ class ChunkLoads:
             self.reader = ChunkReader()
         except OSError as exc:
             logger.warning("cannot start a chunk-reading process: {}; chunks are read in the daemon", exc)
+            return
+        self._threads = ThreadPoolExecutor(READER_AHEAD + 1, thread_name_prefix="chunk-load")
 
     def cancel(self) -> None:
         """The run ends: reads still going are left to finish in their threads, their records unused; the
@@ -224,6 +233,8 @@ class ChunkLoads:
         self.pending = {}
         if self.reader is not None:
             self.reader.close()
+        if self._threads is not None:
+            self._threads.shutdown(wait=False)
 
     def _start(self, number: int) -> None:
         """Chunk *number* and, with a reading process, the READER_AHEAD after it are being read."""
@@ -231,5 +242,5 @@ class ChunkLoads:
         for ahead in range(number, min(last + 1, len(self.chunks))):
             if ahead not in self.pending:
                 backup = self.backups(ahead) if self.reader is not None else None
-                load = asyncio.to_thread(self.chunks[ahead].load, self.ctx, self.session_key, self.reader, backup)
-                self.pending[ahead] = asyncio.ensure_future(load)
+                load = functools.partial(self.chunks[ahead].load, self.ctx, self.session_key, self.reader, backup)
+                self.pending[ahead] = asyncio.get_running_loop().run_in_executor(self._threads, load)
