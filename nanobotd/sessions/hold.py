@@ -25,9 +25,12 @@ from loguru import logger
 
 from nanobotd import fsio
 from nanobotd.memory.transcript import record_json
-from nanobotd.sessions.scan import LineRef, read_line
+from nanobotd.sessions import file as sessionfile
+from nanobotd.sessions.scan import LineRef
 
 HELD_DIR = "held"
+HELD_READ_SPAN = 4 << 20  # held lines next to each other are read with one read of up to this many bytes
+HELD_READ_GAP = 64 << 10  # (with at most this many bytes between two of them)
 
 
 class LinkUnsupported(OSError):
@@ -113,9 +116,36 @@ class Holds:
 
 def read_held_lines(path: Path, shift: int, lines: list[LineRef | None]) -> list[str | None]:
     """The text of each line of the held version at *path* (None for a line that is not held, or whose bytes
-    are no longer there); OSError when the file cannot be opened."""
+    are no longer there); OSError when the file cannot be opened. Lines that follow each other in the file (a
+    chunk's usually all do) are read with one read a span of them."""
+    texts: list[str | None] = [None] * len(lines)
     with fsio.open_regular(path) as handle:
-        return [None if line is None else _read_line(handle, line, shift) for line in lines]
+        for span in _spans(lines):
+            first = lines[span[0]].start
+            handle.seek(first + shift)
+            block = handle.read(lines[span[-1]].end - first)
+            for index in span:
+                line = lines[index]
+                data = block[line.start - first:line.end - first].strip()
+                texts[index] = line_text(data) if sessionfile.line_digest(data) == line.line_digest else None
+    return texts
+
+
+def _spans(lines: list[LineRef | None]) -> list[list[int]]:
+    """The indexes of *lines* in groups read at once: lines in file order, each group at most HELD_READ_SPAN
+    bytes from the start of its first line to the end of its last, with gaps of at most HELD_READ_GAP bytes."""
+    spans: list[list[int]] = []
+    start = end = 0
+    for index, line in enumerate(lines):
+        if line is None:
+            continue
+        if (not spans or line.start < end or line.start - end > HELD_READ_GAP
+                or line.end - start > HELD_READ_SPAN):
+            spans.append([])
+            start = line.start
+        spans[-1].append(index)
+        end = max(end, line.end) if len(spans[-1]) > 1 else line.end
+    return spans
 
 
 def _copy_from(handle: BinaryIO, target: Path) -> None:
@@ -135,11 +165,6 @@ def _copy_from(handle: BinaryIO, target: Path) -> None:
         target.unlink(missing_ok=True)
         raise
     os.close(fd)
-
-
-def _read_line(handle: BinaryIO, line: LineRef, shift: int) -> str | None:
-    data = read_line(handle, LineRef(line.start + shift, line.end + shift, line.line_digest))
-    return None if data is None else line_text(data)
 
 
 def line_text(data: bytes) -> str:

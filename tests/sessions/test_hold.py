@@ -6,12 +6,20 @@ import errno
 import json
 import os
 import random
+import tempfile
 import tracemalloc
+from pathlib import Path
+from unittest.mock import patch
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from loguru import logger
 
+from nanobotd.sessions import hold
 from nanobotd.sessions import spool as spooldb
+from nanobotd.sessions.file import line_digest
+from nanobotd.sessions.scan import LineRef, read_line
 from nanobotd.sessions.tracker import SessionTracker
 from nanobotd.state.store import StateStore
 from tests.support.workspace import conversation, make_workspace, write_session
@@ -299,3 +307,27 @@ def test_a_full_rewrite_of_a_long_session_never_holds_all_its_held_rows_in_memor
         tracemalloc.stop()
     assert peak / len(messages) < 600, f"{peak / len(messages):.0f} bytes a message"
     assert spooled_texts(tracker) == by_marker(messages)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), sizes=st.lists(st.integers(min_value=0, max_value=300), min_size=1, max_size=40),
+       shift=st.integers(min_value=0, max_value=50))
+def test_held_lines_read_by_spans_are_read_as_line_by_line(data, sizes, shift):
+    lines = [(f'{{"n": {number}, "pad": "{"x" * size}"}}').encode() for number, size in enumerate(sizes)]
+    content = b"-" * shift + b"\n".join(lines) + b"\n"
+    refs, offset = [], shift
+    for line in lines:
+        refs.append(LineRef(offset - shift, offset - shift + len(line) + 1, line_digest(line)))
+        offset += len(line) + 1
+    wanted = data.draw(st.lists(st.sampled_from(refs) | st.none() | st.builds(
+        lambda ref: LineRef(ref.start, ref.end, "0" * 32), st.sampled_from(refs)), max_size=30))
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "held"
+        path.write_bytes(content)
+        with path.open("rb") as handle:
+            expected = [None if ref is None else read_line(handle, LineRef(ref.start + shift, ref.end + shift,
+                                                                            ref.line_digest)) for ref in wanted]
+        expected = [None if data is None else data.decode() for data in expected]
+        for span, gap in ((hold.HELD_READ_SPAN, hold.HELD_READ_GAP), (400, 10)):
+            with patch.object(hold, "HELD_READ_SPAN", span), patch.object(hold, "HELD_READ_GAP", gap):
+                assert hold.read_held_lines(path, shift, wanted) == expected
