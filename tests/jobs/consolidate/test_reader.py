@@ -9,9 +9,13 @@ import io
 import os
 import signal
 import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from loguru import logger
 
 from nanobotd.config.schema import LLMSettings, WorkspaceSettings
 from nanobotd.jobs.common import JobEnv
@@ -154,6 +158,51 @@ def test_a_process_that_hangs_dies_or_answers_garbage_leaves_every_chunk_to_the_
     assert not pid_exists(spy.pids[0]), "killed (or exited), and reaped"
     assert len(manifest["chunks"]) == 30
     _every_message_once(ctx)
+    ctx.store.close()
+
+
+def test_chunks_asked_from_many_threads_at_once_each_get_their_own_answer(tmp_path):
+    ctx, sessions = _context(tmp_path)
+    ctx.tracker.scan(write_session(sessions, "cli:a", MESSAGES))
+    asked = [list(range(first, first + 5)) for first in range(1, 61, 5)]
+    requests = [(*ctx.tracker.spooled_rows("cli:a", seqs), tmp_path / f"backup-{number}.jsonl")
+                for number, seqs in enumerate(asked)]
+    handle = ChunkReader()
+    start = threading.Barrier(len(asked))
+
+    def read(number: int):
+        (rows, held, shift), backup = requests[number][:3], requests[number][3]
+        start.wait()
+        return handle.read(held, shift, rows, 4000, backup)
+
+    with ThreadPoolExecutor(len(asked)) as threads:
+        answers = list(threads.map(read, reversed(range(len(asked)))))[::-1]
+    handle.close()
+    assert [answer.seqs for answer in answers] == asked
+    assert all(Path(answer.backup) == tmp_path / f"backup-{number}.jsonl" for number, answer in enumerate(answers))
+    assert not pid_exists(handle.pid) and handle.process.stdout.closed
+    ctx.store.close()
+
+
+def test_a_run_that_ends_with_chunks_unanswered_kills_its_process_at_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(reader, "worker_command", lambda module: [sys.executable, "-c", HUNG])
+    ctx, sessions = _context(tmp_path)
+    ctx.tracker.scan(write_session(sessions, "cli:a", MESSAGES[:10]))
+    rows, held, shift = ctx.tracker.spooled_rows("cli:a", list(range(1, 11)))
+    handle = ChunkReader()
+    logged: list[str] = []
+    sink = logger.add(lambda message: logged.append(str(message)), level="DEBUG")
+    try:
+        with ThreadPoolExecutor(3) as threads:
+            waiting = [threads.submit(handle.read, held, shift, rows, 4000, tmp_path / f"b-{n}") for n in range(3)]
+            while handle._asked < 3:
+                time.sleep(0.01)
+            handle.close()
+            assert [read.result() for read in waiting] == [None, None, None]
+    finally:
+        logger.remove(sink)
+    assert any("unanswered: killed" in line for line in logged)
+    assert handle.process.returncode == -signal.SIGKILL and handle.process.stdout.closed
     ctx.store.close()
 
 
