@@ -204,11 +204,12 @@ class MessageList:
                 at = (index - first) * _HEX
                 yield self._odd.get((number, index), column[at:at + _HEX]) if self._odd else column[at:at + _HEX]
 
-    def rows(self, start: int = 0) -> Iterator[tuple[str, str, str, str, int, int]]:
-        """The fields of the messages from *start* on, in MessageInfo's order, made a block of columns at a
-        time (a first scan writes a row for every message)."""
-        for first in range(max(0, start), len(self), ROWS_BLOCK):
-            yield from self._block(first, min(first + ROWS_BLOCK, len(self)))
+    def rows(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[str, str, str, str, int, int]]:
+        """The fields of the messages from *start* (to *stop*), in MessageInfo's order, made a block of columns
+        at a time (a first scan writes a row for every message)."""
+        stop = len(self) if stop is None else min(stop, len(self))
+        for first in range(max(0, start), stop, ROWS_BLOCK):
+            yield from self._block(first, min(first + ROWS_BLOCK, stop))
 
     def _block(self, first: int, last: int) -> Iterator[tuple[str, str, str, str, int, int]]:
         lines = self._line_digests[first * DIGEST_BYTES:last * DIGEST_BYTES].hex()

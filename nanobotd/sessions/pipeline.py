@@ -20,6 +20,7 @@ from typing import BinaryIO
 from nanobotd.sessions import parsepool
 from nanobotd.sessions.messages import MessageList
 from nanobotd.sessions.scan import Counter, ParseResult
+from nanobotd.sessions.scanrows import ScanRows
 from nanobotd.sessions.session import ScanResult, SessionState
 
 SCAN_SLICE_SECONDS = 0.25  # scan_many holds the lock this long at a time (archive marks wait for it)
@@ -37,6 +38,15 @@ class ReadFile:
     cached: MessageList | None  # its message cache then
     parsed: ParseResult
     started: float
+    rows: ScanRows | None = None  # its rows written while it was read (scanrows), when it is long
+
+    def close(self) -> None:
+        """Let the file and its rows go (applied, or given up)."""
+        try:
+            self.handle.close()
+        finally:
+            if self.rows is not None:
+                self.rows.close()
 
 
 class ScanPipeline:
@@ -105,7 +115,7 @@ class ScanPipeline:
                 waiting = None
         finally:
             if waiting is not None:  # interrupted: the file read is let go unapplied
-                waiting.handle.close()
+                waiting.close()
         return done, more
 
     def _finish_caught(self, begun: ReadFile) -> ScanResult | Exception:

@@ -169,23 +169,27 @@ class LineFinder:
 
 def parse_session(path: Path, encoding: str, *, cached: Sequence[MessageInfo] | None = None,
                   tail: Tail | None = None, corrupt_before: int = 0, handle: BinaryIO | None = None,
-                  defer_counts: bool = False, counter: Counter | None = None) -> ParseResult:
+                  defer_counts: bool = False, counter: Counter | None = None,
+                  ready: Ready | None = None) -> ParseResult:
     """Parse *path*; with the previous scan's *cached* messages and *tail*, decode only what is new.
 
     *handle*: the file already open (the caller reads the new messages' lines from it again afterwards).
     *defer_counts*: return as soon as the lines are read, the counting threads still counting the last new
     messages' tokens; `wait_counts()` on the result finishes them (the caller reads another file meanwhile).
     *counter*: counts a batch of texts while the parse goes on (default: the counting threads).
+    *ready*: told, as the parse goes on, of the messages (from the first parsed in this scan) that have their
+    counts: (messages, lines, start, stop), in order; the last once the counts are waited for. A fast path that
+    gives up for a full parse has told some already: the full parse tells again from 0.
     """
     if handle is None:
         with fsio.open_regular(path) as opened:
             return parse_session(path, encoding, cached=cached, tail=tail, corrupt_before=corrupt_before,
-                                 handle=opened, defer_counts=defer_counts, counter=counter)
+                                 handle=opened, defer_counts=defer_counts, counter=counter, ready=ready)
     result = None
     if cached is not None and tail is not None:
-        result = _parse_appended(path, handle, encoding, cached, tail, corrupt_before, counter)
+        result = _parse_appended(path, handle, encoding, cached, tail, corrupt_before, counter, ready)
     if result is None:
-        result = _parse_all(path, handle, encoding, cached or [], counter)
+        result = _parse_all(path, handle, encoding, cached or [], counter, ready)
     if defer_counts:
         result.counting.hand_over()
     else:
@@ -202,6 +206,8 @@ def read_line(handle: BinaryIO, ref: LineRef) -> bytes | None:
 
 _Fields = tuple[str, str, str, str]  # a MessageInfo's line_digest, digest, role and timestamp
 Counter = Callable[[list[str], str], Any]  # (texts, encoding name) -> pending counts, whose result() gives them
+Ready = Callable[["MessageList", "MessageLines", int, int], None]  # messages start..stop have their counts
+READY_BATCH = 1024  # messages told to *ready* together (the last ones, however few, once all are counted)
 
 
 class _Uncounted(NamedTuple):
@@ -261,6 +267,8 @@ class _Reading:
     counter: Counter | None = None  # where batches are counted (default: the counting threads)
     uncounted: list[_Uncounted] = field(default_factory=list)  # the next batch to count
     counting: deque[tuple[list[_Uncounted], PendingCounts]] = field(default_factory=deque)
+    ready: Ready | None = None  # told of the messages that have their counts (see parse_session)
+    told: int = -1  # the messages before this one were told to *ready* (-1: from lines.first, none yet)
 
     def reuse(self, line: sessionfile.RawLine) -> bool:
         """Take the cached parse of *line* when there is one; a line may repeat (same bytes twice), so
@@ -296,6 +304,7 @@ class _Reading:
                 if len(self.counting) >= BATCHES_IN_FLIGHT:
                     self._collect()
                 self.hand_over()
+                self._tell(READY_BATCH)  # while the batches handed over are counted
         if len(line.data) > sessionfile.MAX_LINE_BYTES:
             self.large += 1
 
@@ -315,6 +324,18 @@ class _Reading:
             self.uncounted = []
         while self.counting:
             self._collect()
+        self._tell(1)
+
+    def _tell(self, least: int) -> None:
+        """Tell *ready* of the messages that have their counts now, when at least *least* of them are new."""
+        if self.ready is None:
+            return
+        start = self.lines.first if self.told < 0 else self.told
+        stop = (self.counting[0][0][0].index if self.counting else
+                self.uncounted[0].index if self.uncounted else len(self.messages))
+        if stop - start >= least:
+            self.ready(self.messages, self.lines, start, stop)
+            self.told = stop
 
     def _collect(self) -> None:
         """Finish counting the oldest batch handed over and give its messages their counts."""
@@ -327,8 +348,9 @@ class _Reading:
 
 
 def _parse_all(path: Path, handle: BinaryIO, encoding: str, cached: Sequence[MessageInfo],
-               counter: Counter | None) -> ParseResult:
-    reading = _Reading(sessionfile.SessionHeader(), MessageList(), _Taken(), encoding=encoding, counter=counter)
+               counter: Counter | None, ready: Ready | None = None) -> ParseResult:
+    reading = _Reading(sessionfile.SessionHeader(), MessageList(), _Taken(), encoding=encoding, counter=counter,
+                       ready=ready)
     reading.cached = cached if isinstance(cached, MessageList) else MessageList(cached)
     for index, line_digest in enumerate(reading.cached.line_digests()):
         known = reading.cache.setdefault(line_digest, index)
@@ -346,7 +368,7 @@ def _parse_all(path: Path, handle: BinaryIO, encoding: str, cached: Sequence[Mes
 
 
 def _parse_appended(path: Path, handle: BinaryIO, encoding: str, cached: Sequence[MessageInfo], tail: Tail,
-                    corrupt_before: int, counter: Counter | None) -> ParseResult | None:
+                    corrupt_before: int, counter: Counter | None, ready: Ready | None = None) -> ParseResult | None:
     """The fast path: None when the file no longer starts (after its metadata) with the known bytes."""
     header = sessionfile.SessionHeader()
     known = _known_region(handle, tail, header)
@@ -357,7 +379,7 @@ def _parse_appended(path: Path, handle: BinaryIO, encoding: str, cached: Sequenc
     messages = MessageList.of(cached)
     reading = _Reading(header, messages, _Taken(messages), corrupt=corrupt_before,
                        region_start=region_start, region_end=known_end, leading=False, encoding=encoding,
-                       lines=MessageLines(first=len(cached)), counter=counter)
+                       lines=MessageLines(first=len(cached)), counter=counter, ready=ready)
     if not _read_lines(path, handle, reading, offset=known_end, appending=True):
         return None
     new_tail = None

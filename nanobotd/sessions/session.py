@@ -12,6 +12,7 @@ from pathlib import Path
 from nanobotd.memory.transcript import record_json
 from nanobotd.sessions.messages import MessageList
 from nanobotd.sessions.scan import Tail
+from nanobotd.sessions.scanrows import ScanRows
 from nanobotd.state.store import StateStore
 from nanobotd.timestamps import iso_local
 
@@ -156,14 +157,18 @@ def digests_in_spans(messages: MessageList, spans: list[dict]) -> dict[str, str]
 
 
 def store_message_cache(db, session_id: int, old: MessageList, new: MessageList, *,
-                    known_prefix: int = 0) -> None:
-    """Keep the cached message list in step with the file: rewrite only from the first line that differs."""
+                        known_prefix: int = 0, rows: ScanRows | None = None) -> None:
+    """Keep the cached message list in step with the file: rewrite only from the first line that differs (copied
+    from *rows* when it has those messages' rows)."""
     prefix = known_prefix
     limit = min(len(old), len(new))
     while prefix < limit and old.line_digest(prefix) == new.line_digest(prefix):
         prefix += 1
     if prefix < len(old):
         db.execute("DELETE FROM messages WHERE session_id=? AND seq>=?", (session_id, prefix))
+    if rows is not None and prefix < len(new) and rows.has(prefix, len(new)):
+        rows.copy_messages(db, session_id, prefix)
+        return
     db.executemany(
         "INSERT OR REPLACE INTO messages (session_id, seq, line_digest, digest, role, timestamp, tokens, flags)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",

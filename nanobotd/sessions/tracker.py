@@ -31,6 +31,7 @@ from nanobotd.sessions.messages import MessageList
 from nanobotd.sessions.parsepool import Answer
 from nanobotd.sessions.pipeline import ReadFile, ScanPipeline
 from nanobotd.sessions.scan import LINE_NEW, Counter, ParseResult, parse_session
+from nanobotd.sessions.scanrows import ROWS_AHEAD_BYTES, ScanRows
 from nanobotd.sessions.session import (
     ScanResult,
     SessionState,
@@ -190,22 +191,27 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
             cached = self._cached_messages(known) if known is not None else None
             if counter is None and unread_bytes(stat, known) >= self.process_scan_bytes:
                 counter = self.counter
+            rows = None
             if known is None and ahead is not None and ahead[0] == fingerprint_of(stat):
                 parsed = ahead[1]
             else:
-                parsed = self._parse(path, known, cached, handle, defer_counts, counter)
+                if counter is not None and counter is self.counter and unread_bytes(stat, known) >= ROWS_AHEAD_BYTES:
+                    rows = ScanRows(self.store)
+                parsed = self._parse(path, known, cached, handle, defer_counts, counter, rows)
         except BaseException:
             handle.close()
+            if rows is not None:
+                rows.close()
             raise
+        read = ReadFile(path, handle, fingerprint_of(stat), stat.st_mtime, known, cached, parsed, started, rows)
         if parsed is None:
-            handle.close()
+            read.close()
             return None
-        return ReadFile(path, handle, fingerprint_of(stat), stat.st_mtime, known, cached,
-                       parsed, started)
+        return read
 
     def _finish_scan(self, begun: ReadFile) -> ScanResult:
         """Apply what _begin_scan read (under the lock) and close the file."""
-        with begun.handle as handle:
+        try:
             parsed, known, path = begun.parsed, begun.known, begun.path
             parsed.wait_counts()
             if known is not None and known.messages is None:  # let go meanwhile (_trim_caches): as it was read
@@ -214,7 +220,9 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
             mark_before = session.agent_archived
             tail_before = session.unarchived_tokens + 4 * session.unarchived_messages
             vanished = self._apply(session, parsed, begun.fingerprint, begun.mtime,
-                                   appended=parsed.fast and known is session, handle=handle)
+                                   appended=parsed.fast and known is session, handle=begun.handle, rows=begun.rows)
+        finally:
+            begun.close()
         mark_moved = known is session and session.agent_archived > mark_before
         session.corrupt_lines = corrupt = parsed.corrupt
         session.tail = parsed.tail
@@ -247,23 +255,25 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
         return self.sessions.get(key) if key is not None else None
 
     def _parse(self, path: Path, known: SessionState | None, cached: MessageList | None, handle: BinaryIO,
-               defer_counts: bool, counter: Counter | None):
-        """Read the file; only new messages are decoded and counted (see sessionscan)."""
+               defer_counts: bool, counter: Counter | None, rows: ScanRows | None = None):
+        """Read the file; only new messages are decoded and counted (see sessionscan); *rows*: the messages'
+        rows are written there as they get their counts."""
+        ready = rows.add if rows is not None else None
         try:
             if known is None:
                 result = parse_session(path, self.encoding, handle=handle, defer_counts=defer_counts,
-                                       counter=counter)
+                                       counter=counter, ready=ready)
             else:
                 result = parse_session(path, self.encoding, cached=cached, tail=known.tail,
                                        corrupt_before=known.corrupt_lines, handle=handle, defer_counts=defer_counts,
-                                       counter=counter)
+                                       counter=counter, ready=ready)
         except OSError as exc:
             logger.warning("cannot read session file {}: {}", path, exc)
             return None
         return result
 
     def _apply(self, session: SessionState, parsed: ParseResult, fingerprint, mtime: float, *, appended: bool = False,
-               handle: BinaryIO) -> int:
+               handle: BinaryIO, rows: ScanRows | None = None) -> int:
         """Update counters, the spool and the message cache; return how many spooled messages vanished.
 
         *appended*: the old messages are an unchanged prefix of the parsed ones (the fast path), so only the
@@ -296,7 +306,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
             self._count_overlap(session, list(messages.digests(0, agent_archived)))
         session.agent_marked = header.marked
         self._write_spool(session, parsed, to_spool, agent_done, old, known_prefix=len(old) if appended else 0,
-                          handle=handle, hold=hold)
+                          handle=handle, hold=hold, rows=rows)
         session.total_tokens = (session.total_tokens if appended else 0) + messages.total_tokens(first_fresh)
         session.messages = messages
         session.gone = gone
@@ -329,21 +339,27 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
         return [index for index in wanted if messages.digest(index) not in archived] if archived else wanted
 
     def _write_spool(self, session: SessionState, parsed: ParseResult, to_spool: list[int], agent_done: list[str],
-                     old: MessageList, *, known_prefix: int, handle: BinaryIO, hold) -> None:
+                     old: MessageList, *, known_prefix: int, handle: BinaryIO, hold,
+                     rows: ScanRows | None = None) -> None:
         """Spool the messages numbered *to_spool*, drop those the agent archived, move the held rows (*hold*, a
         HoldPlan), store the message cache: one transaction.
 
         New rows are held (their lines stay in the held version of the file, open in *handle*) or, when the
-        session cannot be held, copied from *handle* a batch at a time, as their lines are.
+        session cannot be held, copied from *handle* a batch at a time, as their lines are. Held rows and the
+        message cache are copied from *rows* when it has them (written while the scan read the file).
         """
         now, messages = self.clock(), parsed.messages
         before = (session.hold_generation, session.hold_shift, session.hold_links, session.hold_of)
         try:
             with self.store.transaction() as db:
                 self._apply_hold(db, session, hold)
-                spooldb.insert_rows(db, session.session_id, parsed.spool_rows(to_spool), handle, now, shift=hold.shift)
+                if rows is not None and hold.shift is not None and to_spool and rows.has(to_spool[0], to_spool[-1] + 1):
+                    rows.copy_spool(db, session.session_id, to_spool, now, hold.shift)
+                else:
+                    spooldb.insert_rows(db, session.session_id, parsed.spool_rows(to_spool), handle, now,
+                                        shift=hold.shift)
                 bulk.delete_in(db, "spool", "digest", agent_done, where={"session_id": session.session_id})
-                store_message_cache(db, session.session_id, old, messages, known_prefix=known_prefix)
+                store_message_cache(db, session.session_id, old, messages, known_prefix=known_prefix, rows=rows)
         except BaseException:
             self._undo_hold(session, hold, before)
             raise

@@ -289,6 +289,16 @@ class StateStore:
         with self._lock:
             return self._require().execute(sql, args).fetchall()
 
+    def execute_temp(self, sql: str, rows: Iterable[tuple] | None = None) -> None:
+        """Run *sql* (once, or for each of *rows*) on a temp table of this connection: outside any transaction
+        on the database itself, so no other writer waits for it."""
+        with self._lock:
+            db = self._require()
+            if rows is None:
+                db.execute(sql)
+            else:
+                db.executemany(sql, rows)
+
     def query_with(self, sql: str, args: tuple, use: Callable[[Iterable[tuple]], T]) -> T:
         """Run a read query and hand its rows to *use* as they are fetched (under the store's lock); returns
         what *use* returns. A large result is never held as rows and as what they become at once."""
