@@ -13,6 +13,7 @@ from nanobotd.daemon.core import Core
 from nanobotd.daemon.workspace import ALL_FILES, Workspace
 
 MAX_WAIT_FACTOR = 5  # changes wait at most this many debounce periods for the index
+ARCHIVING_KIND = "consolidate"  # while it runs in a workspace, its index refresh waits (up to MAX_WAIT_FACTOR)
 TRIM_AFTER_REFRESH_SECONDS = 1.0  # a refresh this long gives its freed memory back (heap.trim) when it ends
 
 
@@ -51,8 +52,10 @@ def schedule_refresh(core: Core, workspace: Workspace, paths: set[Path] | None) 
 
 
 async def refresh_index(core: Core, workspace: Workspace) -> dict | None:
-    """Bring the builtin index up to date with what changed (single-flight)."""
-    if workspace.refreshing:
+    """Bring the builtin index up to date with what changed (single-flight). While the workspace is being archived
+    the refresh waits for its end, as long as the changes may wait (MAX_WAIT_FACTOR): the archive changes history
+    and the sessions' spool all along, and a refresh beside it would share the CPU and the GIL with it."""
+    if workspace.refreshing or _archiving(core, workspace):
         schedule_refresh(core, workspace, set())
         return None
     paths, workspace.pending_paths = workspace.pending_paths, set()
@@ -72,6 +75,14 @@ async def refresh_index(core: Core, workspace: Workspace) -> dict | None:
         # a long refresh read a long transcript: its transient memory goes back before the next scan adds its own
         await loop.run_in_executor(core.executor, heap.trim)
     return workspace.last_refresh
+
+
+def _archiving(core: Core, workspace: Workspace) -> bool:
+    """A consolidation runs in the workspace and the changes waiting for the index have not waited their most."""
+    if core.queue is None or not core.queue.running_in(workspace.name, ARCHIVING_KIND) or not workspace.pending_paths:
+        return False
+    most = workspace.pending_since + workspace.settings.search.debounce_seconds * MAX_WAIT_FACTOR
+    return asyncio.get_running_loop().time() < most
 
 
 async def reindex(core: Core, workspace: Workspace) -> dict:

@@ -109,6 +109,10 @@ class JobQueue:
         """A job for this target is queued or running."""
         return any(job.target == (workspace, target) for job in self._jobs.values())
 
+    def running_in(self, workspace: str, kind: str) -> bool:
+        """A job of *kind* is running for *workspace*."""
+        return any(job.kind == kind and job.target[0] == workspace for job in self._running.values())
+
     def running_kinds(self) -> list[str]:
         """Kinds of the jobs running now (for status)."""
         return [job.kind for job in self._running.values()]

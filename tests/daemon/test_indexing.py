@@ -1,0 +1,82 @@
+"""Index refreshes beside an archive run: they wait for its end, never longer than changes may wait."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+from nanobotd.daemon import indexing
+
+
+class _Archiving:
+    """A job queue with a consolidation of workspace "ws" running while *running* is true."""
+
+    def __init__(self) -> None:
+        self.running = False
+
+    def running_in(self, workspace: str, kind: str) -> bool:
+        return self.running and workspace == "ws" and kind == "consolidate"
+
+
+def _workspace(debounce: float, refreshed: list) -> SimpleNamespace:
+    loop = asyncio.get_running_loop()
+    index = SimpleNamespace(refresh=lambda changed: refreshed.append((loop.time(), changed)) or {})
+    return SimpleNamespace(name="ws", settings=SimpleNamespace(search=SimpleNamespace(debounce_seconds=debounce)),
+                           pending_paths=set(), pending_since=0.0, refresh_handle=None, refreshing=False, index=index,
+                           qmd=None, refreshes=0, refresh_seconds=0.0, refresh_started=None, last_refresh=None)
+
+
+async def _until(refreshed: list, count: int) -> None:
+    for _ in range(500):
+        if len(refreshed) >= count:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{len(refreshed)} refreshes, {count} awaited")
+
+
+def test_a_refresh_waits_for_the_archive_run_and_at_most_as_long_as_changes_may_wait():
+    async def scenario():
+        refreshed: list = []
+        queue = _Archiving()
+        core = SimpleNamespace(queue=queue, executor=ThreadPoolExecutor(1))
+        waiting = _workspace(1.0, refreshed)  # changes may wait 5 s
+        queue.running = True
+        indexing.session_changed(core, waiting, Path("a.jsonl"))
+        await asyncio.sleep(1.3)  # one debounce went by: the refresh found the archive running
+        assert refreshed == [] and waiting.pending_paths == {Path("a.jsonl")}
+        ended = asyncio.get_running_loop().time()
+        queue.running = False
+        await _until(refreshed, 1)
+        assert refreshed[0][0] >= ended and refreshed[0][1] == [Path("a.jsonl")]
+
+        hurried = _workspace(0.1, refreshed)  # changes may wait 0.5 s
+        queue.running = True
+        changed = asyncio.get_running_loop().time()
+        indexing.session_changed(core, hurried, Path("b.jsonl"))
+        await _until(refreshed, 2)
+        assert refreshed[1][0] - changed >= 0.5 - 0.01 and queue.running, "refreshed beside the run, once due"
+        core.executor.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_refresh_elsewhere_waits_only_its_debounce(monkeypatch):
+    armed: list = []
+    schedule = indexing.schedule_refresh
+    monkeypatch.setattr(indexing, "schedule_refresh", lambda *args: armed.append(args) or schedule(*args))
+
+    async def scenario():
+        refreshed: list = []
+        queue = _Archiving()
+        core = SimpleNamespace(queue=queue, executor=ThreadPoolExecutor(1))
+        other = _workspace(0.1, refreshed)
+        other.name = "other"
+        queue.running = True
+        indexing.session_changed(core, other, Path("c.jsonl"))
+        await _until(refreshed, 1)
+        assert len(armed) == 1, "another workspace's run holds nothing back: the first timer refreshed"
+        core.executor.shutdown()
+
+    asyncio.run(scenario())
