@@ -189,9 +189,9 @@ class ChunkLoads:
     while the process starts; with a counting process alive, from the first chunk after it went),
     READER_AHEAD chunks ahead (its backups' fsyncs wait in that process, not in the
     run), in threads of the run's own (the loads wait there for the process's answers, in the order asked, and
-    would otherwise hold the threads the run appends and marks in). A chunk it read and backed up that the run
-    never archives (the run failed or was cancelled first) leaves its backup in the run folder, unlisted in the
-    run's manifest.
+    would otherwise hold the threads the run appends and marks in). The backups of chunks read ahead that the run
+    never reached (it failed or was cancelled first) go when it ends; only a chunk it took and failed to journal
+    leaves its backup in the run folder, unlisted in the run's manifest.
     """
 
     def __init__(self, ctx: JobEnv, session_key: str, chunks: list[Chunk], *,
@@ -227,12 +227,15 @@ class ChunkLoads:
 
     def cancel(self) -> None:
         """The run ends: reads still going are left to finish in their threads, their records unused; the
-        chunk-reading process goes."""
+        chunk-reading process goes, and with it the backups it wrote (or began) for chunks never taken: the run
+        never journalled them."""
         for pending in self.pending.values():
             pending.cancel()
-        self.pending = {}
+        untaken, self.pending = list(self.pending), {}
         if self.reader is not None:
             self.reader.close()
+            for number in untaken:
+                _drop_backup(self.backups(number))
         if self._threads is not None:
             self._threads.shutdown(wait=False)
 
@@ -244,3 +247,9 @@ class ChunkLoads:
                 backup = self.backups(ahead) if self.reader is not None else None
                 load = functools.partial(self.chunks[ahead].load, self.ctx, self.session_key, self.reader, backup)
                 self.pending[ahead] = asyncio.get_running_loop().run_in_executor(self._threads, load)
+
+
+def _drop_backup(path: Path) -> None:
+    """A chunk's backup (and a temp file of it a killed process left) that its run never journalled."""
+    for leftover in (path, *path.parent.glob(f".{path.name}.*.tmp")):
+        leftover.unlink(missing_ok=True)

@@ -206,6 +206,28 @@ def test_a_run_that_ends_with_chunks_unanswered_kills_its_process_at_once(tmp_pa
     ctx.store.close()
 
 
+def test_a_run_that_fails_midway_leaves_only_the_backups_it_journalled(tmp_path, monkeypatch):
+    real = consolidate.archive_chunk
+
+    async def fails_at_the_fourth(ctx, session_key, run_id, number, *args):
+        if number == 3:
+            raise OSError("disk gone")
+        return await real(ctx, session_key, run_id, number, *args)
+
+    monkeypatch.setattr(consolidate, "archive_chunk", fails_at_the_fourth)
+    spy = _Spy(monkeypatch)
+    ctx, sessions = _context(tmp_path)
+    with pytest.raises(OSError, match="disk gone"):
+        _archive(ctx, sessions)
+    run = ctx.store.list_runs(kind="consolidate", workspace="ws", limit=1)[0]
+    journalled = {Path(chunk["backup"]).name for chunk in run.manifest["chunks"]}
+    assert journalled == {f"chunk-{number:03d}.jsonl" for number in range(3)} and spy.read >= 3
+    folder = ctx.store.run_dir(run.run_id)
+    assert {path.name for path in folder.iterdir()} <= journalled | {"chunk-003.jsonl"}, "no backup read ahead"
+    assert not pid_exists(spy.pids[0])
+    ctx.store.close()
+
+
 def test_no_process_starts_beside_a_counting_process_and_one_starts_once_it_went(tmp_path, monkeypatch):
     counting = CountingProcess(after_texts=1)
     counting.submit(["warm up"], "o200k_base").result()
