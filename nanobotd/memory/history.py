@@ -226,13 +226,13 @@ def append_entries(
     return entries
 
 
-def append_prepared(memory_dir: Path, prepared: list[PreparedEntry], session_key: str | None, now: datetime, *,
-                    before_write: Callable[[list[int]], None] | None = None, span: dict | None = None) -> list[int]:
-    """append_entries of contents prepared already (prepare_entry), all of *session_key*; returns their cursors.
-    The lines written are the very bytes append_entries writes for the same contents."""
+def append_prepared(memory_dir: Path, prepared: list[tuple[PreparedEntry, dict | None]], session_key: str | None,
+                    now: datetime, *, before_write: Callable[[list[int]], None] | None = None) -> list[int]:
+    """append_entries of contents prepared already (prepare_entry), each with its span, all of *session_key*;
+    returns their cursors. The lines written are the very bytes append_entries writes for the same contents."""
     def lines(start: int, stamp: str) -> Iterator[bytes]:
         return (entry_line(start + offset, stamp, entry.content_json, session_key, span)
-                for offset, entry in enumerate(prepared))
+                for offset, (entry, span) in enumerate(prepared))
 
     start = _append(memory_dir, len(prepared), now, lines, before_write)
     return list(range(start, start + len(prepared)))

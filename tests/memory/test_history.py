@@ -217,7 +217,8 @@ def test_prepared_entries_append_the_very_bytes_and_cursors_of_plain_ones(conten
         written = history.append_entries(plain, [(content, key) for content in contents], NOW,
                                          before_write=journalled.append, span=span)
         entries = [entry for entry in map(history.prepare_entry, contents) if entry is not None]
-        cursors = history.append_prepared(prepared, entries, key, NOW, before_write=journalled.append, span=span)
+        cursors = history.append_prepared(prepared, [(entry, span) for entry in entries], key, NOW,
+                                          before_write=journalled.append)
         assert cursors == [entry.cursor for entry in written]
         assert journalled == ([cursors, cursors] if cursors else [])
         assert [entry.hash for entry in entries] == [history.content_hash(entry.content) for entry in written]

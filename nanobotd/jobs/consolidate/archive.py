@@ -32,6 +32,9 @@ from nanobotd.state.store import RunRecord
 # between leaves chunks journalled with their cursors but not done, which recovery finishes.
 MARK_BATCH_CHUNKS = 16
 MARK_BATCH_SECONDS = 0.5
+# A run without an LLM appends the chunks whose records are read already together, up to this many: one history
+# lock, one .cursor write and one fsync for them all (three fsyncs a chunk were a fifth of a long archive)
+APPEND_GROUP_CHUNKS = 8
 OFFLINE_REASON = "offline mode: no LLM configured"
 NOTHING_LEFT_REASON = "nothing unarchived to archive"
 OVERSIZED_REASON = "a message over half the context window is never sent to the LLM"
@@ -94,15 +97,19 @@ async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, rea
     raw_backups = (lambda number: backup_path(ctx, run_id, number)) if ctx.llm.offline else None
     loads = ChunkLoads(ctx, session_key, chunks, raw_backups=raw_backups)
     try:
-        for number, chunk in enumerate(chunks):
-            if not await loads.take(number):
+        number = 0
+        while number < len(chunks):
+            group = await _take_group(ctx, loads, chunks, number)
+            number = group[-1][0] + 1 if group else number + 1
+            if not group:
                 continue
-            note_progress(manifest, "archiving", number, len(chunks))
-            if not (chunk.oversized or ctx.llm.offline):
+            note_progress(manifest, "archiving", group[0][0], len(chunks))
+            if not ctx.llm.offline and not group[0][1].oversized:
                 await marks.commit()  # the LLM call takes a while: what reached history is marked first
                 ctx.store.journal(run_id, manifest_head(manifest))  # and the run says it is waiting
-            outcomes.append(await archive_chunk(ctx, session_key, run_id, number, chunk, manifest, usage, marks))
-            chunk.release()
+            outcomes.extend(await archive_chunks(ctx, session_key, run_id, group, manifest, usage, marks))
+            for _, chunk in group:
+                chunk.release()
             if marks.due():
                 await marks.commit()
     finally:
@@ -175,47 +182,71 @@ class PendingMarks:
         self.records, self.digests, self.seqs = [], [], []
 
 
-async def archive_chunk(ctx: JobEnv, session_key: str, run_id: str, number: int, chunk: Chunk, manifest: dict,
-                        usage: UsageMeter, marks: PendingMarks) -> str:
-    """Summarise one chunk and append its entries, journalling the chunk's backup and cursors before the append,
-    so recovery can finish or roll back a chunk a crash cut short; its marks wait in *marks*. Returns the
-    chunk's outcome."""
-    outcome, contents, reason = await summarize_chunk(ctx, chunk, session_key, usage)
-    digests, seqs = chunk.digests, chunk.seqs
-    record = {
-        "seq": [seqs[0], seqs[-1]], "count": len(digests),
-        "first_digest": digests[0], "last_digest": digests[-1],
-        "tokens": chunk.tokens, "outcome": outcome, "oversized": chunk.oversized,
-        "backup": str(await asyncio.to_thread(chunk.back_up, backup_path(ctx, run_id, number))), "done": False,
-    }
-    if reason:
-        record["fallback_reason"] = reason
-    manifest["chunks"].append(record)
+async def _take_group(ctx: JobEnv, loads: ChunkLoads, chunks: list[Chunk], number: int) -> list[tuple[int, Chunk]]:
+    """Chunk *number* (nothing when none of its messages is left) and, in a run without an LLM, the chunks after it
+    whose records are read already, up to APPEND_GROUP_CHUNKS: they are appended together."""
+    if not await loads.take(number):
+        return []
+    group = [(number, chunks[number])]
+    following = number + 1
+    while ctx.llm.offline and len(group) < APPEND_GROUP_CHUNKS and loads.ready(following):
+        if await loads.take(following):
+            group.append((following, chunks[following]))
+        following += 1
+    return group
+
+
+async def archive_chunks(ctx: JobEnv, session_key: str, run_id: str, group: list[tuple[int, Chunk]],
+                         manifest: dict, usage: UsageMeter, marks: PendingMarks) -> list[str]:
+    """Summarise the chunks of *group* ((number, chunk), in order) and append their entries with one append,
+    journalling each chunk's backup and cursors before it, so recovery can finish or roll back every chunk a
+    crash cut short; their marks wait in *marks*. Returns each chunk's outcome."""
+    records, parts = [], []
+    for number, chunk in group:
+        outcome, contents, reason = await summarize_chunk(ctx, chunk, session_key, usage)
+        digests, seqs = chunk.digests, chunk.seqs
+        record = {
+            "seq": [seqs[0], seqs[-1]], "count": len(digests),
+            "first_digest": digests[0], "last_digest": digests[-1],
+            "tokens": chunk.tokens, "outcome": outcome, "oversized": chunk.oversized,
+            "backup": str(await asyncio.to_thread(chunk.back_up, backup_path(ctx, run_id, number))), "done": False,
+        }
+        if reason:
+            record["fallback_reason"] = reason
+        manifest["chunks"].append(record)
+        records.append((number, record, outcome, reason, chunk))
+        parts.append((contents, {"run": run_id, "first": digests[0], "last": digests[-1], "count": len(digests)}))
     manifest["tokens"] = usage.to_json()
-    # Recovery looks only at chunks whose cursors were journalled, so the chunk's record is journalled with
-    # its cursors (before the append), or with done (no entry to append), not on its own before.
-    span = {"run": run_id, "first": digests[0], "last": digests[-1], "count": len(digests)}
+    # Recovery looks only at chunks whose cursors were journalled, so a chunk's record is journalled with its
+    # cursors (before the append), or with done (no entry to append), not on its own before.
 
     def append() -> list[int]:
-        prepared = prepared_entries(contents)
-        hashes = [entry.hash for entry in prepared]
+        prepared = [prepared_entries(contents) for contents, _ in parts]
+        written = [(entry, span) for entries, (_, span) in zip(prepared, parts, strict=True) for entry in entries]
 
         def journal_cursors(cursors: list[int]) -> None:
-            record["cursors"] = cursors
-            record["hashes"] = hashes
-            ctx.store.journal_steps(run_id, [(number, record)], manifest_head(manifest))
+            steps, cursors = [], iter(cursors)
+            for (number, record, *_), entries in zip(records, prepared, strict=True):
+                if entries:
+                    record["cursors"] = [next(cursors) for _ in entries]
+                    record["hashes"] = [entry.hash for entry in entries]
+                    steps.append((number, record))
+            ctx.store.journal_steps(run_id, steps, manifest_head(manifest))
 
-        return history.append_prepared(ctx.memory_dir, prepared, session_key, ctx.now(), before_write=journal_cursors,
-                                       span=span)
+        return history.append_prepared(ctx.memory_dir, written, session_key, ctx.now(), before_write=journal_cursors)
 
-    record["cursors"] = await asyncio.to_thread(append)
-    manifest["cursors"].extend(record["cursors"])
-    marks.add(number, record, digests, seqs)
-    row = {"summarized": "written", "nothing": "no_change"}.get(outcome, outcome)
-    ctx.store.record_outcome("consolidate", ctx.settings.name, row, run_id=run_id, reason=reason,
-                             tokens=usage.prompt_tokens + usage.completion_tokens,
-                             latency_ms=usage.latencies_ms[-1] if usage.latencies_ms else None)
-    return outcome
+    await asyncio.to_thread(append)
+    outcomes = []
+    for number, record, outcome, reason, chunk in records:
+        record.setdefault("cursors", [])
+        manifest["cursors"].extend(record["cursors"])
+        marks.add(number, record, chunk.digests, chunk.seqs)
+        row = {"summarized": "written", "nothing": "no_change"}.get(outcome, outcome)
+        ctx.store.record_outcome("consolidate", ctx.settings.name, row, run_id=run_id, reason=reason,
+                                 tokens=usage.prompt_tokens + usage.completion_tokens,
+                                 latency_ms=usage.latencies_ms[-1] if usage.latencies_ms else None)
+        outcomes.append(outcome)
+    return outcomes
 
 
 def read_chunk_backup(path: Path) -> list[tuple[str, dict, int]]:

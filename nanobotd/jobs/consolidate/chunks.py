@@ -212,6 +212,11 @@ class ChunkLoads:
         self._start(number + 1)
         return loaded
 
+    def ready(self, number: int) -> bool:
+        """Chunk *number* is being read and its records are in (take() would not wait)."""
+        pending = self.pending.get(number)
+        return pending is not None and pending.done()
+
     def _start_reader(self) -> None:
         """The chunk-reading process, when the run wants one and no counting process is alive (a scan's, ~57 MB:
         the two together would hold more than the run is allowed; until it goes, chunks are read here)."""

@@ -217,11 +217,11 @@ def test_crash_after_cursor_journal_is_rolled_back_or_finished(tmp_path):
     run_id = ctx.store.create_run("consolidate", "ws", session_key="cli:a")
     real_append = history.append_prepared
 
-    def crash_before_write(memory_dir, prepared, key, now, before_write=None, span=None):
+    def crash_before_write(memory_dir, prepared, key, now, before_write=None):
         def journal_then_die(cursors):
             before_write(cursors)
             raise KeyboardInterrupt("simulated kill")
-        return real_append(memory_dir, prepared, key, now, before_write=journal_then_die, span=span)
+        return real_append(memory_dir, prepared, key, now, before_write=journal_then_die)
 
     consolidate.history.append_prepared = crash_before_write
     try:

@@ -207,24 +207,61 @@ def test_a_run_that_ends_with_chunks_unanswered_kills_its_process_at_once(tmp_pa
 
 
 def test_a_run_that_fails_midway_leaves_only_the_backups_it_journalled(tmp_path, monkeypatch):
-    real = consolidate.archive_chunk
+    real = consolidate.archive_chunks
+    failed: list[int] = []
 
-    async def fails_at_the_fourth(ctx, session_key, run_id, number, *args):
-        if number == 3:
+    async def fails_at_the_fourth(ctx, session_key, run_id, group, *args):
+        if any(number == 3 for number, _ in group):
+            failed.extend(number for number, _ in group)
             raise OSError("disk gone")
-        return await real(ctx, session_key, run_id, number, *args)
+        return await real(ctx, session_key, run_id, group, *args)
 
-    monkeypatch.setattr(consolidate, "archive_chunk", fails_at_the_fourth)
+    monkeypatch.setattr(consolidate, "archive_chunks", fails_at_the_fourth)
     spy = _Spy(monkeypatch)
     ctx, sessions = _context(tmp_path)
     with pytest.raises(OSError, match="disk gone"):
         _archive(ctx, sessions)
     run = ctx.store.list_runs(kind="consolidate", workspace="ws", limit=1)[0]
     journalled = {Path(chunk["backup"]).name for chunk in run.manifest["chunks"]}
-    assert journalled == {f"chunk-{number:03d}.jsonl" for number in range(3)} and spy.read >= 3
+    assert journalled == {f"chunk-{number:03d}.jsonl" for number in range(min(failed))} and spy.read >= 3
     folder = ctx.store.run_dir(run.run_id)
-    assert {path.name for path in folder.iterdir()} <= journalled | {"chunk-003.jsonl"}, "no backup read ahead"
+    archiving = {f"chunk-{number:03d}.jsonl" for number in failed}
+    assert {path.name for path in folder.iterdir()} <= journalled | archiving, "no backup read ahead"
     assert not pid_exists(spy.pids[0])
+    ctx.store.close()
+
+
+@pytest.mark.parametrize("dies", ["after-its-journal", "after-its-append"])
+def test_chunks_appended_together_are_finished_or_rolled_back_together_after_a_crash(tmp_path, monkeypatch, dies):
+    real_append = history.append_prepared
+    groups: list[set[str]] = []
+
+    def append_then_die(memory_dir, prepared, key, now, before_write=None):
+        groups.append({span["first"] for _, span in prepared})
+        if len(groups[-1]) < 2:
+            return real_append(memory_dir, prepared, key, now, before_write=before_write)
+
+        def journal_then_die(cursors):
+            before_write(cursors)
+            if dies == "after-its-journal":
+                raise KeyboardInterrupt("killed before the append")
+
+        real_append(memory_dir, prepared, key, now, before_write=journal_then_die)
+        raise KeyboardInterrupt("killed after the append")
+
+    monkeypatch.setattr(history, "append_prepared", append_then_die)
+    ctx, sessions = _context(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        _archive(ctx, sessions)
+    monkeypatch.setattr(history, "append_prepared", real_append)
+    run = ctx.store.list_runs(kind="consolidate", workspace="ws", limit=1)[0]
+    journalled = [chunk for chunk in run.manifest["chunks"] if not chunk.get("done") and chunk.get("cursors")]
+    assert len(journalled) == len(groups[-1]) >= 2, "a group of chunks journalled its cursors before one append"
+    outcome = consolidate.recover_consolidation(ctx, ctx.store.get_run(run.run_id))
+    assert outcome == ("rolled_back" if dies == "after-its-journal" else "recovered")
+    run_id = ctx.store.create_run("consolidate", "ws", session_key="cli:a")
+    asyncio.run(consolidate.consolidate_session(ctx, "cli:a", run_id, reason="manual"))
+    _every_message_once(ctx)
     ctx.store.close()
 
 
