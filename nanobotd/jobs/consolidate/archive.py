@@ -99,8 +99,7 @@ async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, rea
     try:
         number = 0
         while number < len(chunks):
-            group = await _take_group(ctx, loads, chunks, number)
-            number = group[-1][0] + 1 if group else number + 1
+            group, number = await _take_group(ctx, loads, chunks, number)
             if not group:
                 continue
             note_progress(manifest, "archiving", group[0][0], len(chunks))
@@ -182,18 +181,20 @@ class PendingMarks:
         self.records, self.digests, self.seqs = [], [], []
 
 
-async def _take_group(ctx: JobEnv, loads: ChunkLoads, chunks: list[Chunk], number: int) -> list[tuple[int, Chunk]]:
-    """Chunk *number* (nothing when none of its messages is left) and, in a run without an LLM, the chunks after it
-    whose records are read already, up to APPEND_GROUP_CHUNKS: they are appended together."""
+async def _take_group(ctx: JobEnv, loads: ChunkLoads, chunks: list[Chunk],
+                      number: int) -> tuple[list[tuple[int, Chunk]], int]:
+    """Chunk *number* (none when none of its messages is left) and, in a run without an LLM, the chunks after it
+    whose records are read already, up to APPEND_GROUP_CHUNKS: they are appended together. Returns them, and the
+    number of the first chunk not taken."""
     if not await loads.take(number):
-        return []
+        return [], number + 1
     group = [(number, chunks[number])]
     following = number + 1
     while ctx.llm.offline and len(group) < APPEND_GROUP_CHUNKS and loads.ready(following):
         if await loads.take(following):
             group.append((following, chunks[following]))
         following += 1
-    return group
+    return group, following
 
 
 async def archive_chunks(ctx: JobEnv, session_key: str, run_id: str, group: list[tuple[int, Chunk]],

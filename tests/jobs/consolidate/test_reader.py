@@ -265,6 +265,25 @@ def test_chunks_appended_together_are_finished_or_rolled_back_together_after_a_c
     ctx.store.close()
 
 
+def test_chunks_left_empty_meanwhile_are_skipped_wherever_they_fall_in_a_group(tmp_path, monkeypatch):
+    planned: list = []
+    plan, load = consolidate.plan_chunks, chunks.Chunk.load
+    monkeypatch.setattr(consolidate, "plan_chunks", lambda *args: planned.extend(plan(*args)) or planned)
+    empty = {5, 6, 12, 29}  # as if another run had archived them after the plan
+
+    def emptied(chunk, *args):
+        return False if any(chunk is planned[number] for number in empty) else load(chunk, *args)
+
+    monkeypatch.setattr(chunks.Chunk, "load", emptied)
+    ctx, sessions = _context(tmp_path)
+    _, manifest = _archive(ctx, sessions)
+    archived = {seq for chunk in manifest["chunks"] for seq in range(chunk["seq"][0], chunk["seq"][1] + 1)}
+    skipped = {seq for number in empty for seq in planned[number].planned}
+    assert len(manifest["chunks"]) == 26 and archived.isdisjoint(skipped) and len(archived | skipped) == 60
+    assert sorted(ctx.tracker.spool_plan("cli:a").seqs.tolist()) == sorted(skipped)
+    ctx.store.close()
+
+
 def test_no_process_starts_beside_a_counting_process_and_one_starts_once_it_went(tmp_path, monkeypatch):
     counting = CountingProcess(after_texts=1)
     counting.submit(["warm up"], "o200k_base").result()
