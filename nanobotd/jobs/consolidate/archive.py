@@ -32,9 +32,11 @@ from nanobotd.state.store import RunRecord
 # between leaves chunks journalled with their cursors but not done, which recovery finishes.
 MARK_BATCH_CHUNKS = 16
 MARK_BATCH_SECONDS = 0.5
-# A run without an LLM appends the chunks whose records are read already together, up to this many: one history
-# lock, one .cursor write and one fsync for them all (three fsyncs a chunk were a fifth of a long archive)
+# A run without an LLM appends the chunks whose records are read already together, up to this many and this many
+# tokens (~4 bytes each, held two or three times over while the group is written): one history lock, one .cursor
+# write and one fsync for them all (three fsyncs a chunk were a fifth of a long archive)
 APPEND_GROUP_CHUNKS = 8
+APPEND_GROUP_TOKENS = 400_000
 OFFLINE_REASON = "offline mode: no LLM configured"
 NOTHING_LEFT_REASON = "nothing unarchived to archive"
 OVERSIZED_REASON = "a message over half the context window is never sent to the LLM"
@@ -184,15 +186,17 @@ class PendingMarks:
 async def _take_group(ctx: JobEnv, loads: ChunkLoads, chunks: list[Chunk],
                       number: int) -> tuple[list[tuple[int, Chunk]], int]:
     """Chunk *number* (none when none of its messages is left) and, in a run without an LLM, the chunks after it
-    whose records are read already, up to APPEND_GROUP_CHUNKS: they are appended together. Returns them, and the
-    number of the first chunk not taken."""
+    whose records are read already, up to APPEND_GROUP_CHUNKS and APPEND_GROUP_TOKENS: they are appended together.
+    Returns them, and the number of the first chunk not taken."""
     if not await loads.take(number):
         return [], number + 1
     group = [(number, chunks[number])]
-    following = number + 1
-    while ctx.llm.offline and len(group) < APPEND_GROUP_CHUNKS and loads.ready(following):
+    tokens, following = chunks[number].tokens, number + 1
+    while (ctx.llm.offline and len(group) < APPEND_GROUP_CHUNKS and loads.ready(following)
+           and tokens + chunks[following].planned_tokens <= APPEND_GROUP_TOKENS):
         if await loads.take(following):
             group.append((following, chunks[following]))
+            tokens += chunks[following].tokens
         following += 1
     return group, following
 
