@@ -107,6 +107,14 @@ def atomic_write(path: Path | str, data: bytes | str, mode: int | None = None, *
         writer.commit()
 
 
+TEMP_SUFFIX = ".tmp"
+
+
+def temp_files(path: Path) -> list[Path]:
+    """The temp files an AtomicWriter of *path* left beside it (its process killed before the rename)."""
+    return list(path.parent.glob(f".{path.name}.*{TEMP_SUFFIX}"))
+
+
 class AtomicWriter:
     """A replacement for *path* written piece by piece, with the crash safety of `atomic_write`.
 
@@ -128,7 +136,7 @@ class AtomicWriter:
                 self.mode = os.stat(self.path).st_mode & 0o7777
             except FileNotFoundError:
                 self.mode = 0o644 & ~_current_umask()
-        fd, self._tmp_name = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        fd, self._tmp_name = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=TEMP_SUFFIX, dir=self.path.parent)
         self._handle = os.fdopen(fd, "wb")
         return self
 

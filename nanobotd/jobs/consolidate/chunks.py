@@ -256,5 +256,5 @@ class ChunkLoads:
 
 def _drop_backup(path: Path) -> None:
     """A chunk's backup (and a temp file of it a killed process left) that its run never journalled."""
-    for leftover in (path, *path.parent.glob(f".{path.name}.*.tmp")):
+    for leftover in (path, *fsio.temp_files(path)):
         leftover.unlink(missing_ok=True)
