@@ -94,7 +94,6 @@ def offline_worker(workspace: str, sessions: str, state_dir: str, key: str, repl
     counting = CountingProcess()  # as the daemon's workspace has one (a long file is counted there)
     tracker = SessionTracker("ws", store, counter=counting.submit)
     context = JobEnv(settings, store, tracker, LLMClient(settings.llm), datetime.now)
-    together = TreePeak(os.getpid()).start()  # this process and its counting process, sampled
     started = time.perf_counter()
     tracker.scan(Path(sessions) / sessionfile.filename_for_key(key))
     counting_hwm = children_hwm_mb(os.getpid())
@@ -106,7 +105,6 @@ def offline_worker(workspace: str, sessions: str, state_dir: str, key: str, repl
     started = time.perf_counter()
     manifest = asyncio.run(consolidate.consolidate_session(context, key, run_id, reason="manual"))
     consolidate_seconds = time.perf_counter() - started
-    together.stop()
     memory = memory_mb()
     session = tracker.sessions[key]
     reply.send({
@@ -114,7 +112,6 @@ def offline_worker(workspace: str, sessions: str, state_dir: str, key: str, repl
         "unarchived_after": session.unarchived_messages, "chunks": len(manifest["chunks"]),
         "run_outcome": store.get_run(run_id).outcome, "hwm_after_scan_mb": scan_memory["VmHWM"],
         "vm_hwm_mb": memory["VmHWM"], "vm_rss_mb": memory["VmRSS"], "counting_process_hwm_mb": counting_hwm,
-        "with_counting_process_peak_rss_mb": round(together.peak_mb, 1),
     })
     reply.close()
     store.close()
@@ -133,8 +130,11 @@ def bench_offline(sizes: Sizes, root: Path) -> dict:
                             args=(str(workspace), str(sessions), str(root / "offline-state"), key, sender))
     child.start()
     sender.close()
-    figures = receiver.recv()
+    # sampled from here, not in the child: a sampler there would take its GIL from the run it measures
+    with TreePeak(child.pid) as together:
+        figures = receiver.recv()
     child.join()
+    figures["with_counting_process_peak_rss_mb"] = round(together.peak_mb, 1)
     entries = history_entries(workspace)
     found = Counter(marker for entry in entries for marker in markers_in(entry["content"]))
     missing = count - len(found)
