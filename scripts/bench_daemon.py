@@ -96,9 +96,25 @@ class TreePeak:
 
     def _sample(self) -> None:
         while not self._stop.is_set():
-            total = memory_mb(self.pid)["VmRSS"] + sum(private_mb(child) for child in listed_children(self.pid))
+            total = memory_mb(self.pid)["VmRSS"] + sum(private_mb(child) for child in listed_children(self.pid)
+                                                       if not _before_exec(child))
             self.peak_mb = max(self.peak_mb, total)
             self._stop.wait(self.interval)
+
+
+PF_FORKNOEXEC = 0x40  # the kernel's task flag of a process forked that has not exec'd yet
+
+
+def _before_exec(pid: int) -> bool:
+    """A child between its (v)fork and its exec: after a vfork it runs in its parent's address space, whose
+    pages all count as its private memory (a whole second daemon, for a few ms), so it is left out. The
+    daemon's children all exec (a process forked to work without exec would be left out too)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            flags = int(handle.read().rsplit(")", 1)[1].split()[6])
+    except (OSError, IndexError, ValueError):
+        return False
+    return bool(flags & PF_FORKNOEXEC)
 
 
 def listed_children(pid: int) -> list[int]:
