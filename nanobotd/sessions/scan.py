@@ -30,7 +30,9 @@ LINE_NONE, LINE_NEW, LINE_KNOWN = 0, 1, 2  # a message's line: not kept, parsed 
 HASH_BLOCK = 1024 * 1024
 TOKEN_BATCH = 128  # messages counted together; small, so a file of a few hundred messages is counted as it is read
 SEARCHED_LOOKUPS = 64  # digests looked up in a known message list's column before its digests make a set
-BATCHES_IN_FLIGHT = 2  # batches being counted while the scan reads on; it finishes the oldest before handing over more
+BATCHES_IN_FLIGHT = 8  # batches being counted while the scan reads on (~1,000 messages, ~0.5 MB of text): the
+# parse and the counting process, each as fast as the other on the whole, run at uneven paces; with 2 in flight
+# each waited on the other's slow stretches (a 100k-message scan took 8 % longer)
 
 
 @dataclass(frozen=True, slots=True)
