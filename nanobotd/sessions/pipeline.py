@@ -1,7 +1,7 @@
 """Scanning many session files in a row, for the session tracker (a start-up reconcile).
 
-`SessionTracker` mixes this in. Each file is read (`_begin_scan`) while the tokens of the one before are
-still being counted, then that one is applied (`_finish_scan`): the counting (in the counting process or
+`SessionTracker` mixes this in. Each file is read (`_begin_scan`) while the tokens of the two before are
+still being counted, then the first of them is applied (`_finish_scan`): the counting (in the counting process or
 threads) runs beside the reading instead of after it. The tracker's lock is held a slice of
 SCAN_SLICE_SECONDS at a time, every file begun in a slice applied before the lock is let go, so a scan of one
 file from the watcher never meets a file half scanned. Files never seen before, when there are many, are read
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from nanobotd.sessions.scanrows import ScanRows
 from nanobotd.sessions.session import ScanResult, SessionState
 
 SCAN_SLICE_SECONDS = 0.25  # scan_many holds the lock this long at a time (archive marks wait for it)
+FILES_COUNTING = 2  # files read whose tokens are still being counted, before the first of them is applied
 
 
 @dataclass
@@ -53,7 +55,7 @@ class ScanPipeline:
     """scan_many (the tracker's _lock, counter, _stale, _begin_scan and _finish_scan are used as is)."""
 
     def scan_many(self, paths: Iterable[Path]) -> Iterator[tuple[Path, ScanResult | None | Exception]]:
-        """scan() of each of *paths* in order, each file read while the tokens of the one before are still
+        """scan() of each of *paths* in order, each file read while the tokens of the two before are still
         being counted (tiktoken counts without the GIL): a start-up reconcile of many files.
 
         Yields (path, what scan() returns, or the Exception it raised). The lock is held a slice of
@@ -91,7 +93,7 @@ class ScanPipeline:
         """Scan paths until the slice's time is up; returns what was scanned and whether paths are left."""
         done: list[tuple[Path, ScanResult | None | Exception]] = []
         until = time.perf_counter() + SCAN_SLICE_SECONDS
-        waiting: ReadFile | None = None
+        waiting: deque[ReadFile] = deque()  # read, their counts still coming: applied in order
         more = False
         try:
             for path in paths:
@@ -100,22 +102,25 @@ class ScanPipeline:
                     begun = self._begin_scan(path, defer_counts=True, counter=counter, ahead=parsed)
                 except Exception as exc:  # reported with this path, in its turn
                     begun = exc
-                if waiting is not None:
-                    done.append((waiting.path, self._finish_caught(waiting)))
-                    waiting = None
                 if isinstance(begun, ReadFile):
-                    waiting = begun
+                    waiting.append(begun)
+                    if len(waiting) > FILES_COUNTING:
+                        first = waiting.popleft()
+                        done.append((first.path, self._finish_caught(first)))
                 else:
+                    while waiting:  # in order: the files read before are applied first
+                        first = waiting.popleft()
+                        done.append((first.path, self._finish_caught(first)))
                     done.append((path, begun))
                 if time.perf_counter() >= until:
                     more = True
                     break
-            if waiting is not None:
-                done.append((waiting.path, self._finish_caught(waiting)))
-                waiting = None
+            while waiting:
+                first = waiting.popleft()
+                done.append((first.path, self._finish_caught(first)))
         finally:
-            if waiting is not None:  # interrupted: the file read is let go unapplied
-                waiting.close()
+            for begun in waiting:  # interrupted: the files read are let go unapplied
+                begun.close()
         return done, more
 
     def _finish_caught(self, begun: ReadFile) -> ScanResult | Exception:

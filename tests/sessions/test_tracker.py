@@ -386,7 +386,7 @@ def _accounting(store, tracker) -> dict:
 
 
 def test_scan_many_leaves_what_one_scan_at_a_time_leaves_with_counts_in_a_child_process(tmp_path, monkeypatch):
-    """scan_many reads each file while the one before is counted (in the counting process here, with the
+    """scan_many reads each file while the two before are counted (in the counting process here, with the
     caches let go after every file, so a file read is applied to a session whose cache was dropped): each
     session ends exactly as scanning the files one by one leaves it, cold and after changes."""
     from nanobotd.sessions import tracker as trackermodule
