@@ -14,8 +14,8 @@ from urllib.parse import quote
 from nanobotd.cli.invocation import Invocation
 from nanobotd.cli.runtext import OPEN_STATES, progress_text
 
-POLL_SECONDS = 0.2
-REDRAW_SECONDS = 0.1
+POLL_SECONDS = 0.2  # each poll waits this long in the daemon for the run's end (wait_ms), then asks again
+REDRAW_SECONDS = 0.1  # on a terminal, the progress line is redrawn (and the run asked) this often
 FALLBACK_WIDTH = 80
 
 
@@ -60,9 +60,11 @@ def is_terminal(stream: TextIO) -> bool:
         return False
 
 
-def fetch_run(invocation: Invocation, run_id: str) -> dict:
-    """The daemon's answer about one run (GET /v1/runs/{id})."""
-    return invocation.client.get(f"/v1/runs/{quote(run_id, safe='')}")
+def fetch_run(invocation: Invocation, run_id: str, wait: float = 0.0) -> dict:
+    """The daemon's answer about one run (GET /v1/runs/{id}); *wait*: answered once the run has ended, or
+    after that many seconds."""
+    return invocation.client.get(f"/v1/runs/{quote(run_id, safe='')}",
+                                 {"wait_ms": round(wait * 1000)} if wait > 0 else None)
 
 
 def wait_for_runs(invocation: Invocation, run_ids: list[str]) -> list[dict]:
@@ -80,22 +82,22 @@ def wait_for_runs(invocation: Invocation, run_ids: list[str]) -> list[dict]:
 
 
 def _wait_for_run(invocation: Invocation, run_id: str, line: ProgressLine) -> dict:
+    """Ask the daemon about the run until it has ended, each answer held back until the end or for the time
+    between two redraws (between two polls off a terminal): the end is heard of as it happens."""
     began = time.monotonic()
     offset = None
-    next_poll = 0.0
-    run: dict = {}
+    wait = REDRAW_SECONDS if line.enabled else POLL_SECONDS
     while True:
+        asked = time.monotonic()
+        run = fetch_run(invocation, run_id, wait).get("run") or {}
+        if run.get("state") not in OPEN_STATES:
+            return run
         now = time.monotonic()
-        if now >= next_poll:
-            run = fetch_run(invocation, run_id).get("run") or {}
-            if run.get("state") not in OPEN_STATES:
-                return run
-            next_poll = now + POLL_SECONDS
-            if offset is None:
-                offset = float((run.get("progress") or {}).get("elapsed_seconds") or 0.0)
-        elapsed = (offset or 0.0) + now - began
-        line.show(f"{run.get('kind', 'run')} {run_id}: {progress_text(run, elapsed)}")
-        time.sleep(REDRAW_SECONDS if line.enabled else POLL_SECONDS)
+        if offset is None:
+            offset = float((run.get("progress") or {}).get("elapsed_seconds") or 0.0)
+        line.show(f"{run.get('kind', 'run')} {run_id}: {progress_text(run, offset + now - began)}")
+        # a daemon that answers at once (one that does not wait) is asked no faster than before
+        time.sleep(max(0.0, wait - (now - asked)))
 
 
 def _terminal_width(stream: TextIO) -> int:

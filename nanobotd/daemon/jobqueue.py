@@ -105,6 +105,13 @@ class JobQueue:
         job = self._jobs.get(run_id)
         return job.phase if job is not None else None
 
+    async def wait_ended(self, run_id: str, timeout: float) -> None:
+        """Return once run *run_id* has ended here, or after *timeout* seconds (at once for a run this queue
+        does not hold: ended already, or never its own)."""
+        job = self._jobs.get(run_id)
+        if job is not None and job.task is not None and timeout > 0:
+            await asyncio.wait({job.task}, timeout=timeout)
+
     def busy(self, workspace: str, target: str) -> bool:
         """A job for this target is queued or running."""
         return any(job.target == (workspace, target) for job in self._jobs.values())

@@ -190,3 +190,38 @@ def test_every_run_that_ends_gets_one_info_line_in_the_log(tmp_path):
                                          "raw_fallback in ")
     assert ends[0]["message"].endswith("history entries added: 1, messages archived: 4, "
                                        "files: memory/history.jsonl")
+
+
+def test_wait_ended_returns_when_the_run_ends_or_its_time_is_up(tmp_path):
+    """A waiting nanobotctl's GET /v1/runs/{id}?wait_ms= rests on wait_ended: it returns with the run's end,
+    not at the end of its time; after its time while the run goes on; at once for a run the queue does not
+    hold."""
+    store = StateStore(tmp_path).open()
+
+    async def scenario():
+        queue = JobQueue(store, llm_concurrency=1)
+        release = asyncio.Event()
+
+        async def body(run_id):
+            await release.wait()
+            store.finish_run(run_id, state="finished", outcome="ok")
+
+        run_id = queue.submit("consolidate", "ws", "session:a", body, uses_llm=False)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await queue.wait_ended(run_id, 0.2)  # still running: its time is up
+        timed_out = (loop.time() - started, store.get_run(run_id).state)
+        loop.call_later(0.1, release.set)
+        started = loop.time()
+        await queue.wait_ended(run_id, 30.0)
+        ended = (loop.time() - started, store.get_run(run_id).state)
+        started = loop.time()
+        await queue.wait_ended(run_id, 30.0)  # ended: no longer the queue's
+        await queue.wait_ended("no-such-run", 30.0)
+        return timed_out, ended, loop.time() - started
+
+    timed_out, ended, unheld = asyncio.run(scenario())
+    assert timed_out[0] >= 0.2 and timed_out[1] == "started"
+    assert ended[1] == "finished" and 0.1 <= ended[0] < 5.0
+    assert unheld < 1.0
+    store.close()

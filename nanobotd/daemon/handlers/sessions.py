@@ -8,6 +8,7 @@ from nanobotd.daemon.core import Core
 from nanobotd.daemon.handlers.common import named_workspaces, session_workspace
 
 MAX_RUNS_LIMIT = 1000
+MAX_RUN_WAIT_MS = 10_000  # GET /v1/runs/{id}?wait_ms=: the longest an answer waits for the run's end
 TRUE_VALUES = ("1", "true", "yes")
 
 
@@ -74,7 +75,12 @@ class SessionHandlers:
         return {"runs": [run.to_json(with_manifest=False) for run in runs], "hidden_unchanged": hidden}
 
     async def run(self, request: Request) -> dict:
-        """One run with its manifest, what it changed and, while open, how far it has got."""
+        """One run with its manifest, what it changed and, while open, how far it has got. With wait_ms, the
+        answer waits until the run has ended or that many milliseconds have passed (a waiting nanobotctl
+        hears of the end at once, without polling faster)."""
+        wait_ms = request.query_int("wait_ms", 0, minimum=0, maximum=MAX_RUN_WAIT_MS)
+        if wait_ms and self.core.queue is not None:
+            await self.core.queue.wait_ended(request.params["run_id"], wait_ms / 1000)
         run = self.core.store.get_run(request.params["run_id"])
         if run is None:
             raise ApiError(404, "unknown_run", f"no run {request.params['run_id']!r}")

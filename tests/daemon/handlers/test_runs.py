@@ -1,0 +1,113 @@
+"""nanobotd/daemon/handlers/sessions.py: GET /v1/runs/{id} on a real socket, with a real job queue and ledger."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import shutil
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from nanobotd.api.router import Router
+from nanobotd.api.server import ControlServer
+from nanobotd.cli import waiting
+from nanobotd.cli.client import Client, DaemonError
+from nanobotd.cli.invocation import Invocation
+from nanobotd.daemon.core import Core
+from nanobotd.daemon.handlers import sessions
+from nanobotd.daemon.jobqueue import JobQueue
+from nanobotd.state.store import StateStore
+from tests.cli.fakedaemon import ServerThread
+
+
+@pytest.fixture
+def daemon(tmp_path: Path):
+    """The run endpoints behind a real control server, whose loop runs a real job queue over a real ledger;
+    yields (socket path, the server thread, the queue, the store)."""
+    base = Path(tempfile.mkdtemp(prefix="nbr-", dir="/tmp"))
+    socket_path = base / "run" / "nanobotd.sock"
+    store = StateStore(tmp_path / "state").open()
+    try:
+        with ThreadPoolExecutor(1) as executor:
+            core = Core(config=None, store=store, executor=executor, scheduler=None)
+            router = Router()
+            for method, pattern, handler in sessions.routes(core):
+                router.add(method, pattern, handler)
+            with ServerThread(ControlServer(socket_path, router)) as server:
+                core.queue = asyncio.run_coroutine_threadsafe(_make_queue(store), server.loop).result(10)
+                yield socket_path, server, core.queue, store
+    finally:
+        store.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+async def _make_queue(store: StateStore) -> JobQueue:
+    return JobQueue(store, llm_concurrency=1)
+
+
+def start_run(server: ServerThread, queue: JobQueue, store: StateStore, release: threading.Event) -> str:
+    """A consolidate run on the server's loop that ends once *release* is set."""
+
+    async def body(run_id: str) -> None:
+        while not release.is_set():
+            await asyncio.sleep(0.01)
+        store.finish_run(run_id, state="finished", outcome="no_change")
+
+    async def submit() -> str:
+        return queue.submit("consolidate", "ws", "session:a", body, session_key="cli:a", uses_llm=False)
+
+    return asyncio.run_coroutine_threadsafe(submit(), server.loop).result(10)
+
+
+def test_an_answer_with_wait_ms_comes_as_the_run_ends_not_when_its_time_is_up(daemon) -> None:
+    socket_path, server, queue, store = daemon
+    release = threading.Event()
+    run_id = start_run(server, queue, store, release)
+    client = Client(socket_path, timeout=30)
+    asked = time.monotonic()
+    answer = client.get(f"/v1/runs/{run_id}", {"wait_ms": 300})
+    assert answer["run"]["state"] == "started" and time.monotonic() - asked >= 0.3
+    threading.Timer(0.2, release.set).start()
+    asked = time.monotonic()
+    answer = client.get(f"/v1/runs/{run_id}", {"wait_ms": 10_000})
+    assert answer["run"]["state"] == "finished" and time.monotonic() - asked < 5.0
+    asked = time.monotonic()  # an ended run is answered at once, whatever the wait asked
+    assert client.get(f"/v1/runs/{run_id}", {"wait_ms": 10_000})["run"]["state"] == "finished"
+    assert time.monotonic() - asked < 5.0
+
+
+@pytest.mark.parametrize("value", ["-1", "10001", "soon"])
+def test_a_wait_out_of_range_is_refused(daemon, value: str) -> None:
+    socket_path, server, queue, store = daemon
+    run_id = start_run(server, queue, store, threading.Event())
+    with pytest.raises(DaemonError) as refused:
+        Client(socket_path, timeout=10).get(f"/v1/runs/{run_id}", {"wait_ms": value})
+    assert refused.value.status == 400 and "wait_ms" in refused.value.message
+
+
+def test_a_waiting_nanobotctl_hears_of_the_end_as_it_happens(daemon, monkeypatch) -> None:
+    """nanobotctl asks with wait_ms: with answers held back a second, the run's end still reaches it within a
+    fraction of that (asking every second without the wait would hear of it up to a second late)."""
+    socket_path, server, queue, store = daemon
+    monkeypatch.setattr(waiting, "POLL_SECONDS", 1.0)
+    release = threading.Event()
+    run_id = start_run(server, queue, store, release)
+    ended_at: list[float] = []
+
+    def end() -> None:
+        release.set()
+        ended_at.append(time.monotonic())
+
+    threading.Timer(0.3, end).start()
+    invocation = Invocation(Client(socket_path, timeout=30), argparse.Namespace(json=False), io.StringIO(),
+                            io.StringIO())
+    finished = waiting.wait_for_runs(invocation, [run_id])
+    heard = time.monotonic()
+    assert finished[0]["state"] == "finished"
+    assert heard - ended_at[0] < 0.5
