@@ -111,3 +111,19 @@ def test_a_waiting_nanobotctl_hears_of_the_end_as_it_happens(daemon, monkeypatch
     heard = time.monotonic()
     assert finished[0]["state"] == "finished"
     assert heard - ended_at[0] < 0.5
+
+
+def test_other_requests_are_answered_while_one_waits(daemon) -> None:
+    socket_path, server, queue, store = daemon
+    release = threading.Event()
+    run_id = start_run(server, queue, store, release)
+    with ThreadPoolExecutor(1) as pool:
+        waiting_answer = pool.submit(Client(socket_path, timeout=30).get, f"/v1/runs/{run_id}", {"wait_ms": 10_000})
+        time.sleep(0.2)
+        asked = time.monotonic()
+        listed = Client(socket_path, timeout=30).get("/v1/runs")
+        answered_in = time.monotonic() - asked
+        assert not waiting_answer.done()
+        release.set()
+        assert waiting_answer.result(10)["run"]["state"] == "finished"
+    assert run_id in [run["run_id"] for run in listed["runs"]] and answered_in < 2.0
