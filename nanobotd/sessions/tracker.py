@@ -90,6 +90,8 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
         self._keys_by_path: dict[Path, str] = {}
         # sessions whose caches are in memory, last used last, with when (self.clock) they were last used
         self._cached: OrderedDict[str, float] = OrderedDict()
+        self._cached_sizes: dict[str, int] = {}  # their messages when last used, and the sum of them
+        self._cached_total = 0
         self.holds = Holds(store.state_dir)
         self._load_sessions()
         swept = self.holds.sweep({session.session_id: session.hold_generation for session in self.sessions.values()})
@@ -121,19 +123,21 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
                 session.messages = spooldb.read_message_cache(self.store, session.session_id)
             self._cached[session.key] = self.clock()
             self._cached.move_to_end(session.key)
+            size = len(session.messages)
+            self._cached_total += size - self._cached_sizes.get(session.key, 0)
+            self._cached_sizes[session.key] = size
             return session.messages
 
     def _trim_caches(self, keep: SessionState) -> None:
         """Keep the message caches of the sessions used last, up to CACHED_MESSAGES messages (and always
-        *keep*'s); the others are read again from the database when next needed."""
-        total = 0
-        for key in reversed(list(self._cached)):
-            session = self.sessions.get(key)
-            size = len(session.messages or ()) if session is not None else 0
-            if session is keep or (session is not None and total + size <= CACHED_MESSAGES):
-                total += size
-                continue
-            self._let_go(key)
+        *keep*'s, used last): the ones used longest ago go first, and are read again from the database when
+        next needed. Only what goes is looked at (a start-up reconcile of thousands of small sessions trims
+        after every one of them)."""
+        while self._cached_total > CACHED_MESSAGES and self._cached:
+            oldest = next(iter(self._cached))
+            if oldest == keep.key:
+                break
+            self._let_go(oldest)
 
     def release_idle_caches(self, idle_seconds: float) -> int:
         """Let go of the in-memory caches of the sessions not used for *idle_seconds*: an idle daemon keeps none
@@ -151,6 +155,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
     def _let_go(self, key: str) -> int:
         """Drop one session's caches (message list, spool map, vanished set); returns the entries they held."""
         del self._cached[key]
+        self._cached_total -= self._cached_sizes.pop(key, 0)
         session = self.sessions.get(key)
         if session is None:
             return 0

@@ -229,6 +229,39 @@ def test_caches_read_back_from_the_database_give_the_same_counts_as_caches_kept(
     assert (second.unarchived_messages, second.unarchived_tokens) == (0, 0)
 
 
+def test_the_message_caches_kept_are_those_used_last_within_the_limit(tmp_path, monkeypatch):
+    """After every scan the caches in memory are the sessions used last that fit in CACHED_MESSAGES (the one
+    just scanned always), and the running total the trim goes by is the sum of what is cached; letting idle
+    caches go keeps it so."""
+    from nanobotd.sessions import tracker as trackermodule
+
+    monkeypatch.setattr(trackermodule, "CACHED_MESSAGES", 20)
+    _, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    sizes = [6, 9, 4, 25, 3, 7, 7, 1, 12, 5]
+    paths = [write_session(sessions, f"cli:t{number}", conversation(size, tag=f"t{number}"))
+             for number, size in enumerate(sizes)]
+    used: list[str] = []  # keys, last used last
+    for path in [*paths, paths[2], paths[0]]:  # two used again, from the database
+        key = tracker.scan(path, force=True).key
+        used = [other for other in used if other != key] + [key]
+        cached = [other for other in used if tracker.sessions[other].messages is not None]
+        expected, total = [], 0
+        for other in reversed(used):  # the one just scanned, then the ones used last until one does not fit
+            size = tracker.sessions[other].message_count
+            if other != key and total + size > 20:
+                break
+            expected.append(other)
+            total += size
+        assert sorted(cached) == sorted(expected)
+        assert tracker._cached_total == sum(len(tracker.sessions[other].messages) for other in cached)
+        assert tracker._cached_total <= 20 or cached == [key]
+    tracker.clock = lambda: 10 ** 10
+    tracker.release_idle_caches(1.0)
+    assert tracker._cached_total == 0 and all(session.messages is None for session in tracker.sessions.values())
+    store.close()
+
+
 def test_the_running_totals_match_a_recount_through_archive_restore_and_the_agents_mark(tmp_path):
     _, sessions = make_workspace(tmp_path)
     store, tracker = make_tracker(tmp_path)
