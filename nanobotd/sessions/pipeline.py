@@ -104,24 +104,24 @@ class ScanPipeline:
                     begun = exc
                 if isinstance(begun, ReadFile):
                     waiting.append(begun)
-                    if len(waiting) > FILES_COUNTING:
-                        first = waiting.popleft()
-                        done.append((first.path, self._finish_caught(first)))
+                    self._finish_oldest(waiting, done, keep=FILES_COUNTING)
                 else:
-                    while waiting:  # in order: the files read before are applied first
-                        first = waiting.popleft()
-                        done.append((first.path, self._finish_caught(first)))
+                    self._finish_oldest(waiting, done)  # in order: the files read before are applied first
                     done.append((path, begun))
                 if time.perf_counter() >= until:
                     more = True
                     break
-            while waiting:
-                first = waiting.popleft()
-                done.append((first.path, self._finish_caught(first)))
+            self._finish_oldest(waiting, done)
         finally:
             for begun in waiting:  # interrupted: the files read are let go unapplied
                 begun.close()
         return done, more
+
+    def _finish_oldest(self, waiting: deque[ReadFile], done: list, *, keep: int = 0) -> None:
+        """Apply the files read first until *keep* are left waiting, each result added to *done*."""
+        while len(waiting) > keep:
+            first = waiting.popleft()
+            done.append((first.path, self._finish_caught(first)))
 
     def _finish_caught(self, begun: ReadFile) -> ScanResult | Exception:
         try:

@@ -88,9 +88,9 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
         self.large_messages = 0
         self._lock = threading.RLock()
         self._keys_by_path: dict[Path, str] = {}
-        # sessions whose caches are in memory, last used last, with when (self.clock) they were last used
-        self._cached: OrderedDict[str, float] = OrderedDict()
-        self._cached_sizes: dict[str, int] = {}  # their messages when last used, and the sum of them
+        # sessions whose caches are in memory, last used last, with when (self.clock) they were last used and
+        # how many messages they had then; and the sum of those
+        self._cached: OrderedDict[str, tuple[float, int]] = OrderedDict()
         self._cached_total = 0
         self.holds = Holds(store.state_dir)
         self._load_sessions()
@@ -121,11 +121,10 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
         with self._lock:
             if session.messages is None:
                 session.messages = spooldb.read_message_cache(self.store, session.session_id)
-            self._cached[session.key] = self.clock()
-            self._cached.move_to_end(session.key)
             size = len(session.messages)
-            self._cached_total += size - self._cached_sizes.get(session.key, 0)
-            self._cached_sizes[session.key] = size
+            _, before = self._cached.pop(session.key, (0.0, 0))
+            self._cached[session.key] = (self.clock(), size)  # last used last
+            self._cached_total += size - before
             return session.messages
 
     def _trim_caches(self, keep: SessionState) -> None:
@@ -146,7 +145,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
         released = 0
         with self._lock:
             cutoff = self.clock() - idle_seconds
-            for key, used in list(self._cached.items()):
+            for key, (used, _) in list(self._cached.items()):
                 if used > cutoff:
                     break  # last used last: every session after this one was used later
                 released += self._let_go(key)
@@ -154,8 +153,8 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
 
     def _let_go(self, key: str) -> int:
         """Drop one session's caches (message list, spool map, vanished set); returns the entries they held."""
-        del self._cached[key]
-        self._cached_total -= self._cached_sizes.pop(key, 0)
+        _, size = self._cached.pop(key)
+        self._cached_total -= size
         session = self.sessions.get(key)
         if session is None:
             return 0
