@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nanobotd.cli.client import CannotConnect, Client, DaemonError  # noqa: E402
 from tests.support.daemonproc import DaemonProcess  # noqa: E402
-from tests.support.observe import child_pids  # noqa: E402
+from tests.support.observe import child_pids, stat_fields  # noqa: E402
 
 SETTLE_TIMEOUT_SECONDS = 1800.0
 QUIET_CPU_SECONDS = 0.02
@@ -28,8 +28,7 @@ QUIET_CPU_SECONDS = 0.02
 # -- /proc readers ---------------------------------------------------------------------------------------
 def cpu_seconds(pid: int) -> tuple[float, float]:
     """(utime + stime of the process, of its waited-for children) in seconds."""
-    with open(f"/proc/{pid}/stat") as handle:
-        fields = handle.read().rsplit(")", 1)[1].split()
+    fields = stat_fields(pid)
     ticks = os.sysconf("SC_CLK_TCK")
     return (int(fields[11]) + int(fields[12])) / ticks, (int(fields[13]) + int(fields[14])) / ticks
 
@@ -110,8 +109,7 @@ def _before_exec(pid: int) -> bool:
     pages all count as its private memory (a whole second daemon, for a few ms), so it is left out. The
     daemon's children all exec (a process forked to work without exec would be left out too)."""
     try:
-        with open(f"/proc/{pid}/stat") as handle:
-            flags = int(handle.read().rsplit(")", 1)[1].split()[6])
+        flags = int(stat_fields(pid)[6])
     except (OSError, IndexError, ValueError):
         return False
     return bool(flags & PF_FORKNOEXEC)

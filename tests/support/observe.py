@@ -31,6 +31,13 @@ def pid_exists(pid: int) -> bool:
     return True
 
 
+def stat_fields(pid: int | str) -> list[str]:
+    """The fields of /proc/PID/stat after the command name (state first, then the parent pid, ...); OSError when
+    the process is gone."""
+    with open(f"/proc/{pid}/stat") as handle:
+        return handle.read().rsplit(")", 1)[1].split()
+
+
 def child_pids(pid: int) -> list[int]:
     """Live children of *pid* (found by parent pid, so kernels without /proc/.../children work too)."""
     children = []
@@ -38,7 +45,7 @@ def child_pids(pid: int) -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            fields = stat_fields(entry.name)
         except OSError:
             continue
         if int(fields[1]) == pid and fields[0] != "Z":
