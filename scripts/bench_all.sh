@@ -36,6 +36,7 @@
 #   scripts/bench_all.sh --label after --out /tmp/bench
 #   python3 scripts/bench_table.py --compare /tmp/bench/before/table.json /tmp/bench/after/table.json
 #
+# The tree's bytecode is compiled first (python -m compileall), as pip compiles an installed nanobotd's.
 # A benchmark that fails is noted and the others go on; its figures show as "missing" in the table.
 # The machine's load when each run starts is written to DIR/LABEL/load.txt: timings on a shared machine are noisy.
 set -u
@@ -121,6 +122,11 @@ if [ -z "$label" ]; then
     commit="$(git -C "$tree" rev-parse --short HEAD 2>/dev/null || true)"
     label="$(basename "$tree")${commit:+-$commit}"
 fi
+# Bytecode for the measured tree, as an installed nanobotd has it (pip compiles it at install): every daemon,
+# nanobotctl and child process started then reads its modules' bytecode instead of compiling each one again.
+# Where PYTHONDONTWRITEBYTECODE is set, nothing else writes it, and a daemon's start took 0.30 s instead of 0.17.
+"$PYTHON" -m compileall -q "$tree/nanobotd" "$tree/tests/support" >/dev/null \
+    || echo "bench_all.sh: could not compile $tree's bytecode; starts will compile it each time" >&2
 folder="$out/$label"
 mkdir -p "$folder" || exit 2
 folder="$(cd "$folder" && pwd)"

@@ -9,6 +9,9 @@ PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]' >.venv/install.log 2>&1 \
   || { cat .venv/install.log; exit 1; }
+# bytecode, as an installed nanobotd has it: the daemons and nanobotctl the tests start read it instead of compiling
+# every module each time (where PYTHONDONTWRITEBYTECODE is set, nothing else would write it)
+.venv/bin/python -m compileall -q nanobotd >/dev/null
 bash scripts/install-qmd.sh >/dev/null || echo "QMD could not be installed; its tests will skip" >&2
 bash scripts/install-nanobot.sh >/dev/null || echo "nanobot-ai could not be installed; its tests will skip" >&2
 # the layer contracts (pyproject [tool.importlinter]) and the linter hold before any test runs
