@@ -28,6 +28,7 @@ MESSAGE_LINE_BYTES = 64 * 1024 * 1024
 READ_CHUNK = 1024 * 1024
 SESSION_SUFFIX = ".jsonl"
 _DECODER = json.JSONDecoder()  # json.loads' own, called without its per-call encoding detection
+_ENCODER = json.JSONEncoder(ensure_ascii=False)  # json.dumps(..., ensure_ascii=False) makes one at every call
 
 
 @dataclass
@@ -190,7 +191,12 @@ def decode_record(line: RawLine) -> dict | None:
         return None
     try:
         if data[:1] == b"{" and not data.startswith(b"{\x00"):  # UTF-8, as json.loads would detect it
-            record = _DECODER.decode(data.decode("utf-8", "surrogatepass"))
+            # raw_decode, without json.loads' whitespace matches at either end: a line read is stripped (one that is
+            # not, or has more after the object, takes the whole decode)
+            text = data.decode("utf-8", "surrogatepass")
+            record, end = _DECODER.raw_decode(text)
+            if end != len(text):
+                record = _DECODER.decode(text)
         else:
             record = json.loads(data)
     except (ValueError, RecursionError):  # deep nesting is garbage too, not a crash
@@ -259,5 +265,5 @@ def message_text_for_tokens(record: dict, text: str) -> str:
     """What a message costs in a prompt: its text plus tool-call arguments."""
     calls = record.get("tool_calls")
     if isinstance(calls, list) and calls:
-        return text + "\n" + json.dumps(calls, ensure_ascii=False)
+        return text + "\n" + _ENCODER.encode(calls)
     return text

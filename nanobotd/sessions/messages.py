@@ -85,8 +85,15 @@ class MessageList:
     def add(self, line_digest: str, digest: str, role: str, timestamp: str, tokens: int, flags: int) -> None:
         """Add a message at the end from its fields (a MessageInfo's, in its order)."""
         index = len(self._flags)
-        self._line_digests += self._packed(0, index, line_digest)
-        self._digests += self._packed(1, index, digest)
+        self.add_packed(self._packed(0, index, line_digest), self._packed(1, index, digest), role, timestamp, tokens,
+                        flags)
+
+    def add_packed(self, line_digest: bytes, digest: bytes, role: str, timestamp: str, tokens: int,
+                   flags: int) -> None:
+        """add() of a message whose two digests are given as their 16 bytes (`bytes.fromhex` of blake2b hexdigests, as
+        a scan makes them: a scan adds every message it parses, without the checks a digest from elsewhere needs)."""
+        self._line_digests += line_digest
+        self._digests += digest
         number = self._role_numbers.get(role)
         if number is None:
             number = self._role_numbers[role] = len(self._role_names)

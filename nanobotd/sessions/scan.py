@@ -299,7 +299,8 @@ class _Reading:
         counted as large (it will be archived raw). A message with text to count gets its count once counted;
         a full batch is handed over to be counted while the next lines are parsed."""
         self.lines.add(LINE_NONE if flags else LINE_NEW, line)
-        self.messages.add(*fields, 0, flags)
+        line_digest, digest, role, timestamp = fields  # blake2b hexdigests, packed as they are
+        self.messages.add_packed(bytes.fromhex(line_digest), bytes.fromhex(digest), role, timestamp, 0, flags)
         if text:
             self.uncounted.append(_Uncounted(len(self.messages) - 1, text))
             if len(self.uncounted) >= TOKEN_BATCH:

@@ -150,3 +150,10 @@ def test_a_message_digest_is_the_digest_of_its_fields_as_json_text_whatever_they
     lone = "\ud800" + text  # a lone surrogate, as a broken client may write
     payload = json.dumps([role, lone, timestamp], ensure_ascii=False).encode("utf-8", errors="replace")
     assert sessionfile.message_digest(role, lone, timestamp) == hashlib.blake2b(payload, digest_size=16).hexdigest()
+
+
+@settings(max_examples=200, deadline=None)
+@given(calls=st.lists(JSON_VALUES, min_size=1, max_size=4), text=st.text(max_size=20))
+def test_a_message_with_tool_calls_counts_them_as_json_dumps_writes_them(calls, text):
+    record = {"role": "assistant", "content": text, "tool_calls": calls}
+    assert sessionfile.message_text_for_tokens(record, text) == text + "\n" + json.dumps(calls, ensure_ascii=False)

@@ -44,6 +44,25 @@ def test_a_message_list_reads_back_what_was_put_in_it_like_a_list(items, data):
     assert list(messages[::2]) == items[::2]
 
 
+scanned = st.builds(
+    MessageInfo, line_digest=st.text(min_size=1, max_size=12).map(_hex), digest=st.text(max_size=12).map(_hex),
+    role=st.sampled_from(["user", "assistant", "tool"]), timestamp=st.text(max_size=40),
+    tokens=st.integers(min_value=0, max_value=2**40), flags=st.integers(min_value=0, max_value=3))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(scanned, max_size=30))
+def test_messages_added_packed_as_a_scan_adds_them_read_back_as_added_whole(items):
+    packed = MessageList()
+    for info in items:
+        packed.add_packed(bytes.fromhex(info.line_digest), bytes.fromhex(info.digest), info.role, info.timestamp,
+                          info.tokens, info.flags)
+    assert list(packed) == items and packed == MessageList(items)
+    assert all(packed.has_digest(info.digest) for info in items)
+    assert list(packed.rows(0)) == [(info.line_digest, info.digest, info.role, info.timestamp, info.tokens, info.flags)
+                                    for info in items]
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(infos, max_size=20), st.lists(infos, max_size=10), st.data())
 def test_a_copy_changes_apart_from_its_original(items, more, data):
