@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -23,6 +24,7 @@ from tests.support.observe import child_pids, stat_fields  # noqa: E402
 
 SETTLE_TIMEOUT_SECONDS = 1800.0
 QUIET_CPU_SECONDS = 0.02
+RECONCILE_LOGGED = "start-up reconcile of"  # the daemon's log line at the end of its start-up reconcile
 # litellm drags in these compiled modules; nothing else the daemon imports does (Python files are read,
 # not mapped, so litellm's own package never shows in /proc/<pid>/maps).
 # -- /proc readers ---------------------------------------------------------------------------------------
@@ -222,16 +224,33 @@ class BenchDaemon(DaemonProcess):
                 break
         return time.monotonic() - started
 
-    def wait_reconciled(self, sessions: int, started: float, timeout: float = SETTLE_TIMEOUT_SECONDS) -> float:
-        """Seconds from *started* (monotonic) until status shows the start-up reconcile of *sessions* done."""
+    def wait_reconciled(self, sessions: int, started: float, timeout: float = SETTLE_TIMEOUT_SECONDS, *,
+                        poll: float = 0.05, by_log: bool = False) -> float:
+        """Seconds from *started* (monotonic) until status shows the start-up reconcile of *sessions* done, status
+        asked every *poll* seconds. *by_log*: until the daemon logged that reconcile's end (to the millisecond), so a
+        slow poll neither adds its wait to the figure nor takes, with every answer, the daemon's GIL from the
+        reconcile it measures."""
+        wall_started = time.time() - (time.monotonic() - started)
         while time.monotonic() - started < timeout:
             self.check_alive()
             status = self.status()
             workspace = status["workspaces"][0] if status else {}
             if workspace.get("last_reconcile") is not None and workspace.get("sessions_watched") == sessions:
-                return time.monotonic() - started
-            time.sleep(0.05)
+                if not by_log:
+                    return time.monotonic() - started
+                logged = self.logged_at(RECONCILE_LOGGED)
+                if logged is not None:
+                    return logged - wall_started
+            time.sleep(poll)
         raise RuntimeError(f"daemon never reported a reconcile of {sessions} sessions:\n{self.log()[-3000:]}")
+
+    def logged_at(self, text: str) -> float | None:
+        """When the daemon first logged a line with *text* (seconds since the epoch), None before it did."""
+        for line in self.log().splitlines():
+            if text in line:
+                stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S.%f")
+                return stamp.timestamp()
+        return None
 
     def check_alive(self) -> None:
         """Raise with the log's tail when the daemon has exited."""

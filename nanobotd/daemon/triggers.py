@@ -48,6 +48,9 @@ async def reconcile_workspace(core: Core, workspace: Workspace, *, startup: bool
             core.watcher.watch(folder)
     counts = {}
     if startup:
+        logger.info("workspace {}: start-up reconcile of {} session file(s) done in {:.2f} s ({} changed)",
+                    workspace.name, len(results), workspace.last_reconcile_seconds or 0.0,
+                    sum(result.changed for result in results))
         unchanged = [result.key for result in results if not result.changed]
         counts = await loop.run_in_executor(core.executor, vanished_counts, workspace, unchanged)
     for result in results:

@@ -64,8 +64,12 @@ def test_events_missed_while_not_running_are_caught_at_start(daemon):
     daemon.wait_for(lambda: daemon.session("cli:a"))
     daemon.stop()
     write_session(daemon.sessions, "cli:a", conversation(12))
+    write_session(daemon.sessions, "cli:b", conversation(2))
     daemon.start()
     daemon.wait_for(lambda: (daemon.session("cli:a") or {}).get("unarchived_messages") == 12)
+    # the start-up reconcile says what it read, and how long it took (an operator's cold start figure)
+    assert daemon.wait_for(lambda: "start-up reconcile of 2 session file(s) done in" in daemon.log()
+                           and "(2 changed)" in daemon.log())
 
 
 def test_a_workspace_that_does_not_exist_yet_is_waited_for(tmp_path, daemon_process):
