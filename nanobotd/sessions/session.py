@@ -195,6 +195,8 @@ def digests_in(store: StateStore, table: str, session_id: int, digests: list[str
     """Which of *digests* the session has rows for in *table* ("archived": nanobotd archived them;
     "messages": the session file has them), looked up a batch at a time."""
     found: set[str] = set()
+    if len(digests) > 1 and not store.query(f"SELECT 1 FROM {table} WHERE session_id=? LIMIT 1", (session_id,)):
+        return found  # none at all (nothing archived yet: every new session), found with one lookup, not a batch's
     for first in range(0, len(digests), DIGEST_LOOKUP):
         batch = digests[first:first + DIGEST_LOOKUP]
         found.update(row[0] for row in store.query(
