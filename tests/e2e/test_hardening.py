@@ -17,6 +17,7 @@ import pytest
 from nanobotd.cli.client import Client, DaemonError
 from nanobotd.sessions.file import filename_for_key
 from tests.support.daemonproc import CTL, FIRST_LLM_CALL_SECONDS, REPO
+from tests.support.observe import stat_fields
 from tests.support.workspace import conversation, history_entries, make_workspace, write_session
 
 JOB_STOP_SECONDS = 3
@@ -31,7 +32,7 @@ def daemon(tmp_path, daemon_process):
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = stat_fields(pid)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

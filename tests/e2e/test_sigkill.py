@@ -13,6 +13,7 @@ import pytest
 
 from tests.support.fakellm import FakeLLM, Responder, Text
 from tests.support.histories import read_history
+from tests.support.observe import stat_fields
 from tests.support.workspace import make_workspace, write_session
 
 KILLS = 30
@@ -187,7 +188,7 @@ def _cmdline(pid: int) -> str:
 
 def _alive(pid: int) -> bool:
     try:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        fields = stat_fields(pid)
     except OSError:
         return False
     return fields[0] != "Z"

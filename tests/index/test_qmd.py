@@ -14,6 +14,7 @@ import pytest
 from nanobotd.config.schema import QmdSettings
 from nanobotd.index.hit import SearchBackendError
 from nanobotd.index.qmd import COLLECTION_MASK, QmdBackend, collection_name
+from tests.support.observe import stat_fields
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 QMD_BINARY = REPO_ROOT / ".qmd-prefix" / "bin" / "qmd"
@@ -71,7 +72,7 @@ def process_is_gone(pid: int, timeout: float = 3.0) -> bool:
             return True
         try:
             # A killed orphan can stay a zombie until the container's init reaps it: it is dead.
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            if stat_fields(pid)[0] == "Z":
                 return True
         except (OSError, IndexError):
             return True

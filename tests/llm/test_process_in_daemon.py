@@ -10,7 +10,7 @@ import pytest
 
 from tests.support.daemonproc import DaemonProcess
 from tests.support.fakellm import FakeLLM, Text
-from tests.support.observe import child_pids, litellm_mappings
+from tests.support.observe import child_pids, litellm_mappings, stat_fields
 from tests.support.workspace import conversation, history_entries, make_workspace, write_session
 
 KEY = "telegram:4242"
@@ -49,7 +49,7 @@ def wait_gone(pid: int, timeout: float = GONE_SECONDS) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            state = stat_fields(pid)[0]
         except (FileNotFoundError, ProcessLookupError):
             return True
         if state == "Z":
