@@ -129,20 +129,6 @@ class ParseResult:
         """How many counted messages this scan parsed."""
         return self.lines.kinds.count(LINE_NEW)
 
-    @property
-    def new_records(self) -> dict[str, LineRef]:
-        """The new counted messages' lines, by digest (built on demand)."""
-        return dict(self.finder((LINE_NEW,)).items())
-
-    @property
-    def known_records(self) -> dict[str, LineRef]:
-        """A full parse: the lines of the counted messages whose parse was reused, by digest (built on demand)."""
-        return dict(self.finder((LINE_KNOWN,)).items())
-
-    def all_records(self) -> dict[str, LineRef]:
-        """Every counted message's line this parse knows, by digest (built on demand)."""
-        return dict(self.finder().items())
-
     def finder(self, kinds: tuple[int, ...] = (LINE_NEW, LINE_KNOWN)) -> LineFinder:
         """The lines of the counted messages of *kinds*, found by digest."""
         return LineFinder(self, kinds)

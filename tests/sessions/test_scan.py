@@ -12,10 +12,15 @@ from hypothesis import strategies as st
 
 from nanobotd import tokens
 from nanobotd.sessions import file as sessionfile
-from nanobotd.sessions.scan import SEARCHED_LOOKUPS, TOKEN_BATCH, parse_session, read_line
+from nanobotd.sessions.scan import LINE_KNOWN, LINE_NEW, SEARCHED_LOOKUPS, TOKEN_BATCH, parse_session, read_line
 from tests.sessions.test_file import LINES
 from tests.support.workspace import conversation, make_workspace, write_session
 from tests.test_tokens import failing_encoding
+
+
+def records(parsed, *kinds: int) -> dict:
+    """The lines of a parse's counted messages of *kinds* (new in it, or reused), by digest."""
+    return dict(parsed.finder(kinds).items())
 
 
 def full_then_append(tmp_path, first, second):
@@ -31,7 +36,7 @@ def full_then_append(tmp_path, first, second):
 def test_an_appended_message_takes_the_fast_path_and_matches_a_full_parse(tmp_path):
     messages = conversation(50)
     before, after, full = full_then_append(tmp_path, messages, messages + conversation(1, tag="z"))
-    assert after.fast and len(after.new_records) == 1
+    assert after.fast and len(records(after, LINE_NEW)) == 1
     assert after.messages == full.messages and after.tail == full.tail
 
 
@@ -47,14 +52,14 @@ def test_each_new_counted_message_points_at_its_own_line_and_reused_ones_do_not(
             assert parsed.new_line(0) is None  # a slash command is never spooled
             assert [read_line(handle, parsed.new_line(index)) for index in range(1, len(parsed.messages))] == \
                 lines[1:len(parsed.messages)]
-        assert full.new_count == len(full.messages) - 1 == len(full.new_records)
+        assert full.new_count == len(full.messages) - 1 == len(records(full, LINE_NEW))
         # the fast path: only the two appended lines are new, the known ones are not looked at again
         assert after.fast and [after.new_line(index) is not None for index in range(8)] == [False] * 6 + [True] * 2
         assert [read_line(handle, after.new_line(index)) for index in (6, 7)] == lines[6:8]
     # a full parse reusing the earlier parse knows where the reused lines are, apart from the new ones
     reparsed = parse_session(path, "o200k_base", cached=after.messages)
-    assert set(reparsed.known_records) | set(reparsed.new_records) == set(full.new_records)
-    assert not reparsed.new_records and len(reparsed.all_records()) == 7
+    assert set(records(reparsed, LINE_KNOWN)) | set(records(reparsed, LINE_NEW)) == set(records(full, LINE_NEW))
+    assert not records(reparsed, LINE_NEW) and len(records(reparsed, LINE_NEW, LINE_KNOWN)) == 7
 
 
 @pytest.mark.parametrize("numbers", [[], [0], [1, 2, 3], [0, 5, 6, 4099, 4100, 5000, 5001], list(range(5002))])
