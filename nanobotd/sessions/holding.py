@@ -73,7 +73,7 @@ class SpoolHolding:
             return keep
         # whether any row is held; the rows themselves are read only when they move (nanobot's ordinary save
         # of a long session holds them all, and moves none)
-        held = bool(generation and spooldb.held_rows(self.store, session.session_id, limit=1))
+        held = bool(generation) and spooldb.has_held_rows(self.store, session.session_id)
         if held and not session.hold_links and not link and not new_rows:
             return keep  # a private copy: it still has every held line
         if not held and not new_rows:
@@ -109,22 +109,21 @@ class SpoolHolding:
         still where they were, nothing moves; otherwise it was rewritten in place, and from now on the
         session is held by copies (the lines the rewrite took are reported lost)."""
         generation, shift = session.hold_generation, session.hold_shift
-        rows = spooldb.held_rows(self.store, session.session_id)
-        if all(None not in self.holds.read(session.session_id, generation, shift,
-                                           [line for _, line in rows[start:start + spooldb.BATCH]])
-               for start in range(0, len(rows), spooldb.BATCH)):  # a batch of texts in memory at a time
+        if all(None not in self.holds.read(session.session_id, generation, shift, [line for _, line in rows])
+               for rows in spooldb.held_row_batches(self.store, session.session_id)):  # a batch in memory at a time
             return HoldPlan(shift, generation, True, fingerprint)
         logger.error("session {}: its file was rewritten in place (not replaced by a rename), changing the version"
                      " nanobotd held; it is held by copies from now on", session.key)
         self._hold_version(session, handle, generation + 1, False)
         plan = HoldPlan(0, generation + 1, False, fingerprint, drop=generation)
         where = parsed.finder()
-        for digest, _ in rows:
-            ref = where.get(digest)
-            if ref is not None:
-                plan.moves.append((digest, ref))
-            else:
-                plan.lost.append(digest)
+        for rows in spooldb.held_row_batches(self.store, session.session_id):
+            for digest, _ in rows:
+                ref = where.get(digest)
+                if ref is not None:
+                    plan.moves.append((digest, ref))
+                else:
+                    plan.lost.append(digest)
         if plan.lost:
             logger.error("session {}: {} unarchived message(s) left the file in that rewrite and cannot be archived",
                          session.key, len(plan.lost))
@@ -192,7 +191,7 @@ class SpoolHolding:
             generation = session.hold_generation
             if not generation or (session.hold_links and session.state != "deleted"):
                 return
-            if spooldb.held_rows(self.store, session.session_id, limit=1):
+            if spooldb.has_held_rows(self.store, session.session_id):
                 return
             with self.store.transaction() as db:
                 session.hold_generation, session.hold_shift, session.hold_of = 0, 0, None

@@ -60,22 +60,25 @@ def insert_rows(db: sqlite3.Connection, session_id: int, rows: Iterable[tuple], 
             " line_start, line_end, line_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", batch)
 
 
-def held_rows(store: StateStore, session_id: int, *, limit: int = -1) -> list[tuple[str, LineRef]]:
-    """(digest, held line) of the session's held rows (up to *limit*)."""
-    rows = store.query("SELECT digest, line_start, line_end, line_digest FROM spool"
-                       " WHERE session_id=? AND record=? AND line_digest IS NOT NULL LIMIT ?",
-                       (session_id, HELD, limit))
-    return [(digest, LineRef(start, end, line)) for digest, start, end, line in rows]
+def has_held_rows(store: StateStore, session_id: int) -> bool:
+    """The session has a held row (its line in the held version of the file)."""
+    return bool(store.query("SELECT 1 FROM spool WHERE session_id=? AND record=? AND line_digest IS NOT NULL LIMIT 1",
+                            (session_id, HELD)))
 
 
-def held_row_batches(db: sqlite3.Connection, session_id: int, size: int = BATCH) -> Iterator[list[tuple[str, LineRef]]]:
-    """(digest, held line) of the session's held rows, *size* at a time in sequence order, read in the caller's
-    transaction: each batch may be moved or copied before the next is read (each query starts after the last
-    row read), so a long session's held rows are never all in memory."""
-    after = -(1 << 62)
-    while rows := db.execute("SELECT seq, digest, line_start, line_end, line_digest FROM spool WHERE session_id=?"
-                             " AND seq>? AND record=? AND line_digest IS NOT NULL ORDER BY seq LIMIT ?",
-                             (session_id, after, HELD, size)).fetchall():
+def held_row_batches(source: sqlite3.Connection | StateStore, session_id: int,
+                     size: int | None = None) -> Iterator[list[tuple[str, LineRef]]]:
+    """(digest, held line) of the session's held rows, *size* at a time in sequence order, so a long session's held
+    rows are never all in memory. *source*: a connection in the caller's transaction (each batch may be moved or
+    copied before the next is read: each query starts after the last row read), or the store (each batch read
+    under its lock; the caller holds the tracker's, under which held rows come and go)."""
+    def query(sql: str, args: tuple) -> list:
+        return source.query(sql, args) if isinstance(source, StateStore) else source.execute(sql, args).fetchall()
+
+    after, size = -(1 << 62), size or BATCH
+    while rows := query("SELECT seq, digest, line_start, line_end, line_digest FROM spool WHERE session_id=?"
+                        " AND seq>? AND record=? AND line_digest IS NOT NULL ORDER BY seq LIMIT ?",
+                        (session_id, after, HELD, size)):
         after = rows[-1][0]
         yield [(digest, LineRef(start, end, line)) for _, digest, start, end, line in rows]
 

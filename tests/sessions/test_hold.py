@@ -331,3 +331,38 @@ def test_held_lines_read_by_spans_are_read_as_line_by_line(data, sizes, shift):
         for span, gap in ((hold.HELD_READ_SPAN, hold.HELD_READ_GAP), (400, 10)):
             with patch.object(hold, "HELD_READ_SPAN", span), patch.object(hold, "HELD_READ_GAP", gap):
                 assert hold.read_held_lines(path, shift, wanted) == expected
+
+
+def test_after_a_restart_a_long_held_link_is_checked_a_batch_of_rows_at_a_time(tmp_path, monkeypatch):
+    """A restarted tracker reads a held link whole (grown in place: its lines are checked where they were held): its
+    held rows are read a batch at a time, never all at once, and, rows many batches long, every one is checked and
+    still reads back."""
+    _, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    messages = conversation(5_000, words=4)
+    tracker.scan(write_session(sessions, KEY, messages[:10]))
+    path = write_session(sessions, KEY, messages[:4_000])
+    tracker.scan(path)
+    assert tracker.sessions[KEY].hold_links
+    restarted = SessionTracker("ws", store)
+    with open(path, "a", encoding="utf-8") as handle:  # grown in place: the held link is the file itself
+        handle.write("\n".join(line(message) for message in messages[4_000:]) + "\n")
+    restarted._cached_messages(restarted.sessions[KEY])  # loaded before the scan, as a scan loads it
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        restarted.scan(path)
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert restarted.sessions[KEY].hold_links  # its lines were all where they were held: still a link
+    assert spooled_texts(restarted) == by_marker(messages)
+    # the parse itself is most of it; the held rows read all at once made it 589 bytes a message
+    assert peak / len(messages) < 540, f"{peak / len(messages):.0f} bytes a message"
+    monkeypatch.setattr(spooldb, "BATCH", 7)  # rows many batches long: each batch is checked
+    again = SessionTracker("ws", store)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(line(conversation(1, tag="z")[0]) + "\n")
+    again.scan(path)
+    assert again.sessions[KEY].hold_links
+    assert spooled_texts(again) == by_marker(messages + conversation(1, tag="z"))
