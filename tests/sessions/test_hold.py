@@ -287,6 +287,17 @@ def test_the_held_rows_of_a_long_session_follow_a_full_rewrite_batch_by_batch(tm
     assert tracker.sessions[KEY].unarchived_messages == len(kept)
 
 
+def scan_peak(tracker: SessionTracker, path: Path) -> int:
+    """The most memory (bytes, traced) *tracker*'s scan of *path* took beyond what was allocated before it."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracker.scan(path)
+        return tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+
+
 def test_a_full_rewrite_of_a_long_session_never_holds_all_its_held_rows_in_memory(tmp_path):
     """The memory a rewrite that is not an append takes grows slowly with the session: the held rows follow the
     file a batch at a time (they once were read all at once, with a dict of every line: ~830 bytes a message)."""
@@ -298,13 +309,7 @@ def test_a_full_rewrite_of_a_long_session_never_holds_all_its_held_rows_in_memor
     checkpoint = {"role": "assistant", "content": "CHECKPOINT summary", "timestamp": "2026-11-02T00:00:00",
                   "_hidden_history": True}
     path = write_session(sessions, KEY, messages[:2_500] + [checkpoint] + messages[2_500:])
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        tracker.scan(path)
-        peak = tracemalloc.get_traced_memory()[1] - before
-    finally:
-        tracemalloc.stop()
+    peak = scan_peak(tracker, path)
     assert peak / len(messages) < 600, f"{peak / len(messages):.0f} bytes a message"
     assert spooled_texts(tracker) == by_marker(messages)
 
@@ -348,13 +353,7 @@ def test_after_a_restart_a_long_held_link_is_checked_a_batch_of_rows_at_a_time(t
     with open(path, "a", encoding="utf-8") as handle:  # grown in place: the held link is the file itself
         handle.write("\n".join(line(message) for message in messages[4_000:]) + "\n")
     restarted._cached_messages(restarted.sessions[KEY])  # loaded before the scan, as a scan loads it
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        restarted.scan(path)
-        peak = tracemalloc.get_traced_memory()[1] - before
-    finally:
-        tracemalloc.stop()
+    peak = scan_peak(restarted, path)
     assert restarted.sessions[KEY].hold_links  # its lines were all where they were held: still a link
     assert spooled_texts(restarted) == by_marker(messages)
     # the parse itself is most of it; the held rows read all at once made it 589 bytes a message
