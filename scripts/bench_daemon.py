@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nanobotd.cli.client import CannotConnect, Client, DaemonError  # noqa: E402
 from tests.support.daemonproc import DaemonProcess  # noqa: E402
-from tests.support.observe import child_pids, stat_fields  # noqa: E402
+from tests.support.observe import child_pids, cpu_seconds, stat_fields  # noqa: E402
 
 SETTLE_TIMEOUT_SECONDS = 1800.0
 QUIET_CPU_SECONDS = 0.02
@@ -28,13 +28,6 @@ RECONCILE_LOGGED = "start-up reconcile of"  # the daemon's log line at the end o
 # litellm drags in these compiled modules; nothing else the daemon imports does (Python files are read,
 # not mapped, so litellm's own package never shows in /proc/<pid>/maps).
 # -- /proc readers ---------------------------------------------------------------------------------------
-def cpu_seconds(pid: int) -> tuple[float, float]:
-    """(utime + stime of the process, of its waited-for children) in seconds."""
-    fields = stat_fields(pid)
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks, (int(fields[13]) + int(fields[14])) / ticks
-
-
 def memory_mb(pid: int | str = "self") -> dict[str, float]:
     """VmRSS and VmHWM of a process, in MB (zeros for a process that is gone)."""
     values = {"VmRSS": 0.0, "VmHWM": 0.0}

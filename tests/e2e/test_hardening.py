@@ -17,7 +17,7 @@ import pytest
 from nanobotd.cli.client import Client, DaemonError
 from nanobotd.sessions.file import filename_for_key
 from tests.support.daemonproc import CTL, FIRST_LLM_CALL_SECONDS, REPO
-from tests.support.observe import stat_fields
+from tests.support.observe import cpu_seconds
 from tests.support.workspace import conversation, history_entries, make_workspace, write_session
 
 JOB_STOP_SECONDS = 3
@@ -29,11 +29,6 @@ def daemon(tmp_path, daemon_process):
     proc = daemon_process(workspace, extra_config=f"job_stop_seconds = {JOB_STOP_SECONDS}")
     proc.workspace, proc.sessions = workspace, sessions
     return proc
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = stat_fields(pid)
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def stop_within(daemon, seconds: float) -> float:
@@ -70,11 +65,11 @@ def test_a_symlink_to_dev_zero_is_refused_without_spinning_and_tracking_goes_on(
     link.touch()  # touches /dev/zero's times through the link: harmless, but events name the link
     write_session(daemon.sessions, "cli:a", conversation(4))
     daemon.wait_for(lambda: daemon.session("cli:a"))
-    before = cpu_seconds(daemon.proc.pid)
+    before = cpu_seconds(daemon.proc.pid)[0]
     time.sleep(3)
     write_session(daemon.sessions, "cli:a", conversation(6))
     daemon.wait_for(lambda: (daemon.session("cli:a") or {}).get("messages") == 6)
-    assert cpu_seconds(daemon.proc.pid) - before < 2.0
+    assert cpu_seconds(daemon.proc.pid)[0] - before < 2.0
     assert daemon.session("cli:zero") is None
     assert daemon.proc.poll() is None
 

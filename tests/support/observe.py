@@ -38,6 +38,13 @@ def stat_fields(pid: int | str) -> list[str]:
         return handle.read().rsplit(")", 1)[1].split()
 
 
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """(utime + stime of the process, of its waited-for children) in seconds."""
+    fields = stat_fields(pid)
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks, (int(fields[13]) + int(fields[14])) / ticks
+
+
 def child_pids(pid: int) -> list[int]:
     """Live children of *pid* (found by parent pid, so kernels without /proc/.../children work too)."""
     children = []
