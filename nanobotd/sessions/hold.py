@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -42,6 +43,31 @@ class Holds:
 
     def __init__(self, state_dir: Path):
         self.folder = Path(state_dir) / HELD_DIR
+        # inside together() (called under the tracker's lock, as every hold is): the copies made, open, their
+        # syncs to come; and whether the folder has a new link or copy to sync
+        self._unsynced: list[int] | None = None
+        self._folder_unsynced = False
+
+    @contextmanager
+    def together(self) -> Iterator[None]:
+        """Sync the versions held inside it together as it ends (before the database refers to them: the caller
+        commits after it): each copy's writeback starts as it is made, then one sync each and one of the folder.
+        A first start holds a copy of every session file, and a copy synced with its folder one at a time
+        costs ~0.7 ms (two journal commits), ~0.25 ms in a group."""
+        if self._unsynced is not None:  # already inside one: its end syncs these too
+            yield
+            return
+        self._unsynced, self._folder_unsynced = [], False
+        try:
+            yield
+            for fd in self._unsynced:
+                os.fsync(fd)
+            if self._folder_unsynced:
+                fsio.fsync_dir(self.folder)
+        finally:
+            unsynced, self._unsynced = self._unsynced, None
+            for fd in unsynced:
+                os.close(fd)
 
     def path(self, session_id: int, generation: int) -> Path:
         return self.folder / f"{session_id}.{generation}"
@@ -66,8 +92,13 @@ class Holds:
         target = self.path(session_id, generation)
         target.unlink(missing_ok=True)
         if not link:
-            _copy_from(handle, target)
-            fsio.fsync_dir(self.folder)
+            fd = _copy_from(handle, target, synced=self._unsynced is None)
+            if self._unsynced is None:
+                os.close(fd)
+                fsio.fsync_dir(self.folder)
+            else:
+                self._unsynced.append(fd)
+                self._folder_unsynced = True
             return True
         try:
             os.link(source, target)
@@ -78,7 +109,10 @@ class Holds:
         if os.stat(target).st_ino != os.fstat(handle.fileno()).st_ino:
             target.unlink(missing_ok=True)
             return False
-        fsio.fsync_dir(self.folder)
+        if self._unsynced is None:
+            fsio.fsync_dir(self.folder)
+        else:  # together()'s end syncs the folder
+            self._folder_unsynced = True
         return True
 
     def read(self, session_id: int, generation: int, shift: int, lines: Iterable[LineRef | None]) -> list[str | None]:
@@ -148,8 +182,9 @@ def _spans(lines: list[LineRef | None]) -> list[list[int]]:
     return spans
 
 
-def _copy_from(handle: BinaryIO, target: Path) -> None:
-    """Copy the whole file open in *handle* to *target* (in the kernel), synced."""
+def _copy_from(handle: BinaryIO, target: Path, *, synced: bool = True) -> int:
+    """Copy the whole file open in *handle* to *target* (in the kernel); returns the copy's open descriptor.
+    *synced*: synced before it returns; otherwise its writeback is started, to be synced later."""
     size = os.fstat(handle.fileno()).st_size
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -159,12 +194,15 @@ def _copy_from(handle: BinaryIO, target: Path) -> None:
             if done == 0:
                 break
             copied += done
-        os.fsync(fd)
+        if synced:
+            os.fsync(fd)
+        else:  # the advice starts the writeback now (Linux), so the sync that follows finds it done or going
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     except BaseException:
         os.close(fd)
         target.unlink(missing_ok=True)
         raise
-    os.close(fd)
+    return fd
 
 
 def line_text(data: bytes) -> str:

@@ -26,6 +26,10 @@ from nanobotd.sessions.session import ScanResult, SessionState
 
 SCAN_SLICE_SECONDS = 0.25  # scan_many holds the lock this long at a time (archive marks wait for it)
 FILES_COUNTING = 2  # files read whose tokens are still being counted, before the first of them is applied
+# new files applied together: one transaction, their held copies synced together (a first start's 1,000 files
+# spent ~0.7 s waiting for their syncs one at a time, and ~0.3 s committing)
+GROUP_FILES = 32
+GROUP_MESSAGES = 10_000  # (fewer files when they hold this many messages)
 
 
 @dataclass
@@ -94,6 +98,8 @@ class ScanPipeline:
         done: list[tuple[Path, ScanResult | None | Exception]] = []
         until = time.perf_counter() + SCAN_SLICE_SECONDS
         waiting: deque[ReadFile] = deque()  # read, their counts still coming: applied in order
+        # new files read, applied together when there are enough (many files: the counting process counts)
+        group: _Group | None = _Group() if counter is not None else None
         more = False
         try:
             for path in paths:
@@ -104,27 +110,88 @@ class ScanPipeline:
                     begun = exc
                 if isinstance(begun, ReadFile):
                     waiting.append(begun)
-                    self._finish_oldest(waiting, done, keep=FILES_COUNTING)
+                    self._finish_oldest(waiting, done, group, keep=FILES_COUNTING)
                 else:
-                    self._finish_oldest(waiting, done)  # in order: the files read before are applied first
+                    self._finish_oldest(waiting, done, group)  # in order: the files read before are applied first
+                    self._apply_group(group, done)
                     done.append((path, begun))
                 if time.perf_counter() >= until:
                     more = True
                     break
-            self._finish_oldest(waiting, done)
+            self._finish_oldest(waiting, done, group)
+            self._apply_group(group, done)
         finally:
-            for begun in waiting:  # interrupted: the files read are let go unapplied
+            for begun in [*waiting, *(group.files if group is not None else ())]:  # interrupted: let go unapplied
                 begun.close()
         return done, more
 
-    def _finish_oldest(self, waiting: deque[ReadFile], done: list, *, keep: int = 0) -> None:
-        """Apply the files read first until *keep* are left waiting, each result added to *done*."""
+    def _finish_oldest(self, waiting: deque[ReadFile], done: list, group: _Group | None, *, keep: int = 0) -> None:
+        """Apply the files read first until *keep* are left waiting, each result added to *done* (a new file
+        joins *group*, applied with it)."""
         while len(waiting) > keep:
             first = waiting.popleft()
+            if group is not None and self._new_session(first):
+                group.add(first)
+                if group.full():
+                    self._apply_group(group, done)
+                continue
+            self._apply_group(group, done)  # in order
             done.append((first.path, self._finish_caught(first)))
+
+    def _new_session(self, begun: ReadFile) -> bool:
+        """A file read whole whose session was never seen (undone whole if its group's commit fails)."""
+        return begun.known is None and begun.rows is None and begun.parsed.key not in self.sessions
+
+    def _apply_group(self, group: _Group | None, done: list) -> None:
+        """Apply the new files of *group* in one transaction, their held copies synced together before it
+        commits. When the commit fails, none of them was applied: their sessions are forgotten (read again at
+        the next scan) and each file is reported with the error."""
+        if group is None or not group.files:
+            return
+        files, group.files, group.messages = group.files, [], 0
+        results: list[tuple[Path, ScanResult | Exception]] = []
+        try:
+            with self.store.batch(), self.holds.together():
+                for begun in files:
+                    results.append((begun.path, self._finish_caught(begun)))
+        except Exception as exc:
+            self._forget_unapplied(files, [result for _, result in results])
+            results = [(begun.path, exc) for begun in files]
+        finally:
+            for begun in files:
+                begun.close()
+        done.extend(results)
+
+    def _forget_unapplied(self, files: list[ReadFile], results: list) -> None:
+        """The sessions a group's files made, as if never scanned: their rows were rolled back."""
+        keys = {result.key for result in results if isinstance(result, ScanResult)}
+        for begun in files:
+            self._keys_by_path.pop(begun.path, None)
+        for key in keys:
+            session = self.sessions.get(key)
+            if session is not None:
+                self.holds.drop(session.session_id, session.hold_generation)
+                self.sessions = {other: kept for other, kept in self.sessions.items() if other != key}
+            if key in self._cached:
+                self._let_go(key)
 
     def _finish_caught(self, begun: ReadFile) -> ScanResult | Exception:
         try:
             return self._finish_scan(begun)
         except Exception as exc:
             return exc
+
+
+class _Group:
+    """New files read, to apply together (ScanPipeline._apply_group)."""
+
+    def __init__(self) -> None:
+        self.files: list[ReadFile] = []
+        self.messages = 0
+
+    def add(self, begun: ReadFile) -> None:
+        self.files.append(begun)
+        self.messages += len(begun.parsed.messages)
+
+    def full(self) -> bool:
+        return len(self.files) >= GROUP_FILES or self.messages >= GROUP_MESSAGES

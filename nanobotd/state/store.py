@@ -204,6 +204,7 @@ class StateStore:
         self.first_start = False
         self._lock = threading.RLock()
         self._db: sqlite3.Connection | None = None
+        self._depth = 0  # transactions open on the connection (the lock's holder's): 1, and its savepoints
 
     # -- lifecycle -------------------------------------------------------------------------------
     def open(self) -> StateStore:
@@ -273,16 +274,46 @@ class StateStore:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction (BEGIN IMMEDIATE ... COMMIT, rolled back on error)."""
+        """A write transaction (BEGIN IMMEDIATE ... COMMIT, rolled back on error); inside `batch()` on the
+        thread that holds it, a savepoint of the batch's transaction (rolled back alone on error)."""
         with self._lock:
             db = self._require()
+            if self._depth:
+                yield from self._savepoint(db)
+                return
             db.execute("BEGIN IMMEDIATE")
+            self._depth = 1
             try:
                 yield db
+                db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                if db.in_transaction:  # the block raised, or the commit failed and left it open
+                    db.execute("ROLLBACK")
                 raise
-            db.execute("COMMIT")
+            finally:
+                self._depth = 0
+
+    @contextmanager
+    def batch(self) -> Iterator[sqlite3.Connection]:
+        """One transaction for many: the `transaction()`s this thread opens inside it are its savepoints, and
+        it commits once at the end (rolled back whole on error). Other threads wait for the store meanwhile,
+        so a batch is kept short; a start-up reconcile applies a few new session files in each."""
+        with self.transaction() as db:
+            yield db
+
+    def _savepoint(self, db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+        name = f"nested{self._depth}"
+        db.execute(f"SAVEPOINT {name}")
+        self._depth += 1
+        try:
+            yield db
+        except BaseException:
+            db.execute(f"ROLLBACK TO {name}")
+            db.execute(f"RELEASE {name}")
+            raise
+        finally:
+            self._depth -= 1
+        db.execute(f"RELEASE {name}")
 
     def query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
         """Run a read query; rows are tuples."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 
 from nanobotd.sessions.file import filename_for_key
@@ -577,3 +578,47 @@ def test_a_long_unread_stretch_is_counted_in_the_counter_whole_and_a_short_one_b
     assert sum(batches) == 200 and tracker.sessions["cli:alone"].message_count == 200
     plain_store.close()
     store.close()
+
+
+def test_scan_many_applies_new_files_in_groups_and_a_group_that_cannot_commit_is_read_again(tmp_path, monkeypatch):
+    """New files are applied a group at a time (one transaction, their copies synced together). A group whose
+    copies cannot be synced is rolled back whole: its files are reported with the error, their sessions and
+    held copies are gone, and the next reconcile reads them as if never seen."""
+    from nanobotd.sessions import hold, pipeline
+    from nanobotd.tokens import submit_tokens_batch
+
+    monkeypatch.setattr(pipeline, "GROUP_FILES", 3)
+    monkeypatch.setattr(pipeline, "SCAN_SLICE_SECONDS", 60.0)  # one slice: its groups are 3, 3 and 2 files
+    _, sessions = make_workspace(tmp_path / "ws")
+    paths = [write_session(sessions, f"cli:g{number}", conversation(20 + number, tag=f"g{number}"))
+             for number in range(8)]
+    store = StateStore(tmp_path / "state").open()
+    tracker = SessionTracker("ws", store, counter=submit_tokens_batch)
+    groups = []
+    sync_dir = hold.fsio.fsync_dir
+
+    def sync_or_fail(folder):
+        groups.append(folder)
+        if len(groups) == 2:
+            raise OSError(5, "Input/output error")
+        sync_dir(folder)
+
+    monkeypatch.setattr(hold.fsio, "fsync_dir", sync_or_fail)
+    results = list(tracker.scan_many(paths))
+    assert [path for path, _ in results] == paths
+    failed = [path.name for path, result in results if isinstance(result, OSError)]
+    assert failed == [path.name for path in paths[3:6]]  # the second group of three
+    assert sorted(tracker.sessions) == ["cli:g0", "cli:g1", "cli:g2", "cli:g6", "cli:g7"]
+    assert len(groups) == 3
+    held = sorted(os.listdir(store.state_dir / "held"))
+    assert held == sorted(f"{session.session_id}.1" for session in tracker.sessions.values())
+    assert store.query("SELECT count(*) FROM sessions")[0][0] == 5
+
+    again = list(tracker.scan_many(paths))
+    assert [path.name for path, result in again if result.changed] == [path.name for path in paths[3:6]]
+    one_store, one = make_tracker(tmp_path / "one")
+    for path in paths:
+        one.scan(path)
+    assert sorted(_accounting(store, tracker).values()) == sorted(_accounting(one_store, one).values())
+    store.close()
+    one_store.close()

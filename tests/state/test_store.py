@@ -111,3 +111,63 @@ def test_the_page_cache_holds_8_mib_while_busy_and_is_given_back_when_idle(tmp_p
     assert cache_size == -8 * 1024  # KiB
     assert filled - before > 6 * 1024, "reading 30 MB filled the 8 MiB cache"
     assert filled - after > 6 * 1024, "shrink_memory gave it back"
+
+
+def _names(store) -> list[str]:
+    return [row[0] for row in store.query("SELECT run_id FROM runs ORDER BY run_id")]
+
+
+def test_a_batch_commits_its_transactions_together_and_one_that_fails_is_rolled_back_alone(tmp_path):
+    store = StateStore(tmp_path).open()
+    with store.batch():
+        store.create_run("consolidate", "ws", run_id="r-1")
+        try:
+            with store.transaction() as db:
+                db.execute("INSERT INTO runs (run_id, kind, workspace, state, started_at, manifest)"
+                           " VALUES ('r-2', 'dream', 'ws', 'started', 0, '{}')")
+                raise RuntimeError("this one fails")
+        except RuntimeError:
+            pass
+        store.create_run("consolidate", "ws", run_id="r-3")
+        outside = sqlite3.connect(tmp_path / "state.db")
+        assert outside.execute("SELECT count(*) FROM runs").fetchone()[0] == 0  # nothing committed yet
+    assert _names(store) == ["r-1", "r-3"]
+    assert outside.execute("SELECT count(*) FROM runs").fetchone()[0] == 2
+    outside.close()
+
+
+def test_a_batch_that_fails_leaves_none_of_its_transactions(tmp_path):
+    store = StateStore(tmp_path).open()
+    try:
+        with store.batch():
+            store.create_run("consolidate", "ws", run_id="r-1")
+            store.create_run("consolidate", "ws", run_id="r-2")
+            raise OSError("a sync failed before the commit")
+    except OSError:
+        pass
+    assert _names(store) == []
+    store.create_run("consolidate", "ws", run_id="r-4")  # the connection is usable again
+    assert _names(store) == ["r-4"]
+
+
+def test_another_thread_waits_for_a_batch_and_sees_it_whole(tmp_path):
+    import threading
+
+    store = StateStore(tmp_path).open()
+    seen: list[list[str]] = []
+    started = threading.Event()
+
+    def read() -> None:
+        started.set()
+        seen.append(_names(store))
+
+    with store.batch():
+        store.create_run("consolidate", "ws", run_id="r-1")
+        reader = threading.Thread(target=read)
+        reader.start()
+        started.wait(5)
+        reader.join(0.2)
+        assert reader.is_alive()  # waiting for the store
+        store.create_run("consolidate", "ws", run_id="r-2")
+    reader.join(5)
+    assert seen == [["r-1", "r-2"]]
