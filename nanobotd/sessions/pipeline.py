@@ -5,7 +5,8 @@ still being counted, then the first of them is applied (`_finish_scan`): the cou
 threads) runs beside the reading instead of after it. The tracker's lock is held a slice of
 SCAN_SLICE_SECONDS at a time, every file begun in a slice applied before the lock is let go, so a scan of one
 file from the watcher never meets a file half scanned. Files never seen before, when there are many, are read
-whole by parse processes a few files ahead (`parsepool`), and the reconciling thread only applies them.
+whole by parse processes a few files ahead (`parsepool`), and the reconciling thread only applies them; they are
+applied a group at a time (GROUP_FILES): one transaction, their held copies synced together before it commits.
 """
 
 from __future__ import annotations
@@ -164,7 +165,11 @@ class ScanPipeline:
 
     def _forget_unapplied(self, files: list[ReadFile], results: list) -> None:
         """The sessions a group's files made, as if never scanned: their rows were rolled back."""
-        keys = {result.key for result in results if isinstance(result, ScanResult)}
+        # the files applied before it failed (none when the transaction could not even begin)
+        applied = [(begun, result) for begun, result in zip(files, results, strict=False)
+                   if isinstance(result, ScanResult)]
+        keys = {result.key for _, result in applied}
+        self.large_messages -= sum(begun.parsed.large for begun, _ in applied)  # counted again when read again
         for begun in files:
             self._keys_by_path.pop(begun.path, None)
         for key in keys:
