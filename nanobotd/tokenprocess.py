@@ -99,6 +99,7 @@ class _Child:
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         _Child.started.add(self)
         self.waiting: deque[ProcessCounts] = deque()  # sent, not answered: the reader answers the first
+        self.preload: ProcessCounts | None = None  # the empty batch that loads its encoding before any other
         self.failed = False
         self._send = threading.Lock()
         # a writer thread feeds the pipe, so a scan never waits for the process to take the next batch
@@ -118,6 +119,10 @@ class _Child:
                 self.waiting.append(pending)
                 self._requests.put(request)
         return pending
+
+    def busy(self) -> bool:
+        """A batch sent is not answered yet (the empty one loading the encoding aside: nothing waits for it)."""
+        return any(pending is not self.preload for pending in list(self.waiting))
 
     def _write(self) -> None:
         while (request := self._requests.get()) is not None:
@@ -161,7 +166,10 @@ class _Child:
             self.process.kill()
 
     def close(self) -> None:
-        """Let it finish and exit (its stdin closed), killed if it does not."""
+        """Let it finish and exit (its stdin closed), killed if it does not; killed at once when all it has to
+        finish is loading its encoding (started early, and no batch came)."""
+        if self.preload is not None and list(self.waiting) == [self.preload] and self.process.poll() is None:
+            self.process.kill()
         self._requests.put(None)
         reap(self.process, self.kill)
         self._writer.join(EXIT_WAIT_SECONDS)
@@ -196,6 +204,19 @@ class CountingProcess:
         if child is None or child.failed:
             return submit_tokens_batch(texts, encoding_name)
         return child.send(texts, encoding_name)
+
+    def start_now(self, encoding_name: str) -> bool:
+        """Start the process before any batch, its encoding loading meanwhile (a first start's reconcile will need
+        it: its ~0.3 s start then overlaps the daemon's own); let go as usual if no batch comes."""
+        with self._lock:
+            self._last_used = time.monotonic()
+            if self._child is None:
+                self._child = self._start()
+            child = self._child
+        if child is None:
+            return False
+        child.preload = child.send([], encoding_name)  # an empty batch: the encoding is loaded, nothing is counted
+        return True
 
     def _start(self) -> _Child | None:
         try:
@@ -238,7 +259,7 @@ class CountingProcess:
         """Let the process go when no batch came for *idle_seconds* (and none is waiting)."""
         with self._lock:
             child = self._child
-            if child is None or child.waiting or time.monotonic() - self._last_used < idle_seconds:
+            if child is None or child.busy() or time.monotonic() - self._last_used < idle_seconds:
                 return False
             self._child, self._handed = None, 0
         child.close()

@@ -20,6 +20,7 @@ from pathlib import Path
 from nanobotd import heap
 
 DEFAULT_ENCODING = "o200k_base"
+AGENT_ENCODING = "cl100k_base"  # what nanobot counts its prompt in
 CL100K_MODEL_HINTS = ("gpt-4-", "gpt-4", "gpt-3.5", "text-embedding", "claude")
 # Counting text far larger than any context window only tells us "huge"; cap the work it costs.
 MAX_COUNTED_CHARS = 4_000_000
@@ -35,6 +36,12 @@ def encoding_name_for(model: str) -> str:
     if lowered.startswith(CL100K_MODEL_HINTS):
         return "cl100k_base"
     return DEFAULT_ENCODING
+
+
+def workspace_encoding(mode: str, model: str) -> str:
+    """What a workspace counts in: beside nanobot (companion, or auto), as nanobot counts its prompt (cl100k); an
+    owner, for its own model."""
+    return encoding_name_for(model) if mode == "owner" else AGENT_ENCODING
 
 
 def tokenizer_dir() -> Path | None:

@@ -195,3 +195,29 @@ def test_the_process_is_let_go_when_the_last_scan_using_it_is_done():
         assert counting.starts == 1
     finally:
         counting.close()
+
+
+def test_a_process_started_before_any_batch_loads_its_encoding_and_counts_the_first_batch_itself():
+    counting = CountingProcess(after_texts=10_000)
+    try:
+        assert counting.start_now(ENCODING) is True
+        assert counting.running and counting.starts == 1
+        first = counting.submit(["one text"] * 3, ENCODING)  # far fewer than after_texts: it is running already
+        assert isinstance(first, ProcessCounts) and first.result() == [2] * 3
+        assert counting.start_now(ENCODING) is True and counting.starts == 1  # one process, asked again
+    finally:
+        counting.close()
+    assert not counting.running
+
+
+def test_a_process_started_early_and_never_used_is_let_go_like_any_other():
+    counting = CountingProcess()
+    counting.start_now(ENCODING)
+    pid = counting.pid
+    try:
+        time.sleep(0.05)
+        with counting.in_use():  # a start-up reconcile that found nothing to count
+            pass
+        assert not counting.running and not pid_exists(pid)
+    finally:
+        counting.close()

@@ -29,6 +29,7 @@ from nanobotd.daemon.workspace import Workspace
 from nanobotd.notify import Notifier, watchdog_interval
 from nanobotd.sessions.parsepool import processes_for
 from nanobotd.state.store import StateStore
+from nanobotd.tokenprocess import CountingProcess
 from nanobotd.watcher import SessionWatcher
 
 TICK_SECONDS = 1.0
@@ -42,8 +43,10 @@ CACHE_IDLE_SECONDS = 300.0  # a session's in-memory caches go after this long un
 class Daemon:
     """nanobotd's process: wiring, lifecycle, signals, reload and the tick loop."""
 
-    def __init__(self, config: Config, *, notifier: Notifier, clock=time.time, polling: bool = False):
+    def __init__(self, config: Config, *, notifier: Notifier, clock=time.time, polling: bool = False,
+                 counting: dict[str, CountingProcess] | None = None):
         self.config = config
+        self._counting = dict(counting or {})  # counting processes started before the daemon, by workspace
         self._started_config = config
         self.notifier = notifier
         self.polling = polling
@@ -92,7 +95,8 @@ class Daemon:
         home = Path(self.config.environ.get("HOME", "~")).expanduser()
         return Workspace(settings, self.core.store, state_dir=self.config.state_dir, environ=self.config.environ,
                          home=home, now=self.core.now, clock=self.core.clock,
-                         parse_processes=processes_for(os.cpu_count(), self.config.daemon.parse_processes))
+                         parse_processes=processes_for(os.cpu_count(), self.config.daemon.parse_processes),
+                         counting=self._counting.pop(settings.name, None))
 
     async def run(self) -> int:
         """Serve until SIGTERM/SIGINT; returns the exit status."""

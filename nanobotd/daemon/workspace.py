@@ -37,10 +37,9 @@ from nanobotd.sessions.tracker import ScanResult, SessionTracker
 from nanobotd.state.store import StateStore
 from nanobotd.timestamps import iso_local
 from nanobotd.tokenprocess import CountingProcess
-from nanobotd.tokens import encoding_name_for
+from nanobotd.tokens import workspace_encoding
 
 ALL_FILES = Path("*")  # a pending index change that means "check every file"
-AGENT_ENCODING = "cl100k_base"  # what nanobot counts its prompt in
 AGENT_TOKENS_PER_MESSAGE = 4  # nanobot adds this per message to its estimate
 
 
@@ -48,15 +47,15 @@ class Workspace:
     """Everything the daemon keeps for one configured workspace."""
 
     def __init__(self, settings: WorkspaceSettings, store: StateStore, *, state_dir: Path, environ,
-                 home: Path | None, now: Callable[[], datetime], clock=time.time, parse_processes: int = 0):
+                 home: Path | None, now: Callable[[], datetime], clock=time.time, parse_processes: int = 0,
+                 counting: CountingProcess | None = None):
         self.settings = settings
         self.store = store
         self.home = home
         self.clock = clock
-        # beside nanobot, count as nanobot counts (cl100k); an owner counts for its own model
-        encoding = (encoding_name_for(settings.llm.model) if settings.consolidation.mode == "owner"
-                    else AGENT_ENCODING)
-        self.counting = CountingProcess()  # a reconcile of several files, or a long one, counts in a child process
+        encoding = workspace_encoding(settings.consolidation.mode, settings.llm.model)
+        # a reconcile of several files, or a long one, counts in a child process (started already at a first start)
+        self.counting = counting or CountingProcess()
         self.tracker = SessionTracker(settings.name, store, encoding=encoding, clock=clock,
                                       counter=self.counting.submit, parse_processes=parse_processes)
         self.agent = AgentSettings(path=None)
