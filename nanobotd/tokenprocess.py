@@ -168,7 +168,7 @@ class _Child:
     def close(self) -> None:
         """Let it finish and exit (its stdin closed), killed if it does not; killed at once when all it has to
         finish is loading its encoding (started early, and no batch came)."""
-        if self.preload is not None and list(self.waiting) == [self.preload] and self.process.poll() is None:
+        if self.waiting and not self.busy() and self.process.poll() is None:
             self.process.kill()
         self._requests.put(None)
         reap(self.process, self.kill)

@@ -92,13 +92,7 @@ class Holds:
         target = self.path(session_id, generation)
         target.unlink(missing_ok=True)
         if not link:
-            fd = _copy_from(handle, target, synced=self._unsynced is None)
-            if self._unsynced is None:
-                os.close(fd)
-                fsio.fsync_dir(self.folder)
-            else:
-                self._unsynced.append(fd)
-                self._folder_unsynced = True
+            self._settle(target, _copy_from(handle, target))
             return True
         try:
             os.link(source, target)
@@ -109,11 +103,26 @@ class Holds:
         if os.stat(target).st_ino != os.fstat(handle.fileno()).st_ino:
             target.unlink(missing_ok=True)
             return False
-        if self._unsynced is None:
-            fsio.fsync_dir(self.folder)
-        else:  # together()'s end syncs the folder
-            self._folder_unsynced = True
+        self._settle(target)
         return True
+
+    def _settle(self, target: Path, fd: int | None = None) -> None:
+        """A new version in the folder, and the open descriptor of its copy when it is one: synced now (a copy
+        that cannot be is removed), or at together()'s end."""
+        if self._unsynced is not None:
+            if fd is not None:
+                self._unsynced.append(fd)
+            self._folder_unsynced = True
+            return
+        if fd is not None:
+            try:
+                os.fsync(fd)
+            except BaseException:
+                target.unlink(missing_ok=True)
+                raise
+            finally:
+                os.close(fd)
+        fsio.fsync_dir(self.folder)
 
     def read(self, session_id: int, generation: int, shift: int, lines: Iterable[LineRef | None]) -> list[str | None]:
         """The text of each held line, its offsets before the session's *shift* (None for a line that is not
@@ -182,9 +191,9 @@ def _spans(lines: list[LineRef | None]) -> list[list[int]]:
     return spans
 
 
-def _copy_from(handle: BinaryIO, target: Path, *, synced: bool = True) -> int:
-    """Copy the whole file open in *handle* to *target* (in the kernel); returns the copy's open descriptor.
-    *synced*: synced before it returns; otherwise its writeback is started, to be synced later."""
+def _copy_from(handle: BinaryIO, target: Path) -> int:
+    """Copy the whole file open in *handle* to *target* (in the kernel), its writeback started; returns the copy's
+    open descriptor, for Holds._settle to sync."""
     size = os.fstat(handle.fileno()).st_size
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -194,10 +203,8 @@ def _copy_from(handle: BinaryIO, target: Path, *, synced: bool = True) -> int:
             if done == 0:
                 break
             copied += done
-        if synced:
-            os.fsync(fd)
-        else:  # the advice starts the writeback now (Linux), so the sync that follows finds it done or going
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        # the advice starts the writeback now (Linux): a sync that follows finds it done or going
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     except BaseException:
         os.close(fd)
         target.unlink(missing_ok=True)

@@ -27,28 +27,26 @@ class Checkpointer:
     def __init__(self, path: Path, *, interval: float = INTERVAL_SECONDS) -> None:
         self.path = path
         self.interval = interval
-        self.checkpoints = 0  # done so far (each one of the log's frames written since the one before)
+        self.checkpoints = 0  # how many were made
         self._written = threading.Event()
-        self._stop = threading.Event()  # wakes the thread out of its pause between checkpoints
+        self._stop = threading.Event()  # set once stopped; wakes the thread out of its pause between checkpoints
         self._lock = threading.Lock()  # the thread's start and stop
         self._thread: threading.Thread | None = None
-        self._stopping = False
 
     def written(self) -> None:
         """A commit was made: a checkpoint follows soon."""
         self._written.set()
         if self._thread is None:
             with self._lock:
-                if self._thread is None and not self._stopping:
+                if self._thread is None and not self._stop.is_set():
                     self._thread = threading.Thread(target=self._run, name="state-checkpoint", daemon=True)
                     self._thread.start()
 
     def stop(self) -> None:
         """Let the thread finish the checkpoint it is in, and end (the store's close checkpoints what is left)."""
         with self._lock:
-            self._stopping = True
+            self._stop.set()
             thread, self._thread = self._thread, None
-        self._stop.set()
         self._written.set()
         if thread is not None:
             thread.join()
@@ -56,7 +54,7 @@ class Checkpointer:
     def _run(self) -> None:
         while True:
             self._written.wait()
-            if self._stopping:
+            if self._stop.is_set():
                 return
             self._written.clear()
             self.checkpoint()
