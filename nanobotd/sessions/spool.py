@@ -174,17 +174,31 @@ class SpoolPlan(Sequence[tuple[int, str, int, bool]]):
         for seq, role, tokens, present in zip(self.seqs, self.roles, self.tokens, self.present, strict=True):
             yield seq, role, tokens, bool(present)
 
-
-def read_plan(store: StateStore, session_id: int, gone: set[str]) -> SpoolPlan:
-    """The plan (seq, role, tokens, still in the file) of every spooled message, in first-seen order."""
-    def fill(rows: Iterable[tuple]) -> SpoolPlan:
+    def prefix(self, count: int) -> SpoolPlan:
+        """The plan of its first *count* messages (copied a slice of each array at a time)."""
         plan = SpoolPlan()
-        for seq, digest, role, tokens in rows:
-            plan.add(seq, role, tokens, digest not in gone)
+        plan.seqs, plan.roles = self.seqs[:count], self.roles[:count]
+        plan.tokens, plan.present = self.tokens[:count], self.present[:count]
         return plan
 
-    return store.query_with("SELECT seq, digest, role, tokens FROM spool WHERE session_id=? ORDER BY seq",
-                            (session_id,), fill)
+
+def read_plan(store: StateStore, session_id: int, gone: set[str]) -> SpoolPlan:
+    """The plan (seq, role, tokens, still in the file) of every spooled message, in first-seen order. Digests
+    are read only when some message left the file (a long session's plan is read by every run: a row's digest
+    and a call a row cost a third of it)."""
+    def fill(rows: Iterable[tuple]) -> SpoolPlan:
+        plan = SpoolPlan()
+        seq, role, tokens, present, interned = (plan.seqs.append, plan.roles.append, plan.tokens.append,
+                                                plan.present.append, {})
+        for row in rows:
+            seq(row[0])
+            role(interned.setdefault(row[1], row[1]))
+            tokens(row[2])
+            present(not gone or row[3] not in gone)
+        return plan
+
+    columns = "seq, role, tokens, digest" if gone else "seq, role, tokens"
+    return store.query_with(f"SELECT {columns} FROM spool WHERE session_id=? ORDER BY seq", (session_id,), fill)
 
 
 def read_spooled(store: StateStore, session_id: int, seqs: list[int],

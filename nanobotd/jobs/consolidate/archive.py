@@ -91,9 +91,7 @@ async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, rea
         ctx.store.record_outcome("consolidate", ctx.settings.name, "no_change", run_id=run_id,
                                  reason=NOTHING_LEFT_REASON)
         return manifest
-    rounds = ctx.settings.consolidation.max_rounds
-    chunks = plan_chunks(ctx, selected)
-    chunks = chunks[:rounds] if reason == "budget" else chunks
+    chunks = plan_chunks(ctx, selected, most=ctx.settings.consolidation.max_rounds if reason == "budget" else None)
     outcomes = []
     marks = PendingMarks(ctx, session_key, run_id, manifest)
     raw_backups = (lambda number: backup_path(ctx, run_id, number)) if ctx.llm.offline else None

@@ -45,10 +45,6 @@ class Chunk:
     loaded: list[tuple[int, PendingMessage, str]] = field(default_factory=list)
     read: ReadChunk | None = None  # or read by the chunk-reading process (a run without an LLM: no messages)
 
-    @classmethod
-    def of(cls, items: list[tuple[int, str, int]], *, oversized: bool = False) -> Chunk:
-        return cls(array("q", [seq for seq, _, _ in items]), sum(tokens for _, _, tokens in items), oversized)
-
     @property
     def messages(self) -> list[PendingMessage]:
         return [message for _, message, _ in self.loaded]
@@ -113,69 +109,73 @@ def chunk_ratio(ctx: JobEnv, tokens: Sequence[int]) -> float:
 
 
 def select_messages(ctx: JobEnv, pending: SpoolPlan, reason: str, *, vanished_only: bool = False) -> SpoolPlan:
-    """What this run archives, of the spool's plan: all of it (not budget); otherwise a plan of its own
-    (arrays: a long session's selection is every message) with the vanished messages always, then the
-    oldest until the tail fits the target.
+    """What this run archives, of the spool's plan: all of it (not budget); otherwise the oldest messages until
+    the tail (what is still in the file, after them) fits the target, ending just before a user message; the
+    vanished messages among them are taken whatever their size.
 
     *vanished_only* (beside an agent that archives by itself): never a message still in the session file.
     """
     if not vanished_only and reason != "budget":
         return pending
-    selected = SpoolPlan()
     if vanished_only:
+        selected = SpoolPlan()
         for seq, role, tokens, present in pending:
             if not present:
                 selected.add(seq, role, tokens, present)
         return selected
-    target = ctx.settings.budget * ctx.settings.consolidation.ratio
-    remaining = sum(tokens for _, _, tokens, present in pending if present)
-    for seq, role, tokens, present in pending:
-        if not present:
-            selected.add(seq, role, tokens, present)
-            continue
-        if remaining <= target and (role == "user" or not selected):
-            break
-        selected.add(seq, role, tokens, present)
-        remaining -= tokens
-    return selected
+    return pending.prefix(_budget_cut(pending, ctx.settings.budget * ctx.settings.consolidation.ratio))
 
 
-def plan_chunks(ctx: JobEnv, selected: SpoolPlan) -> list[Chunk]:
-    """Split into chunks that fit one request and end just before a user message."""
+def _budget_cut(pending: SpoolPlan, target: float) -> int:
+    """How many of the oldest messages a budget run takes: up to the first message still in the file, a user's (or
+    the very first), from which on the tail fits *target*. Found from the end, so a long session's plan is walked
+    only as far back as the tail reaches (the tail of every later message fits too: it only shrinks)."""
+    tokens, present, roles, count = pending.tokens, pending.present, pending.roles, len(pending)
+    start, tail = count, 0
+    if tail > target:
+        return count
+    while start > 0 and tail + (tokens[start - 1] if present[start - 1] else 0) <= target:
+        start -= 1
+        tail += tokens[start] if present[start] else 0
+    for index in range(start, count):
+        if present[index] and (index == 0 or roles[index] == "user"):
+            return index
+    return count
+
+
+def plan_chunks(ctx: JobEnv, selected: SpoolPlan, *, most: int | None = None) -> list[Chunk]:
+    """Split into chunks that fit one request and end just before a user message: all of them, or the first
+    *most* (a chunk is final once the next one begins, so the rest are never planned)."""
     window = ctx.settings.llm.context_window
     ratio = chunk_ratio(ctx, selected.tokens)
     limit = max(1000, int(window * ratio / SAFETY_MARGIN) - PROMPT_OVERHEAD_TOKENS)
+    seqs, roles, tokens = selected.seqs, selected.roles, selected.tokens
+    most = len(selected) if most is None else most
     chunks: list[Chunk] = []
-    current: list[tuple[int, str, int]] = []
-    size = 0
-    for seq, role, tokens, _ in selected:
-        item = (seq, role, tokens)
-        if tokens > window // 2:
-            if current:
-                chunks.append(Chunk.of(current))
-                current, size = [], 0
-            chunks.append(Chunk.of([item], oversized=True))
+
+    def close(first: int, end: int, *, oversized: bool = False) -> None:
+        chunks.append(Chunk(seqs[first:end], sum(tokens[first:end]), oversized))
+
+    first, size, last_user = 0, 0, 0  # the current chunk: its first message, its tokens, its last user message
+    for index in range(len(selected)):
+        if len(chunks) >= most:
+            return chunks[:most]
+        if tokens[index] > window // 2:  # alone in a chunk that is never sent
+            if index > first:
+                close(first, index)
+            close(index, index + 1, oversized=True)
+            first, size, last_user = index + 1, 0, 0
             continue
-        if current and size + tokens > limit:
-            cut = _last_user_boundary(current)
-            if cut == 0:
-                cut = len(current)
-            chunks.append(Chunk.of(current[:cut]))
-            current = current[cut:]
-            size = sum(tokens for _, _, tokens in current)
-        current.append(item)
-        size += tokens
-    if current:
-        chunks.append(Chunk.of(current))
-    return chunks
-
-
-def _last_user_boundary(items: list[tuple[int, str, int]]) -> int:
-    """Index of the last user message (a chunk may end just before it); 0 when there is none."""
-    for index in range(len(items) - 1, 0, -1):
-        if items[index][1] == "user":
-            return index
-    return 0
+        if index > first and size + tokens[index] > limit:
+            cut = last_user if last_user > first else index  # before its last user message, or all of it
+            close(first, cut)
+            first, size, last_user = cut, sum(tokens[cut:index]), 0
+        size += tokens[index]
+        if roles[index] == "user":
+            last_user = index
+    if len(selected) > first:
+        close(first, len(selected))
+    return chunks[:most]
 
 
 class ChunkLoads:
