@@ -71,10 +71,15 @@ class Chunk:
         """The chunk's [RAW] history entries (prepared already, when the chunk-reading process read it)."""
         return self.read.entries if self.read is not None else raw_entries(self.messages, max_chars)
 
+    @property
+    def backed_up(self) -> bool:
+        """Its backup is written already (by the reading process, which read it)."""
+        return self.read is not None
+
     def back_up(self, path: Path) -> Path:
         """The chunk's messages in its backup file *path* (`archive.backup_path`: where the reading process wrote
         them already, when it read the chunk)."""
-        if self.read is None:
+        if not self.backed_up:
             fsio.atomic_write(path, backup_text(self.loaded))
         return path
 
