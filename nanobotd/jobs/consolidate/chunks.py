@@ -28,9 +28,11 @@ from nanobotd.tokenprocess import counting_processes
 SAFETY_MARGIN = 1.2
 PROMPT_OVERHEAD_TOKENS = 600
 READER_MIN_CHUNKS = 8  # fewer chunks are read in the daemon: the process's start (~0.15 s) would not pay
-# chunks asked of the reading process beyond the next: enough that it always has one queued while the run commits a
-# batch of marks (their loads wait meanwhile), each in a thread of the run's own (READER_AHEAD + 1 threads)
-READER_AHEAD = 6
+# chunks asked of the reading process beyond the next: enough that it always has one queued while the run appends a
+# group (up to APPEND_GROUP_CHUNKS, 8) and commits a batch of marks (their loads wait meanwhile); 6 left it waiting
+# ~0.4 s of a 100k-message run once its backups were written beside its reading. Each in a thread of the run's own
+# (READER_AHEAD + 1 threads)
+READER_AHEAD = 12
 
 
 @dataclass

@@ -8,6 +8,7 @@ import asyncio
 import io
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -28,7 +29,7 @@ from nanobotd.memory.transcript import raw_entries
 from nanobotd.sessions import spool as spooldb
 from nanobotd.sessions.tracker import SessionTracker
 from nanobotd.state.store import StateStore
-from nanobotd.tokenprocess import CountingProcess
+from nanobotd.tokenprocess import CountingProcess, worker_command
 from tests.jobs.consolidate.test_archive import NOW, raw_messages_in
 from tests.support.fakellm import FakeLLM, Text
 from tests.support.observe import pid_exists
@@ -356,4 +357,68 @@ def test_the_worker_reads_held_and_copied_records_as_the_daemon_does_and_says_wh
         assert answer.backup == str(backup) and backup.read_text() == readworker.backup_text(loaded)
     assert line_changed == "a held line is gone or changed" and not backups[2].exists()
     assert unreadable.startswith("held version unreadable (FileNotFoundError") and not backups[3].exists()
+    ctx.store.close()
+
+
+class _Answers(io.BytesIO):
+    """The worker's output, checking as each answer is written that the backup it names is there, whole."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backups_seen: list[str | None] = []
+
+    def write(self, data) -> int:
+        answer = readworker.read_item(io.BytesIO(bytes(data)))
+        if isinstance(answer, readworker.ReadChunk):
+            path = Path(answer.backup)
+            self.backups_seen.append(path.read_text() if path.exists() else None)
+        return super().write(data)
+
+
+def test_a_chunk_is_answered_once_its_backup_is_written_and_one_that_cannot_be_backed_up_says_why(tmp_path):
+    """The backups are written by a thread of the worker beside its reading: an answer still comes only once its
+    backup is in place, in the order asked; a backup that cannot be written (its folder is a file) is the answer,
+    and leaves nothing behind; the chunks after it are answered as before."""
+    ctx, sessions = _context(tmp_path)
+    ctx.tracker.scan(write_session(sessions, "cli:a", MESSAGES[:24]))
+    rows, held, shift = ctx.tracker.spooled_rows("cli:a", list(range(1, 25)))
+    parts = [rows[start:start + 4] for start in range(0, 24, 4)]
+    backups = [tmp_path / f"backup-{number}.jsonl" for number in range(6)]
+    (tmp_path / "a-file").write_text("not a folder")
+    backups[2] = tmp_path / "a-file" / "backup-2.jsonl"
+    answers = _Answers()
+    requests = b"".join(readworker.encode((str(held), shift, part, 4000, str(backup)))
+                        for part, backup in zip(parts, backups, strict=True))
+    assert readworker.serve(io.BytesIO(requests), answers) == 0
+    answers.seek(0)
+    read = [readworker.read_item(answers) for _ in range(6)]
+    assert readworker.read_item(answers) is None
+    assert read[2].startswith("FileExistsError") and (tmp_path / "a-file").read_text() == "not a folder"
+    done = [answer for answer in read if not isinstance(answer, str)]
+    assert [answer.seqs for answer in done] == [[row[2] for row in part] for part in parts[:2] + parts[3:]]
+    expected = [readworker.backup_text(ctx.tracker.spooled_messages("cli:a", answer.seqs)) for answer in done]
+    assert answers.backups_seen == expected  # each whole, before its answer was written
+    assert [Path(answer.backup).read_text() for answer in done] == expected
+    ctx.store.close()
+
+
+def test_a_worker_whose_answers_cannot_be_written_exits(tmp_path):
+    """The daemon gone (its end of the answers closed), the worker exits as soon as it has an answer to write,
+    however many requests are still coming: its writing thread cannot leave it waiting forever."""
+    ctx, sessions = _context(tmp_path)
+    ctx.tracker.scan(write_session(sessions, "cli:a", MESSAGES[:8]))
+    rows, held, shift = ctx.tracker.spooled_rows("cli:a", list(range(1, 9)))
+    process = subprocess.Popen(worker_command(reader.WORKER_MODULE), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    try:
+        process.stdout.close()
+        process.stdin.write(readworker.encode((str(held), shift, rows, 4000, str(tmp_path / "backup.jsonl"))))
+        process.stdin.flush()
+        assert process.wait(timeout=30) == 1  # stdin still open: only the failed answer ended it
+        assert b"BrokenPipeError" in process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.stdin.close()
+        process.stderr.close()
     ctx.store.close()
