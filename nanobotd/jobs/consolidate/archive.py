@@ -17,7 +17,7 @@ from pathlib import Path
 from loguru import logger
 
 from nanobotd.jobs.common import JobEnv, note_progress
-from nanobotd.jobs.consolidate.chunks import Chunk, ChunkLoads, plan_chunks, select_messages
+from nanobotd.jobs.consolidate.chunks import Chunk, ChunkLoads, early_reader, plan_chunks, select_messages
 from nanobotd.jobs.consolidate.prompt import NOTHING, archive_messages, parse_summary
 from nanobotd.llm.failures import LLMError
 from nanobotd.llm.reply import UsageMeter
@@ -80,22 +80,31 @@ def backup_path(ctx: JobEnv, run_id: str, number: int) -> Path:
 async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, reason: str,
                               vanished_only: bool = False) -> dict:
     """Archive a session's unarchived messages (all of them, or down to the target for "budget")."""
-    selected = select_messages(ctx, ctx.tracker.spool_plan(session_key), reason, vanished_only=vanished_only)
+    started = early_reader(ctx, session_key, reason, vanished_only=vanished_only)  # starts while the run plans
+    try:
+        selected = select_messages(ctx, ctx.tracker.spool_plan(session_key), reason, vanished_only=vanished_only)
+        most = ctx.settings.consolidation.max_rounds if reason == "budget" else None
+        chunks = plan_chunks(ctx, selected, most=most) if selected else []
+    except BaseException:
+        if started is not None:
+            started.close()
+        raise
     manifest: dict = {"session": session_key, "reason": reason, "chunks": [], "cursors": []}
     if vanished_only:
         manifest["vanished_only"] = True
     usage = UsageMeter()
     if not selected:
+        if started is not None:
+            started.close()
         ctx.store.finish_run(run_id, state="finished", outcome="no_change", manifest=manifest)
         # counted as a pass, so the metrics see the runs `nanobotctl runs` hides
         ctx.store.record_outcome("consolidate", ctx.settings.name, "no_change", run_id=run_id,
                                  reason=NOTHING_LEFT_REASON)
         return manifest
-    chunks = plan_chunks(ctx, selected, most=ctx.settings.consolidation.max_rounds if reason == "budget" else None)
     outcomes = []
     marks = PendingMarks(ctx, session_key, run_id, manifest)
     raw_backups = (lambda number: backup_path(ctx, run_id, number)) if ctx.llm.offline else None
-    loads = ChunkLoads(ctx, session_key, chunks, raw_backups=raw_backups)
+    loads = ChunkLoads(ctx, session_key, chunks, raw_backups=raw_backups, started=started)
     try:
         number = 0
         while number < len(chunks):

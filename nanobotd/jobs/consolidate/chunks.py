@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,14 +105,38 @@ class Chunk:
         self.loaded, self.read = [], None
 
 
-def chunk_ratio(ctx: JobEnv, tokens: Sequence[int]) -> float:
-    """0.4 of the window for ordinary messages, falling toward 0.15 as the average message grows."""
+def chunk_ratio(ctx: JobEnv, total: int, count: int) -> float:
+    """0.4 of the window for ordinary messages (*count* of *total* tokens), falling toward 0.15 as the average
+    message grows."""
     settings = ctx.settings.consolidation
-    if not tokens:
+    if not count:
         return settings.chunk_ratio_max
-    average = sum(tokens) / len(tokens) * SAFETY_MARGIN
+    average = total / count * SAFETY_MARGIN
     pressure = min(1.0, average / (ctx.settings.llm.context_window * 0.05))
     return settings.chunk_ratio_max - (settings.chunk_ratio_max - settings.chunk_ratio_min) * pressure
+
+
+def chunk_limit(ctx: JobEnv, total: int, count: int) -> int:
+    """The tokens a chunk may hold, for a selection of *count* messages of *total* tokens."""
+    window = ctx.settings.llm.context_window
+    return max(1000, int(window * chunk_ratio(ctx, total, count) / SAFETY_MARGIN) - PROMPT_OVERHEAD_TOKENS)
+
+
+def early_reader(ctx: JobEnv, session_key: str, reason: str, *, vanished_only: bool = False) -> ChunkReader | None:
+    """A chunk-reading process started before the run is planned (reading the plan of a long session takes about
+    as long as the process's start), when the run surely wants one: it has no LLM, archives every unarchived
+    message, and their tokens fill READER_MIN_CHUNKS chunks or more (no chunk holds more than chunk_limit). None
+    otherwise, or with a counting process alive (see ChunkLoads)."""
+    session = ctx.tracker.sessions.get(session_key)
+    if (session is None or not ctx.llm.offline or vanished_only or reason == "budget" or counting_processes()
+            or session.unarchived_tokens < READER_MIN_CHUNKS * chunk_limit(ctx, session.unarchived_tokens,
+                                                                           session.unarchived_messages)):
+        return None
+    try:
+        return ChunkReader()
+    except OSError as exc:
+        logger.warning("cannot start a chunk-reading process: {}; chunks are read in the daemon", exc)
+        return None
 
 
 def select_messages(ctx: JobEnv, pending: SpoolPlan, reason: str, *, vanished_only: bool = False) -> SpoolPlan:
@@ -154,8 +178,7 @@ def plan_chunks(ctx: JobEnv, selected: SpoolPlan, *, most: int | None = None) ->
     """Split into chunks that fit one request and end just before a user message: all of them, or the first
     *most* (a chunk is final once the next one begins, so the rest are never planned)."""
     window = ctx.settings.llm.context_window
-    ratio = chunk_ratio(ctx, selected.tokens)
-    limit = max(1000, int(window * ratio / SAFETY_MARGIN) - PROMPT_OVERHEAD_TOKENS)
+    limit = chunk_limit(ctx, sum(selected.tokens), len(selected))
     seqs, roles, tokens = selected.seqs, selected.roles, selected.tokens
     most = len(selected) if most is None else most
     chunks: list[Chunk] = []
@@ -202,7 +225,8 @@ class ChunkLoads:
     """
 
     def __init__(self, ctx: JobEnv, session_key: str, chunks: list[Chunk], *,
-                 raw_backups: Callable[[int], Path] | None = None):
+                 raw_backups: Callable[[int], Path] | None = None, started: ChunkReader | None = None):
+        """*started*: a process started already (`early_reader`), used when the run wants one, let go if not."""
         self.ctx, self.session_key, self.chunks = ctx, session_key, chunks
         self.pending: dict[int, asyncio.Future[bool]] = {}
         self.reader: ChunkReader | None = None
@@ -210,7 +234,23 @@ class ChunkLoads:
         self._threads: ThreadPoolExecutor | None = None  # the loads' threads, while the process reads
         self._reader_wanted = raw_backups is not None and len(chunks) >= READER_MIN_CHUNKS
         self._start(0)
-        self._start_reader()
+        self._start_reader(started)
+
+    def _start_reader(self, started: ChunkReader | None = None) -> None:
+        """The chunk-reading process (*started*, or one started now), when the run wants one and no counting process
+        is alive (a scan's, ~57 MB: the two together would hold more than the run is allowed; until it goes,
+        chunks are read here)."""
+        if not self._reader_wanted or counting_processes():
+            if started is not None:
+                started.close()
+            return
+        self._reader_wanted = False
+        try:
+            self.reader = started or ChunkReader()
+        except OSError as exc:
+            logger.warning("cannot start a chunk-reading process: {}; chunks are read in the daemon", exc)
+            return
+        self._threads = ThreadPoolExecutor(READER_AHEAD + 1, thread_name_prefix="chunk-load")
 
     async def take(self, number: int) -> bool:
         """Chunk *number* loaded (False: none of its messages is left in the spool); the next ones start."""
@@ -223,19 +263,6 @@ class ChunkLoads:
         """Chunk *number* is being read and its records are in (take() would not wait)."""
         pending = self.pending.get(number)
         return pending is not None and pending.done()
-
-    def _start_reader(self) -> None:
-        """The chunk-reading process, when the run wants one and no counting process is alive (a scan's, ~57 MB:
-        the two together would hold more than the run is allowed; until it goes, chunks are read here)."""
-        if not self._reader_wanted or counting_processes():
-            return
-        self._reader_wanted = False
-        try:
-            self.reader = ChunkReader()
-        except OSError as exc:
-            logger.warning("cannot start a chunk-reading process: {}; chunks are read in the daemon", exc)
-            return
-        self._threads = ThreadPoolExecutor(READER_AHEAD + 1, thread_name_prefix="chunk-load")
 
     def cancel(self) -> None:
         """The run ends: reads still going are left to finish in their threads, their records unused; the

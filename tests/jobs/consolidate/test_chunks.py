@@ -100,7 +100,7 @@ def test_budget_selection_and_chunks_are_the_walk_over_every_message(messages, w
     assert list(selected) == expected
     if not expected:
         return
-    limit = max(1000, int(window * chunk_ratio(ctx, [tokens for _, _, tokens, _ in expected]) / 1.2) - 600)
+    limit = max(1000, int(window * chunk_ratio(ctx, sum(row[2] for row in expected), len(expected)) / 1.2) - 600)
     planned = reference_chunks(window, limit, expected)
     assert _as_tuples(plan_chunks(ctx, selected)) == planned
     assert _as_tuples(plan_chunks(ctx, selected, most=most)) == planned[:most]

@@ -422,3 +422,73 @@ def test_a_worker_whose_answers_cannot_be_written_exits(tmp_path):
         process.stdin.close()
         process.stderr.close()
     ctx.store.close()
+
+
+def test_a_long_offline_run_starts_its_process_before_it_plans_and_reads_with_that_one(tmp_path, monkeypatch):
+    """Reading a long session's plan takes about as long as the process's start: a run that surely wants one
+    (no LLM, every message, READER_MIN_CHUNKS chunks or more of tokens) starts it first, and uses it."""
+    events: list[str] = []
+    start = ChunkReader.__init__
+
+    def started(handle, *args, **kwargs):
+        events.append("process")
+        start(handle, *args, **kwargs)
+
+    monkeypatch.setattr(ChunkReader, "__init__", started)
+    spy = _Spy(monkeypatch)
+    ctx, sessions = _context(tmp_path)
+    plan = ctx.tracker.spool_plan
+    monkeypatch.setattr(ctx.tracker, "spool_plan", lambda key: events.append("plan") or plan(key))
+    _, manifest = _archive(ctx, sessions)
+    assert events == ["process", "plan"] and len(spy.pids) == 1 and not pid_exists(spy.pids[0])
+    assert spy.read == len(manifest["chunks"]) - 1 == 29, "the first chunk read here as before, the rest by it"
+    _every_message_once(ctx)
+    ctx.store.close()
+
+
+def test_no_process_is_started_early_for_a_run_that_may_not_want_one(tmp_path, monkeypatch):
+    spy = _Spy(monkeypatch)
+    ctx, sessions = _context(tmp_path)
+    ctx.tracker.scan(write_session(sessions, "cli:a", MESSAGES))
+    assert chunks.early_reader(ctx, "cli:a", "budget") is None, "a budget run takes max_rounds chunks at most"
+    assert chunks.early_reader(ctx, "cli:a", "manual", vanished_only=True) is None, "only what left the file"
+    assert chunks.early_reader(ctx, "cli:unknown", "manual") is None
+    with monkeypatch.context() as counting:
+        counting.setattr(chunks, "counting_processes", lambda: 1)
+        assert chunks.early_reader(ctx, "cli:a", "manual") is None, "not beside a counting process"
+    with monkeypatch.context() as fewer:  # the tokens fill fewer chunks than the run would start one for
+        fewer.setattr(chunks, "READER_MIN_CHUNKS", 31)
+        assert chunks.early_reader(ctx, "cli:a", "manual") is None
+    assert spy.pids == []
+    ctx.store.close()
+    with FakeLLM(default=Text("- [durable] noted")) as fake:
+        ctx, sessions = _context(tmp_path / "online", LLMSettings(
+            model=fake.model, api_base=fake.base_url, max_retries=0, timeout_seconds=5, context_window=8000))
+        ctx.tracker.scan(write_session(sessions, "cli:a", MESSAGES))
+        assert chunks.early_reader(ctx, "cli:a", "manual") is None, "its chunks go to the LLM"
+        ctx.store.close()
+    assert spy.pids == []
+
+
+def test_a_process_started_early_that_the_run_does_not_want_is_let_go(tmp_path, monkeypatch):
+    """The plan has fewer chunks than the run starts a process for (messages archived since the estimate): the
+    process started is let go, and the chunks are read in the daemon."""
+    spy = _Spy(monkeypatch)
+    ctx, sessions = _context(tmp_path)
+    ctx.tracker.scan(write_session(sessions, "cli:a", MESSAGES))
+    early = chunks.early_reader(ctx, "cli:a", "manual")
+    assert early is not None and spy.pids == [early.pid]
+    planned = chunks.plan_chunks(ctx, ctx.tracker.spool_plan("cli:a"))[:chunks.READER_MIN_CHUNKS - 1]
+
+    async def load_all() -> list[bool]:
+        loads = chunks.ChunkLoads(ctx, "cli:a", planned, raw_backups=lambda number: tmp_path / f"b-{number}",
+                                  started=early)
+        try:
+            assert loads.reader is None
+            return [await loads.take(number) for number in range(len(planned))]
+        finally:
+            loads.cancel()
+
+    assert asyncio.run(load_all()) == [True] * len(planned) and spy.read == 0
+    assert early.closed and early.process.wait(timeout=10) == 0 and not pid_exists(early.pid)
+    ctx.store.close()
