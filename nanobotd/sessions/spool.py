@@ -174,18 +174,21 @@ class SpoolPlan(Sequence[tuple[int, str, int, bool]]):
         for seq, role, tokens, present in zip(self.seqs, self.roles, self.tokens, self.present, strict=True):
             yield seq, role, tokens, bool(present)
 
-    def prefix(self, count: int) -> SpoolPlan:
-        """The plan of its first *count* messages (copied a slice of each array at a time)."""
-        plan = SpoolPlan()
-        plan.seqs, plan.roles = self.seqs[:count], self.roles[:count]
-        plan.tokens, plan.present = self.tokens[:count], self.present[:count]
-        return plan
+    def extend(self, other: SpoolPlan) -> None:
+        """*other*'s messages after these."""
+        self.seqs.extend(other.seqs)
+        self.roles.extend(other.roles)
+        self.tokens.extend(other.tokens)
+        self.present.extend(other.present)
 
 
-def read_plan(store: StateStore, session_id: int, gone: set[str]) -> SpoolPlan:
-    """The plan (seq, role, tokens, still in the file) of every spooled message, in first-seen order. Digests
-    are read only when some message left the file (a long session's plan is read by every run: a row's digest
-    and a call a row cost a third of it)."""
+
+def read_plan(store: StateStore, session_id: int, gone: set[str], *, after: int | None = None,
+              before: int | None = None, limit: int | None = None, newest_first: bool = False) -> SpoolPlan:
+    """The plan (seq, role, tokens, still in the file) of every spooled message, in first-seen order; or of those
+    after seq *after* and before seq *before*, the first *limit* of them (*newest_first*: the last, last first).
+    Digests are read only when some message left the file (a long session's plan is read by every run: a row's
+    digest and a call a row cost a third of it)."""
     def fill(rows: Iterable[tuple]) -> SpoolPlan:
         plan = SpoolPlan()
         seq, role, tokens, present, interned = (plan.seqs.append, plan.roles.append, plan.tokens.append,
@@ -198,7 +201,43 @@ def read_plan(store: StateStore, session_id: int, gone: set[str]) -> SpoolPlan:
         return plan
 
     columns = "seq, role, tokens, digest" if gone else "seq, role, tokens"
-    return store.query_with(f"SELECT {columns} FROM spool WHERE session_id=? ORDER BY seq", (session_id,), fill)
+    sql, args = f"SELECT {columns} FROM spool WHERE session_id=?", [session_id]
+    if after is not None:
+        sql, args = sql + " AND seq>?", [*args, after]
+    if before is not None:
+        sql, args = sql + " AND seq<?", [*args, before]
+    sql += " ORDER BY seq DESC" if newest_first else " ORDER BY seq"
+    if limit is not None:
+        sql, args = sql + " LIMIT ?", [*args, limit]
+    return store.query_with(sql, tuple(args), fill)
+
+
+class PlanWindow:
+    """A session's plan read a part at a time: its newest messages, its oldest, and how many come before a seq (a
+    session that is not known has none)."""
+
+    def __init__(self, store: StateStore, session_id: int | None, gone: set[str]) -> None:
+        self.store, self.session_id, self.gone = store, session_id, gone
+
+    def newest(self, limit: int, *, before: int | None = None) -> SpoolPlan:
+        """The last *limit* messages (before seq *before*), the last first."""
+        if self.session_id is None:
+            return SpoolPlan()
+        return read_plan(self.store, self.session_id, self.gone, before=before, limit=limit, newest_first=True)
+
+    def oldest(self, limit: int | None = None, *, after: int | None = None, before: int | None = None) -> SpoolPlan:
+        """The first *limit* messages (all of them: None) after seq *after* and before seq *before*."""
+        if self.session_id is None:
+            return SpoolPlan()
+        return read_plan(self.store, self.session_id, self.gone, after=after, before=before, limit=limit)
+
+    def totals(self, before: int) -> tuple[int, int]:
+        """How many messages come before seq *before*, and their tokens."""
+        if self.session_id is None:
+            return 0, 0
+        count, tokens = self.store.query("SELECT COUNT(*), COALESCE(SUM(tokens), 0) FROM spool"
+                                         " WHERE session_id=? AND seq<?", (self.session_id, before))[0]
+        return count, tokens
 
 
 def read_spooled(store: StateStore, session_id: int, seqs: list[int],

@@ -6,11 +6,15 @@ read as one) and its in-memory view of which spooled messages left the file (`_g
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from nanobotd.memory.transcript import PendingMessage
 from nanobotd.sessions import spool as spooldb
 from nanobotd.sessions.session import SessionState
+
+T = TypeVar("T")
 
 
 class SpoolReads:
@@ -47,6 +51,15 @@ class SpoolReads:
         if session is None:
             return spooldb.SpoolPlan()
         return spooldb.read_plan(self.store, session.session_id, self._gone(session))
+
+    def plan_window(self, key: str, use: Callable[[spooldb.PlanWindow], T]) -> T:
+        """What *use* makes of a session's plan read a part at a time (`spool.PlanWindow`), every part as of one
+        state of the spool (no write of this process comes between them)."""
+        session = self.sessions.get(key)
+        window = spooldb.PlanWindow(self.store, session.session_id if session else None,
+                                    self._gone(session) if session else set())
+        with self.store.reading():
+            return use(window)
 
     def spooled_messages(self, key: str, seqs: list[int]) -> list[tuple[int, PendingMessage, str]]:
         """The spooled messages at *seqs* that are still spooled: (seq, message, its record as JSON text)."""

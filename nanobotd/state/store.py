@@ -325,6 +325,12 @@ class StateStore:
             self._depth -= 1
         db.execute(f"RELEASE {name}")
 
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Several reads that see one state: no write of this process comes between them."""
+        with self._lock:
+            yield
+
     def query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
         """Run a read query; rows are tuples."""
         with self._lock:

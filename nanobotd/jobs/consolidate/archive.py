@@ -17,7 +17,7 @@ from pathlib import Path
 from loguru import logger
 
 from nanobotd.jobs.common import JobEnv, note_progress
-from nanobotd.jobs.consolidate.chunks import Chunk, ChunkLoads, early_reader, plan_chunks, select_messages
+from nanobotd.jobs.consolidate.chunks import Chunk, ChunkLoads, early_reader, plan_run
 from nanobotd.jobs.consolidate.prompt import NOTHING, archive_messages, parse_summary
 from nanobotd.llm.failures import LLMError
 from nanobotd.llm.reply import UsageMeter
@@ -82,9 +82,7 @@ async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, rea
     """Archive a session's unarchived messages (all of them, or down to the target for "budget")."""
     started = early_reader(ctx, session_key, reason, vanished_only=vanished_only)  # starts while the run plans
     try:
-        selected = select_messages(ctx, ctx.tracker.spool_plan(session_key), reason, vanished_only=vanished_only)
-        most = ctx.settings.consolidation.max_rounds if reason == "budget" else None
-        chunks = plan_chunks(ctx, selected, most=most) if selected else []
+        chunks = plan_run(ctx, session_key, reason, vanished_only=vanished_only)
     except BaseException:
         if started is not None:
             started.close()
@@ -93,7 +91,7 @@ async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, rea
     if vanished_only:
         manifest["vanished_only"] = True
     usage = UsageMeter()
-    if not selected:
+    if not chunks:
         if started is not None:
             started.close()
         ctx.store.finish_run(run_id, state="finished", outcome="no_change", manifest=manifest)

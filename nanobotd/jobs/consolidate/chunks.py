@@ -22,7 +22,7 @@ from nanobotd.jobs.consolidate.reader import ChunkReader
 from nanobotd.jobs.consolidate.readworker import ReadChunk, backup_text
 from nanobotd.memory.history import PreparedEntry
 from nanobotd.memory.transcript import PendingMessage, raw_entries
-from nanobotd.sessions.spool import SpoolPlan
+from nanobotd.sessions.spool import PlanWindow, SpoolPlan
 from nanobotd.tokenprocess import counting_processes
 
 SAFETY_MARGIN = 1.2
@@ -139,46 +139,86 @@ def early_reader(ctx: JobEnv, session_key: str, reason: str, *, vanished_only: b
         return None
 
 
-def select_messages(ctx: JobEnv, pending: SpoolPlan, reason: str, *, vanished_only: bool = False) -> SpoolPlan:
-    """What this run archives, of the spool's plan: all of it (not budget); otherwise the oldest messages until
-    the tail (what is still in the file, after them) fits the target, ending just before a user message; the
-    vanished messages among them are taken whatever their size.
-
-    *vanished_only* (beside an agent that archives by itself): never a message still in the session file.
-    """
-    if not vanished_only and reason != "budget":
-        return pending
+def plan_run(ctx: JobEnv, session_key: str, reason: str, *, vanished_only: bool = False) -> list[Chunk]:
+    """The chunks a run archives: every spooled message; a budget run, the oldest until the tail fits the target
+    (`budget_chunks`); *vanished_only* (beside an agent that archives by itself), only the messages no longer in
+    the session file."""
     if vanished_only:
-        selected = SpoolPlan()
-        for seq, role, tokens, present in pending:
-            if not present:
-                selected.add(seq, role, tokens, present)
-        return selected
-    return pending.prefix(_budget_cut(pending, ctx.settings.budget * ctx.settings.consolidation.ratio))
+        plan = vanished_messages(ctx.tracker.spool_plan(session_key))
+    elif reason == "budget":
+        return budget_chunks(ctx, session_key, ctx.settings.consolidation.max_rounds)
+    else:
+        plan = ctx.tracker.spool_plan(session_key)
+    return plan_chunks(ctx, plan) if plan else []
 
 
-def _budget_cut(pending: SpoolPlan, target: float) -> int:
-    """How many of the oldest messages a budget run takes: up to the first message still in the file, a user's (or
-    the very first), from which on the tail fits *target*. Found from the end, so a long session's plan is walked
-    only as far back as the tail reaches (the tail of every later message fits too: it only shrinks)."""
-    tokens, present, roles, count = pending.tokens, pending.present, pending.roles, len(pending)
-    start, tail = count, 0
-    if tail > target:
-        return count
-    while start > 0 and tail + (tokens[start - 1] if present[start - 1] else 0) <= target:
-        start -= 1
-        tail += tokens[start] if present[start] else 0
-    for index in range(start, count):
-        if present[index] and (index == 0 or roles[index] == "user"):
-            return index
-    return count
+def vanished_messages(pending: SpoolPlan) -> SpoolPlan:
+    """The messages of *pending* no longer in the session file."""
+    selected = SpoolPlan()
+    for seq, role, tokens, present in pending:
+        if not present:
+            selected.add(seq, role, tokens, present)
+    return selected
 
 
-def plan_chunks(ctx: JobEnv, selected: SpoolPlan, *, most: int | None = None) -> list[Chunk]:
+def budget_chunks(ctx: JobEnv, session_key: str, most: int) -> list[Chunk]:
+    """A budget run's first *most* chunks. It selects the oldest messages until the tail still in the file fits
+    the target (budget x ratio), ending just before a user message (or at the very first); the vanished messages
+    among them are taken whatever their size. Of the session's plan only its newest messages are read (back to
+    where the selection ends) and its oldest (as far as *most* chunks go), a page at a time: a long session's
+    whole plan is not read for a few chunks (100k messages: 70 ms)."""
+    return ctx.tracker.plan_window(session_key, lambda window: plan_budget(ctx, window, most))
+
+
+PLAN_PAGE = 1024  # messages of a plan read at a time by a budget run (each page of its oldest twice the one before)
+
+
+def plan_budget(ctx: JobEnv, window: PlanWindow, most: int, page_size: int = PLAN_PAGE) -> list[Chunk]:
+    """`budget_chunks` of the plan *window* gives."""
+    target = ctx.settings.budget * ctx.settings.consolidation.ratio
+    if target < 0:
+        return plan_chunks(ctx, window.oldest(), most=most)  # the tail never fits: every message
+    newest: list[tuple[int, str, bool]] = []  # (seq, role, present): the tail that fits, the last first
+    tail, page, whole = 0, window.newest(page_size), False
+    while not whole:
+        for seq, role, tokens, present in page:
+            if tail + (tokens if present else 0) > target:
+                break
+            tail += tokens if present else 0
+            newest.append((seq, role, present))
+        else:
+            if len(page) == page_size:
+                page = window.newest(page_size, before=page.seqs[-1])
+                continue
+            whole = True  # the tail is every message: the selection may end at the very first
+        break
+    cut = None
+    for index, (seq, role, present) in enumerate(reversed(newest)):
+        if present and ((whole and index == 0) or role == "user"):
+            cut = seq
+            break
+    if cut is None:  # no user message in the tail: every message is selected
+        selected = window.oldest()
+        return plan_chunks(ctx, selected, most=most) if selected else []
+    count, tokens = window.totals(cut)
+    limit = chunk_limit(ctx, tokens, count)
+    head, size = SpoolPlan(), page_size
+    while True:
+        head.extend(window.oldest(min(size, count - len(head)), after=head.seqs[-1] if head else None,
+                                  before=cut))
+        chunks = plan_chunks(ctx, head, most=most, limit=limit)
+        if len(head) >= count or (len(chunks) == most and chunks[-1].planned[-1] < head.seqs[-1]):
+            return chunks  # every selected message read, or the last chunk ends before the last one read
+        size *= 2
+
+
+def plan_chunks(ctx: JobEnv, selected: SpoolPlan, *, most: int | None = None,
+                limit: int | None = None) -> list[Chunk]:
     """Split into chunks that fit one request and end just before a user message: all of them, or the first
-    *most* (a chunk is final once the next one begins, so the rest are never planned)."""
+    *most* (a chunk is final once the next one begins, so the rest are never planned). *limit*: the tokens a chunk
+    may hold, when *selected* is only the start of the selection (its chunk_limit otherwise)."""
     window = ctx.settings.llm.context_window
-    limit = chunk_limit(ctx, sum(selected.tokens), len(selected))
+    limit = chunk_limit(ctx, sum(selected.tokens), len(selected)) if limit is None else limit
     seqs, roles, tokens = selected.seqs, selected.roles, selected.tokens
     most = len(selected) if most is None else most
     chunks: list[Chunk] = []

@@ -1,19 +1,25 @@
-"""What a run archives and in which chunks: the selection of a budget run is found from the tail's end and the chunks
-are planned on the plan's arrays, but both must be exactly what the plain walk over every message gives (kept
-here as the reference), for any plan: vanished messages, oversized ones, sessions without a user message."""
+"""What a run archives and in which chunks. A budget run reads only the newest messages of its session's plan (back
+to where its selection ends) and the oldest (as far as its chunks go), a page at a time, and chunks are planned on
+the plan's arrays; both must give exactly what the plain walk over every message gives (kept here as the
+reference), for any plan: vanished messages, oversized ones, sessions without a user message, any page size."""
 
 from __future__ import annotations
 
+import itertools
+import tempfile
 import types
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nanobotd.config.schema import ConsolidationSettings, LLMSettings, WorkspaceSettings
-from nanobotd.jobs.consolidate.chunks import chunk_ratio, plan_chunks, select_messages
-from nanobotd.sessions.spool import SpoolPlan, read_plan
+from nanobotd.jobs.consolidate import chunks
+from nanobotd.jobs.consolidate.chunks import chunk_ratio, plan_budget, plan_chunks, vanished_messages
+from nanobotd.sessions import spool
+from nanobotd.sessions.spool import PlanWindow, SpoolPlan, read_plan
 from nanobotd.state.store import StateStore
 
 ROLES = ("user", "assistant", "tool", "system")
@@ -63,6 +69,10 @@ def reference_chunks(window: int, limit: int, selected: list[tuple]) -> list[tup
     return chunks
 
 
+def reference_limit(window: int, ctx, selected: list[tuple]) -> int:
+    return max(1000, int(window * chunk_ratio(ctx, sum(row[2] for row in selected), len(selected)) / 1.2) - 600)
+
+
 def _context(window: int, ratio: float, max_tokens: int) -> types.SimpleNamespace:
     settings = WorkspaceSettings(path=Path("/nonexistent"), name="ws",
                                  llm=LLMSettings(context_window=window, max_tokens=max_tokens),
@@ -70,16 +80,37 @@ def _context(window: int, ratio: float, max_tokens: int) -> types.SimpleNamespac
     return types.SimpleNamespace(settings=settings)
 
 
-def _plan(messages: list[tuple[str, int, bool]]) -> tuple[SpoolPlan, list[tuple]]:
-    plan, rows = SpoolPlan(), []
-    for seq, (role, tokens, present) in enumerate(messages, start=1):
-        plan.add(seq, role, tokens, present)
-        rows.append((seq, role, tokens, present))
-    return plan, rows
+def _as_tuples(planned) -> list[tuple[list[int], int, bool]]:
+    return [(list(chunk.planned), chunk.planned_tokens, chunk.oversized) for chunk in planned]
 
 
-def _as_tuples(chunks) -> list[tuple[list[int], int, bool]]:
-    return [(list(chunk.planned), chunk.planned_tokens, chunk.oversized) for chunk in chunks]
+class _Spool:
+    """Sessions' spools in one state database, a new session each time (seqs start at 1 or after a gap)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.store = StateStore(folder).open()
+        self.numbers = itertools.count(1)
+
+    def session(self, messages: list[tuple[str, int, bool]], first_seq: int = 1) -> tuple[int, set[str], list]:
+        number = next(self.numbers)
+        rows = [(first_seq + index, role, tokens, present) for index, (role, tokens, present) in enumerate(messages)]
+        with self.store.transaction() as db:
+            session_id = db.execute("INSERT INTO sessions (workspace, key, path) VALUES ('ws', ?, '/x')",
+                                    (f"cli:{number}",)).lastrowid
+            db.executemany(
+                "INSERT INTO spool (session_id, digest, seq, role, timestamp, tokens, record, seen_at)"
+                " VALUES (?, ?, ?, ?, '', ?, '', 0)",
+                [(session_id, f"{number}-{seq}", seq, role, tokens) for seq, role, tokens, _ in rows])
+        gone = {f"{number}-{seq}" for seq, _, _, present in rows if not present}
+        return session_id, gone, rows
+
+
+@pytest.fixture(scope="module")
+def spools():
+    with tempfile.TemporaryDirectory() as folder:
+        made = _Spool(Path(folder))
+        yield made
+        made.store.close()
 
 
 MESSAGE = st.tuples(st.sampled_from(ROLES),
@@ -87,79 +118,77 @@ MESSAGE = st.tuples(st.sampled_from(ROLES),
                     st.booleans() | st.just(True))
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(messages=st.lists(MESSAGE, max_size=120), window=st.sampled_from([2000, 4000, 9000, 200_000]),
        ratio=st.sampled_from([0.0, 0.1, 0.5, 1.0]), max_tokens=st.integers(0, 3000),
-       most=st.integers(1, 6))
-def test_budget_selection_and_chunks_are_the_walk_over_every_message(messages, window, ratio, max_tokens, most):
+       most=st.integers(1, 6), page_size=st.integers(1, 8) | st.just(chunks.PLAN_PAGE),
+       first_seq=st.sampled_from([1, 7]))
+def test_a_budget_runs_chunks_read_a_page_at_a_time_are_the_walk_over_every_message(
+        spools, messages, window, ratio, max_tokens, most, page_size, first_seq):
     ctx = _context(window, ratio, max_tokens)
-    plan, rows = _plan(messages)
-    target = ctx.settings.budget * ratio
-    selected = select_messages(ctx, plan, "budget")
-    expected = reference_selection(target, rows)
-    assert list(selected) == expected
-    if not expected:
-        return
-    limit = max(1000, int(window * chunk_ratio(ctx, sum(row[2] for row in expected), len(expected)) / 1.2) - 600)
-    planned = reference_chunks(window, limit, expected)
-    assert _as_tuples(plan_chunks(ctx, selected)) == planned
-    assert _as_tuples(plan_chunks(ctx, selected, most=most)) == planned[:most]
+    session_id, gone, rows = spools.session(messages, first_seq)
+    expected = reference_selection(ctx.settings.budget * ratio, rows)
+    planned = reference_chunks(window, reference_limit(window, ctx, expected), expected) if expected else []
+    got = plan_budget(ctx, PlanWindow(spools.store, session_id, gone), most, page_size)
+    assert _as_tuples(got) == planned[:most]
 
 
-@settings(max_examples=200, deadline=None)
-@given(messages=st.lists(MESSAGE, max_size=80), reason=st.sampled_from(["manual", "idle", "rescue"]))
-def test_other_runs_take_every_message_and_vanished_only_runs_only_the_vanished(messages, reason):
-    ctx = _context(9000, 0.5, 1000)
-    plan, rows = _plan(messages)
-    assert list(select_messages(ctx, plan, reason)) == rows
-    assert list(select_messages(ctx, plan, reason, vanished_only=True)) == [row for row in rows if not row[3]]
+@settings(max_examples=300, deadline=None)
+@given(messages=st.lists(MESSAGE, max_size=120), window=st.sampled_from([2000, 4000, 9000, 200_000]),
+       most=st.integers(1, 6) | st.none())
+def test_chunks_planned_on_the_plans_arrays_are_the_walk_over_every_message(messages, window, most):
+    ctx = _context(window, 0.5, 1000)
+    plan = SpoolPlan()
+    rows = []
+    for seq, (role, tokens, present) in enumerate(messages, start=1):
+        plan.add(seq, role, tokens, present)
+        rows.append((seq, role, tokens, present))
+    planned = reference_chunks(window, reference_limit(window, ctx, rows), rows)
+    assert _as_tuples(plan_chunks(ctx, plan, most=most)) == (planned if most is None else planned[:most])
+    assert list(vanished_messages(plan)) == [row for row in rows if not row[3]]
 
 
-def test_a_budget_run_of_a_long_session_reads_its_tail_and_plans_only_its_chunks():
-    """100,000 messages of 40 tokens and a target of 197: the selection is every message but the last exchange
-    (4 messages), found without reading the older ones' tokens; the chunks stop at the run's rounds, in order."""
+def test_a_budget_run_of_a_long_session_reads_its_tail_and_the_start_of_its_plan_only(spools, monkeypatch):
+    """100,000 messages of 40 tokens and a target of 197.6: the selection is every message but the last 4; the run
+    reads the tail's page and the first pages as far as its 5 chunks go, not the rest."""
     ctx = _context(4000, 0.1, 1000)
-    roles = ["user", "assistant", "tool", "assistant"]
-    plan, _ = _plan([(roles[index % 4], 40, True) for index in range(100_000)])
-    read = []
+    session_id, gone, rows = spools.session([(ROLES[index % 3], 40, True) for index in range(100_000)])
+    read: list[int] = []
 
-    class Counted(list):
-        def __getitem__(self, index):
-            read.append(index)
-            return super().__getitem__(index)
+    def counted(*args, **kwargs):
+        plan = read_plan(*args, **kwargs)
+        read.append(len(plan))
+        return plan
 
-    counted = replace_tokens(plan, Counted(plan.tokens))
-    selected = select_messages(ctx, counted, "budget")
-    assert round(ctx.settings.budget * 0.1, 6) == 197.6
-    assert len(selected) == 99_996 and selected[-1] == (99_996, "assistant", 40, True) and plan[99_996][1] == "user"
-    assert len(read) < 40
-    chunks = plan_chunks(ctx, selected, most=5)
-    assert len(chunks) == 5 and list(chunks[0].planned)[0] == 1
-    assert [seq for chunk in chunks for seq in chunk.planned] == list(range(1, chunks[-1].planned[-1] + 1))
+    monkeypatch.setattr(spool, "read_plan", counted)
+    got = plan_budget(ctx, PlanWindow(spools.store, session_id, gone), 5)
+    expected = reference_selection(ctx.settings.budget * 0.1, rows)
+    assert len(expected) == 99_996 and rows[99_996][1] == "user"  # the 4 that fit begin with a user's
+    assert _as_tuples(got) == reference_chunks(4000, reference_limit(4000, ctx, expected), expected)[:5]
+    assert sum(read) < 5_000, f"read {read} of 100,000"
 
 
-def replace_tokens(plan: SpoolPlan, tokens) -> SpoolPlan:
-    copy = plan.prefix(len(plan))
-    copy.tokens = tokens
-    return copy
-
-
-def test_the_plan_read_from_the_spool_marks_the_vanished_messages(tmp_path):
+def test_the_plan_read_from_the_spool_marks_the_vanished_messages_and_reads_windows(spools):
     """Read with and without vanished digests: the same seqs, roles and tokens; only the vanished are absent,
-    and a role's text is kept once however many messages have it."""
-    store = StateStore(tmp_path).open()
-    try:
-        with store.transaction() as db:
-            db.execute("INSERT INTO sessions (workspace, key, path) VALUES ('ws', 'cli:a', '/x')")
-            session_id = db.execute("SELECT id FROM sessions").fetchone()[0]
-            db.executemany(
-                "INSERT INTO spool (session_id, digest, seq, role, timestamp, tokens, record, seen_at)"
-                " VALUES (?, ?, ?, ?, '', ?, '', 0)",
-                [(session_id, f"d{seq}", seq, ROLES[seq % 3], seq * 2) for seq in range(1, 301)])
-        whole = read_plan(store, session_id, set())
-        gone = read_plan(store, session_id, {"d5", "d300", "unknown"})
-    finally:
-        store.close()
+    and a role's text is kept once however many messages have it. A window reads the newest or the oldest
+    messages between two seqs, and the totals count what comes before a seq."""
+    session_id, _, _ = spools.session([(ROLES[seq % 3], seq * 2, True) for seq in range(1, 301)])
+    store = spools.store
+
+    def digest(seq: int) -> str:
+        return store.query("SELECT digest FROM spool WHERE session_id=? AND seq=?", (session_id, seq))[0][0]
+
+    whole = read_plan(store, session_id, set())
+    gone = read_plan(store, session_id, {digest(5), digest(300), "unknown"})
     assert list(whole) == [(seq, ROLES[seq % 3], seq * 2, True) for seq in range(1, 301)]
     assert list(gone) == [(seq, ROLES[seq % 3], seq * 2, seq not in (5, 300)) for seq in range(1, 301)]
     assert len({id(role) for role in whole.roles}) == 3
+    window = PlanWindow(store, session_id, {digest(299)})
+    assert list(window.newest(3)) == [(300, ROLES[0], 600, True), (299, ROLES[2], 598, False),
+                                      (298, ROLES[1], 596, True)]
+    assert window.newest(2, before=3).seqs.tolist() == [2, 1]
+    assert window.oldest(3, after=10, before=12).seqs.tolist() == [11]
+    assert window.oldest().seqs.tolist() == list(range(1, 301))
+    assert window.totals(4) == (3, 2 + 4 + 6) and window.totals(1) == (0, 0)
+    unknown = PlanWindow(store, None, set())
+    assert len(unknown.newest(5)) == len(unknown.oldest()) == 0 and unknown.totals(10) == (0, 0)

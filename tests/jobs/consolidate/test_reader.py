@@ -268,8 +268,8 @@ def test_chunks_appended_together_are_finished_or_rolled_back_together_after_a_c
 
 def test_chunks_left_empty_meanwhile_are_skipped_wherever_they_fall_in_a_group(tmp_path, monkeypatch):
     planned: list = []
-    plan, load = consolidate.plan_chunks, chunks.Chunk.load
-    monkeypatch.setattr(consolidate, "plan_chunks",
+    plan, load = consolidate.plan_run, chunks.Chunk.load
+    monkeypatch.setattr(consolidate, "plan_run",
                         lambda *args, **kwargs: planned.extend(plan(*args, **kwargs)) or planned)
     empty = {5, 6, 12, 29}  # as if another run had archived them after the plan
 
