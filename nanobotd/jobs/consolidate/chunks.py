@@ -178,23 +178,10 @@ def plan_budget(ctx: JobEnv, window: PlanWindow, most: int, page_size: int = PLA
     target = ctx.settings.budget * ctx.settings.consolidation.ratio
     if target < 0:
         return plan_chunks(ctx, window.oldest(), most=most)  # the tail never fits: every message
-    newest: list[tuple[int, str, bool]] = []  # (seq, role, present): the tail that fits, the last first
-    tail, page, whole = 0, window.newest(page_size), False
-    while not whole:
-        for seq, role, tokens, present in page:
-            if tail + (tokens if present else 0) > target:
-                break
-            tail += tokens if present else 0
-            newest.append((seq, role, present))
-        else:
-            if len(page) == page_size:
-                page = window.newest(page_size, before=page.seqs[-1])
-                continue
-            whole = True  # the tail is every message: the selection may end at the very first
-        break
+    newest, whole = _fitting_tail(window, target, page_size)
     cut = None
     for index, (seq, role, present) in enumerate(reversed(newest)):
-        if present and ((whole and index == 0) or role == "user"):
+        if present and ((whole and index == 0) or role == "user"):  # the very first message, or a user's
             cut = seq
             break
     if cut is None:  # no user message in the tail: every message is selected
@@ -210,6 +197,23 @@ def plan_budget(ctx: JobEnv, window: PlanWindow, most: int, page_size: int = PLA
         if len(head) >= count or (len(chunks) == most and chunks[-1].planned[-1] < head.seqs[-1]):
             return chunks  # every selected message read, or the last chunk ends before the last one read
         size *= 2
+
+
+def _fitting_tail(window: PlanWindow, target: float, page_size: int) -> tuple[list[tuple[int, str, bool]], bool]:
+    """The newest messages as far back as their tail (those still in the file) fits *target*, the last first, as
+    (seq, role, present); and whether that is every message."""
+    newest: list[tuple[int, str, bool]] = []
+    tail, before = 0, None
+    while True:
+        page = window.newest(page_size, before=before)
+        for seq, role, tokens, present in page:
+            tail += tokens if present else 0
+            if tail > target:
+                return newest, False
+            newest.append((seq, role, present))
+        if len(page) < page_size:
+            return newest, True
+        before = page.seqs[-1]
 
 
 def plan_chunks(ctx: JobEnv, selected: SpoolPlan, *, most: int | None = None,
