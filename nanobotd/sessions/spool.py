@@ -182,7 +182,6 @@ class SpoolPlan(Sequence[tuple[int, str, int, bool]]):
         self.present.extend(other.present)
 
 
-
 def read_plan(store: StateStore, session_id: int, gone: set[str], *, after: int | None = None,
               before: int | None = None, limit: int | None = None, newest_first: bool = False) -> SpoolPlan:
     """The plan (seq, role, tokens, still in the file) of every spooled message, in first-seen order; or of those

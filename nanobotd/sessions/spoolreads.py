@@ -47,10 +47,7 @@ class SpoolReads:
     def spool_plan(self, key: str) -> spooldb.SpoolPlan:
         """(seq, role, tokens, still present in the file) of a session's spooled messages, in first-seen
         order, without their records."""
-        session = self.sessions.get(key)
-        if session is None:
-            return spooldb.SpoolPlan()
-        return spooldb.read_plan(self.store, session.session_id, self._gone(session))
+        return self.plan_window(key, spooldb.PlanWindow.oldest)
 
     def plan_window(self, key: str, use: Callable[[spooldb.PlanWindow], T]) -> T:
         """What *use* makes of a session's plan read a part at a time (`spool.PlanWindow`), every part as of one

@@ -132,6 +132,11 @@ def early_reader(ctx: JobEnv, session_key: str, reason: str, *, vanished_only: b
             or session.unarchived_tokens < READER_MIN_CHUNKS * chunk_limit(ctx, session.unarchived_tokens,
                                                                            session.unarchived_messages)):
         return None
+    return _new_reader()
+
+
+def _new_reader() -> ChunkReader | None:
+    """A chunk-reading process; None when it cannot start (the daemon reads the chunks)."""
     try:
         return ChunkReader()
     except OSError as exc:
@@ -149,7 +154,7 @@ def plan_run(ctx: JobEnv, session_key: str, reason: str, *, vanished_only: bool 
         return budget_chunks(ctx, session_key, ctx.settings.consolidation.max_rounds)
     else:
         plan = ctx.tracker.spool_plan(session_key)
-    return plan_chunks(ctx, plan) if plan else []
+    return plan_chunks(ctx, plan)
 
 
 def vanished_messages(pending: SpoolPlan) -> SpoolPlan:
@@ -175,18 +180,14 @@ PLAN_PAGE = 1024  # messages of a plan read at a time by a budget run (each page
 
 def plan_budget(ctx: JobEnv, window: PlanWindow, most: int, page_size: int = PLAN_PAGE) -> list[Chunk]:
     """`budget_chunks` of the plan *window* gives."""
-    target = ctx.settings.budget * ctx.settings.consolidation.ratio
-    if target < 0:
-        return plan_chunks(ctx, window.oldest(), most=most)  # the tail never fits: every message
-    newest, whole = _fitting_tail(window, target, page_size)
+    newest, whole = _fitting_tail(window, ctx.settings.budget * ctx.settings.consolidation.ratio, page_size)
     cut = None
     for index, (seq, role, present) in enumerate(reversed(newest)):
         if present and ((whole and index == 0) or role == "user"):  # the very first message, or a user's
             cut = seq
             break
-    if cut is None:  # no user message in the tail: every message is selected
-        selected = window.oldest()
-        return plan_chunks(ctx, selected, most=most) if selected else []
+    if cut is None:  # no user message in the tail (or no tail fits): every message is selected
+        return plan_chunks(ctx, window.oldest(), most=most)
     count, tokens = window.totals(cut)
     limit = chunk_limit(ctx, tokens, count)
     head, size = SpoolPlan(), page_size
@@ -289,12 +290,9 @@ class ChunkLoads:
                 started.close()
             return
         self._reader_wanted = False
-        try:
-            self.reader = started or ChunkReader()
-        except OSError as exc:
-            logger.warning("cannot start a chunk-reading process: {}; chunks are read in the daemon", exc)
-            return
-        self._threads = ThreadPoolExecutor(READER_AHEAD + 1, thread_name_prefix="chunk-load")
+        self.reader = started or _new_reader()
+        if self.reader is not None:
+            self._threads = ThreadPoolExecutor(READER_AHEAD + 1, thread_name_prefix="chunk-load")
 
     async def take(self, number: int) -> bool:
         """Chunk *number* loaded (False: none of its messages is left in the spool); the next ones start."""

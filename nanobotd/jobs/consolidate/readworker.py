@@ -98,10 +98,12 @@ def _write_answers(written: queue.Queue, answers: BinaryIO) -> None:
     """Write each chunk's backup, then its answer (the answer of a chunk not read, or not backed up, is why). An
     answer that cannot be written (the daemon is gone) ends the process, as it would have ended a single thread."""
     while (item := written.get()) is not None:
-        answer: ReadChunk | str = item if isinstance(item, str) else item[0]
-        if not isinstance(item, str):
+        if isinstance(item, str):
+            answer: ReadChunk | str = item
+        else:
+            answer, backup = item
             try:
-                fsio.atomic_write(item[0].backup, item[1])
+                fsio.atomic_write(answer.backup, backup)
             except OSError as exc:
                 answer = f"{type(exc).__name__}: {exc}"
         try:
