@@ -21,6 +21,9 @@ HIT_CHARS = 1_500  # one hit's text: enough to quote, small enough for an agent 
 DEFAULT_CONTEXT_BUDGET, MAX_CONTEXT_BUDGET = 2000, 3500  # tokens; 3,500 tokens stay under 15,000 chars
 MAX_RECALL_DAYS = 31  # the daemon's own limit, repeated so a bad range is explained before asking it
 RECALL_CHARS = 12_000
+# Longer text goes in no tool argument: queries are keywords, and the daemon reads at most 64 KiB of request
+# head, which a 2,000-character query fills to a third even when every character is escaped as 4 UTF-8 bytes.
+MAX_TEXT_CHARS = 2_000
 RANGE = re.compile(r"(\d{4}-\d{2}-\d{2})(?:\s*\.\.\s*(\d{4}-\d{2}-\d{2}))?")
 NOT_RUNNING = ("nanobotd, the memory daemon, is not running or cannot be reached ({reason}), so memory cannot "
                "be read right now. Start it with `nanobotd run --workspace DIR` (or `systemctl --user start "
@@ -49,7 +52,7 @@ def call_tool(client: Client, name: str, arguments: Mapping[str, Any] | None) ->
     if spec is None:
         return f"unknown tool {name!r}; the tools are {', '.join(spec.name for spec in TOOLS)}", True
     try:
-        return cap_text(spec.run(client, arguments or {})), False
+        return cap_text(spec.run(bound_client(client, arguments or {}), arguments or {})), False
     except ToolFailure as exc:
         return str(exc), True
     except CannotConnect as exc:
@@ -57,6 +60,28 @@ def call_tool(client: Client, name: str, arguments: Mapping[str, Any] | None) ->
         return NOT_RUNNING.format(reason=reason), True
     except DaemonError as exc:
         return f"nanobotd could not answer: {exc.message}", True
+
+
+def bound_client(client: Client, arguments: Mapping[str, Any]) -> Client:
+    """*client* bound to the one workspace it answers for; ToolFailure for an argument naming another.
+
+    `nanobotctl setup nanobot` binds the server with --workspace. A server started without one answers for
+    the daemon's only workspace, and refuses while the daemon manages several: it cannot tell which is its
+    agent's, and a session key would otherwise reach whichever workspace holds it.
+    """
+    asked = text_argument(arguments, "workspace")
+    if client.workspace:
+        if asked and asked != client.workspace:
+            raise ToolFailure(f"this memory server answers only for workspace {client.workspace!r}, not {asked!r}")
+        return client
+    names = [str(workspace.get("name")) for workspace in client.get("/v1/status").get("workspaces") or []]
+    if len(names) != 1:
+        raise ToolFailure(f"nanobotd manages {len(names)} workspaces ({', '.join(names)}) and this memory server "
+                          "is bound to none; run `nanobotctl setup nanobot --apply` (it adds --workspace to the "
+                          "server's arguments) and restart nanobot")
+    if asked and asked != names[0]:
+        raise ToolFailure(f"this memory server answers only for workspace {names[0]!r}, not {asked!r}")
+    return Client(client.socket_path, client.timeout, names[0])
 
 
 def cap_text(text: str, limit: int = MAX_RESULT_CHARS) -> str:
@@ -181,11 +206,14 @@ def parse_range(text: str) -> tuple[date, date]:
 # -- arguments and answers ---------------------------------------------------------------------------
 
 def text_argument(arguments: Mapping[str, Any], name: str, *, required: bool = False) -> str:
-    """A string argument (blank counts as absent); ToolFailure when a required one is missing."""
+    """A string argument (blank counts as absent); ToolFailure when a required one is missing or too long."""
     value = arguments.get(name)
     text = "" if value is None else str(value).strip()
     if required and not text:
         raise ToolFailure(f"the {name!r} argument is required")
+    if len(text) > MAX_TEXT_CHARS:
+        raise ToolFailure(f"the {name!r} argument is too long ({len(text):,} characters); pass at most "
+                          f"{MAX_TEXT_CHARS:,}: the distinctive words, not a whole text")
     return text
 
 
@@ -196,7 +224,7 @@ def int_argument(arguments: Mapping[str, Any], name: str, default: int, minimum:
         return default
     try:
         number = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: JSON's 1e400 is float("inf")
         raise ToolFailure(f"the {name!r} argument must be a whole number, not {value!r}") from None
     return min(max(number, minimum), maximum)
 

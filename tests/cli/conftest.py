@@ -10,6 +10,7 @@ import pytest
 
 from nanobotd.api.server import ControlServer
 from tests.cli.fakedaemon import FakeDaemon, ServerThread
+from tests.cli.twoworkspaces import start_two_workspaces
 
 
 @pytest.fixture
@@ -26,3 +27,11 @@ def daemon(socket_path: Path):
     fake = FakeDaemon()
     with ServerThread(ControlServer(socket_path, fake.router)):
         yield fake
+
+
+@pytest.fixture
+def two_workspaces(tmp_path: Path):
+    """A real nanobotd managing the workspaces "ws" and "other" (tests/cli/twoworkspaces.py)."""
+    started = start_two_workspaces(tmp_path)
+    yield started
+    started.daemon.kill()

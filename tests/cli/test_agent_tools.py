@@ -44,7 +44,7 @@ def serve(socket_path: Path):
     def start(answers: dict) -> tuple[Client, Canned]:
         canned = Canned(answers)
         threads.append(ServerThread(ControlServer(socket_path, canned.router)).__enter__())
-        return Client(socket_path, 10), canned
+        return Client(socket_path, 10, "main"), canned
 
     yield start
     for thread in threads:
@@ -55,7 +55,7 @@ def test_many_long_hits_stay_under_the_result_cap_and_say_how_many_were_left_out
     client, canned = serve({"/v1/search": {"hits": [BIG_HIT] * 20, "degraded": "qmd unavailable"}})
     text, is_error = agent_tools.call_tool(client, "memory_search", {"query": "word", "limit": "50"})
     assert not is_error and len(text) <= agent_tools.MAX_RESULT_CHARS
-    assert canned.queries == [{"q": "word", "limit": "20"}]
+    assert canned.queries == [{"q": "word", "limit": "20", "workspace": "main"}]
     assert text.startswith("20 memory hit(s) for 'word', best first:\n(search degraded: qmd unavailable)")
     assert "[1] history · memory/history.jsonl lines 7 · 2026-11-20 10:15\nword word" in text
     assert "more hit(s) left out to stay under 15000 characters" in text
@@ -83,7 +83,7 @@ def test_a_long_context_is_cut_with_a_note_and_the_budget_is_clamped(serve) -> N
     text, is_error = agent_tools.call_tool(client, "memory_context",
                                            {"session_key": "telegram:42", "budget_tokens": 99_999})
     assert not is_error and len(text) <= agent_tools.MAX_RESULT_CHARS and text.endswith("to see the rest)")
-    assert canned.queries == [{"session": "telegram:42", "budget_tokens": "3500"}]
+    assert canned.queries == [{"session": "telegram:42", "budget_tokens": "3500", "workspace": "main"}]
 
 
 def test_recall_asks_for_the_range_and_passes_on_the_cut_note(serve) -> None:
@@ -92,7 +92,8 @@ def test_recall_asks_for_the_range_and_passes_on_the_cut_note(serve) -> None:
               "cursor": 4, "timestamp": "2026-11-19 09:00", "session_key": None}]
     client, canned = serve({"/v1/recall": {"items": items, "note": "cut at 12000 characters; ..."}})
     text, _ = agent_tools.call_tool(client, "memory_recall", {"date": " 2026-11-18 .. 2026-11-19 "})
-    assert canned.queries == [{"from": "2026-11-18", "to": "2026-11-19", "max_chars": "12000"}]
+    assert canned.queries == [{"from": "2026-11-18", "to": "2026-11-19", "max_chars": "12000",
+                               "workspace": "main"}]
     assert text == ("Memory recorded on 2026-11-18..2026-11-19 (2 item(s), oldest first):\n\n"
                     "== 2026-11-18 · daily note · memory/2026-11-18.md ==\n# note\n\n"
                     "== 2026-11-19 09:00 · history #4 ==\nmet Ann\n\n(cut at 12000 characters; ...)")
@@ -104,10 +105,14 @@ def test_recall_asks_for_the_range_and_passes_on_the_cut_note(serve) -> None:
     ("memory_recall", {"date": "yesterday"}, "date must be one day as YYYY-MM-DD"),
     ("memory_recall", {"date": "2026-02-30"}, "date must be one day as YYYY-MM-DD"),
     ("memory_recall", {"date": "2026-01-01..2026-03-01"}, "at most 31 days at a time, not 60"),
+    ("memory_search", {"query": "x", "limit": 1e400}, "'limit' argument must be a whole number, not inf"),
+    ("memory_search", {"query": "x" * 2001}, "'query' argument is too long (2,001 characters); pass at most 2,000"),
+    ("memory_context", {"session_key": "k" * 5000}, "'session_key' argument is too long"),
+    ("memory_search", {"query": "x", "workspace": "other"}, "answers only for workspace 'main', not 'other'"),
     ("memory_forget", {}, "unknown tool 'memory_forget'"),
 ])
 def test_bad_arguments_are_tool_errors_that_say_what_to_send(socket_path: Path, name, arguments, message) -> None:
-    text, is_error = agent_tools.call_tool(Client(socket_path, 1), name, arguments)
+    text, is_error = agent_tools.call_tool(Client(socket_path, 1, "main"), name, arguments)
     assert is_error and message in text
 
 

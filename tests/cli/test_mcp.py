@@ -13,6 +13,7 @@ from mcp.client.stdio import stdio_client
 
 from nanobotd.cli.agent_tools import MAX_RESULT_CHARS
 from tests.cli.fakedaemon import NANOBOTCTL
+from tests.cli.twoworkspaces import OTHER_NOTE_DAY, SECRET
 from tests.support.daemonproc import REPO, DaemonProcess
 from tests.support.workspace import make_workspace
 
@@ -104,3 +105,35 @@ def test_with_the_daemon_down_the_tools_are_listed_and_answer_how_to_start_it(tm
         assert result.is_error
         assert "nanobotd, the memory daemon, is not running" in text_of(result)
         assert "nanobotd run --workspace DIR" in text_of(result) and str(tmp_path / "none.sock") in text_of(result)
+
+
+def test_a_server_bound_to_one_workspace_refuses_another_workspaces_session_and_name(two_workspaces) -> None:
+    socket = two_workspaces.daemon.socket
+    other = call_tools(socket, [("memory_search", {"query": "vault code"}),
+                                ("memory_context", {"session_key": "telegram:other"}),
+                                ("memory_recall", {"date": OTHER_NOTE_DAY})], "--workspace", "other",
+                       until="heron-7731")["results"]
+    assert all(not result.is_error for result in other), [text_of(result) for result in other]
+    assert SECRET in text_of(other[0]) and SECRET in text_of(other[1]) and "herons" in text_of(other[2])
+
+    search, context, recall, named, plain = call_tools(socket, [
+        ("memory_search", {"query": "vault code"}), ("memory_context", {"session_key": "telegram:other"}),
+        ("memory_recall", {"date": OTHER_NOTE_DAY}), ("memory_search", {"query": "vault", "workspace": "other"}),
+        ("memory_context", {"session_key": "telegram:home"})], "--workspace", "ws")["results"]
+    assert not search.is_error and "heron-7731" not in text_of(search)
+    assert context.is_error and text_of(context) == (
+        "nanobotd could not answer: session 'telegram:other' belongs to another workspace, not 'ws'; "
+        "this request may read only workspace 'ws'")
+    assert not recall.is_error and text_of(recall).startswith(f"Nothing recorded for {OTHER_NOTE_DAY}")
+    assert named.is_error and text_of(named) == "this memory server answers only for workspace 'ws', not 'other'"
+    assert not plain.is_error and "Project kestrel." in text_of(plain) and "heron-7731" not in text_of(plain)
+
+
+def test_a_server_bound_to_no_workspace_refuses_every_tool_while_the_daemon_manages_several(two_workspaces) -> None:
+    results = call_tools(two_workspaces.daemon.socket, [("memory_context", {"session_key": "telegram:other"}),
+                                                        ("memory_search", {"query": "vault"}),
+                                                        ("memory_recall", {"date": OTHER_NOTE_DAY})])["results"]
+    for result in results:
+        assert result.is_error and text_of(result).startswith(
+            "nanobotd manages 2 workspaces (other, ws) and this memory server is bound to none; run "
+            "`nanobotctl setup nanobot --apply`"), text_of(result)

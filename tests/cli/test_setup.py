@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import resource
 import shutil
 import stat
 import subprocess
 from pathlib import Path
 
 import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
 
 from nanobotd.cli.commands import setup
 from nanobotd.sessions.agent_config import read_agent_settings
 from tests.cli.fakedaemon import NANOBOTCTL, run_ctl
+from tests.cli.twoworkspaces import SECRET
 from tests.support.daemonproc import REPO
 
 FIXTURE = REPO / "tests" / "fixtures" / "nanobot-0.3.5-config.json"
 SOCKET = Path("/run/user/1000/nanobotd/nanobotd.sock")
+WORKSPACE = "/home/user/.nanobot/workspace"  # the fixture's agents.defaults.workspace
 
 
 @pytest.fixture
@@ -47,7 +53,8 @@ def test_without_apply_the_change_is_shown_as_a_diff_and_nothing_is_written(conf
     assert f"--- {config}\n+++ {config} (after nanobotctl setup nanobot)\n" in out
     assert '-        "intervalH": 2,\n+        "intervalH": 87600,\n' in out
     assert f'+        "command": "{NANOBOTCTL}",' in out
-    assert f'+          "--socket",\n+          "{SOCKET}"\n' in out
+    assert (f'+          "--socket",\n+          "{SOCKET}",\n'
+            f'+          "--workspace",\n+          "{WORKSPACE}"\n') in out
     assert '-    "mcpServers": {},\n' in out
     assert "enabled" not in "".join(line for line in out.splitlines(keepends=True) if line.startswith(("+", "-")))
     assert "Run again with --apply" in out
@@ -63,8 +70,8 @@ def test_apply_writes_the_change_after_a_backup_and_keeps_everything_else(config
     assert backup.read_bytes() == FIXTURE.read_bytes()
     assert f"Wrote {config} (backup: {backup.name})" in applied.stdout
     written = json.loads(config.read_text())
-    assert written["tools"]["mcpServers"] == {"nanobotd": {"command": str(NANOBOTCTL),
-                                                           "args": ["mcp", "--socket", str(SOCKET)]}}
+    assert written["tools"]["mcpServers"] == {"nanobotd": {"command": str(NANOBOTCTL), "args": [
+        "mcp", "--socket", str(SOCKET), "--workspace", WORKSPACE]}}
     assert written["agents"]["defaults"]["dream"] == {"enabled": True, "intervalH": 87600, "modelOverride": None}
     expected = json.loads(FIXTURE.read_text())
     expected["tools"]["mcpServers"] = written["tools"]["mcpServers"]
@@ -108,7 +115,8 @@ def test_a_missing_config_is_refused_and_the_default_is_nanobots_home(tmp_path: 
     (isolated_paths / ".nanobot" / "config.json").write_text("{}")
     code, out, _ = run_ctl(SOCKET, "setup", "nanobot", "--apply")
     assert code == 0 and json.loads((isolated_paths / ".nanobot" / "config.json").read_text()) == {
-        "tools": {"mcpServers": {"nanobotd": {"command": str(NANOBOTCTL), "args": ["mcp", "--socket", str(SOCKET)]}}},
+        "tools": {"mcpServers": {"nanobotd": {"command": str(NANOBOTCTL), "args": [
+            "mcp", "--socket", str(SOCKET), "--workspace", str(isolated_paths / ".nanobot" / "workspace")]}}},
         "agents": {"defaults": {"dream": {"intervalH": 87600}}}}
 
 
@@ -145,3 +153,111 @@ def test_the_registered_program_is_the_nanobotctl_being_run(tmp_path: Path) -> N
     assert setup.nanobotctl_program(str(script), "/usr/bin/python3") == str(script)
     python = tmp_path / "bin" / "python"
     assert setup.nanobotctl_program("-c", str(python)) == str(script)
+
+
+def limited_ctl(config: Path, *args: str) -> subprocess.CompletedProcess:
+    """ctl_subprocess under a 1 GiB address-space limit, so reading /dev/zero without bound fails fast."""
+    def limit_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    return subprocess.run([str(NANOBOTCTL), "--socket", str(SOCKET), "setup", "nanobot", "--nanobot-config",
+                           str(config), *args], capture_output=True, text=True, timeout=60, preexec_fn=limit_memory,
+                          env={"PATH": os.environ["PATH"], "HOME": os.environ["HOME"], "PYTHONPATH": str(REPO)})
+
+
+@pytest.mark.parametrize("make, kind", [
+    (lambda path: os.mkfifo(path), "a FIFO"),
+    (lambda path: path.symlink_to("/dev/zero"), "a character device"),
+    (lambda path: path.mkdir(), "a directory"),
+], ids=["fifo", "dev-zero", "folder"])
+def test_a_fifo_a_link_to_dev_zero_and_a_folder_are_refused_without_reading_them(tmp_path: Path, make,
+                                                                                 kind) -> None:
+    path = tmp_path / "config.json"
+    make(path)
+    result = limited_ctl(path, "--apply")
+    assert result.returncode == 1 and result.stdout == "", result.stderr
+    assert f"{path} is {kind}, not a regular file; is it nanobot's config.json? Nothing was written" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"tools": {}, "tools": {"mcpServers": {}}}', "the key 'tools' appears twice in one object"),
+    ('{"agents": {"defaults": {"temperature": 1e400}}}', "the number 1e400 is too large for a 64-bit float"),
+    ('{"agents": {"defaults": {"temperature": NaN}}}', "it holds NaN, which is not JSON"),
+    ('{"agents": {"defaults": {"model": "a\\ud800b"}}}', "holds a lone surrogate, which is not text"),
+    ('{"channels": {"\\udc80": {}}}', "holds a lone surrogate, which is not text"),
+    ('{"x": ' + "[" * 100 + "]" * 100 + "}", "it nests deeper than 64 levels"),
+    ('{"x": ' + "[" * 100_000 + "]" * 100_000 + "}", "it nests deeper than 64 levels"),
+    ("{}" + " " * (4 * 1024 * 1024), "is larger than 4194304 bytes"),
+], ids=["duplicate-key", "1e400", "nan", "surrogate-value", "surrogate-key", "nesting-100", "nesting-100000",
+        "over-4-mib"])
+def test_what_could_not_be_written_back_as_it_is_is_refused(config: Path, text: str, message: str) -> None:
+    config.write_text(text)
+    code, out, err = run_ctl(SOCKET, "setup", "nanobot", "--nanobot-config", str(config), "--apply")
+    assert code == 1 and out == "", err
+    assert message in err and "othing was written" in err
+    assert config.read_text() == text and backups(config) == []
+
+
+def test_crlf_tabs_and_compact_arrays_are_kept_and_only_the_changed_keys_are_rewritten(config: Path) -> None:
+    lines = ['{', '\t"agents": {', '\t\t"defaults": {', '\t\t\t"workspace": "/srv/agent",',
+             '\t\t\t"dream": {"intervalH": 2, "cron": "0 3 * * *"}', '\t\t}', '\t},',
+             '\t"channels": {"telegram": {"allowFrom": ["ann", "bob"], "name": "Zoë"}},',
+             '\t"tools": {', '\t\t"mcpServers": {', '\t\t\t"web": {"command": "npx", "args": ["-y", "web"]}',
+             '\t\t}', '\t}', '}', '']
+    original = "\r\n".join(lines)
+    config.write_bytes(original.encode())
+    result = ctl_subprocess(config, "--apply")
+    assert result.returncode == 0, result.stderr
+    entry = {"command": str(NANOBOTCTL), "args": ["mcp", "--socket", str(SOCKET), "--workspace", "/srv/agent"]}
+    rendered = json.dumps(entry, indent="\t", ensure_ascii=False).replace("\n", "\r\n\t\t\t")
+    expected = original.replace('"dream": {"intervalH": 2, "cron": "0 3 * * *"}', '"dream": {"intervalH": 87600}')
+    expected = expected.replace('["-y", "web"]}\r\n', f'["-y", "web"]}},\r\n\t\t\t"nanobotd": {rendered}\r\n')
+    assert config.read_bytes().decode() == expected
+
+
+def test_a_one_line_config_stays_on_one_line(config: Path) -> None:
+    config.write_text('{"agents":{"defaults":{"workspace":"/srv/a","dream":{"intervalH":2}}},"tools":{}}')
+    assert ctl_subprocess(config, "--apply").returncode == 0
+    assert config.read_text() == (
+        '{"agents":{"defaults":{"workspace":"/srv/a","dream":{"intervalH":87600}}},"tools":{"mcpServers":'
+        f'{{"nanobotd":{{"command":"{NANOBOTCTL}","args":["mcp","--socket","{SOCKET}","--workspace","/srv/a"]}}}}}}}}')
+
+
+def test_the_entry_is_bound_to_the_configs_workspace_and_its_server_refuses_another(two_workspaces,
+                                                                                   config: Path) -> None:
+    data = json.loads(config.read_text())
+    data["agents"]["defaults"]["workspace"] = str(two_workspaces.other)
+    config.write_text(json.dumps(data, indent=2))
+    socket = str(two_workspaces.daemon.socket)
+    applied = subprocess.run([str(NANOBOTCTL), "--socket", socket, "setup", "nanobot", "--nanobot-config",
+                              str(config), "--apply"], capture_output=True, text=True, timeout=30,
+                             env={"PATH": os.environ["PATH"], "HOME": os.environ["HOME"], "PYTHONPATH": str(REPO)})
+    assert applied.returncode == 0 and applied.stderr == "", applied.stderr
+    entry = json.loads(config.read_text())["tools"]["mcpServers"]["nanobotd"]
+    assert entry["args"] == ["mcp", "--socket", socket, "--workspace", str(two_workspaces.other)]
+    own, foreign = run_entry(entry, [("memory_context", {"session_key": "telegram:other"}),
+                                     ("memory_context", {"session_key": "telegram:home"})])
+    assert SECRET in own
+    assert foreign == ("nanobotd could not answer: session 'telegram:home' belongs to another workspace, not "
+                       "'other'; this request may read only workspace 'other'")
+
+
+def test_a_workspace_the_daemon_does_not_manage_is_warned_about(two_workspaces, config: Path) -> None:
+    code, _, err = run_ctl(two_workspaces.daemon.socket, "setup", "nanobot", "--nanobot-config", str(config))
+    assert code == 0
+    assert f"nanobotd does not manage the workspace {WORKSPACE} (no workspace named '{WORKSPACE}'" in err
+
+
+def run_entry(entry: dict, calls: list[tuple[str, dict]]) -> list[str]:
+    """Start the MCP server exactly as the written entry says, as nanobot would, and make *calls*."""
+    params = StdioServerParameters(command=entry["command"], args=entry["args"], env={"PYTHONPATH": str(REPO)})
+
+    async def session() -> list[str]:
+        async with stdio_client(params) as (read_stream, write_stream):
+            async with ClientSession(read_stream, write_stream) as client:
+                await client.initialize()
+                results = [await client.call_tool(name, arguments) for name, arguments in calls]
+                return ["\n".join(block.text for block in result.content) for result in results]
+
+    return asyncio.run(asyncio.wait_for(session(), 60))

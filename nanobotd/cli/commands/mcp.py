@@ -8,6 +8,7 @@ standard-library only and quick to start.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from nanobotd import __version__
@@ -30,14 +31,21 @@ def serve(invocation: Invocation) -> int:
         import anyio
         from mcp.server.stdio import stdio_server
 
+        from nanobotd.cli.mcp_framing import CheckedLines  # here, not at the top: only this command needs it
+
         server = build_server(client)
     except ImportError as exc:
         invocation.warn(f"the MCP server needs the `mcp` package ({exc}); reinstall nanobotd with its dependencies")
         return EXIT_DAEMON_ERROR
 
     async def run() -> None:
-        async with stdio_server() as (read_stream, write_stream):
-            await server.run(read_stream, write_stream, server.create_initialization_options())
+        replies, pending_replies = anyio.create_memory_object_stream(16)
+        lines = CheckedLines(sys.stdin.buffer, replies)
+        async with stdio_server(stdin=lines) as (read_stream, write_stream):
+            async with anyio.create_task_group() as group:
+                group.start_soon(lines.forward, pending_replies, write_stream)
+                await server.run(read_stream, write_stream, server.create_initialization_options())
+                group.cancel_scope.cancel()
 
     anyio.run(run)
     return EXIT_OK

@@ -1,28 +1,28 @@
 """`nanobotctl setup nanobot`: show, and with --apply write, the nanobot config that runs nanobotd beside it.
 
-Two changes to nanobot's config.json. The MCP server `nanobotctl mcp --socket S` goes under
+Two changes to nanobot's config.json. The MCP server `nanobotctl mcp --socket S --workspace W` goes under
 `tools.mcpServers.nanobotd`, so the agent gets the memory tools (nanobot gives the child no XDG_RUNTIME_DIR,
-hence the socket in its arguments). nanobot's own dream moves to every 87,600 hours (ten years), so only
-nanobotd's dream edits memory: `dream.enabled: false` would not do, since nanobot then moves
-`.dream_cursor` to the newest history entry at every start and nanobotd's dream would skip those entries.
-The rest of the file stays as it was (key order, indentation); a file that does not parse is never rewritten.
+hence the socket in its arguments) of its own workspace only: W is --workspace, else the workspace this
+config names. nanobot's own dream moves to every 87,600 hours (ten years), so only nanobotd's dream edits
+memory: `dream.enabled: false` would not do, since nanobot then moves `.dream_cursor` to the newest history
+entry at every start and nanobotd's dream would skip those entries. Only the changed keys' text is rewritten
+(configtext.py); a file that cannot be read safely or written back faithfully is refused, never rewritten.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from datetime import datetime
 from pathlib import Path
 
-from nanobotd.cli.client import CannotConnect, DaemonError
+from nanobotd.cli.client import CannotConnect, Client, DaemonError
 from nanobotd.cli.invocation import EXIT_DAEMON_ERROR, EXIT_OK, Invocation
 
 DEFAULT_NANOBOT_CONFIG = "~/.nanobot/config.json"
+DEFAULT_NANOBOT_WORKSPACE = "~/.nanobot/workspace"  # nanobot's own default for agents.defaults.workspace
 SERVER_NAME = "nanobotd"
 DREAM_INTERVAL_HOURS = 87_600
-MAX_CONFIG_BYTES = 4 * 1024 * 1024
 BACKUP_INFIX = ".nanobotd-backup-"
 # Keys of an mcpServers entry that belong to HTTP transports; a stdio entry must not keep them.
 OTHER_TRANSPORT_KEYS = ("type", "url", "headers", "auth")
@@ -34,19 +34,23 @@ class SetupRefused(Exception):
 
 def setup(invocation: Invocation) -> int:
     """Show the change as a unified diff; with --apply back the file up and write it atomically."""
+    from nanobotd.cli import configtext  # here: only setup needs it, and nanobotctl imports this module always
+
     args = invocation.args
     path = Path(args.nanobot_config or DEFAULT_NANOBOT_CONFIG).expanduser().absolute()
     try:
         raw, data = read_config(path)
-        server = mcp_server_entry(nanobotctl_program(), invocation.client.socket_path, args.workspace)
+        old_text = raw.decode("utf-8")
+        workspace = args.workspace or nanobot_workspace(data)
+        server = mcp_server_entry(nanobotctl_program(), invocation.client.socket_path, workspace)
         changes, warnings = change(data, server)
-    except SetupRefused as exc:
-        invocation.warn(str(exc))
+        new_text = configtext.splice(old_text, configtext.parse_strictly(old_text), data)
+    except (SetupRefused, configtext.Unfaithful) as exc:
+        invocation.warn(str(exc) if isinstance(exc, SetupRefused) else
+                        f"{path} cannot be changed without rewriting what it holds: {exc}; nothing was written")
         return EXIT_DAEMON_ERROR
-    for warning in warnings + daemon_warnings(invocation):
+    for warning in warnings + daemon_warnings(invocation, workspace):
         invocation.warn(warning)
-    old_text = raw.decode("utf-8")
-    new_text = render(data, old_text)
     if new_text == old_text:
         invocation.out(f"{path} already runs nanobotd beside nanobot: nothing to change.")
         return EXIT_OK
@@ -66,21 +70,26 @@ def setup(invocation: Invocation) -> int:
 
 
 def read_config(path: Path) -> tuple[bytes, dict]:
-    """The file's bytes and its JSON object; SetupRefused when it is missing, too big or not a JSON object."""
+    """The file's bytes and its JSON object; SetupRefused when it is missing, not a regular file, too big, not
+    a JSON object, or holds what could not be written back as it is (configtext.parse_strictly)."""
+    from nanobotd.cli import configtext
+
     try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise SetupRefused(f"{path} is larger than {MAX_CONFIG_BYTES} bytes; is it nanobot's config.json?")
-        raw = path.read_bytes()
+        raw = configtext.read_regular_file(path)
     except FileNotFoundError:
         raise SetupRefused(f"no nanobot config at {path}: run `nanobot onboard` first, or pass "
                            "--nanobot-config PATH") from None
     except OSError as exc:
         raise SetupRefused(f"cannot read {path}: {exc.strerror or exc}") from None
+    except configtext.Unfaithful as exc:
+        raise SetupRefused(f"{exc}; is it nanobot's config.json? Nothing was written") from None
     try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+        data = configtext.parse_strictly(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
         raise SetupRefused(f"cannot parse {path} as JSON ({exc}); fix it (nanobot cannot read it either) and "
                            "run again; nothing was written") from None
+    except configtext.Unfaithful as exc:
+        raise SetupRefused(f"cannot parse {path} safely: {exc}; fix it and run again; nothing was written") from None
     if not isinstance(data, dict):
         raise SetupRefused(f"{path} holds JSON but not an object; nanobot's config is an object; nothing was written")
     return raw, data
@@ -107,12 +116,18 @@ def nanobotctl_program(argv0: str | None = None, executable: str | None = None) 
     return os.path.abspath(found)
 
 
-def mcp_server_entry(program: str, socket_path: Path, workspace: str | None) -> dict:
-    """The tools.mcpServers entry: nanobotctl mcp with the socket it must use (and the workspace, if named)."""
-    args = ["mcp", "--socket", os.path.abspath(socket_path)]
-    if workspace:
-        args += ["--workspace", workspace]
-    return {"command": program, "args": args}
+def nanobot_workspace(data: dict) -> str:
+    """The absolute path of the workspace the config's agent works in (agents.defaults.workspace)."""
+    agents = data.get("agents") if isinstance(data.get("agents"), dict) else {}
+    defaults = agents.get("defaults") if isinstance(agents.get("defaults"), dict) else {}
+    workspace = defaults.get("workspace")
+    text = workspace if isinstance(workspace, str) and workspace.strip() else DEFAULT_NANOBOT_WORKSPACE
+    return os.path.abspath(os.path.expanduser(text.strip()))
+
+
+def mcp_server_entry(program: str, socket_path: Path, workspace: str) -> dict:
+    """The tools.mcpServers entry: nanobotctl mcp with the socket it must use and the workspace it answers for."""
+    return {"command": program, "args": ["mcp", "--socket", os.path.abspath(socket_path), "--workspace", workspace]}
 
 
 def change(data: dict, server: dict) -> tuple[list[str], list[str]]:
@@ -170,23 +185,6 @@ def table(data: dict, *names: str) -> dict:
     return value
 
 
-def render(data: dict, old_text: str) -> str:
-    """*data* as nanobot writes it (json.dumps, non-ASCII kept), in the old file's indentation and final newline."""
-    indent = detect_indent(old_text)
-    text = json.dumps(data, indent=indent, ensure_ascii=False)
-    return text + "\n" if old_text.endswith("\n") else text
-
-
-def detect_indent(text: str) -> int | str:
-    """The indentation of the first nested line ("\\t" or a number of spaces); 2, as nanobot writes, by default."""
-    for line in text.splitlines()[1:]:
-        stripped = line.lstrip(" \t")
-        if stripped and line != stripped:
-            prefix = line[:len(line) - len(stripped)]
-            return "\t" if prefix.startswith("\t") else len(prefix)
-    return 2
-
-
 def diff_lines(old_text: str, new_text: str, name: str) -> list[str]:
     """The change as a unified diff, for the user to read before --apply."""
     import difflib  # here: only setup needs it, and nanobotctl imports this module for every command
@@ -199,9 +197,10 @@ def diff_lines(old_text: str, new_text: str, name: str) -> list[str]:
 def apply(path: Path, raw: bytes, new_text: str) -> Path:
     """Back the file up beside it, then replace it atomically with its mode kept; returns the backup's path."""
     from nanobotd import fsio  # here: its tempfile import would slow every other nanobotctl command
+    from nanobotd.cli import configtext
 
     target = path.resolve()  # a symlinked config keeps its link; the file it points to is replaced
-    if target.read_bytes() != raw:
+    if configtext.read_regular_file(target) != raw:
         raise SetupRefused("it changed while this ran (is nanobot writing it?); run again")
     info = target.stat()
     backup = target.with_name(f"{target.name}{BACKUP_INFIX}{datetime.now():%Y%m%d-%H%M%S}")
@@ -220,12 +219,16 @@ def keep_owner(path: Path, info: os.stat_result) -> None:
         os.chown(path, info.st_uid, info.st_gid)
 
 
-def daemon_warnings(invocation: Invocation) -> list[str]:
-    """A reminder when nothing answers on the socket being registered: the tools would only report it."""
+def daemon_warnings(invocation: Invocation, workspace: str) -> list[str]:
+    """A reminder when nothing answers on the socket being registered, or the daemon there does not manage
+    *workspace*: the tools would only report it."""
+    client = Client(invocation.client.socket_path, invocation.client.timeout, workspace)
     try:
-        invocation.client.get("/v1/status")
+        client.get("/v1/status")
     except CannotConnect as exc:
         return [f"{exc}; start nanobotd before restarting nanobot, or its memory tools will say it is down"]
-    except DaemonError:
-        pass  # something answers there: the daemon, refusing only this question
+    except DaemonError as exc:
+        if exc.code == "unknown_workspace":
+            return [f"nanobotd does not manage the workspace {workspace} ({exc.message}); add it to nanobotd's "
+                    "config, or pass --workspace NAME, or the memory tools will refuse every call"]
     return []

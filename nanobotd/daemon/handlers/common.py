@@ -27,11 +27,23 @@ def one_workspace(core: Core, request: Request, body: dict | None = None) -> Wor
 
 
 def session_workspace(core: Core, key: str, workspace_name: str | None) -> Workspace:
-    """The workspace holding session *key*; 404 otherwise."""
+    """The workspace holding session *key*; 404 when none does, 403 when the named one does not but another does.
+
+    A caller bound to one workspace (an agent's memory tools) must get neither another workspace's memory
+    nor a quiet answer about its own, so a session found elsewhere is refused in words.
+    """
     try:
         return core.find_session(key, workspace_name)
     except KeyError as exc:
-        raise ApiError(404, "unknown_session", str(exc.args[0])) from None
+        missing = str(exc.args[0])
+    if workspace_name and any(key in other.tracker.sessions for other in core.workspaces.values()):
+        try:
+            named = core.workspace(workspace_name).name
+        except KeyError:
+            raise ApiError(404, "unknown_session", missing) from None
+        raise ApiError(403, "other_workspace", f"session {key!r} belongs to another workspace, not {named!r}; "
+                                               f"this request may read only workspace {named!r}")
+    raise ApiError(404, "unknown_session", missing)
 
 
 def started(run_ids: list[str]) -> Response:
