@@ -106,6 +106,25 @@ class BuiltinIndex:
             totals["units_embedded"] = self._embed_pending()
         return totals
 
+    def stale_files(self) -> list[Path]:
+        """Covered files whose inode, size or mtime differ from what the index recorded, new ones and vanished
+        ones: a change the watcher missed shows up here (the daemon asks at every reconcile). Empty while a
+        refresh holds the index (it reads what changed anyway)."""
+        if not self._lock.acquire(blocking=False):
+            return []
+        try:
+            known = self._with_recovery(lambda: ftsdb.all_files(self._conn()), lambda: {})
+            refill = self._refill
+        finally:
+            self._lock.release()
+        current = self.sources.all()
+        if refill:
+            return [Path(path) for path in current]
+        stale = [path for path, source in current.items()
+                 if (record := known.get(path)) is None or record.source != source
+                 or record.fingerprint != _fingerprint(path)]
+        return [Path(path) for path in [*stale, *(path for path in known if path not in current)]]
+
     def _embed_pending(self) -> int:
         """Embed units without a vector, a batch at a time, asking the model outside the lock (searches
         go on meanwhile); at most MAX_EMBED_PER_REFRESH per refresh, the rest at the next one."""
