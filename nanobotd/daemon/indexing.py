@@ -87,20 +87,22 @@ async def check_fingerprints(core: Core, workspace: Workspace) -> list[Path]:
 
 
 def schedule_refresh(core: Core, workspace: Workspace, paths: set[Path] | None) -> None:
-    """Remember what changed and (re)arm the debounce timer, never postponing past MAX_WAIT_FACTOR x debounce.
+    """Remember what changed and (re)arm the refresh for when the first changed file has been quiet for a
+    debounce, never later than MAX_WAIT_FACTOR x debounce after the first change (an empty *paths*: look again
+    a debounce from now).
 
     An agent busy in a long exchange saves its session every second or so: a plain debounce would keep the
-    index stale for as long as the exchange lasts.
+    index stale for as long as the exchange lasts, and a fact it wrote to MEMORY.md once would wait as long.
     """
     loop = asyncio.get_running_loop()
+    now = loop.time()
     if not workspace.pending_paths:
-        workspace.pending_since = loop.time()
-    if paths is None:
-        workspace.pending_paths.add(ALL_FILES)
-    else:
-        workspace.pending_paths |= paths
+        workspace.pending_since = now
+    for path in [ALL_FILES] if paths is None else paths:
+        workspace.pending_paths[path] = now
     debounce = workspace.settings.search.debounce_seconds
-    delay = min(debounce, max(0.0, workspace.pending_since + debounce * MAX_WAIT_FACTOR - loop.time()))
+    quiet = min(workspace.pending_paths.values()) if paths or paths is None else now
+    delay = max(0.0, min(quiet + debounce, workspace.pending_since + debounce * MAX_WAIT_FACTOR) - now)
     if workspace.refresh_handle is not None:
         workspace.refresh_handle.cancel()
     workspace.refresh_handle = loop.call_later(delay, lambda: loop.create_task(refresh_index(core, workspace)))
@@ -111,11 +113,13 @@ async def refresh_index(core: Core, workspace: Workspace) -> dict | None:
     memory (an archive changes history and the sessions' spool all along) the refresh waits for its end, as long as
     the changes may wait (MAX_WAIT_FACTOR): a refresh beside it would share the CPU and the GIL with it, and the
     job's end refreshes anyway."""
+    if not workspace.pending_paths:
+        return None  # a refresh that started after this one was armed took the changes
     if workspace.refreshing or _writing(core, workspace):
         schedule_refresh(core, workspace, set())
         return None
-    paths, workspace.pending_paths = workspace.pending_paths, set()
-    changed = None if ALL_FILES in paths or not paths else sorted(paths)
+    paths, workspace.pending_paths = workspace.pending_paths, {}
+    changed = None if ALL_FILES in paths else sorted(paths)
     # counted for status: an index refresh runs beside jobs and shares the CPU (and the GIL) with them
     loop = asyncio.get_running_loop()
     started = workspace.refresh_started = time.monotonic()

@@ -25,7 +25,7 @@ def _workspace(debounce: float, refreshed: list) -> SimpleNamespace:
     loop = asyncio.get_running_loop()
     index = SimpleNamespace(refresh=lambda changed: refreshed.append((loop.time(), changed)) or {})
     return SimpleNamespace(name="ws", settings=SimpleNamespace(search=SimpleNamespace(debounce_seconds=debounce)),
-                           pending_paths=set(), pending_since=0.0, refresh_handle=None, refreshing=False, index=index,
+                           pending_paths={}, pending_since=0.0, refresh_handle=None, refreshing=False, index=index,
                            qmd=None, refreshes=0, refresh_seconds=0.0, refresh_started=None, last_refresh=None)
 
 
@@ -46,7 +46,7 @@ def test_a_refresh_waits_for_the_archive_run_and_at_most_as_long_as_changes_may_
         queue.running = True
         indexing.session_changed(core, waiting, Path("a.jsonl"))
         await asyncio.sleep(1.3)  # one debounce went by: the refresh found the archive running
-        assert refreshed == [] and waiting.pending_paths == {Path("a.jsonl")}
+        assert refreshed == [] and set(waiting.pending_paths) == {Path("a.jsonl")}
         ended = asyncio.get_running_loop().time()
         queue.running = False
         await _until(refreshed, 1)
@@ -133,5 +133,23 @@ def test_only_files_an_index_reads_are_memory_files(tmp_path):
         assert not indexing.is_memory_file(workspace, memory / "projects.md")
         assert indexing.is_memory_file(with_qmd, memory / "projects.md"), "QMD's collection reads memory/*.md"
         assert not indexing.is_memory_file(with_qmd, tmp_path / "AGENTS.md")
+
+    asyncio.run(scenario())
+
+
+def test_a_memory_file_written_once_is_refreshed_while_a_session_keeps_changing(tmp_path):
+    async def scenario():
+        refreshed: list = []
+        core = SimpleNamespace(queue=_Running("dream"), executor=ThreadPoolExecutor(1))
+        workspace = _memory_workspace(tmp_path, refreshed)  # debounce 0.1 s; changes may wait 0.5 s
+        indexing.memory_file_changed(core, workspace, tmp_path / "memory" / "MEMORY.md")
+        saves = 0
+        while not refreshed and saves < 20:  # the agent saves its session every 20 ms, 0.4 s in all
+            indexing.session_changed(core, workspace, tmp_path / "sessions" / "cli_a.jsonl")
+            saves += 1
+            await asyncio.sleep(0.02)
+        assert refreshed and saves < 20, "the memory file, quiet for a debounce, did not wait for the session"
+        assert tmp_path / "memory" / "MEMORY.md" in refreshed[0][1]
+        core.executor.shutdown()
 
     asyncio.run(scenario())
