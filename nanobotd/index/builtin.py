@@ -313,7 +313,9 @@ class BuiltinIndex:
         sources = None
         for raw in changed:
             path = Path(raw).expanduser()
-            path = (path if path.is_absolute() else self.workspace / path).resolve()
+            path = Path(os.path.abspath(path if path.is_absolute() else self.workspace / path))
+            if self.sources.classify(path) is None and str(path) not in known:
+                path = path.resolve()  # named through a symlinked folder; a symlinked file is covered by its name
             if path.is_dir():
                 sources = self.sources.all() if sources is None else sources
                 prefix = str(path) + os.sep

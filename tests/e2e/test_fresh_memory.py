@@ -129,3 +129,21 @@ def test_the_reconcile_finds_a_memory_change_the_watcher_missed(tmp_path, daemon
     daemon.memory.write_text(daemon.memory.read_text() + FACT)
     assert found(daemon)
     assert "changed unseen (memory/MEMORY.md)" in daemon.log()
+
+
+def test_a_memory_file_kept_elsewhere_through_a_symlink_is_refreshed_by_the_reconcile(tmp_path, daemon_process):
+    """Dotfiles setups link MEMORY.md from another folder: its writes land where no watch is, so the reconcile's
+    check (stat follows the link) must find them, and the refresh must re-read the file by its name."""
+    elsewhere = tmp_path / "dotfiles" / "MEMORY.md"
+    elsewhere.parent.mkdir()
+    workspace, _ = make_workspace(tmp_path, layout="current")
+    memory = workspace / "memory" / "MEMORY.md"
+    elsewhere.write_text(memory.read_text())
+    memory.unlink()
+    memory.symlink_to(elsewhere)
+    daemon = daemon_process(workspace, reconcile_seconds=2, extra_config="[search]\ndebounce_seconds = 0.2\n")
+    daemon.workspace, daemon.backend = workspace, "builtin"
+    daemon.start()
+    daemon.wait_for(lambda: memory_hits(daemon, "kestrel") and settled(daemon), timeout=60)
+    elsewhere.write_text(elsewhere.read_text() + FACT)
+    assert found(daemon)[0]["path"] == "memory/MEMORY.md"
