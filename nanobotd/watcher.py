@@ -1,6 +1,8 @@
-"""watchdog observers on session folders, feeding debounced paths to the event loop.
+"""watchdog observers on session and memory folders, feeding changed paths to the event loop.
 
-nanobot saves by temp file + rename, so the event naming the real file is a move's destination.
+nanobot saves sessions by temp file + rename, so the event naming the real file is a move's destination; its
+file tools write memory files in place (truncate + write), and editors replace them through swap files, so
+every kind of change event counts and both ends of a move are reported.
 inotify drops events silently on overflow and a deleted/recreated folder leaves a dead watch behind,
 so the daemon also runs a periodic reconcile scan; this module only reports what it sees and can
 re-arm a watch whose folder changed identity. When inotify limits are hit it falls back to polling.
@@ -33,13 +35,17 @@ from nanobotd.sessions.file import is_session_file
 MAX_DEBOUNCE_FACTOR = 5
 INOTIFY_LIMIT_ERRORS = (errno.ENOSPC, errno.EMFILE, errno.ENFILE)
 CHANGE_EVENTS = [FileCreatedEvent, FileModifiedEvent, FileClosedEvent, FileMovedEvent, FileDeletedEvent]
+# Named fault point (armed by tests): memory events are dropped as an inotify overflow would drop them, so only
+# the periodic reconcile can notice the change.
+DROP_MEMORY_EVENTS = "watcher.drop_memory_events"
 
 
 class _Handler(FileSystemEventHandler):
-    """Runs on watchdog's thread: only hands paths over to the loop."""
+    """Runs on watchdog's thread: only hands the paths *wanted* says are ours over to *deliver*."""
 
-    def __init__(self, watcher: SessionWatcher):
-        self.watcher = watcher
+    def __init__(self, wanted: Callable[[Path], bool], deliver: Callable[[Path], None]):
+        self.wanted = wanted
+        self.deliver = deliver
 
     def on_any_event(self, event: FileSystemEvent) -> None:
         if event.is_directory:
@@ -48,25 +54,35 @@ class _Handler(FileSystemEventHandler):
         for raw in paths:
             if raw:
                 path = Path(os.fsdecode(raw))
-                if is_session_file(path):
-                    self.watcher.notify_threadsafe(path)
+                if self.wanted(path):
+                    self.deliver(path)
 
 
 class SessionWatcher:
-    """One observer for all session folders of the daemon, with per-path debounce."""
+    """One observer for all session and memory folders of the daemon.
+
+    Session paths get a per-path debounce here (a scan follows each); memory paths go to *on_memory_change*
+    at once, every event, because the index refresh they lead to has a debounce of its own.
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, on_change: Callable[[Path], None], *,
-                 debounce: float = 1.0, polling: bool = False):
+                 debounce: float = 1.0, polling: bool = False,
+                 on_memory_change: Callable[[Path], None] | None = None, faults: frozenset[str] = frozenset()):
         self.loop = loop
         self.on_change = on_change
+        self.on_memory_change = on_memory_change
         self.debounce = debounce
+        self.faults = faults
         self.mode = "polling" if polling else "inotify"
         self.observer = PollingObserver(timeout=1.0) if polling else Observer()
         self.watches: dict[Path, tuple[object, int]] = {}
+        self.memory_watches: dict[Path, tuple[object, int]] = {}
         self.events_seen = 0
+        self.memory_events_seen = 0
         self.last_event: float | None = None
         self._timers: dict[Path, tuple[asyncio.TimerHandle, float]] = {}
-        self._handler = _Handler(self)
+        self._handler = _Handler(is_session_file, self.notify_threadsafe)
+        self._memory_handler = _Handler(lambda path: True, self._memory_threadsafe)
         self._started = False
 
     def start(self) -> None:
@@ -84,35 +100,38 @@ class SessionWatcher:
             self.observer.join(timeout=5)
             self._started = False
 
-    def watch(self, folder: Path) -> bool:
-        """Watch *folder* (re-arming it when the folder was recreated); False when it does not exist."""
+    def watch(self, folder: Path, *, memory: bool = False) -> bool:
+        """Watch sessions (or *memory*) *folder*, re-arming it when the folder was recreated; False when it does not
+        exist."""
+        watches = self.memory_watches if memory else self.watches
         try:
             inode = os.stat(folder).st_ino
         except FileNotFoundError:
-            self.unwatch(folder)
+            self.unwatch(folder, memory=memory)
             return False
-        current = self.watches.get(folder)
+        current = watches.get(folder)
         if current is not None and current[1] == inode:
             return True
         if current is not None:
-            logger.info("session folder {} was recreated; re-arming its watch", folder)
-            self.unwatch(folder)
+            logger.info("{} folder {} was recreated; re-arming its watch", "memory" if memory else "session", folder)
+            self.unwatch(folder, memory=memory)
+        handler = self._memory_handler if memory else self._handler
         try:
             # Reads (opened / closed_no_write) are not changes: nanobot, the index and our own scans read
-            # session files, and counting those would keep postponing the debounce.
-            handle = self.observer.schedule(self._handler, str(folder), recursive=False, event_filter=CHANGE_EVENTS)
+            # these files, and counting those would keep postponing the debounce.
+            handle = self.observer.schedule(handler, str(folder), recursive=False, event_filter=CHANGE_EVENTS)
         except OSError as exc:
             if exc.errno in INOTIFY_LIMIT_ERRORS and self.mode == "inotify":
                 logger.warning("inotify limit reached ({}); switching to the polling observer", exc)
                 self._switch_to_polling()
-                return self.watch(folder)
+                return self.watch(folder, memory=memory)
             raise
-        self.watches[folder] = (handle, inode)
+        watches[folder] = (handle, inode)
         return True
 
-    def unwatch(self, folder: Path) -> None:
-        """Stop watching *folder*."""
-        current = self.watches.pop(folder, None)
+    def unwatch(self, folder: Path, *, memory: bool = False) -> None:
+        """Stop watching sessions (or *memory*) *folder*."""
+        current = (self.memory_watches if memory else self.watches).pop(folder, None)
         if current is not None:
             try:
                 self.observer.unschedule(current[0])
@@ -120,17 +139,22 @@ class SessionWatcher:
                 pass
 
     def _switch_to_polling(self) -> None:
-        folders = list(self.watches)
+        folders, memory_folders = list(self.watches), list(self.memory_watches)
         self.stop()
         self.watches.clear()
+        self.memory_watches.clear()
         self.mode = "polling"
         self.observer = PollingObserver(timeout=1.0)
         self.start()
         for folder in folders:
             self.watch(folder)
+        for folder in memory_folders:
+            self.watch(folder, memory=True)
 
     def healthy(self) -> bool:
-        """The observer thread runs and every watched folder still is the folder we armed."""
+        """The observer thread runs and every watched session folder still is the folder we armed (a memory folder
+        that went away is no fault of the daemon's: the next reconcile re-arms it, and its fingerprint check covers
+        the meantime)."""
         if not self._started or not self.observer.is_alive():
             return False
         for folder, (_, inode) in self.watches.items():
@@ -144,7 +168,8 @@ class SessionWatcher:
     def health(self) -> dict:
         """Status figures."""
         return {"healthy": self.healthy(), "mode": self.mode, "folders": [str(folder) for folder in self.watches],
-                "events_seen": self.events_seen}
+                "memory_folders": [str(folder) for folder in self.memory_watches],
+                "events_seen": self.events_seen, "memory_events_seen": self.memory_events_seen}
 
     # -- debounce (loop side) ------------------------------------------------------------------------
     def notify_threadsafe(self, path: Path) -> None:
@@ -153,6 +178,20 @@ class SessionWatcher:
             self.loop.call_soon_threadsafe(self.notify, path)
         except RuntimeError:
             pass
+
+    def _memory_threadsafe(self, path: Path) -> None:
+        """Called from watchdog's thread for every change in a memory folder."""
+        if self.on_memory_change is None or DROP_MEMORY_EVENTS in self.faults:
+            return
+        try:
+            self.loop.call_soon_threadsafe(self._memory_event, path)
+        except RuntimeError:
+            pass
+
+    def _memory_event(self, path: Path) -> None:
+        self.memory_events_seen += 1
+        self.last_event = time.time()
+        self.on_memory_change(path)
 
     def notify(self, path: Path) -> None:
         """A path changed: (re)start its debounce timer, but never postpone past MAX_DEBOUNCE_FACTOR x."""

@@ -4,6 +4,8 @@ Two sessions take long-ish turns under a small context window, so nanobot's own 
 several times; one session gets `/new`; then everything goes idle long enough for nanobot's idle compaction
 (`idleCompactAfterMinutes`, 1 minute at the least). With --mcp-command, nanobot loads that MCP server as
 "nanobotd" and one turn has the fake model call `mcp_nanobotd_memory_search` and answer from the result.
+With a Remember, one turn mid-day has the fake model save a fact to memory/MEMORY.md with nanobot's own
+`write_file` tool (Path.write_text, in place), and the last turn recalls it with `mcp_nanobotd_memory_search`.
 
 Used by scripts/nanobot_day.py, which runs nanobotd beside it: setup_nanobot() and run_day(..., on_step=...)
 hand over what nanobot's files looked like right after each step.
@@ -36,6 +38,9 @@ RUNNER = Path(__file__).resolve().parent / "nanobot_runner.py"
 SESSIONS = ("cli:alpha", "cli:beta")
 SEARCH_TOOL = "mcp_nanobotd_memory_search"
 SEARCH_TAG = "[memory-search]"
+REMEMBER_TAG = "[remember]"
+RECALL_TAG = "[recall]"
+WRITE_TOOL = "write_file"
 ARCHIVE_PROMPT = "Create a compact replacement checkpoint"
 MARKER = re.compile(r"MSG-[a-z]+-\d+")
 WORDS = ("kestrel staging server backup bucket restore drill friday quarterly report draft postgres "
@@ -77,16 +82,30 @@ class DayReport:
     consolidation_requests: int = 0
     search_result: str | None = None
     search_result_has_expected: bool | None = None
+    write_result: str | None = None
+    recall_result: str | None = None
+
+
+@dataclass
+class Remember:
+    """A fact the agent saves to its MEMORY.md mid-day with its own file tool, and the words it recalls it by."""
+
+    fact: str
+    query: str
+    memory_file: Path | None = None  # set by run_day: <workspace>/memory/MEMORY.md
 
 
 class ScriptedModel:
     """The fake model's words: replies to turns, fact-line checkpoints, and one memory_search call."""
 
-    def __init__(self, search_query: str, search_expect: str | None):
+    def __init__(self, search_query: str, search_expect: str | None, remember: Remember | None = None):
         self.search_query = search_query
         self.search_expect = search_expect
+        self.remember = remember
         self.checkpoints = 0
         self.tool_results: list[str] = []
+        self.results_by_tag: dict[str, str] = {}
+        self._asked: str | None = None  # the tag of the turn whose tool call is out
 
     def __call__(self, request: dict) -> Any:
         messages = request.get("messages") or [{}]
@@ -97,12 +116,32 @@ class ScriptedModel:
             return Text(self.checkpoint(messages))
         if last.get("role") == "tool":
             self.tool_results.append(text)
+            if self._asked is not None:
+                self.results_by_tag[self._asked], self._asked = text, None
             return Text(f"From memory: {text[:200]}")
         offered = {tool.get("function", {}).get("name") for tool in request.get("tools") or []}
-        if SEARCH_TAG in text and SEARCH_TOOL in offered:
-            return ToolCalls([(SEARCH_TOOL, {"query": self.search_query, "limit": 3})])
+        call = self.tool_call(text, offered)
+        if call is not None:
+            return call
         markers = MARKER.findall(text)
         return Text(f"Noted {markers[-1] if markers else 'that'}. " + filler(60, seed=len(text)))
+
+    def tool_call(self, text: str, offered: set) -> ToolCalls | None:
+        """The tool call a tagged turn asks for: search, save the fact (the whole file, as write_file takes it),
+        or recall it."""
+        remember = self.remember
+        if SEARCH_TAG in text and SEARCH_TOOL in offered:
+            self._asked = SEARCH_TAG
+            return ToolCalls([(SEARCH_TOOL, {"query": self.search_query, "limit": 3})])
+        if remember is not None and REMEMBER_TAG in text and WRITE_TOOL in offered:
+            self._asked = REMEMBER_TAG
+            current = remember.memory_file.read_text(encoding="utf-8") if remember.memory_file.is_file() else ""
+            content = current.rstrip("\n") + "\n\n" + remember.fact + "\n"
+            return ToolCalls([(WRITE_TOOL, {"path": str(remember.memory_file), "content": content})])
+        if remember is not None and RECALL_TAG in text and SEARCH_TOOL in offered:
+            self._asked = RECALL_TAG
+            return ToolCalls([(SEARCH_TOOL, {"query": remember.query, "limit": 5})])
+        return None
 
     def checkpoint(self, messages: list) -> str:
         texts = (content_text(message.get("content")) for message in messages if message.get("role") != "system")
@@ -315,12 +354,20 @@ def run_day(setup: NanobotSetup, model: ScriptedModel, *, turns_per_session: int
         runner.close()
         raise RuntimeError(f"nanobot did not start: {runner.ready.get('error')}")
     day = Day(setup, runner, on_step)
+    remember = model.remember
+    if remember is not None:
+        remember.memory_file = setup.workspace / "memory" / "MEMORY.md"
     try:
         for index in range(1, turns_per_session + 1):
             for session in SESSIONS:
                 day.turn(session, user_message(session, index))
+            if remember is not None and index == turns_per_session // 2:
+                day.turn(SESSIONS[0], f"{REMEMBER_TAG} Put this in your long-term memory file, please: "
+                                      f"{remember.fact} MSG-alpha-remember", "remember")
         if search:
             day.turn(SESSIONS[0], f"{SEARCH_TAG} What did we decide about the backups? MSG-alpha-search", "search")
+        if remember is not None:
+            day.turn(SESSIONS[1], f"{RECALL_TAG} What do you know about it? MSG-beta-recall", "recall")
         day.new(SESSIONS[1])
         day.turn(SESSIONS[1], user_message(SESSIONS[1], turns_per_session + 1))
         if idle_minutes > 0:
@@ -335,8 +382,10 @@ def finish_report(report: DayReport, setup: NanobotSetup, model: ScriptedModel) 
     report.session_sha256 = {key: hashlib.sha256(path.read_bytes()).hexdigest()
                              for key, path in session_files(setup).items()}
     report.consolidation_requests = model.checkpoints
-    if model.tool_results:
-        report.search_result = model.tool_results[-1]
+    report.write_result = model.results_by_tag.get(REMEMBER_TAG)
+    report.recall_result = model.results_by_tag.get(RECALL_TAG)
+    if SEARCH_TAG in model.results_by_tag:
+        report.search_result = model.results_by_tag[SEARCH_TAG]
         if model.search_expect is not None:
             report.search_result_has_expected = model.search_expect in report.search_result
     return report

@@ -10,7 +10,10 @@ model call `mcp_nanobotd_memory_search`. Printed at the end:
 - messages archived by nanobot, by nanobotd, and by both (archived twice: must be 0);
 - nanobotd's flushes, and how many landed before nanobot's compaction of the same turns;
 - whether the session files were left as nanobot wrote them (sha256 after nanobot's last write and at the end);
-- the memory_search result nanobot sent back to the model, and whether it holds the known fact.
+- the memory_search result nanobot sent back to the model, and whether it holds the known fact;
+- a fact the agent saved to memory/MEMORY.md mid-day with its own write_file tool: seconds from that write
+  (the file's mtime) to the first nanobotd search that finds it, its rank then, the seconds until it ranks
+  first, and the rank of MEMORY.md in the agent's own recall over MCP at the end of the day.
 
     scripts/nanobot_day.py --workdir /tmp/day [--nanobot-python PATH] [--turns 14] [--idle-minutes 1]
 """
@@ -24,6 +27,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +37,7 @@ sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from nanobot_agent import (  # noqa: E402
+    Remember,
     ScriptedModel,
     Step,
     history_entries,
@@ -53,6 +58,10 @@ SEARCH_QUERY = "cold bucket"
 MARKER = re.compile(r"MSG-([a-z]+)-(\d+)")
 RANGE = re.compile(r"\((MSG-[a-z]+-\d+) \.\. (MSG-[a-z]+-\d+)\)")
 SETTLE_SECONDS = 60
+REMEMBERED = Remember(fact="- The zanzibar trip starts on the ninth of March; the ferry leaves Dar es Salaam at 07:00.",
+                      query="zanzibar trip")
+PROBE_POLL_SECONDS = 0.05
+PROBE_SECONDS = 120  # how long the probe looks for the saved fact in nanobotd's search before it gives up
 
 
 class DayModel(ScriptedModel):
@@ -92,6 +101,78 @@ class Timeline:
                 self.compactions.append((now, key, step.name))
             self.last_marks[key] = state["last_archived"]
         self.last_sha256 = {key: sha256(path) for key, path in session_files(self.setup).items()}
+
+
+class FreshnessProbe:
+    """Watches MEMORY.md for the fact the agent saves, then asks nanobotd's search until it finds it.
+
+    A thread of its own, so the clock starts at the agent's write (the file's mtime), not when the turn that
+    wrote it ends; each search is a `nanobotctl search` as a user or the agent's skill runs it.
+    """
+
+    def __init__(self, memory_file: Path, remember: Remember):
+        self.memory_file, self.remember = memory_file, remember
+        self.daemon: Nanobotd | None = None
+        self.written: float | None = None
+        self.found: float | None = None
+        self.found_rank: int | None = None
+        self.first: float | None = None
+        self.searches = 0
+        self._thread = threading.Thread(target=self._run, daemon=True, name="freshness-probe")
+
+    def start(self, daemon: Nanobotd) -> FreshnessProbe:
+        self.daemon = daemon
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + 3600
+        while self.written is None and time.monotonic() < deadline:
+            try:
+                if self.remember.fact in self.memory_file.read_text(encoding="utf-8"):
+                    self.written = self.memory_file.stat().st_mtime
+            except OSError:
+                pass
+            time.sleep(0.02)
+        deadline = time.monotonic() + PROBE_SECONDS
+        while self.first is None and time.monotonic() < deadline:
+            rank = self._rank()
+            if rank is not None and self.found is None:
+                self.found, self.found_rank = time.time(), rank
+            if rank == 1:
+                self.first = time.time()
+            time.sleep(PROBE_POLL_SECONDS)
+
+    def _rank(self) -> int | None:
+        """The rank of the saved fact's MEMORY.md hit in one search, or None when it is not among the hits."""
+        self.searches += 1
+        try:
+            hits = self.daemon.json("search", self.remember.query, "--limit", "10")["hits"]
+        except RuntimeError:
+            return None
+        for rank, hit in enumerate(hits, 1):
+            if hit["path"].endswith("memory/MEMORY.md") and "zanzibar" in (hit.get("text") or hit["snippet"]):
+                return rank
+        return None
+
+    def figures(self) -> dict:
+        def since_write(moment: float | None) -> float | None:
+            return round(moment - self.written, 3) if moment is not None and self.written is not None else None
+
+        return {"saved fact: seconds from the agent's write to the first search that finds it":
+                since_write(self.found),
+                "saved fact: its rank in that search": self.found_rank,
+                "saved fact: seconds from the write until it ranks first": since_write(self.first),
+                "saved fact: searches asked": self.searches}
+
+
+def recall_rank(result: str | None) -> tuple[int | None, str | None]:
+    """(rank of memory/MEMORY.md, the first hit's place) in the memory_search text nanobot sent the model."""
+    if not result:
+        return None, None
+    places = re.findall(r"^\[\d+\] \S+ · (\S+)", result, re.MULTILINE)
+    rank = next((index for index, place in enumerate(places, 1) if place.endswith("memory/MEMORY.md")), None)
+    return rank, places[0] if places else None
 
 
 def sha256(path: Path) -> str:
@@ -204,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         print("litellm's tiktoken files not found: nanobot would count UTF-8 bytes", file=sys.stderr)
     workdir = args.workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    model = DayModel(SEARCH_QUERY, KNOWN_FACT)
+    model = DayModel(SEARCH_QUERY, KNOWN_FACT, REMEMBERED)
     timeline = Timeline()
     with FakeLLM(default=model, latency=args.model_seconds) as fake:
         nanobotctl = Path(sys.executable).with_name("nanobotctl")
@@ -214,11 +295,13 @@ def main(argv: list[str] | None = None) -> int:
                                                                             str(socket)])
         timeline.setup = setup
         daemon = Nanobotd(workdir, setup.workspace, workdir / "home", fake, args.log_level).start()
+        probe = FreshnessProbe(setup.workspace / "memory" / "MEMORY.md", REMEMBERED).start(daemon)
         try:
             report = run_day(setup, model, turns_per_session=args.turns, idle_minutes=args.idle_minutes,
                              search=True, on_step=timeline.on_step)
             daemon.settle()
             figures = collect(daemon, setup, timeline, report)
+            figures.update(probe.figures())
         finally:
             code = daemon.stop()
     figures["nanobotd exit code"] = code
@@ -262,6 +345,10 @@ def print_figures(report, figures: dict) -> None:
         print(f"{name}: {value}")
     print(f"memory_search result nanobot sent back to the model: {report.search_result!r}"[:400])
     print(f"it holds the known fact ({KNOWN_FACT!r}): {report.search_result_has_expected}")
+    print(f"write_file result nanobot sent back to the model: {report.write_result!r}"[:300])
+    rank, first = recall_rank(report.recall_result)
+    print(f"recall over MCP ({REMEMBERED.query!r}): MEMORY.md ranks {rank}; first hit: {first}")
+    print(f"recall result nanobot sent back to the model: {report.recall_result!r}"[:600])
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from nanobotd import __version__, heap, tokens
 from nanobotd.api.server import ControlServer
 from nanobotd.config.load import Config, ConfigError, load_config, socket_group_id
 from nanobotd.config.schema import WorkspaceSettings
-from nanobotd.daemon import companion, runs, triggers
+from nanobotd.daemon import companion, indexing, runs, triggers
 from nanobotd.daemon.core import Core, config_timezone
 from nanobotd.daemon.handlers import build_router
 from nanobotd.daemon.jobqueue import JobQueue
@@ -38,6 +38,13 @@ RESTART_KEYS = ("socket", "state_dir", "socket_group", "log_level", "timezone", 
 IDLE_CHECK_SECONDS = 30.0
 TOKENIZER_IDLE_SECONDS = 60.0
 CACHE_IDLE_SECONDS = 300.0  # a session's in-memory caches go after this long unused (read back when needed)
+# Comma-separated names of fault points to arm (tests make a step fail for real in a daemon subprocess).
+FAULTS_VARIABLE = "NANOBOTD_FAULTS"
+
+
+def fault_points(environ) -> frozenset[str]:
+    """The fault points the environment arms (none in normal use)."""
+    return frozenset(name.strip() for name in environ.get(FAULTS_VARIABLE, "").split(",") if name.strip())
 
 
 class Daemon:
@@ -81,7 +88,8 @@ class Daemon:
         logger.info("nanobotd {} listening on {} ({} workspace(s))", __version__, self.config.socket_path,
                     len(core.workspaces))
         core.watcher = SessionWatcher(loop, self._on_path_changed, debounce=self.config.daemon.debounce_seconds,
-                                      polling=self.polling)
+                                      polling=self.polling, on_memory_change=self._on_memory_changed,
+                                      faults=fault_points(self.config.environ))
         core.watcher.start()
         for signum, handler in ((signal.SIGTERM, self.request_stop), (signal.SIGINT, self.request_stop),
                                 (signal.SIGHUP, self.request_reload)):
@@ -141,6 +149,11 @@ class Daemon:
             if workspace.owns(path):
                 asyncio.get_running_loop().create_task(triggers.scan_and_trigger(self.core, workspace, path))
                 return
+
+    def _on_memory_changed(self, path: Path) -> None:
+        for workspace in self.core.workspaces.values():
+            if workspace.opened and path.parent in indexing.memory_folders(workspace):
+                indexing.memory_file_changed(self.core, workspace, path)
 
     async def _startup_reconcile(self) -> None:
         await triggers.reconcile_all(self.core, startup=True)

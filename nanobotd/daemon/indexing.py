@@ -1,4 +1,10 @@
-"""Keeping the search indexes fresh: debounced, single-flight refreshes after session and memory changes."""
+"""Keeping the search indexes fresh: debounced, single-flight refreshes after session and memory changes.
+
+Memory files change under three hands: nanobotd's jobs (each calls memory_changed when it ends), the agent's
+own file tools and the user's editor (seen by the watcher on the memory folders), and anything the watcher
+missed (caught at the next reconcile by comparing every indexed file's inode, size and mtime with what the
+index recorded).
+"""
 
 from __future__ import annotations
 
@@ -11,9 +17,13 @@ from loguru import logger
 from nanobotd import heap
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.workspace import ALL_FILES, Workspace
+from nanobotd.index.sources import NOTE_DIRS
 
 MAX_WAIT_FACTOR = 5  # changes wait at most this many debounce periods for the index
-ARCHIVING_KIND = "consolidate"  # while it runs in a workspace, its index refresh waits (up to MAX_WAIT_FACTOR)
+# While one of these runs in a workspace, its index refresh waits (up to MAX_WAIT_FACTOR): the job rewrites
+# memory files all along and refreshes the index when it ends, so the watcher's events of its own writes would
+# only add refreshes.
+WRITING_KINDS = ("consolidate", "dream", "lifecycle", "restore")
 TRIM_AFTER_REFRESH_SECONDS = 1.0  # a refresh this long gives its freed memory back (heap.trim) when it ends
 
 
@@ -31,35 +41,85 @@ def memory_changed(core: Core, workspace: Workspace) -> None:
         workspace.qmd.request_update()
 
 
+def memory_folders(workspace: Workspace) -> list[Path]:
+    """The folders holding the memory files the indexes read (SOUL.md and USER.md, MEMORY.md, notes, history)."""
+    root = workspace.index.sources.workspace
+    return [root, *(root / name for name in NOTE_DIRS)]
+
+
+def is_memory_file(workspace: Workspace, path: Path) -> bool:
+    """*path* (in a memory folder) is a file an index reads: the builtin's memory files, notes and history, or
+    for QMD any markdown file of the memory folders (its collection mask). Swap files, backups (`~`), editors'
+    probe files (vim's `4913`) and nanobotd's lock and cursor files are not."""
+    kind = workspace.index.sources.classify(path)
+    if kind is not None:
+        return kind != "session"
+    return (workspace.qmd is not None and path.suffix == ".md" and not path.name.startswith(".")
+            and path.parent != workspace.index.sources.workspace)
+
+
+def memory_file_changed(core: Core, workspace: Workspace, path: Path) -> None:
+    """The watcher saw a memory folder change: refresh both indexes if it is a file they read (debounced)."""
+    if not is_memory_file(workspace, path):
+        return
+    schedule_refresh(core, workspace, {path})
+    if workspace.qmd is not None:
+        workspace.qmd.request_update()
+
+
+async def check_fingerprints(core: Core, workspace: Workspace) -> list[Path]:
+    """At a reconcile: refresh the indexes when a covered file changed, appeared or went away without an event.
+
+    Skipped while a refresh is pending or running: that refresh reads every file it needs anyway.
+    """
+    if workspace.pending_paths or workspace.refreshing:
+        return []
+    stale = await asyncio.get_running_loop().run_in_executor(core.executor, workspace.index.stale_files)
+    if not stale:
+        return []
+    shown = ", ".join(workspace.index.sources.display_path(str(path)) for path in stale[:3])
+    logger.info("workspace {}: {} indexed file(s) changed unseen ({}{}); refreshing the index", workspace.name,
+                len(stale), shown, ", ..." if len(stale) > 3 else "")
+    schedule_refresh(core, workspace, set(stale))
+    if workspace.qmd is not None:
+        workspace.qmd.request_update()
+    return stale
+
+
 def schedule_refresh(core: Core, workspace: Workspace, paths: set[Path] | None) -> None:
-    """Remember what changed and (re)arm the debounce timer, never postponing past MAX_WAIT_FACTOR x debounce.
+    """Remember what changed and (re)arm the refresh for when the first changed file has been quiet for a
+    debounce, never later than MAX_WAIT_FACTOR x debounce after the first change (an empty *paths*: look again
+    a debounce from now).
 
     An agent busy in a long exchange saves its session every second or so: a plain debounce would keep the
-    index stale for as long as the exchange lasts.
+    index stale for as long as the exchange lasts, and a fact it wrote to MEMORY.md once would wait as long.
     """
     loop = asyncio.get_running_loop()
+    now = loop.time()
     if not workspace.pending_paths:
-        workspace.pending_since = loop.time()
-    if paths is None:
-        workspace.pending_paths.add(ALL_FILES)
-    else:
-        workspace.pending_paths |= paths
+        workspace.pending_since = now
+    for path in [ALL_FILES] if paths is None else paths:
+        workspace.pending_paths[path] = now
     debounce = workspace.settings.search.debounce_seconds
-    delay = min(debounce, max(0.0, workspace.pending_since + debounce * MAX_WAIT_FACTOR - loop.time()))
+    quiet = min(workspace.pending_paths.values()) if paths or paths is None else now
+    delay = max(0.0, min(quiet + debounce, workspace.pending_since + debounce * MAX_WAIT_FACTOR) - now)
     if workspace.refresh_handle is not None:
         workspace.refresh_handle.cancel()
     workspace.refresh_handle = loop.call_later(delay, lambda: loop.create_task(refresh_index(core, workspace)))
 
 
 async def refresh_index(core: Core, workspace: Workspace) -> dict | None:
-    """Bring the builtin index up to date with what changed (single-flight). While the workspace is being archived
-    the refresh waits for its end, as long as the changes may wait (MAX_WAIT_FACTOR): the archive changes history
-    and the sessions' spool all along, and a refresh beside it would share the CPU and the GIL with it."""
-    if workspace.refreshing or _archiving(core, workspace):
+    """Bring the builtin index up to date with what changed (single-flight). While a job writes the workspace's
+    memory (an archive changes history and the sessions' spool all along) the refresh waits for its end, as long as
+    the changes may wait (MAX_WAIT_FACTOR): a refresh beside it would share the CPU and the GIL with it, and the
+    job's end refreshes anyway."""
+    if not workspace.pending_paths:
+        return None  # a refresh that started after this one was armed took the changes
+    if workspace.refreshing or _writing(core, workspace):
         schedule_refresh(core, workspace, set())
         return None
-    paths, workspace.pending_paths = workspace.pending_paths, set()
-    changed = None if ALL_FILES in paths or not paths else sorted(paths)
+    paths, workspace.pending_paths = workspace.pending_paths, {}
+    changed = None if ALL_FILES in paths else sorted(paths)
     # counted for status: an index refresh runs beside jobs and shares the CPU (and the GIL) with them
     loop = asyncio.get_running_loop()
     started = workspace.refresh_started = time.monotonic()
@@ -77,9 +137,11 @@ async def refresh_index(core: Core, workspace: Workspace) -> dict | None:
     return workspace.last_refresh
 
 
-def _archiving(core: Core, workspace: Workspace) -> bool:
-    """A consolidation runs in the workspace and the changes waiting for the index have not waited their most."""
-    if core.queue is None or not core.queue.running_in(workspace.name, ARCHIVING_KIND) or not workspace.pending_paths:
+def _writing(core: Core, workspace: Workspace) -> bool:
+    """A job that writes memory runs in the workspace and the changes waiting for the index have not waited their
+    most."""
+    if core.queue is None or not workspace.pending_paths or not any(
+            core.queue.running_in(workspace.name, kind) for kind in WRITING_KINDS):
         return False
     most = workspace.pending_since + workspace.settings.search.debounce_seconds * MAX_WAIT_FACTOR
     return asyncio.get_running_loop().time() < most

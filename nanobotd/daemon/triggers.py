@@ -46,6 +46,8 @@ async def reconcile_workspace(core: Core, workspace: Workspace, *, startup: bool
     if core.watcher is not None:
         for folder in workspace.sessions_dirs:
             core.watcher.watch(folder)
+        for folder in indexing.memory_folders(workspace):
+            core.watcher.watch(folder, memory=True)
     counts = {}
     if startup:
         logger.info("workspace {}: start-up reconcile of {} session file(s) done in {:.2f} s ({} changed)",
@@ -65,6 +67,8 @@ async def reconcile_workspace(core: Core, workspace: Workspace, *, startup: bool
         await loop.run_in_executor(core.executor, rebuild_archive_marks, workspace)
     if startup:
         loop.create_task(open_workspace(core, workspace))
+    elif workspace.opened:
+        await indexing.check_fingerprints(core, workspace)
 
 
 async def open_workspace(core: Core, workspace: Workspace) -> None:

@@ -75,7 +75,7 @@ class Workspace:
         self.scan_errors = 0
         self.torn_lines = 0
         self.opened = False
-        self.pending_paths: set[Path] = set()
+        self.pending_paths: dict[Path, float] = {}  # changed file -> when it last changed (loop time)
         self.pending_since = 0.0
         self.refresh_handle: asyncio.TimerHandle | None = None
         self.refreshes = 0  # index refreshes finished since the start, the seconds they ran, the one running

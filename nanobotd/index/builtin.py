@@ -106,6 +106,25 @@ class BuiltinIndex:
             totals["units_embedded"] = self._embed_pending()
         return totals
 
+    def stale_files(self) -> list[Path]:
+        """Covered files whose inode, size or mtime differ from what the index recorded, new ones and vanished
+        ones: a change the watcher missed shows up here (the daemon asks at every reconcile). Empty while a
+        refresh holds the index (it reads what changed anyway)."""
+        if not self._lock.acquire(blocking=False):
+            return []
+        try:
+            known = self._with_recovery(lambda: ftsdb.all_files(self._conn()), lambda: {})
+            refill = self._refill
+        finally:
+            self._lock.release()
+        current = self.sources.all()
+        if refill:
+            return [Path(path) for path in current]
+        stale = [path for path, source in current.items()
+                 if (record := known.get(path)) is None or record.source != source
+                 or record.fingerprint != _fingerprint(path)]
+        return [Path(path) for path in [*stale, *(path for path in known if path not in current)]]
+
     def _embed_pending(self) -> int:
         """Embed units without a vector, a batch at a time, asking the model outside the lock (searches
         go on meanwhile); at most MAX_EMBED_PER_REFRESH per refresh, the rest at the next one."""
@@ -294,7 +313,9 @@ class BuiltinIndex:
         sources = None
         for raw in changed:
             path = Path(raw).expanduser()
-            path = (path if path.is_absolute() else self.workspace / path).resolve()
+            path = Path(os.path.abspath(path if path.is_absolute() else self.workspace / path))
+            if self.sources.classify(path) is None and str(path) not in known:
+                path = path.resolve()  # named through a symlinked folder; a symlinked file is covered by its name
             if path.is_dir():
                 sources = self.sources.all() if sources is None else sources
                 prefix = str(path) + os.sep

@@ -26,7 +26,7 @@ class DaemonProcess:
 
     def __init__(self, tmp_path: Path, workspace: Path, *, sessions_dir: Path | None = None,
                  extra_config: str = "", env: dict | None = None, args: tuple[str, ...] = (),
-                 mode: str = "owner"):
+                 mode: str = "owner", reconcile_seconds: float = 2):
         self.tmp_path = tmp_path
         self.socket = tmp_path / "sock" / "nanobotd.sock"
         self.state_dir = tmp_path / "state"
@@ -37,7 +37,7 @@ class DaemonProcess:
 [daemon]
 socket = "{self.socket}"
 state_dir = "{self.state_dir}"
-reconcile_seconds = 2
+reconcile_seconds = {reconcile_seconds}
 debounce_seconds = 0.2
 log_level = "DEBUG"
 {extra_config}
