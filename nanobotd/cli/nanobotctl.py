@@ -102,6 +102,10 @@ def _add_report_commands(add: AddCommand) -> None:
         help="how far back: a number and a unit, m h d or w, e.g. 30m, 12h, 2w (default 7d)")
 
 
+    add("metrics", reports.prometheus, "the daemon's figures in the Prometheus text format (for node exporter's "
+                                       "textfile collector)")
+
+
 def _add_search_commands(add: AddCommand) -> None:
     found = add("search", search.search, "search memory")
     found.add_argument("query", help="the words to look for")
