@@ -75,15 +75,14 @@ class Pages:
 
     def memory(self, request: Request) -> Response:
         client, status, workspace = self._frame(request)
-        files = client.get("/v1/memory-files")
-        day = request.query_params.get("day") or (files["notes"][0]["date"] if files["notes"] else "")
-        recall = client.get("/v1/recall", {"from": day}) if day else None
+        files = client.get("/v1/memory-files", {"day": request.query_params.get("day") or "latest"})
+        day = files.get("day") or ""
         before = request.query_params.get("before") or None
         history = client.get("/v1/history", {"limit": HISTORY_PAGE, "before": before})
         query = request.query_params.get("q", "").strip()
         found = client.get("/v1/search", {"q": query, "limit": 20}) if query else None
         return self.render(request, "memory.html", page="memory", status=status, workspace=workspace, files=files,
-                           day=day, recall=recall, history=history, query=query, found=found)
+                           day=day, history=history, query=query, found=found)
 
     def runs(self, request: Request) -> Response:
         client, status, workspace = self._frame(request)

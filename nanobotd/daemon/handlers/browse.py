@@ -11,6 +11,7 @@ from nanobotd import fsio
 from nanobotd.api.router import Request
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.handlers.common import one_workspace
+from nanobotd.daemon.handlers.search import query_date
 from nanobotd.daemon.workspace import Workspace
 from nanobotd.jobs.common import BOOTSTRAP_FILES
 from nanobotd.memory import historypage
@@ -43,13 +44,26 @@ class BrowseHandlers:
 
     async def memory_files(self, request: Request) -> dict:
         """SOUL.md, USER.md and MEMORY.md as they are (nanobot puts them whole into every prompt), each with
-        its size against context.max_chars, and the days that have a daily note (active or archived)."""
+        its size against context.max_chars, and the days that have a daily note (active or archived); with
+        `day=YYYY-MM-DD` (or `latest`), that day's notes too. (/v1/recall gives a day's notes with its history
+        entries, for which it reads all of history.jsonl: ~0.4 s at 100k entries, too slow for a page.)"""
         workspace = one_workspace(self.core, request)
         caps = workspace.settings.context
         files = await self._executor(bootstrap_files, workspace)
-        return {"workspace": workspace.name, "files": files, "max_chars": caps.max_chars,
-                "total_max_chars": caps.total_max_chars, "total_chars": sum(item["chars"] for item in files),
-                "notes": await self._executor(note_days, workspace)}
+        notes = await self._executor(note_days, workspace)
+        answer = {"workspace": workspace.name, "files": files, "max_chars": caps.max_chars,
+                  "total_max_chars": caps.total_max_chars, "total_chars": sum(item["chars"] for item in files),
+                  "notes": notes}
+        wanted = request.query.get("day")
+        if wanted == "latest" and notes:
+            answer["day"] = notes[0]["date"]
+        elif wanted and wanted != "latest":
+            answer["day"] = query_date(request, "day").isoformat()
+        if answer.get("day"):
+            day = answer["day"]
+            answer["day_notes"] = await self._executor(day_notes, workspace, [note for note in notes
+                                                                              if note["date"] == day])
+        return answer
 
     async def history(self, request: Request) -> dict:
         """The newest history entries, newest first; `before=CURSOR` gives the page after one ending there."""
@@ -90,6 +104,20 @@ def bootstrap_files(workspace: Workspace) -> list[dict]:
             continue
         files.append({"path": relative, "text": text, "chars": len(text), "cut": size > MAX_FILE_BYTES})
     return files
+
+
+def day_notes(workspace: Workspace, notes: list[dict]) -> list[dict]:
+    """The text of each of *notes* (one day's active and archived note)."""
+    memory_dir = workspace.env.memory_dir
+    found = []
+    for note in notes:
+        relative = f"{ARCHIVE_DIR_NAME}/{note['date']}.md" if note["archived"] else f"{note['date']}.md"
+        try:
+            text = fsio.read_text_lossy(memory_dir / relative, MAX_FILE_BYTES)
+        except OSError:
+            continue
+        found.append(dict(note, path=f"memory/{relative}", text=text))
+    return found
 
 
 def note_days(workspace: Workspace) -> list[dict]:

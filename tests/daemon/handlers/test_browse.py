@@ -116,3 +116,16 @@ def test_daily_series_refuses_too_many_days(client: Client) -> None:
     with pytest.raises(DaemonError) as refused:
         client.get("/v1/metrics/daily", {"days": 400})
     assert refused.value.status == 400 and "'days' must be in" in refused.value.message
+
+
+def test_memory_files_gives_one_days_notes_and_latest_is_the_newest_day(client: Client) -> None:
+    newest = client.get("/v1/memory-files", {"day": "latest"})
+    assert newest["day"] == "2026-11-20"
+    assert [(note["path"], "Ship kestrel." in note["text"]) for note in newest["day_notes"]] == [
+        ("memory/2026-11-20.md", True)]
+    archived = client.get("/v1/memory-files", {"day": "2026-11-02"})["day_notes"]
+    assert [(note["path"], note["archived"]) for note in archived] == [("memory/archive/2026-11-02.md", True)]
+    assert client.get("/v1/memory-files", {"day": "2026-11-03"})["day_notes"] == []
+    with pytest.raises(DaemonError) as refused:
+        client.get("/v1/memory-files", {"day": "../etc"})
+    assert refused.value.status == 400
