@@ -7,7 +7,6 @@ jinja2 are imported here, inside the command, so every other nanobotctl command 
 from __future__ import annotations
 
 import socket
-from typing import Any
 
 from nanobotd.cli.client import Client
 from nanobotd.cli.invocation import EXIT_CANNOT_CONNECT, EXIT_OK, Invocation
@@ -60,11 +59,18 @@ def bind(port: int) -> socket.socket:
     return listener
 
 
-def open_browser(url: str) -> Any:
-    """Open *url* where a browser is available; on a server without one this quietly does nothing."""
+def open_browser(url: str) -> bool:
+    """Open *url* in a graphical browser where there is one; never a console browser (lynx, w3m), which
+    would take over the terminal the page's link was printed in."""
     import webbrowser
 
     try:
-        return webbrowser.open(url, new=2)
+        controller = webbrowser.get()
     except webbrowser.Error:
+        return False
+    if type(controller) is webbrowser.GenericBrowser:  # how webbrowser registers the console browsers
+        return False
+    try:
+        return controller.open(url, new=2)
+    except (webbrowser.Error, OSError):
         return False
