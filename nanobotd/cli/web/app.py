@@ -62,8 +62,9 @@ class Pages:
         return self.client_for(chosen), status, workspace
 
     def overview(self, request: Request) -> Response:
-        client, status, _ = self._frame(request)
-        sessions = client.get("/v1/sessions") if status.get("workspaces") else {"sessions": []}
+        _, status, _ = self._frame(request)
+        # every workspace's sessions (the one-workspace client would give only the chosen one's)
+        sessions = self.client_for(None).get("/v1/sessions") if status.get("workspaces") else {"sessions": []}
         panels = []
         for workspace in status.get("workspaces") or []:
             daily = self.client_for(workspace["name"]).get("/v1/metrics/daily", {"days": 1})
@@ -105,7 +106,8 @@ class Pages:
             except DaemonError:
                 commit = None
         return self.render(request, "run.html", page="runs", status=status, workspace=workspace, run=run,
-                           details=runtext.detail_lines(run), commit=commit,
+                           details=[line for line in runtext.detail_lines(run) if not line.startswith("(--json")],
+                           commit=commit,
                            diff=views.diff_lines(commit.get("diff") or "") if commit else [],
                            plan=plan, restored=restored, problem=problem)
 
