@@ -145,8 +145,8 @@ class Pages:
         charts = [views.day_chart("History entries per day", days, history),
                   views.day_chart("Consolidation outcomes", days, views.outcome_series(daily["outcomes"],
                                                                                          "consolidate")),
-                  views.day_chart("Memory flushes (before compactions)", days,
-                                  views.outcome_series(daily["outcomes"], "flush")),
+                  views.day_chart("Flushes beside consolidations (compactions)", days,
+                                  views.kind_totals(daily["outcomes"], ("flush", "consolidate"))),
                   views.day_chart("Dream outcomes", days, views.outcome_series(daily["outcomes"], "dream"))]
         rows = [row for row in observed.get("rows") or [] if row.get("workspace") == workspace.get("name")]
         return self.render(request, "health.html", page="health", status=status, workspace=workspace,

@@ -112,6 +112,16 @@ def outcome_series(rows: Iterable[Mapping[str, Any]], kind: str) -> dict[str, di
     return values
 
 
+def kind_totals(rows: Iterable[Mapping[str, Any]], kinds: tuple[str, ...]) -> dict[str, dict[str, int]]:
+    """day -> job kind -> runs of every outcome, for the kinds named: flushes beside consolidations."""
+    values: dict[str, dict[str, int]] = {}
+    for row in rows:
+        if row.get("kind") in kinds:
+            day = values.setdefault(str(row["day"]), {})
+            day[str(row["kind"])] = day.get(str(row["kind"]), 0) + int(row["count"])
+    return values
+
+
 @dataclass(frozen=True)
 class DiffLine:
     """One line of a patch and how to show it."""

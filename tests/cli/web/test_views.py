@@ -38,3 +38,11 @@ def test_markdown_escapes_html_and_drops_script_links() -> None:
     render = views.markdown_renderer()
     html = render("# Hi\n\n<script>alert(1)</script>\n\n[x](javascript:alert(1))")
     assert "<h1>Hi</h1>" in html and "<script>" not in html and "href=\"javascript" not in html
+
+
+def test_kind_totals_put_flushes_beside_consolidations_per_day() -> None:
+    rows = [{"day": "2026-11-20", "kind": "flush", "outcome": "written", "count": 2},
+            {"day": "2026-11-20", "kind": "flush", "outcome": "no_change", "count": 1},
+            {"day": "2026-11-20", "kind": "consolidate", "outcome": "written", "count": 4},
+            {"day": "2026-11-21", "kind": "dream", "outcome": "written", "count": 1}]
+    assert views.kind_totals(rows, ("flush", "consolidate")) == {"2026-11-20": {"flush": 3, "consolidate": 4}}
