@@ -34,7 +34,7 @@ USER = "# User\n\n## Preferences\n- Likes tea.\n"
 FACT = "\n## Infrastructure\n- The backup host is called osprey.\n"
 
 
-def make_browser(width: int = 1280, height: int = 900):
+def make_browser(width: int = 1280, height: int = 900, *, javascript: bool = True):
     """A headless Chromium; the test skips, saying why, where none can be had."""
     if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
         pytest.skip("no headless browser: install Debian's chromium and chromium-driver (scripts/test.sh tries)")
@@ -43,6 +43,8 @@ def make_browser(width: int = 1280, height: int = 900):
     for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                  f"--window-size={width},{height}"):
         options.add_argument(flag)
+    if not javascript:
+        options.add_experimental_option("prefs", {"profile.managed_default_content_settings.javascript": 2})
     return webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
 
 
@@ -122,6 +124,16 @@ def text_of(driver) -> str:
     return driver.find_element(By.TAG_NAME, "body").text
 
 
+def after_click(driver, element_id: str, wanted_id: str, timeout: float = 90):
+    """Click a button and wait for the page it leads to: the element *wanted_id*, or a refusal to show."""
+    driver.find_element(By.ID, element_id).click()
+    try:
+        return WebDriverWait(driver, timeout).until(lambda browser: browser.find_element(By.ID, wanted_id))
+    except Exception as exc:
+        page = text_of(driver)
+        raise AssertionError(f"no #{wanted_id} after clicking #{element_id}; the page says:\n{page}") from exc
+
+
 def remembered_and_dreamt(daemon, fake) -> str:
     """A session archived, a fact in MEMORY.md the index found, and a dream that changed USER.md: its run id."""
     write_session(daemon.sessions, "cli:alice", conversation(6))
@@ -173,8 +185,7 @@ def test_the_page_shows_memory_and_a_dream_diff_and_undoes_the_dream(tmp_path, f
     assert "+- Likes coffee." in added and "-- Likes tea." in removed
     shot(browser, "dream-diff")
 
-    browser.find_element(By.ID, "preview").click()
-    assert browser.find_element(By.ID, "plan").text.strip()
+    assert after_click(browser, "preview", "plan").text.strip()
     assert "Likes coffee" in (daemon.workspace / "USER.md").read_text()  # a preview changes nothing
     shot(browser, "restore-preview")
     browser.find_element(By.ID, "restore").click()
@@ -270,3 +281,32 @@ def test_without_the_token_or_from_another_origin_nothing_is_served_or_changed(t
     assert not [run for run in daemon.ctl_json("runs", "--all")["runs"] if run["kind"] == "restore"]
     status, body = post(f"/runs/{consolidated['run_id']}/preview", page.base)
     assert status == 200 and 'id="plan"' in body  # the same request from the page's own origin is served
+
+
+def test_with_javascript_off_the_pages_read_search_and_undo_a_consolidation(tmp_path, daemon_process,
+                                                                            page_server) -> None:
+    workspace, sessions = make_workspace(tmp_path, layout="current")
+    write_session(sessions, "cli:carol", conversation(6))
+    daemon = daemon_process(workspace)
+    daemon.start()
+    daemon.wait_for(lambda: daemon.session("cli:carol"))
+    history = workspace / "memory" / "history.jsonl"
+    before = history.read_bytes() if history.exists() else b""
+    consolidated = daemon.ctl_json("consolidate", "cli:carol")["run_id"]
+    assert wait_run(daemon, consolidated)["state"] == "finished" and history.read_bytes() != before
+    page = page_server(daemon)
+    driver = make_browser(javascript=False)
+    try:
+        driver.get(page.url)
+        assert "cli:carol" in driver.find_element(By.CSS_SELECTOR, "table.sessions").text
+        driver.get(page.base + "/memory")
+        timeline = driver.find_element(By.CSS_SELECTOR, "ol.timeline").text
+        assert "cli:carol" in timeline  # the raw archive entry, on the history timeline
+        driver.get(f"{page.base}/runs/{consolidated}")
+        assert after_click(driver, "preview", "plan").text.strip()
+        result = after_click(driver, "restore", "restored")  # no script, so no confirmation: the form posts
+        assert "Restore done" in result.text
+        shot(driver, "restore-done-without-javascript")
+    finally:
+        driver.quit()
+    assert history.read_bytes() == before

@@ -31,6 +31,14 @@ HEALTH_DAYS = 14
 RESTORE_WAIT_MS = 10_000
 RESTORE_WAIT_ROUNDS = 6  # a restore the page waits for at most a minute, then links to the run
 
+# Memory holds whatever chats said: even if some of it got through as markup, no script but ours runs and no
+# other site may frame the page (the token bars' widths are inline style attributes).
+PAGE_HEADERS = {"Cache-Control": "no-store", "X-Frame-Options": "DENY", "Referrer-Policy": "same-origin",
+                "X-Content-Type-Options": "nosniff",
+                "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+                                           "img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; "
+                                           "base-uri 'none'"}
+
 ClientFactory = Callable[[str | None], Client]
 
 
@@ -47,9 +55,7 @@ class Pages:
 
     def render(self, request: Request, name: str, code: int = 200, **context: Any) -> HTMLResponse:
         page = self.templates.get_template(name).render(request=request, csrf=self.keys.csrf, **context)
-        return HTMLResponse(page, status_code=code, headers={"Cache-Control": "no-store",
-                                                               "X-Frame-Options": "DENY",
-                                                               "Referrer-Policy": "same-origin"})
+        return HTMLResponse(page, status_code=code, headers=PAGE_HEADERS)
 
     def _frame(self, request: Request) -> tuple[Client, dict, dict]:
         """The client, the daemon's status and the chosen workspace's part of it."""
