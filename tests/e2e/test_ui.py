@@ -229,7 +229,9 @@ class EvilSite:
             def log_message(self, *args) -> None:
                 pass
 
-        self.server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        # threads: Chromium opens spare connections that send nothing, which would hold a single-threaded server
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
