@@ -25,6 +25,7 @@ TOKEN_PARAM = "token"
 CSRF_FIELD = "csrf"
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 SAFE_METHODS = ("GET", "HEAD")
+MAX_FORM_BYTES = 16 * 1024
 REFUSED = ("Refused: open the address `nanobotctl ui` printed (its one-time token logs this browser in), "
            "or run `nanobotctl ui` again for a new one.\n")
 
@@ -79,8 +80,11 @@ class Guard:
             await self.app(scope, receive, send)
             return
         request = Request(scope, receive)
-        body = await request.body() if scope["method"] not in SAFE_METHODS else b""
-        refusal = self.refusal(request, body)
+        refusal = self.refusal(request)
+        body = b""
+        if refusal is None and request.method not in SAFE_METHODS:
+            body = await read_form(request)
+            refusal = self.change_refusal(request, body)
         if refusal is not None:
             await refusal(scope, receive, send)
             return
@@ -91,24 +95,28 @@ class Guard:
 
         await self.app(scope, replay if body else receive, send)
 
-    def refusal(self, request: Request, body: bytes) -> Response | None:
-        """The answer that refuses *request*, a redirect that logs it in, or None to serve it."""
-        host = request.headers.get("host", "")
-        if host not in self.keys.hosts:
+    def refusal(self, request: Request) -> Response | None:
+        """The answer that refuses *request* (another Host, no cookie), a redirect that logs it in, or None."""
+        if request.headers.get("host", "") not in self.keys.hosts:
             return PlainTextResponse(f"Refused: this page is served as http://127.0.0.1:{self.keys.port}/ only.\n",
                                      status_code=403)
         if TOKEN_PARAM in request.query_params:
             return self.sign_in(request)
         if not self.keys.signed_in(request):
             return PlainTextResponse(REFUSED, status_code=403)
-        if request.method not in SAFE_METHODS:
-            if not same_origin(request, host):
-                return PlainTextResponse("Refused: a change must come from this page itself (Origin differs).\n",
-                                         status_code=403)
-            offered = parse_qs(body.decode("utf-8", "replace")).get(CSRF_FIELD, [""])[0]
-            if not self.keys.csrf_ok(offered):
-                return PlainTextResponse("Refused: the form's CSRF field is missing or stale; reload the page.\n",
-                                         status_code=403)
+        return None
+
+    def change_refusal(self, request: Request, body: bytes | None) -> Response | None:
+        """For a signed-in POST: refused unless it is of the page's own origin and carries the CSRF field."""
+        if body is None:
+            return PlainTextResponse("Refused: a form of this page is small; this request is not.\n", status_code=413)
+        if not same_origin(request, request.headers.get("host", "")):
+            return PlainTextResponse("Refused: a change must come from this page itself (Origin differs).\n",
+                                     status_code=403)
+        offered = parse_qs(body.decode("utf-8", "replace")).get(CSRF_FIELD, [""])[0]
+        if not self.keys.csrf_ok(offered):
+            return PlainTextResponse("Refused: the form's CSRF field is missing or stale; reload the page.\n",
+                                     status_code=403)
         return None
 
     def sign_in(self, request: Request) -> Response:
@@ -120,6 +128,16 @@ class Guard:
         response = RedirectResponse(clean.path + (f"?{query}" if query else ""), status_code=303)
         response.set_cookie(self.keys.cookie_name, self.keys.session, httponly=True, samesite="strict", path="/")
         return response
+
+
+async def read_form(request: Request) -> bytes | None:
+    """The body of a form post, or None past MAX_FORM_BYTES (the page's forms hold a CSRF field, no more)."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            return None
+    return body
 
 
 def same_origin(request: Request, host: str) -> bool:

@@ -80,3 +80,10 @@ def test_a_change_needs_the_same_origin_and_the_csrf_field(client: TestClient, k
 def test_a_change_without_the_cookie_is_refused(client: TestClient, keys: Secrets) -> None:
     answer = client.post("/change", data={"csrf": keys.csrf}, headers={"Origin": BASE})
     assert answer.status_code == 403
+
+
+def test_a_body_is_not_read_before_the_cookie_and_a_large_one_is_refused(client: TestClient, keys: Secrets) -> None:
+    big = {"csrf": keys.csrf, "what": "x" * 20_000}
+    assert client.post("/change", data=big, headers={"Origin": BASE}).status_code == 403  # no cookie yet
+    signed_in(client, keys)
+    assert client.post("/change", data=big, headers={"Origin": BASE}).status_code == 413
