@@ -31,11 +31,15 @@ class ApiError(Exception):
 
 @dataclass
 class Response:
-    """A JSON response with an explicit status (202 for queued runs, errors, ...)."""
+    """A JSON response with an explicit status (202 for queued runs, errors, ...).
+
+    A str body with another *content_type* goes on the wire as it is (the Prometheus text format).
+    """
 
     status: int
     body: Any = None
     headers: dict[str, str] = field(default_factory=dict)
+    content_type: str = "application/json"
 
 
 @dataclass

@@ -152,13 +152,16 @@ def _json_default(value: Any) -> Any:
 
 def encode(response: Response) -> bytes:
     """The response as bytes on the wire; raises TypeError when the body is not JSON-serializable."""
-    body = b"" if response.body is None else json.dumps(response.body, ensure_ascii=False,
-                                                         default=_json_default).encode("utf-8")
+    if isinstance(response.body, str) and response.content_type != "application/json":
+        body = response.body.encode("utf-8")
+    else:
+        body = b"" if response.body is None else json.dumps(response.body, ensure_ascii=False,
+                                                             default=_json_default).encode("utf-8")
     try:
         reason = HTTPStatus(response.status).phrase
     except ValueError:
         reason = ""
-    lines = [f"HTTP/1.1 {response.status} {reason}", "Content-Type: application/json",
+    lines = [f"HTTP/1.1 {response.status} {reason}", f"Content-Type: {response.content_type}",
              f"Content-Length: {len(body)}", "Connection: close"]
     for name, value in response.headers.items():
         lines.append(f"{name}: {' '.join(str(value).splitlines())}")

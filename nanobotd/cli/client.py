@@ -87,17 +87,28 @@ class Client:
 
     def request(self, method: str, path: str, body: Any = None) -> dict:
         """Send one request; CannotConnect when nobody listens, DaemonError on an error answer."""
-        connection = UnixHTTPConnection(self.socket_path, self.timeout)
-        try:
-            self._connect(connection)
-            status, payload = self._exchange(connection, method, path, body)
-        finally:
-            connection.close()
+        status, raw = self._send(method, path, body)
+        payload = _json_answer(status, raw)
         if status >= 400:
             raise _error_from_answer(status, payload)
         if not isinstance(payload, dict):
             raise DaemonError("the daemon's answer is not a JSON object", status)
         return payload
+
+    def text(self, path: str) -> str:
+        """GET *path* whose answer is text, not JSON (the Prometheus figures of /metrics)."""
+        status, raw = self._send("GET", path, None)
+        if status >= 400:
+            raise _error_from_answer(status, _json_answer(status, raw))
+        return raw.decode("utf-8", errors="replace")
+
+    def _send(self, method: str, path: str, body: Any) -> tuple[int, bytes]:
+        connection = UnixHTTPConnection(self.socket_path, self.timeout)
+        try:
+            self._connect(connection)
+            return self._exchange(connection, method, path, body)
+        finally:
+            connection.close()
 
     def _connect(self, connection: UnixHTTPConnection) -> None:
         try:
@@ -108,7 +119,7 @@ class Client:
                 raise CannotConnect(message, PERMISSION_HINT) from None
             raise CannotConnect(message) from None
 
-    def _exchange(self, connection: UnixHTTPConnection, method: str, path: str, body: Any) -> tuple[int, Any]:
+    def _exchange(self, connection: UnixHTTPConnection, method: str, path: str, body: Any) -> tuple[int, bytes]:
         encoded = None if body is None else json.dumps(body).encode("utf-8")
         headers = {"Accept": "application/json", "Connection": "close"}
         if encoded is not None:
@@ -121,10 +132,7 @@ class Client:
             raise DaemonError(f"nanobotd did not answer within {self.timeout:g}s (try --timeout)") from None
         except (OSError, http.client.HTTPException) as exc:
             raise DaemonError(f"connection to nanobotd lost: {exc}") from None
-        try:
-            return response.status, json.loads(raw) if raw else {}
-        except ValueError:
-            raise DaemonError(f"the daemon's answer (HTTP {response.status}) is not JSON", response.status) from None
+        return response.status, raw
 
 
 def resolve_socket(args: argparse.Namespace, environ: Mapping[str, str]) -> Path:
@@ -135,6 +143,13 @@ def resolve_socket(args: argparse.Namespace, environ: Mapping[str, str]) -> Path
         return Path(environ["NANOBOTD_SOCKET"]).expanduser()
     config_path = Path(args.config).expanduser() if args.config else paths.default_config_path(environ)
     return paths.socket_from_config(config_path) or paths.default_socket_path(environ)
+
+
+def _json_answer(status: int, raw: bytes) -> Any:
+    try:
+        return json.loads(raw) if raw else {}
+    except ValueError:
+        raise DaemonError(f"the daemon's answer (HTTP {status}) is not JSON", status) from None
 
 
 def _error_from_answer(status: int, payload: Any) -> DaemonError:

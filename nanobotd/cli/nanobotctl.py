@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from nanobotd import __version__
 from nanobotd.cli.arguments import duration_text, positive_number, whole_number, workspace_name
 from nanobotd.cli.client import DEFAULT_TIMEOUT_SECONDS, CannotConnect, Client, DaemonError, resolve_socket
-from nanobotd.cli.commands import jobs, mcp, reports, search, sessions, setup, status
+from nanobotd.cli.commands import jobs, mcp, reports, search, sessions, setup, status, ui
 from nanobotd.cli.invocation import (
     EXIT_BROKEN_PIPE,
     EXIT_CANNOT_CONNECT,
@@ -102,6 +102,10 @@ def _add_report_commands(add: AddCommand) -> None:
         help="how far back: a number and a unit, m h d or w, e.g. 30m, 12h, 2w (default 7d)")
 
 
+    add("metrics", reports.prometheus, "the daemon's figures in the Prometheus text format (for node exporter's "
+                                       "textfile collector)")
+
+
 def _add_search_commands(add: AddCommand) -> None:
     found = add("search", search.search, "search memory")
     found.add_argument("query", help="the words to look for")
@@ -120,6 +124,10 @@ def _add_search_commands(add: AddCommand) -> None:
 def _add_agent_commands(add: AddCommand) -> None:
     add("mcp", mcp.serve, "serve memory_search, memory_context and memory_recall to an agent as an MCP server "
                           "on stdio; give --socket (or --config), the agent passes no XDG_RUNTIME_DIR")
+    page = add("ui", ui.ui, "serve a web page of the memory on 127.0.0.1 (a one-time link logs a browser in)")
+    page.add_argument("--port", type=whole_number("--port", 0, 65535), default=0, metavar="PORT",
+                      help="the port on 127.0.0.1 (default: a free one); over SSH: ssh -L PORT:127.0.0.1:PORT host")
+    page.add_argument("--no-browser", dest="browser", action="store_false", help="only print the link")
     configure = add("setup", setup.setup, "show (and with --apply write) the agent config that runs nanobotd "
                                           "beside it: the MCP server, and the agent's own dream out of the way")
     configure.add_argument("agent", choices=("nanobot",), help="the agent to set up (nanobot)")

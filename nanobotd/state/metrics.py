@@ -145,3 +145,32 @@ def _target_kind(store: StateStore, manifest: dict) -> str | None:
             if run is not None:
                 return run.kind
     return None
+
+
+def daily_outcomes(store: StateStore, *, since: float, now: float, workspace: str | None = None) -> list[dict]:
+    """Outcome rows counted per local day, kind and outcome ({"day", "kind", "outcome", "count"}), oldest day
+    first: the series the web page charts (consolidation outcomes, flushes per day)."""
+    rows = store.query(
+        "SELECT date(at, 'unixepoch', 'localtime') AS day, kind, outcome, count(*) FROM outcomes"
+        " WHERE at >= ? AND at <= ? AND (? IS NULL OR workspace = ?) AND outcome != ?"
+        " GROUP BY day, kind, outcome ORDER BY day, kind, outcome",
+        (since, now, workspace, workspace, RESTORED_OUTCOME),
+    )
+    return [{"day": day, "kind": kind, "outcome": outcome, "count": count} for day, kind, outcome, count in rows]
+
+
+def last_outcomes(store: StateStore, workspace: str) -> dict[str, dict]:
+    """The newest outcome row of each job kind in *workspace*: whether the last LLM call of each job went well."""
+    rows = store.query(
+        "SELECT kind, outcome, reason, at FROM outcomes WHERE id IN"
+        " (SELECT max(id) FROM outcomes WHERE workspace = ? AND outcome != ? GROUP BY kind)",
+        (workspace, RESTORED_OUTCOME),
+    )
+    return {kind: {"outcome": outcome, "reason": reason, "at": iso_local(at)} for kind, outcome, reason, at in rows}
+
+
+def outcome_totals(store: StateStore) -> list[tuple[str, str, str, int]]:
+    """(kind, workspace, outcome, count) over all time: the counters /metrics exposes."""
+    return [tuple(row) for row in store.query(
+        "SELECT kind, workspace, outcome, count(*) FROM outcomes WHERE outcome != ?"
+        " GROUP BY kind, workspace, outcome ORDER BY kind, workspace, outcome", (RESTORED_OUTCOME,))]

@@ -100,6 +100,11 @@ def sample_router(calls: list | None = None) -> Router:
     router.add("GET", "/v1/boom", boom)
     router.add("GET", "/v1/missing/{key}", missing)
     router.add("GET", "/v1/not-json", not_json)
+
+    async def text(request: Request) -> Response:
+        return Response(200, "# HELP up Whether it is up.\nup 1\n", content_type="text/plain; version=0.0.4")
+
+    router.add("GET", "/metrics", text)
     return router
 
 
@@ -194,6 +199,14 @@ def test_get_passes_decoded_path_params_and_query(socket_path: Path) -> None:
     assert calls[0].path == "/v1/sessions/telegram%3A42%2Fthread%20one"
     assert calls[0].query == {"x": "1", "empty": ""}
     assert calls[0].peer_pid == os.getpid()
+
+
+def test_a_text_body_with_its_content_type_goes_on_the_wire_as_it_is(socket_path: Path) -> None:
+    with ServerThread(ControlServer(socket_path, sample_router())):
+        head, _, body = exchange(socket_path, b"GET /metrics HTTP/1.1\r\nHost: nanobotd\r\n\r\n").partition(b"\r\n\r\n")
+        assert b"Content-Type: text/plain; version=0.0.4\r\n" in head
+        assert body == b"# HELP up Whether it is up.\nup 1\n"
+        assert request(socket_path, "GET", "/v1/status")[1]["content-type"] == "application/json"
 
 
 def test_post_with_json_body_and_explicit_status(socket_path: Path) -> None:

@@ -18,12 +18,13 @@ from nanobotd.cli import nanobotctl as ctl
 from tests.cli.fakedaemon import NANOBOTCTL, STATUS, FakeDaemon, run_ctl, subprocess_env
 
 HEAVY_MODULES = ("loguru", "litellm", "git", "watchdog", "sdnotify", "apscheduler", "tiktoken", "nanobotd.api", "mcp",
-                 "anyio", "pydantic")
+                 "anyio", "pydantic", "starlette", "uvicorn", "jinja2", "markdown_it", "prometheus_client")
 ALLOWED_OWN_MODULES = {"nanobotd", "nanobotd.cli", "nanobotd.cli.client", "nanobotd.cli.invocation",
                        "nanobotd.cli.commands.mcp", "nanobotd.cli.commands.setup",
                        "nanobotd.cli.nanobotctl", "nanobotd.cli.render", "nanobotd.cli.commands",
                        "nanobotd.cli.commands.jobs", "nanobotd.cli.commands.reports", "nanobotd.cli.commands.search",
                        "nanobotd.cli.commands.sessions", "nanobotd.cli.commands.status", "nanobotd.cli.arguments",
+                       "nanobotd.cli.commands.ui",
                        "nanobotd.cli.runtext", "nanobotd.cli.waiting", "nanobotd.config", "nanobotd.config.paths"}
 
 

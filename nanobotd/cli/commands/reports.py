@@ -25,6 +25,12 @@ def observe(invocation: Invocation) -> int:
                              _metric_lines)
 
 
+def prometheus(invocation: Invocation) -> int:
+    """The daemon's figures in the Prometheus text format, for node exporter's textfile collector."""
+    invocation.stdout.write(invocation.client.text("/metrics"))
+    return 0
+
+
 def _audit_lines(data: Mapping[str, Any]) -> list[str]:
     lines: list[str] = []
     for index, workspace in enumerate(data.get("workspaces") or []):

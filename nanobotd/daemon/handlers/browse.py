@@ -1,0 +1,138 @@
+"""What the web page reads that the other endpoints do not give: the bootstrap files with their caps, the
+daily notes there are, a page of the newest history entries, and the outcome series per day."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from datetime import datetime, time, timedelta
+
+from nanobotd import fsio
+from nanobotd.api.router import Request
+from nanobotd.daemon.core import Core
+from nanobotd.daemon.handlers.common import one_workspace
+from nanobotd.daemon.handlers.search import query_date
+from nanobotd.daemon.workspace import Workspace
+from nanobotd.jobs.common import BOOTSTRAP_FILES
+from nanobotd.memory import historypage
+from nanobotd.memory.dailynote import ARCHIVE_DIR_NAME, NoteError, note_date
+from nanobotd.state import metrics
+
+MAX_FILE_BYTES = 2 * 1024 * 1024  # a bootstrap file past this is shown cut (nanobot's cap is far below it)
+DEFAULT_HISTORY_PAGE = 50
+MAX_DAILY_DAYS = 90
+
+
+def routes(core: Core) -> list:
+    """The endpoints the web page reads."""
+    handlers = BrowseHandlers(core)
+    return [
+        ("GET", "/v1/memory-files", handlers.memory_files),
+        ("GET", "/v1/history", handlers.history),
+        ("GET", "/v1/metrics/daily", handlers.daily),
+    ]
+
+
+class BrowseHandlers:
+    """Read-only; file reads run on the executor, so a large file never stalls the event loop."""
+
+    def __init__(self, core: Core):
+        self.core = core
+
+    async def _executor(self, function, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.core.executor, function, *args)
+
+    async def memory_files(self, request: Request) -> dict:
+        """SOUL.md, USER.md and MEMORY.md as they are (nanobot puts them whole into every prompt), each with
+        its size against context.max_chars, and the days that have a daily note (active or archived); with
+        `day=YYYY-MM-DD` (or `latest`), that day's notes too. (/v1/recall gives a day's notes with its history
+        entries, for which it reads all of history.jsonl: ~0.4 s at 100k entries, too slow for a page.)"""
+        workspace = one_workspace(self.core, request)
+        caps = workspace.settings.context
+        files = await self._executor(bootstrap_files, workspace)
+        notes = await self._executor(note_days, workspace)
+        answer = {"workspace": workspace.name, "files": files, "max_chars": caps.max_chars,
+                  "total_max_chars": caps.total_max_chars, "total_chars": sum(item["chars"] for item in files),
+                  "notes": notes}
+        wanted = request.query.get("day")
+        if wanted == "latest" and notes:
+            answer["day"] = notes[0]["date"]
+        elif wanted and wanted != "latest":
+            answer["day"] = query_date(request, "day").isoformat()
+        if answer.get("day"):
+            day = answer["day"]
+            answer["day_notes"] = await self._executor(day_notes, workspace, [note for note in notes
+                                                                              if note["date"] == day])
+        return answer
+
+    async def history(self, request: Request) -> dict:
+        """The newest history entries, newest first; `before=CURSOR` gives the page after one ending there."""
+        workspace = one_workspace(self.core, request)
+        limit = request.query_int("limit", DEFAULT_HISTORY_PAGE, minimum=1, maximum=historypage.MAX_PAGE)
+        before = request.query_int("before", None, minimum=1)
+        entries = await self._executor(historypage.newest_entries, workspace.env.memory_dir, limit, before)
+        return {"workspace": workspace.name, "entries": [dict(entry.to_record(), cursor=entry.cursor)
+                                                         for entry in entries],
+                "next_before": entries[-1].cursor if len(entries) == limit else None}
+
+    async def daily(self, request: Request) -> dict:
+        """Per day of the last `days` (default 14): outcomes by kind and history entries written; and the
+        newest outcome of each job kind, which says how the last LLM call went."""
+        workspace = one_workspace(self.core, request)
+        days = request.query_int("days", 14, minimum=1, maximum=MAX_DAILY_DAYS)
+        now = self.core.clock()
+        first = self.core.now().date() - timedelta(days=days - 1)
+        since = datetime.combine(first, time()).timestamp()
+        return {
+            "workspace": workspace.name, "from": first.isoformat(),
+            "outcomes": metrics.daily_outcomes(self.core.store, since=since, now=now, workspace=workspace.name),
+            "history_entries": await self._executor(historypage.entries_per_day, workspace.env.memory_dir,
+                                                    first.isoformat()),
+            "last_outcomes": metrics.last_outcomes(self.core.store, workspace.name),
+        }
+
+
+def bootstrap_files(workspace: Workspace) -> list[dict]:
+    """Each bootstrap file that exists: path, text and size in characters."""
+    files = []
+    for relative in BOOTSTRAP_FILES:
+        path = workspace.settings.path / relative
+        try:
+            size = os.stat(path).st_size
+            text = fsio.read_text_lossy(path, MAX_FILE_BYTES)
+        except OSError:
+            continue
+        files.append({"path": relative, "text": text, "chars": len(text), "cut": size > MAX_FILE_BYTES})
+    return files
+
+
+def day_notes(workspace: Workspace, notes: list[dict]) -> list[dict]:
+    """The text of each of *notes* (one day's active and archived note)."""
+    memory_dir = workspace.env.memory_dir
+    found = []
+    for note in notes:
+        relative = f"{ARCHIVE_DIR_NAME}/{note['date']}.md" if note["archived"] else f"{note['date']}.md"
+        try:
+            text = fsio.read_text_lossy(memory_dir / relative, MAX_FILE_BYTES)
+        except OSError:
+            continue
+        found.append(dict(note, path=f"memory/{relative}", text=text))
+    return found
+
+
+def note_days(workspace: Workspace) -> list[dict]:
+    """The days with a daily note, newest first, and whether the note was archived; by name only (cheap)."""
+    memory_dir = workspace.env.memory_dir
+    days = []
+    for folder, archived in ((memory_dir, False), (memory_dir / ARCHIVE_DIR_NAME, True)):
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            try:
+                days.append({"date": note_date(name).isoformat(), "archived": archived})
+            except NoteError:
+                continue
+    return sorted(days, key=lambda item: item["date"], reverse=True)
+

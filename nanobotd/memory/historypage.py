@@ -1,0 +1,70 @@
+"""The newest history entries, read from the end of history.jsonl a block at a time.
+
+The web page shows a page of the latest entries and the entries per day of recent days. Those sit at the end
+of a file that can hold 100,000+ entries (tens of MB); streaming it from the start for them would cost most
+of a second a page, so these readers walk it backwards and stop as soon as they have what they need.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+from nanobotd import fsio
+from nanobotd.memory.history import HistoryEntry, history_path, parse_entry
+
+BLOCK_BYTES = 256 * 1024
+MAX_PAGE = 500
+
+
+def lines_from_end(path: Path, block_bytes: int = BLOCK_BYTES) -> Iterator[bytes]:
+    """Every non-blank line of *path*, the last first; nothing when the file is missing."""
+    try:
+        handle = fsio.open_regular(path, follow=True)
+    except FileNotFoundError:
+        return
+    with handle:
+        position = handle.seek(0, 2)
+        carry = b""
+        while position > 0:
+            start = max(0, position - block_bytes)
+            handle.seek(start)
+            chunk = handle.read(position - start) + carry
+            position = start
+            lines = chunk.split(b"\n")
+            # the first piece may be the tail of a line that began in the block before this one
+            carry = lines.pop(0) if position > 0 else b""
+            for line in reversed(lines):
+                if line.strip():
+                    yield line
+        if carry.strip():
+            yield carry
+
+
+def newest_entries(memory_dir: Path, limit: int, before: int | None = None) -> list[HistoryEntry]:
+    """Up to *limit* valid entries, newest first; with *before*, only those of a smaller cursor (the next page)."""
+    page: list[HistoryEntry] = []
+    for line in lines_from_end(history_path(memory_dir)):
+        entry = parse_entry(line)
+        if entry is None or (before is not None and entry.cursor >= before):
+            continue
+        page.append(entry)
+        if len(page) >= min(limit, MAX_PAGE):
+            break
+    return page
+
+
+def entries_per_day(memory_dir: Path, first_day: str) -> dict[str, int]:
+    """Entries per day (YYYY-MM-DD of their timestamp) from *first_day* on; entries are appended in time order,
+    so the walk back stops at the first entry older than that day."""
+    counts: Counter = Counter()
+    for line in lines_from_end(history_path(memory_dir)):
+        entry = parse_entry(line)
+        if entry is None or not entry.timestamp:
+            continue
+        day = entry.timestamp[:10]
+        if day < first_day:
+            break
+        counts[day] += 1
+    return dict(sorted(counts.items()))
