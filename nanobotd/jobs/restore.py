@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from nanobotd.gitstore.commits import DREAM_PREFIX
+from nanobotd.gitstore.repo import GitStoreError
 from nanobotd.jobs.common import RESTORE_STEP_KEY, JobEnv, RestoreRefused
 from nanobotd.state.store import RunRecord
 
@@ -21,13 +23,30 @@ class RestoreError(ValueError):
     """The target cannot be restored; the message says why and what to do."""
 
 
+class UnknownTarget(RestoreError):
+    """No run and no dream commit has that name (a typo, another machine's id)."""
+
+
+async def validate(env: JobEnv, target: str) -> None:
+    """Refuse, before anything is queued, a target that names nothing restorable: UnknownTarget for a name
+    that is neither a run nor a commit, RestoreError for one that cannot be restored."""
+    if resolve_target(env, target) is not None or env.git is None:
+        return
+    try:
+        commit = await env.git.call(env.git.show, target)
+    except GitStoreError:
+        raise UnknownTarget(f"no run or dream commit named {target!r} (see `nanobotctl runs`)") from None
+    if not commit["message"].startswith(DREAM_PREFIX):
+        raise RestoreError(f"commit {target} is not a dream: commit; only dream commits are restored by sha")
+
+
 def resolve_target(env: JobEnv, target: str) -> RunRecord | None:
     """The run named by *target*, None when *target* is a commit sha; RestoreError when unknown/expired."""
     run = env.store.get_run(target)
     if run is None:
         if SHA.match(target.lower()):
             return None
-        raise RestoreError(f"no run or dream commit named {target!r} (see `nanobotctl runs`)")
+        raise UnknownTarget(f"no run or dream commit named {target!r} (see `nanobotctl runs`)")
     if run.workspace != env.settings.name:
         raise RestoreError(f"run {target} belongs to workspace {run.workspace}; pass --workspace {run.workspace}")
     if run.kind not in RESTORABLE:
