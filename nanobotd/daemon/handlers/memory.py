@@ -97,7 +97,10 @@ class MemoryHandlers:
             raise ApiError(404, "cannot_restore", str(exc)) from None
         except restore.RestoreError as exc:
             raise ApiError(409, "cannot_restore", str(exc)) from None
-        return started([runs.submit(self.core, workspace, "restore", target=target, force=force)])
+        run_ids: list[str] = []  # the messages a restore un-archives are archived again when their time comes
+        run_ids.append(runs.submit(self.core, workspace, "restore", target=target, force=force,
+                                   on_done=lambda: triggers.restored(self.core, workspace, run_ids[0])))
+        return started(run_ids)
 
     def _restore_workspace(self, target: str, body: dict, request: Request) -> Workspace:
         run = self.core.store.get_run(target)

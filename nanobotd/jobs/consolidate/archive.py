@@ -314,6 +314,9 @@ def restore_consolidation(ctx: JobEnv, run: RunRecord, *, dry_run: bool, restore
     plan = [f"remove history entries with cursors {sorted(cursors)}" if cursors else "no history entries to remove"]
     count = sum(chunk.get("count", 0) for chunk in chunks)
     plan.append(f"rewind the archive pointer of session {run.session_key}: {count} messages become unarchived")
+    if run.manifest.get("vanished_only"):
+        plan.append("they left the session file: the daemon archives them again after the grace period "
+                    f"(at once: nanobotctl consolidate {run.session_key})")
     if dry_run:
         return {"plan": plan}
     removed = [entry.to_record() for entry in history.iter_entries(ctx.memory_dir) if entry.cursor in cursors]
