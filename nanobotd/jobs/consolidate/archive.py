@@ -16,7 +16,7 @@ from pathlib import Path
 
 from loguru import logger
 
-from nanobotd.jobs.common import RESTORE_STEP_KEY, JobEnv, note_progress
+from nanobotd.jobs.common import RESTORE_STEP_KEY, JobEnv, RestoreRefused, note_progress
 from nanobotd.jobs.consolidate.chunks import Chunk, ChunkLoads, early_reader, plan_run
 from nanobotd.jobs.consolidate.prompt import NOTHING, archive_messages, parse_summary
 from nanobotd.llm.failures import LLMError
@@ -24,6 +24,7 @@ from nanobotd.llm.reply import UsageMeter
 from nanobotd.memory import history
 from nanobotd.memory.history import PreparedEntry
 from nanobotd.memory.transcript import raw_entries, transcript
+from nanobotd.sessions.session import digests_in
 from nanobotd.state.runsteps import STEPS_KEY, write_steps
 from nanobotd.state.store import RunRecord
 
@@ -329,12 +330,19 @@ def restore_consolidation(ctx: JobEnv, run: RunRecord, *, dry_run: bool, restore
 def reapply_consolidation(ctx: JobEnv, original: RunRecord, restore_run: RunRecord, *, restore_run_id: str | None,
                           dry_run: bool) -> dict:
     """Put the entries a consolidation restore removed back and mark their messages archived again, as one
-    journalled step."""
+    journalled step; refused when a later run archived some of those messages already (they would be in
+    history twice)."""
     records = restore_run.manifest.get("removed_entries", [])
     backups = [chunk["backup"] for chunk in original.manifest.get("chunks", []) if chunk.get("done")]
-    count = sum(chunk.get("count", 0) for chunk in original.manifest.get("chunks", []) if chunk.get("done"))
+    digests = [digest for backup in backups for digest, _, _ in read_chunk_backup(Path(backup))]
     plan = [f"re-insert history entries with cursors {[record.get('cursor') for record in records]}",
-            f"mark {count} messages of {original.session_key} archived again"]
+            f"mark {len(digests)} messages of {original.session_key} archived again"]
+    session = ctx.tracker.sessions.get(original.session_key)
+    again = digests_in(ctx.store, "archived", session.session_id, digests) if session is not None else set()
+    if again:
+        reason = (f"{len(again)} of its {len(digests)} messages were archived again since, by a later run: "
+                  f"re-inserting its entries would archive them twice (restore that later run first)")
+        raise RestoreRefused(reason, plan=[*plan, reason])
     if dry_run:
         return {"plan": plan}
     step = {"op": "reapply", "kind": "consolidate", "session": original.session_key, "run": original.run_id,
