@@ -113,6 +113,17 @@ def scanned(core: Core, workspace: Workspace, key: str, *, vanished: int = 0, ma
     trigger(core, workspace, key, vanished=vanished)
 
 
+def restored(core: Core, workspace: Workspace, run_id: str) -> None:
+    """A restore ended: the messages it put back in the spool are the session's to archive again, those that
+    left the session file after the grace period (as if they had just vanished), the rest by the triggers."""
+    run = core.store.get_run(run_id)
+    target = core.store.get_run(run.manifest.get("target", "")) if run is not None else None
+    key = target.session_key if target is not None else None
+    if run is None or not run.manifest.get("messages") or key not in workspace.tracker.sessions:
+        return
+    scanned(core, workspace, key, vanished=workspace.tracker.vanished_count(key))
+
+
 def trigger(core: Core, workspace: Workspace, key: str, *, vanished: int = 0) -> None:
     """Submit the runs a session needs now (coalesced by the queue)."""
     if core.queue is None or not core.queue.accepting:

@@ -21,6 +21,7 @@ from loguru import logger
 from nanobotd import fsio
 from nanobotd.config.schema import QmdSettings, WorkspaceSettings
 from nanobotd.daemon.skill import ensure_skill_file
+from nanobotd.faults import FaultPoints
 from nanobotd.gitstore.store import GitStore
 from nanobotd.index.builtin import BuiltinIndex
 from nanobotd.index.qmd import QmdBackend
@@ -63,7 +64,8 @@ class Workspace:
         self.agent_archive = None  # companion mode's state (daemon.companion), made on first use
         self.llm = LLMClient(settings.llm, settings.api_key)
         self.git = GitStore(settings.path)
-        self.env = JobEnv(settings, store, self.tracker, self.llm, now, git=self.git, clock=clock, kinds=JOB_KINDS)
+        self.env = JobEnv(settings, store, self.tracker, self.llm, now, git=self.git, clock=clock, kinds=JOB_KINDS,
+                          faults=FaultPoints.from_environ(environ))
         self.embedder = Embedder(settings.search.embeddings, settings.llm, settings.api_key,
                                  dimensions=settings.search.embedding_dimensions, worker=self.llm.worker)
         self.index = BuiltinIndex(settings.path, state_dir / "index" / f"{settings.name}.sqlite",

@@ -135,6 +135,14 @@ class GitStore:
         with self._repo() as repo:
             return self._commit(repo, paths, summary, f"{RUN_TRAILER}: {run_id}", notes=notes)
 
+    def unstage(self, paths: list[str]) -> None:
+        """Take *paths* out of the index again (as HEAD has them): a commit that failed after staging them
+        leaves them staged, and the files put back would show as changed."""
+        with self._repo() as repo:
+            tracked = set(repo.git.ls_files("-z", "--", *paths, **git_options()).split("\0")) - {""}
+            if tracked:
+                repo.git.reset("-q", "HEAD", "--", *sorted(tracked), **git_options())
+
     def snapshot_outside_edits(self, run_id: str) -> str | None:
         """Commit edits the agent made to the content files since the last commit (before a run writes)."""
         with self._repo() as repo:

@@ -23,6 +23,7 @@ from loguru import logger
 
 from nanobotd import fsio
 from nanobotd.config.schema import ContextSettings, WorkspaceSettings
+from nanobotd.faults import FaultPoints
 from nanobotd.gitstore.store import GitStore
 from nanobotd.llm.client import LLMClient
 from nanobotd.memory import history
@@ -31,6 +32,7 @@ from nanobotd.sessions.tracker import SessionTracker
 from nanobotd.state.store import RUNS_DIR, RunRecord, StateStore
 
 EXPIRED = "expired"
+RESTORE_STEP_KEY = "restore_step"  # in a restore's manifest: the step it journalled before changing anything
 HISTORY_BACKUP_NAME = "history-removed.jsonl"  # in the run folder: the entries a compaction removed
 DREAM_NOTES_NAME = ".dream_notes.json"  # in memory/, beside .dream_cursor: the note bullets the dream has read
 BOOTSTRAP_FILES = ("SOUL.md", "USER.md", "memory/MEMORY.md")  # nanobot puts these whole into every prompt
@@ -41,7 +43,7 @@ class JobEnv:
     """One workspace's settings, state, tracker, LLM client, git store and clocks, handed to every job.
 
     *kinds* is the job registry (kind -> job module), handed in so that restore can dispatch by kind
-    without importing the other jobs.
+    without importing the other jobs. *faults*: the fault points a test armed (none in normal use).
     """
 
     settings: WorkspaceSettings
@@ -52,6 +54,7 @@ class JobEnv:
     git: GitStore | None = None
     clock: Callable[[], float] = time.time
     kinds: Mapping[str, Any] = field(default_factory=dict)
+    faults: FaultPoints = field(default_factory=FaultPoints)
 
     @property
     def memory_dir(self) -> Path:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import re
 
-from nanobotd.jobs.common import JobEnv, RestoreRefused
+from nanobotd.gitstore.commits import DREAM_PREFIX
+from nanobotd.gitstore.repo import GitStoreError
+from nanobotd.jobs.common import RESTORE_STEP_KEY, JobEnv, RestoreRefused
 from nanobotd.state.store import RunRecord
 
 KIND = "restore"
@@ -21,13 +23,30 @@ class RestoreError(ValueError):
     """The target cannot be restored; the message says why and what to do."""
 
 
+class UnknownTarget(RestoreError):
+    """No run and no dream commit has that name (a typo, another machine's id)."""
+
+
+async def validate(env: JobEnv, target: str) -> None:
+    """Refuse, before anything is queued, a target that names nothing restorable: UnknownTarget for a name
+    that is neither a run nor a commit, RestoreError for one that cannot be restored."""
+    if resolve_target(env, target) is not None or env.git is None:
+        return
+    try:
+        commit = await env.git.call(env.git.show, target)
+    except GitStoreError:
+        raise UnknownTarget(f"no run or dream commit named {target!r} (see `nanobotctl runs`)") from None
+    if not commit["message"].startswith(DREAM_PREFIX):
+        raise RestoreError(f"commit {target} is not a dream: commit; only dream commits are restored by sha")
+
+
 def resolve_target(env: JobEnv, target: str) -> RunRecord | None:
     """The run named by *target*, None when *target* is a commit sha; RestoreError when unknown/expired."""
     run = env.store.get_run(target)
     if run is None:
         if SHA.match(target.lower()):
             return None
-        raise RestoreError(f"no run or dream commit named {target!r} (see `nanobotctl runs`)")
+        raise UnknownTarget(f"no run or dream commit named {target!r} (see `nanobotctl runs`)")
     if run.workspace != env.settings.name:
         raise RestoreError(f"run {target} belongs to workspace {run.workspace}; pass --workspace {run.workspace}")
     if run.kind not in RESTORABLE:
@@ -50,26 +69,44 @@ async def plan(env: JobEnv, target: str, *, force: bool) -> dict:
 
 async def run(env: JobEnv, run_id: str, *, target: str, force: bool) -> dict:
     """Undo *target* as run *run_id*; the manifest records what was done (or why it was refused)."""
-    store = env.store
     try:
         result = await _dispatch(env, target, restore_run_id=run_id, force=force, dry_run=False)
     except (RestoreError, RestoreRefused) as exc:
         manifest = {"target": target, "force": force, "error": str(exc)}
-        store.finish_run(run_id, state="failed", outcome="refused", manifest=manifest)
+        env.store.finish_run(run_id, state="failed", outcome="refused", manifest=manifest)
         return manifest
+    return _finish(env, run_id, target, force, result)
+
+
+def recover(env: JobEnv, run: RunRecord) -> str:
+    """A restore whose step was journalled is finished (the step is taken again to its end: history and the
+    spool never stay half changed); one interrupted before that changed nothing and is reported."""
+    step = run.manifest.get(RESTORE_STEP_KEY)
+    job = env.kinds.get(step.get("kind")) if isinstance(step, dict) else None
+    if job is None or not hasattr(job, "finish_restore"):
+        env.store.finish_run(run.run_id, state="failed", outcome="interrupted")
+        return "interrupted"
+    result = job.finish_restore(env, step)
+    target = run.manifest.get("target", "")
+    target_run = env.store.get_run(target)
+    kind = target_run.kind if target_run is not None else step.get("kind")
+    _finish(env, run.run_id, target, bool(run.manifest.get("force")), dict(result, kind=kind, recovered=True))
+    return "recovered"
+
+
+def _finish(env: JobEnv, run_id: str, target: str, force: bool, result: dict) -> dict:
+    """Close the restore *run_id* of *target*: the target says it was restored by it (a restore of a restore
+    clears that mark from the run it re-applied)."""
+    store = env.store
     manifest = {"target": target, "target_kind": result.get("kind"), "force": force, **result}
     target_run = store.get_run(target)
     if target_run is not None:
+        if target_run.kind == KIND and (original := store.get_run(target_run.manifest.get("target", ""))):
+            store.journal(original.run_id, {k: v for k, v in original.manifest.items() if k != "restored_by"})
         store.journal(target, dict(target_run.manifest, restored_by=run_id))
         store.record_outcome(target_run.kind, env.settings.name, "restored", run_id=run_id)
     store.finish_run(run_id, state="finished", outcome="restored", manifest=manifest)
     return manifest
-
-
-def recover(env: JobEnv, run: RunRecord) -> str:
-    """An interrupted restore is reported; the undo it was doing can be asked for again."""
-    env.store.finish_run(run.run_id, state="failed", outcome="interrupted")
-    return "interrupted"
 
 
 async def restore(env: JobEnv, restore_run: RunRecord, *, restore_run_id: str | None, force: bool,
@@ -80,11 +117,8 @@ async def restore(env: JobEnv, restore_run: RunRecord, *, restore_run_id: str | 
     job = env.kinds.get(kind)
     if job is None or not hasattr(job, "reapply") or (original is None and kind != "dream"):
         raise RestoreError(f"re-applying a {kind} run is not supported; run the job again instead")
-    result = await job.reapply(env, original, restore_run, restore_run_id=restore_run_id, force=force,
-                               dry_run=dry_run)
-    if not dry_run and original is not None:
-        env.store.journal(original.run_id, {k: v for k, v in original.manifest.items() if k != "restored_by"})
-    return result
+    return await job.reapply(env, original, restore_run, restore_run_id=restore_run_id, force=force,
+                             dry_run=dry_run)
 
 
 async def _dispatch(env: JobEnv, target: str, *, restore_run_id: str | None, force: bool, dry_run: bool) -> dict:

@@ -10,14 +10,16 @@ Every write stays inside the workspace (the memory folder's parent): a symlink l
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 from nanobotd import fsio
 from nanobotd.jsontext import json_string
@@ -33,6 +35,10 @@ TAIL_BLOCK = 64 * 1024
 # from the files; nanobot ignores unknown fields.
 SPAN_FIELD = "nanobotd_span"
 LOCK_TIMEOUT = 30.0
+# After a rewrite's rename, an agent's append that opened the old file just before may still land there: the
+# old file is watched this long after its last byte (nanobot opens, writes one line and closes).
+LATE_APPEND_QUIET_SECONDS = 0.05
+LATE_APPEND_POLL_SECONDS = 0.005
 # Reasoning blocks some models put before their answer; every reader of a model reply strips them with this.
 THINK_BLOCK = re.compile(r"<(think|thinking|reasoning)>.*?</\1>\s*", re.DOTALL | re.IGNORECASE)
 
@@ -288,24 +294,26 @@ def remove_entries(memory_dir: Path, keep: Callable[[HistoryEntry], bool],
 
     The file is streamed into a temp file beside it that replaces it, so a large removal holds one line at a time.
     """
-    path = history_path(memory_dir)
     root = workspace_root(memory_dir)
     removed, largest = 0, 0
+
+    def copy(lines: Iterator[tuple[int, bytes]], writer: fsio.AtomicWriter) -> bool:
+        nonlocal removed, largest
+        for number, line in lines:
+            entry = parse_entry(line, number)
+            if entry is not None and not keep(entry):
+                removed += 1
+                largest = max(largest, entry.cursor)
+                if on_removed is not None:
+                    on_removed(entry)
+            else:
+                writer.write(line)
+        fsio.confine(memory_dir / CURSOR_NAME, root)
+        return bool(removed)
+
     with fsio.file_lock(memory_dir / LOCK_NAME, timeout=LOCK_TIMEOUT, root=root):
-        with fsio.AtomicWriter(path, root=root) as writer:
-            for number, line in iter_lines(path):
-                entry = parse_entry(line, number)
-                if entry is not None and not keep(entry):
-                    removed += 1
-                    largest = max(largest, entry.cursor)
-                    if on_removed is not None:
-                        on_removed(entry)
-                else:
-                    writer.write(line if line.endswith(b"\n") else line + b"\n")
-            if not removed:
-                return 0
-            fsio.confine(memory_dir / CURSOR_NAME, root)
-            writer.commit()
+        if not _rewrite(memory_dir, copy):
+            return 0
         # Cursors are never reused, even after the entries holding them are gone.
         if largest > read_cursor_file(memory_dir / CURSOR_NAME):
             fsio.atomic_write(memory_dir / CURSOR_NAME, str(largest), root=root)
@@ -318,7 +326,6 @@ def insert_entries(memory_dir: Path, entries: Iterable[HistoryEntry]) -> int:
     Each entry goes before the first line with a larger cursor (an unreadable line counts as the entry before
     it); the file is streamed twice, once for the cursors present and once into the temp file replacing it.
     """
-    path = history_path(memory_dir)
     root = workspace_root(memory_dir)
     with fsio.file_lock(memory_dir / LOCK_NAME, timeout=LOCK_TIMEOUT, root=root):
         entries = list(entries)
@@ -327,20 +334,83 @@ def insert_entries(memory_dir: Path, entries: Iterable[HistoryEntry]) -> int:
         added = sorted((entry for entry in entries if entry.cursor not in present), key=lambda entry: entry.cursor)
         if not added:
             return 0
-        pending = iter(added)
-        following = next(pending, None)
-        with fsio.AtomicWriter(path, root=root) as writer:
+
+        def copy(lines: Iterator[tuple[int, bytes]], writer: fsio.AtomicWriter) -> bool:
+            pending = iter(added)
+            following = next(pending, None)
             cursor = 0
-            for number, line in iter_lines(path):
+            for number, line in lines:
                 entry = parse_entry(line, number)
                 cursor = entry.cursor if entry else cursor
                 while following is not None and following.cursor < cursor:
                     writer.write(following.to_line())
                     following = next(pending, None)
-                writer.write(line if line.endswith(b"\n") else line + b"\n")
+                writer.write(line)
             while following is not None:
                 writer.write(following.to_line())
                 following = next(pending, None)
-            writer.commit()
+            return True
+
+        _rewrite(memory_dir, copy)
     return len(added)
 
+
+def _rewrite(memory_dir: Path, copy: Callable[[Iterator[tuple[int, bytes]], fsio.AtomicWriter], bool]) -> bool:
+    """Replace history.jsonl with what *copy* writes of its whole lines (it returns False to change nothing),
+    keeping every byte the agent appends meanwhile; the caller holds the history lock. Returns whether it did.
+
+    nanobot appends without our lock, each append opening the file anew. So the lines appended while *copy*
+    ran are copied after its output, the temp file is renamed, and then what still reached the old file (an
+    append that opened it before the rename) is appended to the new one, until the old file stays quiet.
+    A last line without its newline is an append in progress: it goes over as raw bytes, never "mended".
+    """
+    path = history_path(memory_dir)
+    root = workspace_root(memory_dir)
+    try:
+        source = fsio.open_regular(path, follow=True)
+    except FileNotFoundError:
+        source = None
+    with contextlib.ExitStack() as stack:
+        if source is not None:
+            stack.enter_context(source)
+        writer = stack.enter_context(fsio.AtomicWriter(path, root=root))
+        if not copy(_whole_lines(source), writer):
+            return False
+        if source is not None:
+            writer.write(source.read())  # appended while we read
+        writer.commit()
+        if source is not None:
+            _take_late_appends(source, path, root)
+    return True
+
+
+def _whole_lines(source: BinaryIO | None) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of every non-blank whole line of *source*; stops before a last line without its
+    newline, leaving *source* at its start (the caller copies it raw)."""
+    if source is None:
+        return
+    number = 0
+    while True:
+        offset = source.tell()
+        line = source.readline()
+        if not line:
+            return
+        if not line.endswith(b"\n"):
+            source.seek(offset)
+            return
+        number += 1
+        if line.strip():
+            yield number, line
+
+
+def _take_late_appends(source: BinaryIO, path: Path, root: Path) -> None:
+    """Move what reaches the replaced file (still open as *source*) to the new one at *path*, until it has
+    been quiet for LATE_APPEND_QUIET_SECONDS: an agent's append that opened it before the rename."""
+    quiet_since = time.monotonic()
+    while time.monotonic() - quiet_since < LATE_APPEND_QUIET_SECONDS:
+        late = source.read()
+        if late:
+            fsio.append_record(path, late, root=root)
+            quiet_since = time.monotonic()
+        else:
+            time.sleep(LATE_APPEND_POLL_SECONDS)

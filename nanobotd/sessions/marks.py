@@ -6,8 +6,11 @@ running totals, and every change to them goes through one transaction with the s
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Callable
+
+from loguru import logger
 
 from nanobotd.sessions.session import (
     SessionState,
@@ -41,8 +44,11 @@ class ArchiveMarks:
             for digest, run in runs_by_digest.items():
                 by_run.setdefault(run, []).append(digest)
             for run, digests in by_run.items():
+                before = db.total_changes
                 bulk.insert(db, "archived", "digest", digests, fixed={"session_id": session.session_id, "run_id": run},
                             conflict="IGNORE")
+                if db.total_changes - before < len(digests):  # some were archived already: by this run, or twice
+                    self._count_archived_again(db, session, run, digests)
             if seqs is not None and len(seqs) == len(runs_by_digest):
                 db.executemany("DELETE FROM spool WHERE session_id=? AND seq BETWEEN ? AND ?",
                                [(session.session_id, first, last) for first, last in seq_ranges(seqs)])
@@ -53,6 +59,21 @@ class ArchiveMarks:
             if also is not None:
                 also(db)
         self._release_hold(session)
+
+    def _count_archived_again(self, db: sqlite3.Connection, session: SessionState, run_id: str,
+                              digests: list[str]) -> None:
+        """Messages run *run_id* archived that another run of nanobotd had archived already are in history twice:
+        counted with those the agent archived twice (a run finishing its own chunks again is not)."""
+        if not bulk.json_rows_supported():
+            return
+        twice = [digest for (digest,) in db.execute(
+            "SELECT digest FROM archived WHERE session_id=? AND run_id!=?"
+            " AND digest IN (SELECT value FROM json_each(?))", (session.session_id, run_id, json.dumps(digests)))]
+        if twice:
+            db.executemany("INSERT OR IGNORE INTO archived_twice (session_id, digest, at) VALUES (?, ?, ?)",
+                           [(session.session_id, digest, self.clock()) for digest in twice])
+            logger.warning("session {}: run {} archived {} message(s) another run had archived", session.key, run_id,
+                           len(twice))
 
     def drop_agent_archived(self, key: str, digests: list[str]) -> None:
         """Messages that left the file and that the agent archived itself: out of the spool, not archived again."""

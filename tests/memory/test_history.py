@@ -224,3 +224,49 @@ def test_prepared_entries_append_the_very_bytes_and_cursors_of_plain_ones(conten
         assert [entry.hash for entry in entries] == [history.content_hash(entry.content) for entry in written]
         for name in (history.HISTORY_NAME, history.CURSOR_NAME):
             assert (prepared / name).read_bytes() == (plain / name).read_bytes()
+
+
+# nanobot's own append (agent/memory.py): open "a", write one line, close; an in-process lock only.
+AGENT_APPENDER = r"""
+import json, os, sys, time
+path, stop = sys.argv[1], sys.argv[2]
+number = 0
+while not os.path.exists(stop) or number < 200:
+    number += 1
+    record = {"cursor": 10_000_000 + number, "timestamp": "2026-11-01 10:00", "content": f"agent line {number}"}
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    time.sleep(0.0002)
+print(number)
+"""
+
+
+@pytest.mark.parametrize("rewrite", ["remove", "insert"])
+def test_every_line_the_agent_appends_during_a_rewrite_is_kept(tmp_path, rewrite):
+    """nanobot appends without our lock while nanobotd rewrites history.jsonl (a restore, a compaction, a roll
+    back): every line it appended before, during or after the rename is in the file once, whole."""
+    path = tmp_path / "history.jsonl"
+    with open(path, "w", encoding="utf-8") as handle:
+        for cursor in range(1, 20_001):
+            handle.write(json.dumps({"cursor": cursor, "timestamp": "t", "content": f"entry {cursor} " * 8}) + "\n")
+    stop = tmp_path / "stop"
+    appender = subprocess.Popen([sys.executable, "-c", AGENT_APPENDER, str(path), str(stop)],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        removed: list[history.HistoryEntry] = []
+        for round_number in range(12):
+            doomed = {round_number * 10 + 1}
+            if rewrite == "remove" or round_number % 2 == 0:
+                removed.extend(history.rewrite_history(tmp_path, lambda entry, gone=doomed: entry.cursor not in gone))
+            else:
+                assert history.insert_entries(tmp_path, removed) == len(removed)
+                removed = []
+    finally:
+        stop.touch()
+        written = int(appender.communicate(timeout=60)[0])
+    scan = read_history(tmp_path)
+    assert scan.bad_lines == []
+    agent = [entry.cursor - 10_000_000 for entry in scan.entries if entry.cursor > 10_000_000]
+    lost = sorted(set(range(1, written + 1)) - set(agent))
+    assert not lost, f"{len(lost)} of {written} agent lines lost, first {lost[:5]}"
+    assert len(agent) == written, "an agent line was kept twice"

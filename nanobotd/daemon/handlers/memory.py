@@ -92,10 +92,15 @@ class MemoryHandlers:
                 raise ApiError(409, "cannot_restore", str(exc)) from None
             return {"plan": result.get("plan", []), "kind": result.get("kind")}
         try:
-            restore.resolve_target(workspace.env, target)
+            await restore.validate(workspace.env, target)
+        except restore.UnknownTarget as exc:
+            raise ApiError(404, "cannot_restore", str(exc)) from None
         except restore.RestoreError as exc:
-            raise ApiError(404 if "no run" in str(exc) else 409, "cannot_restore", str(exc)) from None
-        return started([runs.submit(self.core, workspace, "restore", target=target, force=force)])
+            raise ApiError(409, "cannot_restore", str(exc)) from None
+        run_ids: list[str] = []  # the messages a restore un-archives are archived again when their time comes
+        run_ids.append(runs.submit(self.core, workspace, "restore", target=target, force=force,
+                                   on_done=lambda: triggers.restored(self.core, workspace, run_ids[0])))
+        return started(run_ids)
 
     def _restore_workspace(self, target: str, body: dict, request: Request) -> Workspace:
         run = self.core.store.get_run(target)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from nanobotd.jobs.common import JobEnv
 from nanobotd.jobs.consolidate.archive import (
     consolidate_session,
+    finish_restore_step,
     reapply_consolidation,
     recover_consolidation,
     restore_consolidation,
@@ -29,10 +30,15 @@ def recover(env: JobEnv, run: RunRecord) -> str:
 
 async def restore(env: JobEnv, run: RunRecord, *, restore_run_id: str | None, force: bool, dry_run: bool) -> dict:
     """Remove the entries the run wrote and put its messages back in the spool."""
-    return restore_consolidation(env, run, dry_run=dry_run)
+    return restore_consolidation(env, run, restore_run_id=restore_run_id, dry_run=dry_run)
 
 
 async def reapply(env: JobEnv, original: RunRecord, restore_run: RunRecord, *, restore_run_id: str | None,
                   force: bool, dry_run: bool) -> dict:
     """Undo the restore *restore_run* of *original*: its entries go back, its messages count as archived."""
-    return reapply_consolidation(env, original, restore_run, dry_run=dry_run)
+    return reapply_consolidation(env, original, restore_run, restore_run_id=restore_run_id, dry_run=dry_run)
+
+
+def finish_restore(env: JobEnv, step: dict) -> dict:
+    """Finish a restore step of a consolidation run that a crash interrupted (it was journalled first)."""
+    return finish_restore_step(env, step)

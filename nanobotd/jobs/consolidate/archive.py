@@ -16,7 +16,7 @@ from pathlib import Path
 
 from loguru import logger
 
-from nanobotd.jobs.common import JobEnv, note_progress
+from nanobotd.jobs.common import RESTORE_STEP_KEY, JobEnv, RestoreRefused, note_progress
 from nanobotd.jobs.consolidate.chunks import Chunk, ChunkLoads, early_reader, plan_run
 from nanobotd.jobs.consolidate.prompt import NOTHING, archive_messages, parse_summary
 from nanobotd.llm.failures import LLMError
@@ -24,6 +24,7 @@ from nanobotd.llm.reply import UsageMeter
 from nanobotd.memory import history
 from nanobotd.memory.history import PreparedEntry
 from nanobotd.memory.transcript import raw_entries, transcript
+from nanobotd.sessions.session import digests_in
 from nanobotd.state.runsteps import STEPS_KEY, write_steps
 from nanobotd.state.store import RunRecord
 
@@ -306,37 +307,77 @@ def recover_consolidation(ctx: JobEnv, run: RunRecord) -> str:
     return outcome
 
 
-def restore_consolidation(ctx: JobEnv, run: RunRecord, *, dry_run: bool) -> dict:
+def restore_consolidation(ctx: JobEnv, run: RunRecord, *, dry_run: bool, restore_run_id: str | None = None) -> dict:
     """Undo an archive run: remove the entries it wrote and put its messages back in the spool (the entries of
-    every done chunk, whether or not the run lived to list them under `cursors`)."""
+    every done chunk, whether or not the run lived to list them under `cursors`), as one journalled step."""
     cursors = set(run.manifest.get("cursors", [])) | set(chunk_cursors(run.manifest))
     chunks = [chunk for chunk in run.manifest.get("chunks", []) if chunk.get("done")]
     plan = [f"remove history entries with cursors {sorted(cursors)}" if cursors else "no history entries to remove"]
     count = sum(chunk.get("count", 0) for chunk in chunks)
     plan.append(f"rewind the archive pointer of session {run.session_key}: {count} messages become unarchived")
+    if run.manifest.get("vanished_only"):
+        plan.append("they left the session file: the daemon archives them again after the grace period "
+                    f"(at once: nanobotctl consolidate {run.session_key})")
     if dry_run:
         return {"plan": plan}
-    removed = history.rewrite_history(ctx.memory_dir, lambda entry: entry.cursor not in cursors) if cursors else []
-    records = []
-    for chunk in chunks:
-        records.extend(read_chunk_backup(Path(chunk["backup"])))
-    ctx.tracker.unarchive(run.session_key, run.run_id, records)
-    return {"plan": plan, "removed_entries": [entry.to_record() for entry in removed], "messages": len(records)}
+    removed = [entry.to_record() for entry in history.iter_entries(ctx.memory_dir) if entry.cursor in cursors]
+    step = {"op": "unarchive", "kind": "consolidate", "session": run.session_key, "run": run.run_id,
+            "cursors": sorted(cursors), "backups": [chunk["backup"] for chunk in chunks],
+            "removed_entries": removed, "plan": plan}
+    return _journal_and_finish(ctx, restore_run_id, step)
 
 
-def reapply_consolidation(ctx: JobEnv, original: RunRecord, restore_run: RunRecord, *, dry_run: bool) -> dict:
-    """Put the entries a consolidation restore removed back and mark their messages archived again."""
-    entries = [history.parse_entry(json.dumps(record))
-               for record in restore_run.manifest.get("removed_entries", [])]
-    entries = [entry for entry in entries if entry is not None]
-    digests = []
-    for chunk in original.manifest.get("chunks", []):
-        if chunk.get("done"):
-            digests.extend(digest for digest, _, _ in read_chunk_backup(Path(chunk["backup"])))
-    plan = [f"re-insert history entries with cursors {[entry.cursor for entry in entries]}",
+def reapply_consolidation(ctx: JobEnv, original: RunRecord, restore_run: RunRecord, *, restore_run_id: str | None,
+                          dry_run: bool) -> dict:
+    """Put the entries a consolidation restore removed back and mark their messages archived again, as one
+    journalled step; refused when a later run archived some of those messages already (they would be in
+    history twice)."""
+    records = restore_run.manifest.get("removed_entries", [])
+    backups = [chunk["backup"] for chunk in original.manifest.get("chunks", []) if chunk.get("done")]
+    digests = [digest for backup in backups for digest, _, _ in read_chunk_backup(Path(backup))]
+    plan = [f"re-insert history entries with cursors {[record.get('cursor') for record in records]}",
             f"mark {len(digests)} messages of {original.session_key} archived again"]
+    session = ctx.tracker.sessions.get(original.session_key)
+    again = digests_in(ctx.store, "archived", session.session_id, digests) if session is not None else set()
+    if again:
+        reason = (f"{len(again)} of its {len(digests)} messages were archived again since, by a later run: "
+                  f"re-inserting its entries would archive them twice (restore that later run first)")
+        raise RestoreRefused(reason, plan=[*plan, reason])
     if dry_run:
         return {"plan": plan}
+    step = {"op": "reapply", "kind": "consolidate", "session": original.session_key, "run": original.run_id,
+            "entries": records, "backups": backups, "plan": plan}
+    return _journal_and_finish(ctx, restore_run_id, step)
+
+
+def _journal_and_finish(ctx: JobEnv, restore_run_id: str | None, step: dict) -> dict:
+    """Journal *step* in the restore run before it changes anything, then take it: a crash anywhere after this
+    is finished by the restore's recovery (finish_restore_step), so history and the spool never disagree."""
+    if restore_run_id is not None:
+        current = ctx.store.get_run(restore_run_id)
+        ctx.store.journal(restore_run_id, dict(current.manifest if current else {}, **{RESTORE_STEP_KEY: step}))
+    ctx.faults.reach("restore.journalled")
+    return finish_restore_step(ctx, step)
+
+
+def finish_restore_step(ctx: JobEnv, step: dict) -> dict:
+    """Take a journalled restore step to its end; taking it again changes nothing more (a restart after a crash
+    finishes it): history first (a cursor removed or inserted once), then the spool and archive marks."""
+    records = []
+    for backup in step["backups"]:
+        records.extend(read_chunk_backup(Path(backup)))
+    if step["op"] == "unarchive":
+        cursors = set(step["cursors"])
+        if cursors:
+            history.remove_entries(ctx.memory_dir, lambda entry: entry.cursor not in cursors)
+        ctx.faults.reach("restore.history_rewritten")
+        ctx.tracker.unarchive(step["session"], step["run"], records)
+        ctx.faults.reach("restore.spool_changed")
+        return {"plan": step["plan"], "removed_entries": step["removed_entries"], "messages": len(records)}
+    entries = [history.parse_entry(json.dumps(record)) for record in step["entries"]]
+    entries = [entry for entry in entries if entry is not None]
     history.insert_entries(ctx.memory_dir, entries)
-    ctx.tracker.mark_archived(original.session_key, digests, original.run_id)
-    return {"plan": plan, "reinserted": len(entries)}
+    ctx.faults.reach("restore.history_rewritten")
+    ctx.tracker.mark_archived(step["session"], [digest for digest, _, _ in records], step["run"])
+    ctx.faults.reach("restore.spool_changed")
+    return {"plan": step["plan"], "reinserted": len(entries)}

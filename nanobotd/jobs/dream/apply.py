@@ -7,16 +7,22 @@ every write back; a crash is rolled back (or finished, when the commit exists) a
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
+
 from loguru import logger
 
 from nanobotd import fsio
 from nanobotd.gitstore.repo import GitStoreError
 from nanobotd.gitstore.store import CURSOR_FILE
-from nanobotd.jobs.common import compact_history, compaction_candidates, mark_dream_notes
+from nanobotd.jobs.common import DREAM_NOTES_NAME, compact_history, compaction_candidates, mark_dream_notes
 from nanobotd.jobs.dream.prompts import SKIP_LINE
 from nanobotd.jobs.dream.restore import BACKUP_DIR, digest, line_counts, roll_back, save_backup
 from nanobotd.jobs.dream.tools import ToolRefused
 from nanobotd.memory.history import DREAM_CURSOR_NAME, read_dream_cursor
+
+UNDO_SUFFIX = ".undo.tmp"
 
 
 class DreamError(Exception):
@@ -29,6 +35,7 @@ class ApplyStep:
 
     def apply(self, cursor_after: int):
         """Write everything the completed batches changed, commit, compact; roll back on any failure."""
+        undo = None
         try:
             contents = self.final_contents()
             # Never move the cursor back, should another dreamer have advanced it meanwhile.
@@ -36,6 +43,7 @@ class ApplyStep:
             self.back_up(contents, cursor_after)
             self.journal("applying")
             self.on_stage("applying")
+            undo = self.prepare_undo(contents, cursor_after)
             self.write(contents, cursor_after)
             if contents and self.git.available:
                 self.manifest["commit"] = self.git.commit(
@@ -45,15 +53,43 @@ class ApplyStep:
         except (GitStoreError, DreamError, ToolRefused, OSError) as exc:
             logger.error("dream {} of {} could not apply its edits: {}", self.run_id, self.workspace.name, exc)
             try:
-                roll_back(self.workspace.path, self.manifest)
+                if undo is not None:
+                    undo.put_back()
+                    self.unstage([*contents, CURSOR_FILE] if contents else [])
+                else:
+                    roll_back(self.workspace.path, self.manifest)
             except OSError as rollback_error:
                 # The run stays "applying" in the journal, so start-up recovery tries again.
                 logger.error("rolling back dream {} failed: {}", self.run_id, rollback_error)
                 raise
             self.manifest.update(cursor_after=self.manifest["cursor_before"], commit=None, rolled_back=True)
             return self.finish("failed", "error", reason=f"apply failed: {exc}")
+        undo.discard()
         self.compact()
         return self.finish("finished", "written" if contents else "no_change")
+
+    def unstage(self, paths: list[str]) -> None:
+        """Out of git's index what a failed commit staged; the files are back already, so a failure here only
+        leaves them showing as staged (logged)."""
+        if paths and self.git.available:
+            try:
+                self.git.unstage(paths)
+            except GitStoreError as exc:
+                logger.warning("dream {}: could not unstage {} after its failed commit: {}", self.run_id, paths, exc)
+
+    def prepare_undo(self, contents: dict[str, str], cursor_after: int) -> Undo:
+        """Copies of every file the step writes, made before the first write (see Undo)."""
+        undo = Undo(self.memory_dir.parent)
+        try:
+            for path, text in contents.items():
+                undo.keep(self.staged.checked_path(path), text.encode("utf-8"))
+            undo.keep(self.memory_dir / DREAM_CURSOR_NAME, str(cursor_after).encode("utf-8"))
+            if self.manifest["notes_read"]:
+                undo.keep(self.memory_dir / DREAM_NOTES_NAME, None)
+        except BaseException:
+            undo.discard()
+            raise
+        return undo
 
     def write(self, contents: dict[str, str], cursor_after: int) -> None:
         """The files, then the cursor, then the note bullets read (roll_back undoes each)."""
@@ -135,6 +171,68 @@ class ApplyStep:
         if self.manifest.get("stopped"):
             lines.append(f"Stopped early ({self.manifest['stopped']}); left: {describe_left(self.manifest['left'])}")
         return "\n".join(lines)
+
+
+class Undo:
+    """The old content of each file the apply step writes, copied beside it before the first write, so that
+    putting it back is a rename and needs no free space: a full disk fails a dream mid-step (git runs out
+    first), and a roll-back that must write then fails too, leaving an edit and an advanced cursor behind.
+    A file is put back only while it holds what the step wrote (*written*; None: whatever it holds), so an
+    edit the agent made meanwhile stays."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.kept: list[tuple[Path, Path | None, bytes | None]] = []  # (file, copy of its old content, written)
+
+    def keep(self, path: Path, written: bytes | None) -> None:
+        """Copy *path* (absent: remember that) before the step writes *written* to it."""
+        path = fsio.confine(path, self.root)
+        copy = None
+        if path.is_file():
+            fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=UNDO_SUFFIX, dir=path.parent)
+            copy = Path(name)
+            self.kept.append((path, copy, written))  # listed first, so a failed copy is removed with the rest
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(path.read_bytes())
+                handle.flush()
+                os.fsync(handle.fileno())
+            return
+        self.kept.append((path, copy, written))
+
+    def put_back(self) -> list[str]:
+        """Every kept file as it was; returns those left alone because they changed since the step wrote them."""
+        left_alone, folders = [], set()
+        for path, copy, written in self.kept:
+            current = path.read_bytes() if path.is_file() else None
+            if written is not None and current is not None and current != written and current != _read(copy):
+                logger.warning("not rolling back {}: it changed after the dream wrote it", path)
+                left_alone.append(str(path))
+                continue
+            if copy is None:
+                path.unlink(missing_ok=True)
+            else:
+                os.replace(copy, path)
+            folders.add(path.parent)
+        for folder in folders:
+            fsio.fsync_dir(folder)
+        self.discard()
+        return left_alone
+
+    def discard(self) -> None:
+        """Remove the copies (the step committed, or they were put back)."""
+        for _, copy, _ in self.kept:
+            if copy is not None:
+                copy.unlink(missing_ok=True)
+        self.kept = []
+
+
+def leftover_undo_copies(workspace: Path) -> list[Path]:
+    """Copies an apply step killed mid-way left beside the files it writes (recovery removes them)."""
+    return [path for folder in (workspace, workspace / "memory") for path in folder.glob(f".*{UNDO_SUFFIX}")]
+
+
+def _read(path: Path | None) -> bytes | None:
+    return path.read_bytes() if path is not None and path.is_file() else None
 
 
 def describe_left(left: dict) -> str:

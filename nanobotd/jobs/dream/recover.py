@@ -6,6 +6,7 @@ from loguru import logger
 
 from nanobotd.gitstore.repo import GitStoreError
 from nanobotd.gitstore.store import GitStore
+from nanobotd.jobs.dream.apply import leftover_undo_copies
 from nanobotd.jobs.dream.restore import roll_back
 from nanobotd.state.store import RunRecord, StateStore
 
@@ -34,6 +35,8 @@ def recover_dream_run(run: RunRecord, *, store: StateStore, git: GitStore) -> st
         outcome = "written" if manifest.get("files_changed") else "no_change"
         store.finish_run(run.run_id, state="finished", outcome=outcome, manifest=manifest)
         return "finished"
+    for copy in leftover_undo_copies(git.workspace):  # the apply step's own undo copies, of no use now
+        copy.unlink(missing_ok=True)
     if stage == "applying":
         manifest["left_alone"] = roll_back(git.workspace, manifest)
         manifest["cursor_after"] = manifest.get("cursor_before")

@@ -317,3 +317,32 @@ def test_a_run_cut_short_after_its_entries_reached_history_is_recovered_and_rest
     run_job(ctx, "cli:a")
     raw = raw_messages_in(history_entries(ctx.settings.path))
     assert all(raw.count(f"M-{index} ") == 1 for index in range(30))
+
+
+def test_re_applying_a_restore_whose_messages_a_later_run_archived_is_refused_and_archives_nothing_twice(tmp_path):
+    from nanobotd.jobs.common import RestoreRefused
+
+    ctx, sessions = make_context(tmp_path, LLMSettings(model="none"))
+    ctx.tracker.scan(write_session(sessions, "cli:a", conversation(6)))
+    first, _ = run_job(ctx, "cli:a")
+    restore_id = ctx.store.create_run("restore", "ws")
+    result = consolidate.restore_consolidation(ctx, first, dry_run=False, restore_run_id=restore_id)
+    ctx.store.finish_run(restore_id, state="finished", outcome="restored", manifest=result)
+    run_job(ctx, "cli:a")  # the same six messages, archived again by a later run
+    with pytest.raises(RestoreRefused, match="6 of its 6 messages were archived again since"):
+        consolidate.reapply_consolidation(ctx, first, ctx.store.get_run(restore_id), dry_run=False,
+                                            restore_run_id=None)
+    raw = raw_messages_in(history_entries(ctx.settings.path))
+    assert all(raw.count(f"M-{index} ") == 1 for index in range(6))
+
+
+def test_archived_twice_counts_messages_two_runs_of_nanobotd_archived_not_a_run_finishing_its_own(tmp_path):
+    ctx, sessions = make_context(tmp_path, LLMSettings(model="none"))
+    ctx.tracker.scan(write_session(sessions, "cli:a", conversation(6)))
+    run, _ = run_job(ctx, "cli:a")
+    digests = [digest for chunk in run.manifest["chunks"]
+               for digest, _, _ in consolidate.read_chunk_backup(chunk["backup"])]
+    ctx.tracker.mark_archived("cli:a", digests, run.run_id)  # recovery finishing a chunk again
+    assert ctx.tracker.totals()["archived_twice"] == 0
+    ctx.tracker.mark_archived("cli:a", digests[:4], "r-20261122-103000-consolidate-0a0a0a")  # a second archive
+    assert ctx.tracker.totals()["archived_twice"] == 4

@@ -1,0 +1,31 @@
+"""Fault points armed through the environment: a typo fails loudly, an armed point does what it says."""
+
+from __future__ import annotations
+
+import errno
+import subprocess
+import sys
+
+import pytest
+
+from nanobotd.faults import ENV_NAME, FaultPoints
+
+
+def test_an_unarmed_point_does_nothing_and_an_enospc_point_raises_a_full_disk_error():
+    faults = FaultPoints.from_environ({ENV_NAME: "a.step=enospc"})
+    FaultPoints.from_environ({}).reach("a.step")
+    faults.reach("another.step")
+    with pytest.raises(OSError) as raised:
+        faults.reach("a.step")
+    assert raised.value.errno == errno.ENOSPC
+
+
+def test_an_unknown_action_is_refused():
+    with pytest.raises(ValueError, match="must be one of kill, enospc"):
+        FaultPoints.from_environ({ENV_NAME: "a.step=explode"})
+
+
+def test_a_kill_point_ends_the_process_with_sigkill():
+    code = "from nanobotd.faults import FaultPoints; FaultPoints({'x': 'kill'}).reach('x'); print('alive')"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == -9 and "alive" not in result.stdout
