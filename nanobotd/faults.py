@@ -1,7 +1,8 @@
 """Named fault points: the places in crash-sensitive code where a test kills the daemon or fails a write.
 
 A point is armed through the daemon's environment, `NANOBOTD_FAULTS="restore.history_rewritten=kill"`
-(comma-separated `name=action`; actions: `kill` sends the process SIGKILL, `enospc` raises OSError(ENOSPC)),
+(comma-separated `name=action`; actions: `kill` sends the process SIGKILL, `enospc` raises OSError(ENOSPC),
+`drop` makes the point's code skip its work, asked with `drops(name)`),
 so a test hits the exact step in a real daemon instead of hoping a timed kill lands there. Unarmed, a point
 costs one dict lookup.
 """
@@ -15,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 ENV_NAME = "NANOBOTD_FAULTS"
-ACTIONS = ("kill", "enospc")
+ACTIONS = ("kill", "enospc", "drop")
 
 
 @dataclass(frozen=True)
@@ -42,3 +43,7 @@ class FaultPoints:
             os.kill(os.getpid(), signal.SIGKILL)
         elif action == "enospc":
             raise OSError(errno.ENOSPC, f"No space left on device (fault point {name})")
+
+    def drops(self, name: str) -> bool:
+        """Whether point *name* is armed to skip its work (an event lost as an inotify overflow loses it)."""
+        return self.armed.get(name) == "drop"

@@ -30,6 +30,7 @@ from watchdog.events import (
 from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
+from nanobotd.faults import FaultPoints
 from nanobotd.sessions.file import is_session_file
 
 MAX_DEBOUNCE_FACTOR = 5
@@ -67,12 +68,12 @@ class SessionWatcher:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, on_change: Callable[[Path], None], *,
                  debounce: float = 1.0, polling: bool = False,
-                 on_memory_change: Callable[[Path], None] | None = None, faults: frozenset[str] = frozenset()):
+                 on_memory_change: Callable[[Path], None] | None = None, faults: FaultPoints | None = None):
         self.loop = loop
         self.on_change = on_change
         self.on_memory_change = on_memory_change
         self.debounce = debounce
-        self.faults = faults
+        self.faults = faults or FaultPoints()
         self.mode = "polling" if polling else "inotify"
         self.observer = PollingObserver(timeout=1.0) if polling else Observer()
         self.watches: dict[Path, tuple[object, int]] = {}
@@ -181,7 +182,7 @@ class SessionWatcher:
 
     def _memory_threadsafe(self, path: Path) -> None:
         """Called from watchdog's thread for every change in a memory folder."""
-        if self.on_memory_change is None or DROP_MEMORY_EVENTS in self.faults:
+        if self.on_memory_change is None or self.faults.drops(DROP_MEMORY_EVENTS):
             return
         try:
             self.loop.call_soon_threadsafe(self._memory_event, path)

@@ -26,6 +26,7 @@ from nanobotd.daemon.handlers import build_router
 from nanobotd.daemon.jobqueue import JobQueue
 from nanobotd.daemon.scheduler import JobScheduler
 from nanobotd.daemon.workspace import Workspace
+from nanobotd.faults import FaultPoints
 from nanobotd.notify import Notifier, watchdog_interval
 from nanobotd.sessions.parsepool import processes_for
 from nanobotd.state.store import StateStore
@@ -38,14 +39,6 @@ RESTART_KEYS = ("socket", "state_dir", "socket_group", "log_level", "timezone", 
 IDLE_CHECK_SECONDS = 30.0
 TOKENIZER_IDLE_SECONDS = 60.0
 CACHE_IDLE_SECONDS = 300.0  # a session's in-memory caches go after this long unused (read back when needed)
-# Comma-separated names of fault points to arm (tests make a step fail for real in a daemon subprocess).
-FAULTS_VARIABLE = "NANOBOTD_FAULTS"
-
-
-def fault_points(environ) -> frozenset[str]:
-    """The fault points the environment arms (none in normal use)."""
-    return frozenset(name.strip() for name in environ.get(FAULTS_VARIABLE, "").split(",") if name.strip())
-
 
 class Daemon:
     """nanobotd's process: wiring, lifecycle, signals, reload and the tick loop."""
@@ -89,7 +82,7 @@ class Daemon:
                     len(core.workspaces))
         core.watcher = SessionWatcher(loop, self._on_path_changed, debounce=self.config.daemon.debounce_seconds,
                                       polling=self.polling, on_memory_change=self._on_memory_changed,
-                                      faults=fault_points(self.config.environ))
+                                      faults=FaultPoints.from_environ(self.config.environ))
         core.watcher.start()
         for signum, handler in ((signal.SIGTERM, self.request_stop), (signal.SIGINT, self.request_stop),
                                 (signal.SIGHUP, self.request_reload)):

@@ -125,7 +125,7 @@ def test_a_new_daily_note_is_found(tmp_path, daemon_process, backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_reconcile_finds_a_memory_change_the_watcher_missed(tmp_path, daemon_process, backend):
     daemon = start_daemon(tmp_path, daemon_process, backend, reconcile_seconds=2,
-                          env={"NANOBOTD_FAULTS": "watcher.drop_memory_events"})
+                          env={"NANOBOTD_FAULTS": "watcher.drop_memory_events=drop"})
     daemon.memory.write_text(daemon.memory.read_text() + FACT)
     assert found(daemon)
     assert "changed unseen (memory/MEMORY.md)" in daemon.log()
