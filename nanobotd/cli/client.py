@@ -9,6 +9,7 @@ import argparse
 import http.client
 import json
 import socket
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,8 @@ from nanobotd.config import paths
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+CONNECT_RETRY_FIRST_SECONDS = 0.005  # a full listen queue is tried again after this, then twice as long each time
+CONNECT_RETRY_MAX_SECONDS = 0.1
 START_HINT = ("Is nanobotd running? Start it with `nanobotd run --workspace DIR`, or as a service with "
               "`systemctl --user start nanobotd` (system-wide: `systemctl start nanobotd`). "
               "Use --socket PATH if it listens elsewhere.")
@@ -50,15 +53,27 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.socket_path = socket_path
 
     def connect(self) -> None:
-        """Connect to the socket path instead of a host and port."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(str(self.socket_path))
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
+        """Connect to the socket path instead of a host and port; a full listen queue is waited out (EAGAIN:
+        a Unix socket with a timeout does not wait for room itself), until the timeout."""
+        deadline = time.monotonic() + self.timeout
+        pause = CONNECT_RETRY_FIRST_SECONDS
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(str(self.socket_path))
+            except BlockingIOError:
+                sock.close()
+                if time.monotonic() + pause > deadline:
+                    raise TimeoutError(f"the daemon's listen queue stayed full for {self.timeout:g}s") from None
+                time.sleep(pause)
+                pause = min(pause * 2, CONNECT_RETRY_MAX_SECONDS)
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            self.sock = sock
+            return
 
 
 class Client:

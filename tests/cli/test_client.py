@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -75,3 +78,47 @@ def test_a_workspace_path_is_sent_absolute_because_the_daemon_runs_elsewhere(soc
     assert daemon.requests[-1].query == {"workspace": str(socket_path.parent / "ws")}
     run_ctl(socket_path, "--workspace", "~/ws/", "sessions")
     assert daemon.requests[-1].query == {"workspace": str(Path.home() / "ws")}
+
+
+def test_a_full_listen_queue_is_waited_out_until_the_daemon_accepts(socket_path: Path) -> None:
+    socket_path.parent.mkdir(mode=0o700)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(socket_path))
+    listener.listen(0)  # a daemon too busy to accept: its queue is full after one connection
+    queued = []
+    while True:  # fill the queue for real: the next connect gets EAGAIN
+        filler = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        filler.setblocking(False)
+        try:
+            filler.connect(str(socket_path))
+        except BlockingIOError:
+            filler.close()
+            break
+        queued.append(filler)
+    answers: list[object] = []
+    asking = threading.Thread(target=lambda: answers.append(_status_or_error(socket_path)))
+    asking.start()
+    time.sleep(0.5)  # the client meets the full queue (not a timed assertion: it must wait however long this is)
+    for filler in queued:
+        filler.close()
+    listener.settimeout(10)
+    while asking.is_alive():
+        connection, _ = listener.accept()
+        with connection:
+            connection.settimeout(10)
+            if connection.recv(65536):
+                body = b'{"pid": 7}'
+                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                                   + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+                break
+    asking.join(10)
+    listener.close()
+    assert answers == [{"pid": 7}]
+
+
+def _status_or_error(socket_path: Path) -> object:
+    try:
+        return client.Client(socket_path, timeout=10).get("/v1/status")
+    except (client.CannotConnect, client.DaemonError) as exc:
+        return exc
+

@@ -3,6 +3,9 @@ and workspace, a socket folder squatted by another user, hundreds of clients at 
 
 from __future__ import annotations
 
+import threading
+
+from nanobotd.cli.client import Client
 from tests.support.mounts import tmpfs
 from tests.support.workspace import conversation, history_entries, make_workspace, write_session
 
@@ -45,4 +48,29 @@ def test_status_says_scans_fail_and_what_the_last_failure_said(tmp_path, daemon_
     assert "scans" in text and "FAILING" in text and "File exists" in text, text
     before = failing["scan_errors"]
     proc.wait_for(lambda: status_of(proc)["scan_errors"] > before, timeout=10)  # every reconcile says it again
+    assert proc.stop() == 0
+
+
+def test_three_hundred_clients_at_once_all_get_their_answer(tmp_path, daemon_process):
+    workspace, sessions = make_workspace(tmp_path)
+    write_session(sessions, "cli:a", conversation(4))
+    proc = daemon_process(workspace).start()
+    clients = 300
+    start = threading.Barrier(clients)
+    failures: list[str] = []
+
+    def ask() -> None:
+        client = Client(proc.socket, timeout=30)
+        start.wait()
+        try:
+            assert client.get("/v1/status")["pid"] == proc.proc.pid
+        except Exception as exc:  # noqa: BLE001 - every failure is counted and shown
+            failures.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=ask) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == [], f"{len(failures)} of {clients} failed, first: {failures[0]}"
     assert proc.stop() == 0
