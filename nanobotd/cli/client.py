@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import socket
+import stat
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,6 +27,9 @@ START_HINT = ("Is nanobotd running? Start it with `nanobotd run --workspace DIR`
               "`systemctl --user start nanobotd` (system-wide: `systemctl start nanobotd`). "
               "Use --socket PATH if it listens elsewhere.")
 PERMISSION_HINT = "The daemon runs as another user: run nanobotctl as that user or as root."
+UNTRUSTED_HINT = ("Another user can put a server there. Remove that folder if it is not yours, or give the daemon "
+                  "and nanobotctl a private socket folder (XDG_RUNTIME_DIR, or [daemon] socket / --socket).")
+SYSTEM_UID_MAX = 999  # a service account (the system unit's `nanobotd` user): only root can give a folder to one
 
 
 class CannotConnect(Exception):
@@ -115,6 +120,7 @@ class Client:
         return payload
 
     def _connect(self, connection: UnixHTTPConnection) -> None:
+        check_socket_folder(self.socket_path)
         try:
             connection.connect()
         except (OSError, TimeoutError) as exc:
@@ -140,6 +146,34 @@ class Client:
             return response.status, json.loads(raw) if raw else {}
         except ValueError:
             raise DaemonError(f"the daemon's answer (HTTP {response.status}) is not JSON", response.status) from None
+
+
+def check_socket_folder(socket_path: Path) -> None:
+    """CannotConnect unless *socket_path*'s folder is one only the daemon's side could have put a socket in: owned
+    by us or root (or, for a daemon serving its socket group, a service account's folder in a group of ours) and
+    writable by no one else. Anyone may make /tmp/nanobotd-<uid>/ first and listen there; what answers would be
+    taken for memory."""
+    folder = socket_path.parent
+    try:
+        link = os.lstat(folder)
+        info = os.stat(folder)
+    except OSError:
+        return  # nothing there: connecting says so
+    for what, node in (("folder", info), ("symlink to the folder", link)):
+        if node is link and not stat.S_ISLNK(link.st_mode):
+            continue
+        if not _trusted_owner(node):
+            raise CannotConnect(f"refusing the socket {socket_path}: its {what} {folder} belongs to uid "
+                                f"{node.st_uid}, not to you (uid {os.geteuid()}) or root", UNTRUSTED_HINT)
+    if stat.S_IMODE(info.st_mode) & (stat.S_IWGRP | stat.S_IWOTH):
+        raise CannotConnect(f"refusing the socket {socket_path}: its folder {folder} is writable by others "
+                            f"(mode {stat.S_IMODE(info.st_mode):04o})", UNTRUSTED_HINT)
+
+
+def _trusted_owner(info: os.stat_result) -> bool:
+    if info.st_uid in (os.geteuid(), 0):
+        return True
+    return info.st_uid <= SYSTEM_UID_MAX and info.st_gid in os.getgroups() + [os.getegid()]
 
 
 def resolve_socket(args: argparse.Namespace, environ: Mapping[str, str]) -> Path:

@@ -122,3 +122,23 @@ def _status_or_error(socket_path: Path) -> object:
     except (client.CannotConnect, client.DaemonError) as exc:
         return exc
 
+
+IMPOSTOR_UID = 65534  # nobody: another user who made the socket's folder first
+
+
+def test_a_socket_in_a_folder_of_another_user_is_refused_before_anything_is_sent(socket_path: Path,
+                                                                                 daemon: FakeDaemon) -> None:
+    os.chown(socket_path.parent, IMPOSTOR_UID, IMPOSTOR_UID)  # the impostor's folder, its server listening in it
+    code, out, err = run_ctl(socket_path, "search", "where is the spare key")
+    assert (code, out) == (2, "")
+    assert f"belongs to uid {IMPOSTOR_UID}" in err and "Another user can put a server there" in err
+    assert daemon.requests == []  # the query never reached it
+
+
+def test_a_socket_in_a_folder_others_may_write_is_refused(socket_path: Path, daemon: FakeDaemon) -> None:
+    os.chmod(socket_path.parent, 0o1777)  # a /tmp-like folder: anyone could have replaced the socket
+    code, _, err = run_ctl(socket_path, "status")
+    assert code == 2 and "writable by others (mode 1777)" in err
+    assert daemon.requests == []
+    os.chmod(socket_path.parent, 0o700)
+    assert run_ctl(socket_path, "status")[0] == 0
