@@ -74,6 +74,7 @@ class Workspace:
         self.last_reconcile_seconds: float | None = None
         self.scan_errors = 0
         self.last_scan_error: dict | None = None  # what the last failed scan said, for status
+        self.held_elsewhere: str | None = None  # another daemon holds this workspace's lock (daemon.lock)
         self.torn_lines = 0
         self.opened = False
         self.pending_paths: set[Path] = set()
@@ -298,6 +299,7 @@ class Workspace:
             "budget": self.settings.budget, "flush_threshold": self.settings.flush_threshold,
             "last_reconcile": iso_local(self.last_reconcile), "last_reconcile_seconds": self.last_reconcile_seconds,
             "scan_errors": self.scan_errors, "last_scan_error": self.last_scan_error, "torn_lines": self.torn_lines,
+            "held_elsewhere": self.held_elsewhere,
         }
         data["git"] = self.git.health()
         data["search"] = self.search_status()

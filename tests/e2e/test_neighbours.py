@@ -3,6 +3,8 @@ and workspace, a socket folder squatted by another user, hundreds of clients at 
 
 from __future__ import annotations
 
+import os
+import re
 import threading
 
 from nanobotd.cli.client import Client
@@ -74,3 +76,69 @@ def test_three_hundred_clients_at_once_all_get_their_answer(tmp_path, daemon_pro
         thread.join()
     assert failures == [], f"{len(failures)} of {clients} failed, first: {failures[0]}"
     assert proc.stop() == 0
+
+
+def daemon_in(daemon_process, workspace, base):
+    """A daemon whose config, socket and state are under *base*."""
+    base.mkdir(parents=True, exist_ok=True)
+    return daemon_process(workspace, base=base)
+
+
+def second_daemon(daemon_process, workspace, base, *, state_dir=None, other_workspace=None):
+    """Another daemon with its own socket (another XDG_RUNTIME_DIR, say), on *state_dir* when given."""
+    proc = daemon_in(daemon_process, other_workspace or workspace, base)
+    if state_dir is not None:
+        proc.config_path.write_text(proc.config_path.read_text().replace(str(proc.state_dir), str(state_dir)))
+        proc.state_dir = state_dir
+    return proc
+
+
+def refused(proc) -> str:
+    """Start *proc*, which must exit 1 on its own; what it said."""
+    proc.start(wait=False)
+    assert proc.proc.wait(timeout=30) == 1, proc.log()[-2000:]
+    return proc.log()
+
+
+def markers_in_history(workspace) -> list[str]:
+    text = "\n".join(entry.get("content", "") for entry in history_entries(workspace))
+    return re.findall(r"\bM-\d+ ", text)
+
+
+def test_a_second_daemon_on_the_same_state_folder_names_the_first_and_exits_1(tmp_path, daemon_process):
+    workspace, sessions = make_workspace(tmp_path)
+    first = daemon_in(daemon_process, workspace, tmp_path / "first").start()
+    socket_before = os.stat(first.socket).st_ino
+    other, _ = make_workspace(tmp_path / "other")
+    second = second_daemon(daemon_process, workspace, tmp_path / "second", state_dir=first.state_dir,
+                           other_workspace=other)
+    said = refused(second)
+    assert f"pid {first.proc.pid}" in said and str(first.socket) in said and str(first.state_dir) in said, said
+    assert not second.socket.exists()
+    assert first.proc.poll() is None and os.stat(first.socket).st_ino == socket_before
+    assert first.ctl_json("status")["pid"] == first.proc.pid
+    write_session(sessions, "cli:a", conversation(8))
+    first.wait_for(lambda: (first.session("cli:a") or {}).get("unarchived_messages") == 8)
+    write_session(sessions, "cli:a", [])  # /new: archived from the spool, by the first daemon alone
+    first.wait_for(lambda: len(markers_in_history(workspace)) >= 8, timeout=30)
+    assert sorted(markers_in_history(workspace)) == sorted(f"M-{index} " for index in range(8))
+    assert first.stop() == 0
+
+
+def test_a_second_daemon_on_the_same_workspace_with_its_own_state_names_the_first_and_exits_1(tmp_path,
+                                                                                              daemon_process):
+    workspace, sessions = make_workspace(tmp_path)
+    write_session(sessions, "cli:a", conversation(6))
+    first = daemon_in(daemon_process, workspace, tmp_path / "first").start()
+    second = second_daemon(daemon_process, workspace, tmp_path / "second")  # its own socket and state folder
+    said = refused(second)
+    assert f"pid {first.proc.pid}" in said and str(first.socket) in said and f"workspace ws ({workspace})" in said
+    assert first.ctl_json("status")["pid"] == first.proc.pid
+    assert not (second.state_dir / "state.db").exists()  # it touched nothing before it left
+    write_session(sessions, "cli:a", [])
+    first.wait_for(lambda: len(markers_in_history(workspace)) >= 6, timeout=30)
+    assert sorted(markers_in_history(workspace)) == sorted(f"M-{index} " for index in range(6))
+    first.kill()  # a SIGKILLed holder leaves its lock file, and its flock goes with it
+    second.start()
+    assert second.ctl_json("status")["workspaces"][0]["held_elsewhere"] is None
+    assert second.stop() == 0

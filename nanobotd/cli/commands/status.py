@@ -105,6 +105,8 @@ def _health_rows(workspace: Mapping[str, Any]) -> Rows:
     rows = [(label, text) for label, key, text in candidates if key in workspace]
     if workspace.get("scan_errors"):
         rows.insert(1, ("scans", _scan_failures_text(workspace)))
+    if workspace.get("held_elsewhere"):
+        rows.insert(0, ("lock", f"LEFT ALONE: {workspace['held_elsewhere']}"))
     return rows
 
 
