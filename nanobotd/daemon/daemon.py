@@ -1,7 +1,8 @@
 """The Daemon: start, run, stop. One asyncio loop owns all state.
 
 Signal handlers only set flags; one tick loop sends watchdog pings (only while the watcher and the
-scheduler are healthy), runs the periodic reconcile and the idle trigger, and applies a reload.
+scheduler are healthy), starts the nightly jobs that are due, runs the periodic reconcile and the idle trigger,
+and applies a reload.
 The daemon builds a small `Core` and hands it down; nothing below holds the daemon.
 """
 
@@ -53,7 +54,7 @@ class Daemon:
         self.polling = polling
         executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="io")
         self.core = Core(config, StateStore(config.state_dir, clock=clock), executor,
-                         JobScheduler(config_timezone(config)), clock=clock, started_at=clock())
+                         JobScheduler(config_timezone(config), clock=clock), clock=clock, started_at=clock())
         self.server: ControlServer | None = None
         self._stop = asyncio.Event()
         self._reload_requested = False
@@ -175,6 +176,7 @@ class Daemon:
                 self.notifier.watchdog()
                 last_ping = now
             try:
+                self.core.scheduler.tick()
                 if self._reload_requested:
                     self._reload_requested = False
                     await self.reload()
