@@ -50,6 +50,7 @@ class Holds:
         # syncs to come; and whether the folder has a new link or copy to sync
         self._unsynced: list[int] | None = None
         self._folder_unsynced = False
+        self._no_links: set[int] = set()  # the filesystems (st_dev) of session files a link from failed with EXDEV
 
     @contextmanager
     def together(self) -> Iterator[None]:
@@ -84,6 +85,11 @@ class Holds:
         except FileNotFoundError:
             return None
 
+    def can_link(self, handle: BinaryIO) -> bool:
+        """Whether a link of the file open in *handle* may work: not when one from its filesystem could not cross
+        to the state folder's (every save of every session would try, fail and say so again)."""
+        return os.fstat(handle.fileno()).st_dev not in self._no_links
+
     def hold(self, source: Path, handle: BinaryIO, session_id: int, generation: int, *, link: bool) -> bool:
         """Keep the version of the session file open in *handle* as generation *generation*.
 
@@ -102,6 +108,8 @@ class Holds:
         except FileNotFoundError:
             return False
         except OSError as exc:
+            if exc.errno == errno.EXDEV:
+                self._no_links.add(os.fstat(handle.fileno()).st_dev)
             raise LinkUnsupported(exc.errno, f"cannot hard-link {source} into {self.folder}: {exc.strerror}") from exc
         if os.stat(target).st_ino != os.fstat(handle.fileno()).st_ino:
             target.unlink(missing_ok=True)

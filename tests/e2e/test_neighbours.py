@@ -32,6 +32,7 @@ def test_a_state_folder_on_its_own_tmpfs_tracks_spools_and_archives_what_the_age
         status = status_of(proc)
         assert status["scan_errors"] == 0 and status["last_scan_error"] is None
         assert "failed: [Errno 18]" not in proc.log()
+        assert proc.log().count("cannot hard-link") == 1  # tried once for the filesystem, not at every save
         assert proc.stop() == 0
 
 
