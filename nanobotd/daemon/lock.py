@@ -17,6 +17,8 @@ import os
 import time
 from pathlib import Path
 
+from loguru import logger
+
 from nanobotd.state.store import LOCK_NAME as STATE_LOCK_NAME
 
 # At the top of the workspace, which nanobot's own .gitignore ("/*") keeps out of its memory repository.
@@ -36,6 +38,7 @@ class DaemonLocks:
     def __init__(self, socket_path: Path) -> None:
         self.socket_path = Path(socket_path)
         self._held: dict[Path, tuple[int, str]] = {}  # lock file (resolved) -> (descriptor, what it guards)
+        self._unlocked: set[Path] = set()  # workspace lock files that could not be made
 
     def take_state(self, state_dir: Path) -> None:
         """Lock the state folder (made if missing); AlreadyRunning when another daemon has it."""
@@ -43,15 +46,27 @@ class DaemonLocks:
         self._take(Path(state_dir) / STATE_LOCK_NAME, f"the state folder {state_dir}", "state_dir")
 
     def take_workspace(self, name: str, path: Path) -> None:
-        """Lock workspace *name* (its folder exists); AlreadyRunning when another daemon has it."""
-        self._take(Path(path) / WORKSPACE_LOCK_NAME, f"workspace {name} ({path})", "workspace")
+        """Lock workspace *name* (its folder exists); AlreadyRunning when another daemon has it. A workspace where
+        no lock file can be made (a read-only mount) is worked on unlocked, with a warning: refusing it would stop
+        the daemon for what is not a second daemon."""
+        lock_path = Path(path) / WORKSPACE_LOCK_NAME
+        try:
+            self._take(lock_path, f"workspace {name} ({path})", "workspace")
+        except OSError as exc:
+            logger.warning("workspace {}: cannot lock {} ({}); a second daemon on it would not be noticed", name,
+                           lock_path, exc)
+            self._unlocked.add(lock_path.resolve())
 
     def holds_workspace(self, path: Path) -> bool:
-        return (Path(path) / WORKSPACE_LOCK_NAME).resolve() in self._held
+        """The workspace was taken (or found unlockable: it is not tried again)."""
+        key = (Path(path) / WORKSPACE_LOCK_NAME).resolve()
+        return key in self._held or key in self._unlocked
 
     def release_workspace(self, path: Path) -> None:
         """Let a workspace go (dropped from the config)."""
-        held = self._held.pop((Path(path) / WORKSPACE_LOCK_NAME).resolve(), None)
+        key = (Path(path) / WORKSPACE_LOCK_NAME).resolve()
+        self._unlocked.discard(key)
+        held = self._held.pop(key, None)
         if held is not None:
             os.close(held[0])  # closing the only descriptor of the file drops its flock
 
@@ -59,6 +74,7 @@ class DaemonLocks:
         for descriptor, _ in self._held.values():
             os.close(descriptor)
         self._held.clear()
+        self._unlocked.clear()
 
     def _take(self, lock_path: Path, what: str, setting: str) -> None:
         key = lock_path.resolve()

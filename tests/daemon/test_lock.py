@@ -11,9 +11,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from loguru import logger
 
 from nanobotd.daemon.lock import WORKSPACE_LOCK_NAME, AlreadyRunning, DaemonLocks
 from tests.daemon.test_daemon import running_daemon
+from tests.support.mounts import tmpfs
 from tests.support.observe import wait_until
 from tests.support.workspace import conversation, make_workspace, write_session
 
@@ -29,6 +31,8 @@ def short_dir():
 HOLD_IN_A_CHILD = """
 import sys, time
 from pathlib import Path
+from loguru import logger
+
 from nanobotd.daemon.lock import DaemonLocks
 locks = DaemonLocks(Path(sys.argv[2]))
 locks.take_state(Path(sys.argv[1]))
@@ -95,3 +99,18 @@ def test_a_workspace_that_appears_held_by_another_daemon_is_left_alone_until_it_
     (message, sessions), after = asyncio.run(scenario())
     assert f"socket {tmp_path / 'other.sock'}" in message and WORKSPACE_LOCK_NAME in message
     assert sessions == {} and after is None
+
+
+def test_a_workspace_on_a_read_only_mount_is_worked_on_unlocked_with_a_warning(tmp_path):
+    with tmpfs(tmp_path / "ro"):
+        workspace, _ = make_workspace(tmp_path / "ro")
+        subprocess.run(["mount", "-o", "remount,ro", str(tmp_path / "ro")], check=True)
+        messages: list[str] = []
+        sink = logger.add(messages.append, level="WARNING", format="{message}")
+        try:
+            locks = DaemonLocks(tmp_path / "a.sock")
+            locks.take_workspace("ws", workspace)
+            assert locks.holds_workspace(workspace)
+        finally:
+            logger.remove(sink)
+        assert len(messages) == 1 and "Read-only file system" in messages[0]
