@@ -171,9 +171,13 @@ def check_socket_folder(socket_path: Path) -> None:
 
 
 def _trusted_owner(info: os.stat_result) -> bool:
+    """Us, root, or a service account (which no ordinary user can give a folder to) that serves us: we are root,
+    or the folder is in one of our groups (daemon.socket_group)."""
     if info.st_uid in (os.geteuid(), 0):
         return True
-    return info.st_uid <= SYSTEM_UID_MAX and info.st_gid in os.getgroups() + [os.getegid()]
+    if info.st_uid > SYSTEM_UID_MAX:
+        return False
+    return os.geteuid() == 0 or info.st_gid in (*os.getgroups(), os.getegid())
 
 
 def resolve_socket(args: argparse.Namespace, environ: Mapping[str, str]) -> Path:

@@ -142,3 +142,41 @@ def test_a_socket_in_a_folder_others_may_write_is_refused(socket_path: Path, dae
     assert daemon.requests == []
     os.chmod(socket_path.parent, 0o700)
     assert run_ctl(socket_path, "status")[0] == 0
+
+
+SERVICE_UID = 999  # the system unit's `nanobotd` user, owner of /run/nanobotd
+
+
+def as_user(uid: int, groups: list[int], socket_path: Path) -> tuple[str, str]:
+    """nanobotctl status run in a child as *uid* with *groups*: (exit code, stderr)."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(reader)
+            os.setgroups(groups)
+            os.setgid(uid)
+            os.setuid(uid)
+            code, _, err = run_ctl(socket_path, "status")
+            os.write(writer, f"{code}\n{err}".encode())
+        finally:
+            os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader) as pipe:
+        code, _, err = pipe.read().partition("\n")
+    os.waitpid(pid, 0)
+    return code, err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other uids")
+def test_a_service_accounts_socket_folder_is_trusted_by_root_and_by_its_socket_group(socket_path: Path,
+                                                                                      daemon: FakeDaemon) -> None:
+    os.chmod(socket_path.parent.parent, 0o711)  # (the test's own folder, above /run/nanobotd's stand-in)
+    os.chown(socket_path.parent, SERVICE_UID, SERVICE_UID)
+    os.chmod(socket_path.parent, 0o710)  # daemon.socket_group: the group may pass through
+    os.chmod(socket_path, 0o666)  # (the canned daemon's own uid check answers the others)
+    assert run_ctl(socket_path, "status")[0] == 0
+    code, err = as_user(65534, [SERVICE_UID], socket_path)  # in the socket group: trusted, and answered
+    assert "refusing" not in err and "only the daemon's own user" in err, err
+    code, err = as_user(65534, [], socket_path)  # not in it: the folder could be anyone's
+    assert code == "2" and f"belongs to uid {SERVICE_UID}" in err
