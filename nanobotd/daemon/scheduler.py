@@ -137,7 +137,12 @@ class JobScheduler:
     def _start(self, func: Callable[[], Awaitable[object]]) -> None:
         task = asyncio.get_running_loop().create_task(func())
         self._tasks.add(task)  # the loop keeps only a weak reference to a task
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._started)
+
+    def _started(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.opt(exception=task.exception()).error("a scheduled job could not start: {}", task.exception())
 
     def next_run(self, job_id: str) -> str | None:
         """ISO time of the next run of *job_id*."""
