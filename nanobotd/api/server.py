@@ -39,7 +39,7 @@ from nanobotd.api.wire import (
 READ_TIMEOUT_SECONDS = 10.0
 PROBE_TIMEOUT_SECONDS = 2.0
 STOP_GRACE_SECONDS = 2.0
-BACKLOG = 64
+BACKLOG = 1024  # clients that come all at once wait in the queue (the kernel caps it at somaxconn)
 SOCKET_MODE = 0o600
 DIR_MODE = 0o700
 GROUP_SOCKET_MODE = 0o660  # with daemon.socket_group: the group may connect

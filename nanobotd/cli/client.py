@@ -8,7 +8,10 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import socket
+import stat
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,10 +21,15 @@ from nanobotd.config import paths
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+CONNECT_RETRY_FIRST_SECONDS = 0.005  # a full listen queue is tried again after this, then twice as long each time
+CONNECT_RETRY_MAX_SECONDS = 0.1
 START_HINT = ("Is nanobotd running? Start it with `nanobotd run --workspace DIR`, or as a service with "
               "`systemctl --user start nanobotd` (system-wide: `systemctl start nanobotd`). "
               "Use --socket PATH if it listens elsewhere.")
 PERMISSION_HINT = "The daemon runs as another user: run nanobotctl as that user or as root."
+UNTRUSTED_HINT = ("Another user can put a server there. Remove that folder if it is not yours, or give the daemon "
+                  "and nanobotctl a private socket folder (XDG_RUNTIME_DIR, or [daemon] socket / --socket).")
+SYSTEM_UID_MAX = 999  # a service account (the system unit's `nanobotd` user): only root can give a folder to one
 
 
 class CannotConnect(Exception):
@@ -50,15 +58,27 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.socket_path = socket_path
 
     def connect(self) -> None:
-        """Connect to the socket path instead of a host and port."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(str(self.socket_path))
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
+        """Connect to the socket path instead of a host and port; a full listen queue is waited out (EAGAIN:
+        a Unix socket with a timeout does not wait for room itself), until the timeout."""
+        deadline = time.monotonic() + self.timeout
+        pause = CONNECT_RETRY_FIRST_SECONDS
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(str(self.socket_path))
+            except BlockingIOError:
+                sock.close()
+                if time.monotonic() + pause > deadline:
+                    raise TimeoutError(f"the daemon's listen queue stayed full for {self.timeout:g}s") from None
+                time.sleep(pause)
+                pause = min(pause * 2, CONNECT_RETRY_MAX_SECONDS)
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            self.sock = sock
+            return
 
 
 class Client:
@@ -111,6 +131,7 @@ class Client:
             connection.close()
 
     def _connect(self, connection: UnixHTTPConnection) -> None:
+        check_socket_folder(self.socket_path)
         try:
             connection.connect()
         except (OSError, TimeoutError) as exc:
@@ -133,6 +154,38 @@ class Client:
         except (OSError, http.client.HTTPException) as exc:
             raise DaemonError(f"connection to nanobotd lost: {exc}") from None
         return response.status, raw
+
+
+def check_socket_folder(socket_path: Path) -> None:
+    """CannotConnect unless *socket_path*'s folder is one only the daemon's side could have put a socket in: owned
+    by us or root (or, for a daemon serving its socket group, a service account's folder in a group of ours) and
+    writable by no one else. Anyone may make /tmp/nanobotd-<uid>/ first and listen there; what answers would be
+    taken for memory."""
+    folder = socket_path.parent
+    try:
+        link = os.lstat(folder)
+        info = os.stat(folder)
+    except OSError:
+        return  # nothing there: connecting says so
+    for what, node in (("folder", info), ("symlink to the folder", link)):
+        if node is link and not stat.S_ISLNK(link.st_mode):
+            continue
+        if not _trusted_owner(node):
+            raise CannotConnect(f"refusing the socket {socket_path}: its {what} {folder} belongs to uid "
+                                f"{node.st_uid}, not to you (uid {os.geteuid()}) or root", UNTRUSTED_HINT)
+    if stat.S_IMODE(info.st_mode) & (stat.S_IWGRP | stat.S_IWOTH):
+        raise CannotConnect(f"refusing the socket {socket_path}: its folder {folder} is writable by others "
+                            f"(mode {stat.S_IMODE(info.st_mode):04o})", UNTRUSTED_HINT)
+
+
+def _trusted_owner(info: os.stat_result) -> bool:
+    """Us, root, or a service account (which no ordinary user can give a folder to) that serves us: we are root,
+    or the folder is in one of our groups (daemon.socket_group)."""
+    if info.st_uid in (os.geteuid(), 0):
+        return True
+    if info.st_uid > SYSTEM_UID_MAX:
+        return False
+    return os.geteuid() == 0 or info.st_gid in (*os.getgroups(), os.getegid())
 
 
 def resolve_socket(args: argparse.Namespace, environ: Mapping[str, str]) -> Path:

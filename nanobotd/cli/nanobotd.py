@@ -84,6 +84,7 @@ def run_daemon(config, *, polling: bool = False) -> int:
 
     from nanobotd.api.server import ControlSocketError
     from nanobotd.daemon.daemon import Daemon
+    from nanobotd.daemon.lock import AlreadyRunning
     from nanobotd.notify import Notifier
 
     for warning in config_warnings(config):
@@ -91,7 +92,7 @@ def run_daemon(config, *, polling: bool = False) -> int:
     daemon = Daemon(config, notifier=Notifier(dict(os.environ)), polling=polling, counting=counting)
     try:
         return run_loop(daemon.run())
-    except ControlSocketError as exc:
+    except (ControlSocketError, AlreadyRunning) as exc:
         print(f"nanobotd: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # noqa: BLE001 - the message is the point

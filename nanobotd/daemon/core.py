@@ -15,6 +15,7 @@ from zoneinfo import ZoneInfo
 
 from nanobotd.config.load import Config
 from nanobotd.daemon.jobqueue import JobQueue
+from nanobotd.daemon.lock import DaemonLocks
 from nanobotd.daemon.scheduler import JobScheduler
 from nanobotd.daemon.workspace import Workspace
 from nanobotd.state.store import StateStore
@@ -33,6 +34,7 @@ class Core:
     started_at: float = 0.0
     queue: JobQueue | None = None
     watcher: SessionWatcher | None = None
+    locks: DaemonLocks | None = None  # one daemon per state folder and per workspace
     workspaces: dict[str, Workspace] = field(default_factory=dict)
     restart_needed: list[str] = field(default_factory=list)  # [daemon] keys a reload changed but cannot apply
 

@@ -1,7 +1,8 @@
 """The Daemon: start, run, stop. One asyncio loop owns all state.
 
 Signal handlers only set flags; one tick loop sends watchdog pings (only while the watcher and the
-scheduler are healthy), runs the periodic reconcile and the idle trigger, and applies a reload.
+scheduler are healthy), starts the nightly jobs that are due, runs the periodic reconcile and the idle trigger,
+and applies a reload.
 The daemon builds a small `Core` and hands it down; nothing below holds the daemon.
 """
 
@@ -24,6 +25,7 @@ from nanobotd.daemon import companion, indexing, runs, triggers
 from nanobotd.daemon.core import Core, config_timezone
 from nanobotd.daemon.handlers import build_router
 from nanobotd.daemon.jobqueue import JobQueue
+from nanobotd.daemon.lock import DaemonLocks
 from nanobotd.daemon.scheduler import JobScheduler
 from nanobotd.daemon.workspace import Workspace
 from nanobotd.faults import FaultPoints
@@ -52,7 +54,7 @@ class Daemon:
         self.polling = polling
         executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="io")
         self.core = Core(config, StateStore(config.state_dir, clock=clock), executor,
-                         JobScheduler(config_timezone(config)), clock=clock, started_at=clock())
+                         JobScheduler(config_timezone(config), clock=clock), clock=clock, started_at=clock())
         self.server: ControlServer | None = None
         self._stop = asyncio.Event()
         self._reload_requested = False
@@ -60,9 +62,11 @@ class Daemon:
 
     # -- start / run / stop ------------------------------------------------------------------------
     async def start(self) -> None:
-        """Open state, recover interrupted runs, listen on the socket (READY=1), then start watching."""
+        """Lock the state folder and the workspaces (AlreadyRunning when another daemon has one), open state,
+        recover interrupted runs, listen on the socket (READY=1), then start watching."""
         core = self.core
         loop = asyncio.get_running_loop()
+        self._take_locks()
         core.store.open()
         if core.store.first_start:
             logger.info("state database created at {} (first start)", core.store.path)
@@ -91,6 +95,19 @@ class Daemon:
         core.scheduler.start()
         self._tasks.append(loop.create_task(self._startup_reconcile(), name="startup-reconcile"))
         self._tasks.append(loop.create_task(self._tick(), name="tick"))
+
+    def _take_locks(self) -> None:
+        """Before anything is touched: the state folder's lock, then each existing workspace's (a workspace that
+        appears later is locked when it is found). A second daemon leaves the first untouched and exits 1."""
+        locks = self.core.locks = DaemonLocks(self.config.socket_path)
+        try:
+            locks.take_state(self.config.state_dir)
+            for settings in self.config.workspaces:
+                if settings.path.is_dir():
+                    locks.take_workspace(settings.name, settings.path)
+        except BaseException:
+            locks.release_all()
+            raise
 
     def _new_workspace(self, settings: WorkspaceSettings) -> Workspace:
         home = Path(self.config.environ.get("HOME", "~")).expanduser()
@@ -126,6 +143,8 @@ class Daemon:
             await self.server.stop()
         core.executor.shutdown(wait=True, cancel_futures=True)
         core.store.close()
+        if core.locks is not None:
+            core.locks.release_all()
         logger.info("stopped")
 
     def request_stop(self) -> None:
@@ -163,6 +182,7 @@ class Daemon:
                 self.notifier.watchdog()
                 last_ping = now
             try:
+                self.core.scheduler.tick()
                 if self._reload_requested:
                     self._reload_requested = False
                     await self.reload()
@@ -259,10 +279,13 @@ class Daemon:
             companion.close(workspace)
             await workspace.close()
             del workspaces[name]
+            if self.core.locks is not None and not any(kept.path == workspace.settings.path
+                                                       for kept in wanted.values()):
+                self.core.locks.release_workspace(workspace.settings.path)
         for name, settings in wanted.items():
             if name not in workspaces:
                 workspace = self._new_workspace(settings)
                 workspaces[name] = workspace
-                if workspace.exists:
+                if workspace.exists and triggers.claimed(self.core, workspace):
                     workspace.discover()
                     await triggers.open_workspace(self.core, workspace)

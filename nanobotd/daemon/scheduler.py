@@ -1,21 +1,29 @@
-"""Cron scheduling of the nightly jobs (APScheduler 3, asyncio) with catch-up after downtime.
+"""Cron scheduling of the nightly jobs, checked on the daemon's tick against its clock, with catch-up.
 
-Each (job, workspace) gets a cron trigger with coalescing, one instance at a time and a misfire grace
-of hours. The last success is persisted in the state database, so a nightly run missed while the
-daemon was down runs once at start.
+Each (job, workspace) has a cron trigger (APScheduler's) and the wall time of its next run. A timer armed for
+that time would count in monotonic time, which neither a forward step of the wall clock nor a suspend moves: the
+job would come hours late, past any grace, or be skipped. So the tick compares the wall clock with the next run
+instead: a run whose time has passed starts at the next tick, however late, and once (runs missed meanwhile are
+one run). The tick also notices the wall clock jumping against the monotonic one; a backward jump re-plans each
+next run for the new clock, so a job that has just run does not run again. The last success is persisted in the
+state database, so a nightly run missed while the daemon was down runs once at start.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta, tzinfo
 
-from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.cron import CronTrigger
 from loguru import logger
 
-MISFIRE_GRACE_SECONDS = 6 * 3600
 CATCH_UP_LOOKBACK = timedelta(days=8)
+CLOCK_JUMP_SECONDS = 30.0  # the wall clock moved this much more (or less) than the monotonic one between two ticks
+LATE_LOG_SECONDS = 60.0  # a run this late says why in the log
+ONE_SECOND = timedelta(seconds=1)  # cron's resolution
 
 
 def make_trigger(expression: str, timezone: tzinfo) -> CronTrigger:
@@ -41,54 +49,112 @@ def missed_run(trigger: CronTrigger, last_success: float | None, now: datetime) 
     return previous is not None and previous.timestamp() > last_success
 
 
-class JobScheduler:
-    """Owns the APScheduler instance; jobs are async callables run on the daemon's loop."""
+@dataclass
+class PlannedJob:
+    """One cron job: its trigger, what it runs, and the wall time of its next run."""
 
-    def __init__(self, timezone: tzinfo):
+    trigger: CronTrigger
+    func: Callable[[], Awaitable[object]]
+    next_run: datetime | None
+
+
+class JobScheduler:
+    """The cron jobs, started on the daemon's loop from its tick (tick()), by its injected wall clock."""
+
+    def __init__(self, timezone: tzinfo, *, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic):
         self.timezone = timezone
-        self.scheduler = AsyncIOScheduler(timezone=timezone)
-        self.triggers: dict[str, CronTrigger] = {}
+        self.clock = clock
+        self.monotonic = monotonic
+        self.jobs: dict[str, PlannedJob] = {}
+        self.running = False
+        self._last_tick: tuple[float, float] | None = None  # (wall, monotonic) at the last tick
+        self._tasks: set[asyncio.Task] = set()
+
+    def now(self) -> datetime:
+        return datetime.fromtimestamp(self.clock(), self.timezone)
 
     def add(self, job_id: str, expression: str, func: Callable[[], Awaitable[object]]) -> None:
         """Schedule *func* by cron *expression* under *job_id* (replacing an earlier one)."""
         trigger = make_trigger(expression, self.timezone)
-        self.triggers[job_id] = trigger
-        self.scheduler.add_job(func, trigger, id=job_id, replace_existing=True, coalesce=True, max_instances=1,
-                               misfire_grace_time=MISFIRE_GRACE_SECONDS)
+        self.jobs[job_id] = PlannedJob(trigger, func, trigger.get_next_fire_time(None, self.now()))
 
     def remove_all(self) -> None:
         """Drop every job (before a config reload re-adds them)."""
-        self.scheduler.remove_all_jobs()
-        self.triggers.clear()
+        self.jobs.clear()
 
     def start(self) -> None:
-        """Start on the running loop."""
-        self.scheduler.start()
+        """Run due jobs from now on (the daemon's tick calls tick())."""
+        self.running = True
+        self._last_tick = (self.clock(), self.monotonic())
 
     def shutdown(self) -> None:
-        """Stop without waiting for running jobs (the job queue drains those)."""
-        if self.scheduler.running:
-            self.scheduler.shutdown(wait=False)
+        """Start no more runs (the job queue drains the running ones)."""
+        self.running = False
 
     @property
     def healthy(self) -> bool:
         """The scheduler runs."""
-        return bool(self.scheduler.running)
+        return self.running
+
+    def tick(self) -> list[str]:
+        """Notice a jump of the wall clock, then start each job whose time has come (once, however late);
+        returns the ids started."""
+        if not self.running:
+            return []
+        wall, steady = self.clock(), self.monotonic()
+        if self._last_tick is not None:
+            jump = (wall - self._last_tick[0]) - (steady - self._last_tick[1])
+            if abs(jump) >= CLOCK_JUMP_SECONDS:
+                self._clock_jumped(jump)
+        self._last_tick = (wall, steady)
+        now = datetime.fromtimestamp(wall, self.timezone)
+        started = []
+        for job_id, job in self.jobs.items():
+            if job.next_run is None or job.next_run > now:
+                continue
+            late = (now - job.next_run).total_seconds()
+            if late >= LATE_LOG_SECONDS:
+                logger.info("job {} was due at {} ({} ago); running it once now", job_id,
+                            job.next_run.isoformat(timespec="seconds"), timedelta(seconds=round(late)))
+            job.next_run = job.trigger.get_next_fire_time(None, now + ONE_SECOND)  # now itself would count
+            self._start(job.func)
+            started.append(job_id)
+        return started
+
+    def _clock_jumped(self, jump: float) -> None:
+        """Forward (a step, or a suspend): the runs it passed are due now, and tick() starts them. Backward: each
+        next run moves with the clock, to the first cron time from the same moment on the new clock."""
+        direction = "forward" if jump > 0 else "back"
+        logger.warning("the wall clock jumped {} by {}; re-planning the nightly jobs", direction,
+                       timedelta(seconds=round(abs(jump))))
+        if jump > 0:
+            return
+        for job in self.jobs.values():
+            if job.next_run is not None:
+                job.next_run = job.trigger.get_next_fire_time(None, job.next_run + timedelta(seconds=jump))
+
+    def _start(self, func: Callable[[], Awaitable[object]]) -> None:
+        task = asyncio.get_running_loop().create_task(func())
+        self._tasks.add(task)  # the loop keeps only a weak reference to a task
+        task.add_done_callback(self._started)
+
+    def _started(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.opt(exception=task.exception()).error("a scheduled job could not start: {}", task.exception())
 
     def next_run(self, job_id: str) -> str | None:
         """ISO time of the next run of *job_id*."""
-        job = self.scheduler.get_job(job_id)
-        when = getattr(job, "next_run_time", None) if job else None
-        if when is None and job_id in self.triggers:
-            when = self.triggers[job_id].get_next_fire_time(None, datetime.now(self.timezone))
-        return when.isoformat(timespec="seconds") if when else None
+        job = self.jobs.get(job_id)
+        return job.next_run.isoformat(timespec="seconds") if job and job.next_run else None
 
     def is_missed(self, job_id: str, last_success: float | None, now: datetime) -> bool:
         """Whether *job_id* missed a run since *last_success*."""
-        trigger = self.triggers.get(job_id)
-        if trigger is None:
+        job = self.jobs.get(job_id)
+        if job is None:
             return False
-        missed = missed_run(trigger, last_success, now)
+        missed = missed_run(job.trigger, last_success, now)
         if missed:
             logger.info("job {} missed a scheduled run while the daemon was down; running it once now", job_id)
         return missed

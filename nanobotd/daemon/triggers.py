@@ -9,6 +9,7 @@ from loguru import logger
 
 from nanobotd.daemon import companion, indexing, runs
 from nanobotd.daemon.core import Core
+from nanobotd.daemon.lock import AlreadyRunning
 from nanobotd.daemon.workspace import Workspace
 from nanobotd.memory import history
 
@@ -36,7 +37,26 @@ async def reconcile_all(core: Core, *, startup: bool = False, waiting_only: bool
         if not workspace.exists:
             logger.debug("workspace {} does not exist yet; waiting for it", workspace.settings.path)
             continue
+        if not claimed(core, workspace):
+            continue
         await reconcile_workspace(core, workspace, startup=startup)
+
+
+def claimed(core: Core, workspace: Workspace) -> bool:
+    """The workspace is this daemon's to work on: its lock is taken (when the workspace is first found, at start or
+    when it appears); one another daemon holds is left alone, and status says who holds it."""
+    locks = core.locks
+    if locks is None or locks.holds_workspace(workspace.settings.path):
+        return True
+    try:
+        locks.take_workspace(workspace.name, workspace.settings.path)
+    except AlreadyRunning as exc:
+        if workspace.held_elsewhere != str(exc):
+            logger.error("workspace {} left alone: {}", workspace.name, exc)
+        workspace.held_elsewhere = str(exc)
+        return False
+    workspace.held_elsewhere = None
+    return True
 
 
 async def reconcile_workspace(core: Core, workspace: Workspace, *, startup: bool) -> None:

@@ -75,6 +75,8 @@ class Workspace:
         self.last_reconcile: float | None = None
         self.last_reconcile_seconds: float | None = None
         self.scan_errors = 0
+        self.last_scan_error: dict | None = None  # what the last failed scan said, for status
+        self.held_elsewhere: str | None = None  # another daemon holds this workspace's lock (daemon.lock)
         self.torn_lines = 0
         self.opened = False
         self.pending_paths: dict[Path, float] = {}  # changed file -> when it last changed (loop time)
@@ -176,6 +178,7 @@ class Workspace:
 
     def _scan_failed(self, path: Path, exc: Exception) -> None:
         self.scan_errors += 1
+        self.last_scan_error = {"at": iso_local(self.clock()), "path": str(path), "error": str(exc)}
         logger.opt(exception=exc).error("workspace {}: scanning {} failed: {}", self.name, path, exc)
 
     def reconcile(self) -> list[ScanResult]:
@@ -297,7 +300,8 @@ class Workspace:
             "agent": self.agent.to_json(),
             "budget": self.settings.budget, "flush_threshold": self.settings.flush_threshold,
             "last_reconcile": iso_local(self.last_reconcile), "last_reconcile_seconds": self.last_reconcile_seconds,
-            "scan_errors": self.scan_errors, "torn_lines": self.torn_lines,
+            "scan_errors": self.scan_errors, "last_scan_error": self.last_scan_error, "torn_lines": self.torn_lines,
+            "held_elsewhere": self.held_elsewhere,
         }
         data["git"] = self.git.health()
         data["search"] = self.search_status()

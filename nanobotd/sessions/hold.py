@@ -15,6 +15,7 @@ into the spool first; then the held version moves on to the new one.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -32,6 +33,8 @@ from nanobotd.sessions.scan import LineRef
 HELD_DIR = "held"
 HELD_READ_SPAN = 4 << 20  # held lines next to each other are read with one read of up to this many bytes
 HELD_READ_GAP = 64 << 10  # (with at most this many bytes between two of them)
+STREAM_BLOCK = 1 << 20  # a copy the kernel will not make between two filesystems is streamed in blocks this long
+NO_KERNEL_COPY = frozenset({errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS})
 
 
 class LinkUnsupported(OSError):
@@ -47,6 +50,7 @@ class Holds:
         # syncs to come; and whether the folder has a new link or copy to sync
         self._unsynced: list[int] | None = None
         self._folder_unsynced = False
+        self._no_links: set[int] = set()  # the filesystems (st_dev) of session files a link from failed with EXDEV
 
     @contextmanager
     def together(self) -> Iterator[None]:
@@ -81,6 +85,11 @@ class Holds:
         except FileNotFoundError:
             return None
 
+    def can_link(self, handle: BinaryIO) -> bool:
+        """Whether a link of the file open in *handle* may work: not when one from its filesystem could not cross
+        to the state folder's (every save of every session would try, fail and say so again)."""
+        return os.fstat(handle.fileno()).st_dev not in self._no_links
+
     def hold(self, source: Path, handle: BinaryIO, session_id: int, generation: int, *, link: bool) -> bool:
         """Keep the version of the session file open in *handle* as generation *generation*.
 
@@ -99,6 +108,8 @@ class Holds:
         except FileNotFoundError:
             return False
         except OSError as exc:
+            if exc.errno == errno.EXDEV:
+                self._no_links.add(os.fstat(handle.fileno()).st_dev)
             raise LinkUnsupported(exc.errno, f"cannot hard-link {source} into {self.folder}: {exc.strerror}") from exc
         if os.stat(target).st_ino != os.fstat(handle.fileno()).st_ino:
             target.unlink(missing_ok=True)
@@ -192,17 +203,20 @@ def _spans(lines: list[LineRef | None]) -> list[list[int]]:
 
 
 def _copy_from(handle: BinaryIO, target: Path) -> int:
-    """Copy the whole file open in *handle* to *target* (in the kernel), its writeback started; returns the copy's
-    open descriptor, for Holds._settle to sync."""
-    size = os.fstat(handle.fileno()).st_size
+    """Copy the whole file open in *handle* to *target*, its writeback started; returns the copy's open
+    descriptor, for Holds._settle to sync. In the kernel where it can; a streamed copy where the kernel will not
+    copy between the two filesystems (a state folder on another mount than the sessions: EXDEV, or EINVAL /
+    EOPNOTSUPP from filesystems without copy_file_range)."""
+    source = handle.fileno()
+    size = os.fstat(source).st_size
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        copied = 0
+        copied = _copy_in_kernel(source, fd, size)
         while copied < size:
-            done = os.copy_file_range(handle.fileno(), fd, size - copied, copied, copied)
-            if done == 0:
+            block = os.pread(source, min(STREAM_BLOCK, size - copied), copied)
+            if not block:
                 break
-            copied += done
+            copied += os.pwrite(fd, block, copied)
         # the advice starts the writeback now (Linux): a sync that follows finds it done or going
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     except BaseException:
@@ -210,6 +224,22 @@ def _copy_from(handle: BinaryIO, target: Path) -> int:
         target.unlink(missing_ok=True)
         raise
     return fd
+
+
+def _copy_in_kernel(source: int, fd: int, size: int) -> int:
+    """How many bytes of *source* copy_file_range copied to *fd* (all of them, or as far as the kernel would)."""
+    copied = 0
+    while copied < size:
+        try:
+            done = os.copy_file_range(source, fd, size - copied, copied, copied)
+        except OSError as exc:
+            if exc.errno in NO_KERNEL_COPY:
+                return copied
+            raise
+        if done == 0:
+            break
+        copied += done
+    return copied
 
 
 def line_text(data: bytes) -> str:

@@ -94,7 +94,7 @@ class SpoolHolding:
 
     def _hold_version(self, session: SessionState, handle: BinaryIO, generation: int, link: bool) -> bool | None:
         """Hold the version open in *handle*: True as a link, False as a copy, None when it was replaced."""
-        if link:
+        if link and self.holds.can_link(handle):
             try:
                 linked = self.holds.hold(session.path, handle, session.session_id, generation, link=True)
                 return True if linked else None

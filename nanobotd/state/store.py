@@ -28,6 +28,7 @@ from nanobotd.timestamps import iso_local
 T = TypeVar("T")
 
 DB_NAME = "state.db"
+LOCK_NAME = "nanobotd.lock"  # the daemon's lock on the folder (daemon.lock): not state of its own
 # SQLite's page cache for the connection (the default is 2 MiB): a long session's archive marks go into the
 # archived index in random digest order, and with 2 MiB its pages were evicted and read back over and over
 # (100k marks: 0.51-0.56 CPU-s with 8 MiB, 0.66-0.67 with the default; 16 MiB did no better). Used only as
@@ -215,7 +216,8 @@ class StateStore:
         `first_start` tells a database created in an empty state folder (nothing was lost) from one
         recreated beside earlier state (deleted, moved aside), which is worth a warning.
         """
-        self.first_start = not self.state_dir.is_dir() or not any(self.state_dir.iterdir())
+        self.first_start = not self.state_dir.is_dir() or all(entry.name == LOCK_NAME
+                                                              for entry in self.state_dir.iterdir())
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         (self.state_dir / RUNS_DIR).mkdir(exist_ok=True, mode=0o700)
         try:

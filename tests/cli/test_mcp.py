@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -11,8 +14,9 @@ import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
+from nanobotd.api.server import ControlServer
 from nanobotd.cli.agent_tools import MAX_RESULT_CHARS
-from tests.cli.fakedaemon import NANOBOTCTL
+from tests.cli.fakedaemon import NANOBOTCTL, FakeDaemon, ServerThread
 from tests.cli.twoworkspaces import OTHER_NOTE_DAY, SECRET
 from tests.support.daemonproc import REPO, DaemonProcess
 from tests.support.workspace import make_workspace
@@ -137,3 +141,17 @@ def test_a_server_bound_to_no_workspace_refuses_every_tool_while_the_daemon_mana
         assert result.is_error and text_of(result).startswith(
             "nanobotd manages 2 workspaces (other, ws) and this memory server is bound to none; run "
             "`nanobotctl setup nanobot --apply`"), text_of(result)
+
+
+def test_the_memory_tools_refuse_a_server_in_a_folder_another_user_made(tmp_path: Path) -> None:
+    socket_path = Path(tempfile.mkdtemp(prefix="nbm-", dir="/tmp")) / "nanobotd-1000" / "nanobotd.sock"
+    impostor = FakeDaemon()  # answers every search with its own text
+    try:
+        with ServerThread(ControlServer(socket_path, impostor.router)):
+            os.chown(socket_path.parent, 65534, 65534)  # squatted by uid 65534 (nobody)
+            result = call_tools(socket_path, [("memory_search", {"query": "spare key"})])["results"][0]
+    finally:
+        shutil.rmtree(socket_path.parent.parent, ignore_errors=True)
+    text = text_of(result)
+    assert result.is_error and "belongs to uid 65534" in text, text
+    assert impostor.requests == []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import random
@@ -22,6 +21,7 @@ from nanobotd.sessions.file import line_digest
 from nanobotd.sessions.scan import LineRef, read_line
 from nanobotd.sessions.tracker import SessionTracker
 from nanobotd.state.store import StateStore
+from tests.support.mounts import tmpfs
 from tests.support.workspace import conversation, make_workspace, write_session
 
 KEY = "cli:a"
@@ -179,23 +179,25 @@ def test_a_held_version_left_by_a_crash_before_its_commit_is_removed_at_start(tm
     assert held_files(store) == sorted(["999.1", f"{session_id}.1"])
 
 
-def test_a_state_folder_that_cannot_link_holds_copies(tmp_path, monkeypatch):
+def test_a_state_folder_on_another_filesystem_holds_streamed_copies_that_keep_every_line(tmp_path):
+    """The state folder on its own real tmpfs, the sessions on the disk: neither a link nor copy_file_range crosses
+    the two (EXDEV), so the held versions are copies made by reading and writing."""
     _, sessions = make_workspace(tmp_path)
-    store, tracker = make_tracker(tmp_path)
-    messages = conversation(6)
-    path = write_session(sessions, KEY, messages[:3])
-    tracker.scan(path)
-
-    def no_links(source, target, **kwargs):
-        raise OSError(errno.EXDEV, "Invalid cross-device link")
-
-    monkeypatch.setattr(os, "link", no_links)
-    path = write_session(sessions, KEY, messages)
-    tracker.scan(path)
-    assert not tracker.sessions[KEY].hold_links
-    write_in_place(path, KEY, [])
-    tracker.scan(path)
-    assert spooled_texts(tracker) == by_marker(messages)
+    with tmpfs(tmp_path / "state"):
+        store, tracker = make_tracker(tmp_path)
+        messages = conversation(6)
+        path = write_session(sessions, KEY, messages[:3])
+        tracker.scan(path)  # seen once: a copy
+        path = write_session(sessions, KEY, messages)
+        tracker.scan(path)  # replaced by a rename: a link is tried, and cannot be made
+        session = tracker.sessions[KEY]
+        assert not session.hold_links
+        held = store.state_dir / "held" / f"{session.session_id}.{session.hold_generation}"
+        assert held.read_bytes() == path.read_bytes()
+        write_in_place(path, KEY, [])
+        tracker.scan(path)
+        assert spooled_texts(tracker) == by_marker(messages)
+        store.close()
 
 
 def test_held_lines_are_read_again_after_a_restart_and_follow_the_next_save(tmp_path):

@@ -102,7 +102,22 @@ def _health_rows(workspace: Mapping[str, Any]) -> Rows:
         ("agent", "agent", _agent_text(workspace.get("agent") or {})),
         ("git", "git", _git_text(workspace.get("git"))),
     ]
-    return [(label, text) for label, key, text in candidates if key in workspace]
+    rows = [(label, text) for label, key, text in candidates if key in workspace]
+    if workspace.get("scan_errors"):
+        rows.insert(1, ("scans", _scan_failures_text(workspace)))
+    if workspace.get("held_elsewhere"):
+        rows.insert(0, ("lock", f"LEFT ALONE: {workspace['held_elsewhere']}"))
+    return rows
+
+
+def _scan_failures_text(workspace: Mapping[str, Any]) -> str:
+    """Failed scans track nothing: said next to the sessions, with the last failure's words."""
+    last = workspace.get("last_scan_error") or {}
+    text = f"FAILING: {format_cell(workspace['scan_errors'])} failed since the start"
+    if last:
+        text += (f", last at {format_cell(last.get('at'))}: {format_cell(last.get('path'))}: "
+                 f"{format_cell(last.get('error'))}")
+    return text
 
 
 def _job_rows(jobs: Mapping[str, Any]) -> Rows:
