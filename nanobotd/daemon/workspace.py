@@ -228,9 +228,17 @@ class Workspace:
         return jobs
 
     def _may_flush(self, session) -> bool:
-        """Flush once per compaction cycle, with an LLM, when there is something unarchived to read."""
+        """Flush once per compaction cycle, with an LLM, when there is something unarchived to read; after a
+        failed LLM call, again once its backoff has passed, a bounded number of times."""
         return (self.settings.consolidation.flush and not self.llm.offline and session.unarchived_messages > 0
-                and session.flushed_cycle != session.cycle)
+                and session.flushed_cycle != session.cycle
+                and session.flush_failures <= self.settings.consolidation.flush_retries
+                and self.clock() >= session.flush_retry_at)
+
+    def may_flush(self, key: str) -> bool:
+        """Session *key* may be flushed now (see _may_flush)."""
+        session = self.tracker.sessions.get(key)
+        return session is not None and not session.skipped and self._may_flush(session)
 
     def agent_prompt_tokens(self, key: str) -> int:
         """The agent's prompt as it counts it: its base (system prompt, tools) plus the unarchived tail."""
