@@ -255,6 +255,21 @@ class Workspace:
         room = max(0, self.agent.budget - self.agent_base_tokens)
         return self.agent.budget - min(self.settings.consolidation.soft_threshold, room // 2)
 
+    def budgets(self) -> dict:
+        """The budget and flush threshold that decide this workspace's jobs, and whose they are: beside an agent
+        that archives by itself (companion) the agent's prompt against its own budget, else nanobotd's tail
+        against the one [llm] gives."""
+        if self.mode == "companion":
+            return {"budget": self.agent.budget, "flush_threshold": self.agent_flush_threshold(),
+                    "budget_source": f"the agent's ({self.agent.path or 'nanobot defaults'}), against its prompt"}
+        return {"budget": self.settings.budget, "flush_threshold": self.settings.flush_threshold,
+                "budget_source": "nanobotd's [llm] context_window - max_tokens - 1024, against the unarchived tail"}
+
+    def llm_last_call(self) -> dict | None:
+        """The last LLM call's outcome and time (None before the first): `online` says only that one is set."""
+        last = self.llm.last_call
+        return None if last is None else dict(last, at=iso_local(last["at"]))
+
     def learn_agent_base(self, tail_before: int) -> None:
         """The agent just compacted: its prompt had reached its budget, so its base is what the tail did not fill.
 
@@ -298,10 +313,10 @@ class Workspace:
             "sessions_dir": str(self.sessions_dirs[0]) if self.sessions_dirs else None,
             "sessions_dirs": [str(folder) for folder in self.sessions_dirs],
             **totals,
-            "llm_mode": self.llm.mode, "llm_model": self.settings.llm.model,
+            "llm_mode": self.llm.mode, "llm_model": self.settings.llm.model, "llm_last_call": self.llm_last_call(),
             "consolidation_mode": self.mode, "scanning": self.last_reconcile is None,
             "agent": self.agent.to_json(),
-            "budget": self.settings.budget, "flush_threshold": self.settings.flush_threshold,
+            **self.budgets(),
             "last_reconcile": iso_local(self.last_reconcile), "last_reconcile_seconds": self.last_reconcile_seconds,
             "scan_errors": self.scan_errors, "torn_lines": self.torn_lines,
         }
