@@ -44,8 +44,9 @@ def headline(run: Mapping[str, Any]) -> str:
     return f"{name}: {format_cell(state)} ({format_cell(outcome)}){took}"
 
 
-def progress_text(run: Mapping[str, Any], elapsed: float | None = None) -> str:
-    """`running, archiving 2/5, 3.4s`: the phase, the job's own step and the time so far."""
+def progress_text(run: Mapping[str, Any], elapsed: float | None = None, *, with_time: bool = True) -> str:
+    """`running, archiving 2/5, 3.4s`: the phase, the job's own step and the time so far (not *with_time*:
+    without the time, which the progress line keeps apart so that a cut never drops it)."""
     progress = run.get("progress") or {}
     parts = [PHASES.get(str(progress.get("phase") or run.get("state")), str(progress.get("phase") or "waiting"))]
     step = progress.get("step")
@@ -54,7 +55,7 @@ def progress_text(run: Mapping[str, Any], elapsed: float | None = None) -> str:
         count = f" {done + 1}/{total}" if isinstance(done, int) and isinstance(total, int) and done < total else ""
         parts.append(f"{format_cell(step)}{count}")
     seconds = elapsed if elapsed is not None else progress.get("elapsed_seconds")
-    if seconds is not None:
+    if seconds is not None and with_time:
         parts.append(format_seconds(seconds))
     return ", ".join(parts)
 
