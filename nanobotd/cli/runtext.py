@@ -15,7 +15,8 @@ CHANGE_LABELS = (("entries_added", "history entries added"), ("entries_removed",
                  ("messages_archived", "messages archived"), ("messages_unarchived", "messages unarchived"),
                  ("bullets_added", "bullets added"), ("notes_moved", "notes moved"),
                  ("notes_deleted", "notes deleted"), ("backups_pruned", "run backups pruned"),
-                 ("files_indexed", "files indexed"), ("units_indexed", "search units indexed"))
+                 ("files_indexed", "files indexed"), ("units_indexed", "search units indexed"),
+                 ("dream_cursor", "dream cursor"))
 OPEN_STATES = ("queued", "started")
 PHASES = {"queued": "queued", "started": "running", "running": "running", "waiting_for_llm": "waiting for an LLM slot"}
 
