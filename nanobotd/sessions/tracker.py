@@ -87,6 +87,9 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
         # loop iterating `sessions` (GET /v1/sessions, status) always walks a consistent snapshot.
         self.sessions: dict[str, SessionState] = {}
         self.large_messages = 0
+        # per session, digest -> leading characters of that message the agent's own cut [RAW] entry holds: an
+        # archive run archives only the rest of it (not kept across restarts: the whole message then)
+        self.agent_held: dict[str, dict[str, int]] = {}
         self._lock = threading.RLock()
         self._keys_by_path: dict[Path, str] = {}
         # sessions whose caches are in memory, last used last, with when (self.clock) they were last used and
