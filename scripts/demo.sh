@@ -15,11 +15,21 @@ VENV=${NANOBOTD_DEMO_VENV:-$REPO/.venv}
 
 install_venv() {
   # Two demos started together share .venv: one installs while the other waits.
-  if command -v flock >/dev/null; then exec 9>"$REPO/.venv.lock" && flock 9; fi
+  if command -v flock >/dev/null; then
+    exec 9>"$REPO/.venv.lock"
+    flock -n 9 || { echo "waiting for another demo to finish installing into .venv ..."; flock 9; }
+  fi
   [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
   if [ ! -e .venv/.demo-installed ] || [ pyproject.toml -nt .venv/.demo-installed ]; then
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]' >.venv/install.log 2>&1 \
-      || { cat .venv/install.log; exit 1; }
+    # The first install takes a minute or two: say so, and show each package as pip gets to it.
+    echo "installing nanobotd and its dependencies into .venv (first run: a minute or two; log: .venv/install.log)"
+    if ! .venv/bin/python -m pip install --progress-bar off --disable-pip-version-check -e '.[test]' 2>&1 \
+        | tee .venv/install.log \
+        | awk '/^(Collecting|Installing collected|Successfully installed)/ { print "  " substr($0, 1, 76); fflush() }'
+    then
+      echo "pip install failed: see .venv/install.log" >&2
+      exit 1
+    fi
     touch .venv/.demo-installed
   fi
   if command -v flock >/dev/null; then flock -u 9; fi

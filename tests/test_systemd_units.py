@@ -68,6 +68,12 @@ def test_the_system_unit_has_the_settings_the_daemon_relies_on() -> None:
         assert only(unit, "Service", key) == value, key
     assert only(unit, "Service", "ExecStart") == "/usr/local/bin/nanobotd run --config /etc/nanobotd/config.toml"
     assert unit["Service"]["ReadWritePaths"], "the workspace needs to be writable under ProtectSystem=strict"
+    assert not [path for path in unit["Service"]["ReadWritePaths"] if path.startswith("-")], \
+        "a '-' lets an unedited unit start with the workspace read-only"
+    documents = " ".join(unit["Unit"]["Documentation"]).split()
+    assert documents and all(uri.startswith("file:///usr/share/doc/nanobotd/") for uri in documents)
+    assert "file:///usr/share/doc/nanobotd/nanobot-compat.md" in documents  # docs/*.md, installed as it says
+    assert (UNIT_DIR.parent / "docs" / "nanobot-compat.md").is_file() and "docs/*.md" in text
     assert unit["Service"]["SystemCallFilter"] == SYSCALL_FILTERS
     assert "IPAddressDeny" not in unit["Service"] and "PrivateNetwork" not in unit["Service"]
     assert "nanobotd-qmd.conf" in text and "JIT" in text  # how QMD gets its writable+executable memory back
@@ -81,7 +87,8 @@ def test_the_user_unit_runs_as_the_calling_user_from_the_home_directory() -> Non
         assert only(unit, "Service", key) == value, key
     assert "User" not in unit["Service"] and "Group" not in unit["Service"]
     assert only(unit, "Service", "ExecStart").startswith("%h/")
-    assert "%h/.config/nanobotd/config.toml" in only(unit, "Service", "ExecStart")
+    assert only(unit, "Service", "ExecStart") == "%h/.local/bin/nanobotd run"  # no config file needed (the
+    # default one when there is one, else nanobot's own workspace): `--config F` exits 2 when F is missing
     assert only(unit, "Install", "WantedBy") == "default.target"
     assert unit["Service"]["SystemCallFilter"] == SYSCALL_FILTERS
     text = USER_UNIT.read_text()

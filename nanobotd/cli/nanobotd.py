@@ -26,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nanobotd", description="Memory daemon for nanobot workspaces.")
     parser.add_argument("--version", action="version", version=f"nanobotd {__version__}")
     parser.add_argument("--config", type=Path, metavar="FILE",
-                        help="config file (default: XDG or /etc/nanobotd/config.toml)")
+                        help="config file (default: $XDG_CONFIG_HOME/nanobotd/config.toml, else "
+                             "/etc/nanobotd/config.toml; with none, nanobot's workspace from ~/.nanobot/config.json)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", help="what to do (default: run)")
     # `nanobotd --config F` has none of the sub-command's options: give them run's defaults.
     parser.set_defaults(command="run", sub_config=None, workspace=[], polling=False)
@@ -36,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--config", type=Path, dest="sub_config", metavar="FILE",
                              help="config file (overrides a --config given before the command)")
         command.add_argument("--workspace", action="append", default=[], metavar="DIR",
-                             help="manage this workspace (repeatable; works without a config file)")
+                             help="manage this workspace instead of the config file's (repeatable; the rest of the "
+                                  "file still applies, and a workspace it configures keeps its settings)")
     run.add_argument("--polling", action="store_true", help="use the polling observer instead of inotify")
     return parser
 
@@ -58,10 +60,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def config_warnings(config) -> list[str]:
-    """What a valid config still gets wrong: an LLM configured whose API key variable is not set (a server
-    on this machine, as llm.api_base, usually needs none)."""
+    """What a valid config still gets wrong: a workspace folder that does not exist, an LLM configured whose
+    API key variable is not set (a server on this machine, as llm.api_base, usually needs none)."""
     warnings = []
     for workspace in config.workspaces:
+        if not workspace.path.is_dir():
+            warnings.append(f"workspace {workspace.name}: folder {workspace.path} does not exist: nothing there is "
+                            f"managed until it is created (a typo in its path?)")
         llm = workspace.llm
         host = urlsplit(llm.api_base).hostname if llm.api_base else None
         if llm.model.lower() == "none" or workspace.api_key or host in LOCAL_HOSTS:
@@ -87,6 +92,7 @@ def run_daemon(config, *, polling: bool = False) -> int:
     from nanobotd.daemon.lock import AlreadyRunning
     from nanobotd.notify import Notifier
 
+    logger.info("{}", config.origin)
     for warning in config_warnings(config):
         logger.warning("{}", warning)
     daemon = Daemon(config, notifier=Notifier(dict(os.environ)), polling=polling, counting=counting)

@@ -15,7 +15,8 @@ CHANGE_LABELS = (("entries_added", "history entries added"), ("entries_removed",
                  ("messages_archived", "messages archived"), ("messages_unarchived", "messages unarchived"),
                  ("bullets_added", "bullets added"), ("notes_moved", "notes moved"),
                  ("notes_deleted", "notes deleted"), ("backups_pruned", "run backups pruned"),
-                 ("files_indexed", "files indexed"), ("units_indexed", "search units indexed"))
+                 ("files_indexed", "files indexed"), ("units_indexed", "search units indexed"),
+                 ("dream_cursor", "dream cursor"))
 OPEN_STATES = ("queued", "started")
 PHASES = {"queued": "queued", "started": "running", "running": "running", "waiting_for_llm": "waiting for an LLM slot"}
 
@@ -44,8 +45,9 @@ def headline(run: Mapping[str, Any]) -> str:
     return f"{name}: {format_cell(state)} ({format_cell(outcome)}){took}"
 
 
-def progress_text(run: Mapping[str, Any], elapsed: float | None = None) -> str:
-    """`running, archiving 2/5, 3.4s`: the phase, the job's own step and the time so far."""
+def progress_text(run: Mapping[str, Any], elapsed: float | None = None, *, with_time: bool = True) -> str:
+    """`running, archiving 2/5, 3.4s`: the phase, the job's own step and the time so far (not *with_time*:
+    without the time, which the progress line keeps apart so that a cut never drops it)."""
     progress = run.get("progress") or {}
     parts = [PHASES.get(str(progress.get("phase") or run.get("state")), str(progress.get("phase") or "waiting"))]
     step = progress.get("step")
@@ -54,7 +56,7 @@ def progress_text(run: Mapping[str, Any], elapsed: float | None = None) -> str:
         count = f" {done + 1}/{total}" if isinstance(done, int) and isinstance(total, int) and done < total else ""
         parts.append(f"{format_cell(step)}{count}")
     seconds = elapsed if elapsed is not None else progress.get("elapsed_seconds")
-    if seconds is not None:
+    if seconds is not None and with_time:
         parts.append(format_seconds(seconds))
     return ", ".join(parts)
 

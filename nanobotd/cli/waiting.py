@@ -12,7 +12,7 @@ from typing import TextIO
 from urllib.parse import quote
 
 from nanobotd.cli.invocation import Invocation
-from nanobotd.cli.runtext import OPEN_STATES, progress_text
+from nanobotd.cli.runtext import OPEN_STATES, format_seconds, progress_text
 
 POLL_SECONDS = 0.2  # each poll waits this long in the daemon for the run's end (wait_ms), then asks again
 REDRAW_SECONDS = 0.1  # on a terminal, the progress line is redrawn (and the run asked) this often
@@ -35,12 +35,15 @@ class ProgressLine:
         self.enabled = is_terminal(stream)
         self.shown = False
 
-    def show(self, text: str) -> None:
-        """Replace the line with *text*, cut to the terminal's width so it never wraps."""
+    def show(self, text: str, tail: str = "") -> None:
+        """Replace the line with *text* then *tail*, cut to the terminal's width so it never wraps: *text* is
+        cut (marked with '~'), never *tail* (the time so far, what tells a waiting user the run is alive)."""
         if not self.enabled:
             return
-        width = _terminal_width(self.stream)
-        self.stream.write("\r" + text[:max(10, width - 1)] + "\x1b[K")
+        room = max(10, _terminal_width(self.stream) - 1) - len(tail)
+        if len(text) > room:
+            text = text[:max(0, room - 1)] + "~"
+        self.stream.write("\r" + text + tail + "\x1b[K")
         self.stream.flush()
         self.shown = True
 
@@ -95,7 +98,8 @@ def _wait_for_run(invocation: Invocation, run_id: str, line: ProgressLine) -> di
         now = time.monotonic()
         if offset is None:
             offset = float((run.get("progress") or {}).get("elapsed_seconds") or 0.0)
-        line.show(f"{run.get('kind', 'run')} {run_id}: {progress_text(run, offset + now - began)}")
+        line.show(f"{run.get('kind', 'run')} {run_id}: {progress_text(run, with_time=False)}",
+                  f", {format_seconds(offset + now - began)}")
         # a daemon that answers at once (one that does not wait) is asked no faster than before
         time.sleep(max(0.0, wait - (now - asked)))
 

@@ -59,6 +59,8 @@ class Config:
     state_dir: Path
     socket_path: Path
     source: Path | None = None
+    workspace_args: tuple[str, ...] = ()
+    origin: str = ""
     under_systemd: bool = False
     environ: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
@@ -75,6 +77,7 @@ class Config:
 
         return {
             "source": str(self.source) if self.source else None,
+            "origin": self.origin,
             "state_dir": str(self.state_dir),
             "socket": str(self.socket_path),
             "daemon": plain(self.daemon),
@@ -88,19 +91,39 @@ def load_config(
     workspace_args: list[str] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Config:
-    """Read the config file (or none) and build the effective Config; raise ConfigError on any mistake."""
+    """Read the config file (the default one when none is named) and build the effective Config, --workspace
+    arguments over the file's workspaces; with no workspace from either, nanobot's own (paths.nanobot_workspace).
+    Raise ConfigError on any mistake."""
     environ = dict(os.environ if environ is None else environ)
-    data: dict = {}
-    source = config_path
-    if source is None and not workspace_args:
-        source = paths.default_config_path(environ)
-    if source is not None:
-        data = _read_toml(Path(source).expanduser())
-    return build_config(data, source=source, workspace_args=workspace_args or [], environ=environ)
+    source = Path(config_path).expanduser() if config_path is not None else paths.default_config_path(environ)
+    data = _read_toml(source) if source is not None else {}
+    workspace_args = list(workspace_args or [])
+    if not workspace_args and not data.get("workspaces"):
+        workspace, nanobot_config = paths.nanobot_workspace(environ)
+        if not workspace.is_dir():
+            where = f"config file {source}" if source else "no config file found"
+            read = f"{nanobot_config} names" if nanobot_config else "nanobot's default is"
+            raise ConfigError(f"workspaces: no workspace configured ({where}; {read} {workspace}, which does "
+                              f"not exist): add a [[workspaces]] table or pass --workspace DIR")
+        config = build_config(data, source=source, workspace_args=[str(workspace)], environ=environ)
+        named_by = f"named by {nanobot_config}" if nanobot_config else "nanobot's default"
+        return dataclasses.replace(config, workspace_args=(), origin=(
+            f"{_file_origin(source)}; workspace {workspace} ({named_by}: no workspace configured)"))
+    config = build_config(data, source=source, workspace_args=workspace_args, environ=environ)
+    origin = _file_origin(source)
+    if workspace_args:
+        origin += f"; --workspace {' '.join(workspace_args)} over the file's workspaces"
+    return dataclasses.replace(config, origin=origin)
+
+
+def _file_origin(source: Path | None) -> str:
+    """The start-up log's first words on where the settings came from."""
+    return f"config file {source} read" if source is not None else "no config file found (defaults apply)"
 
 
 def build_config(data: dict, *, source: Path | None, workspace_args: list[str], environ: Mapping[str, str]) -> Config:
-    """Validate parsed TOML *data* and resolve paths against *environ*."""
+    """Validate parsed TOML *data* and resolve paths against *environ*. Workspace arguments replace the file's
+    workspaces; one naming a configured workspace's folder keeps that workspace's name and settings."""
     known = {"daemon", "workspaces", *WORKSPACE_TABLES}
     for key in data:
         if key not in known:
@@ -112,8 +135,9 @@ def build_config(data: dict, *, source: Path | None, workspace_args: list[str], 
     if not isinstance(raw_workspaces, list):
         raise ConfigError("workspaces: expected an array of tables ([[workspaces]])")
     base = Path(source).expanduser().absolute().parent if source else None
-    bases = [base] * len(raw_workspaces) + [None] * len(workspace_args)
-    raw_workspaces = list(raw_workspaces) + [{"path": path} for path in workspace_args]
+    bases = [base] * len(raw_workspaces)
+    if workspace_args:
+        raw_workspaces, bases = _argument_workspaces(workspace_args, raw_workspaces, base)
     if not raw_workspaces:
         raise ConfigError("workspaces: no workspace configured (add a [[workspaces]] table or pass --workspace DIR)")
     workspaces = []
@@ -137,9 +161,26 @@ def build_config(data: dict, *, source: Path | None, workspace_args: list[str], 
         state_dir=state_dir,
         socket_path=socket_path,
         source=Path(source) if source else None,
+        workspace_args=tuple(workspace_args),
         under_systemd=bool(environ.get("INVOCATION_ID") or environ.get("NOTIFY_SOCKET")),
         environ=environ,
     )
+
+
+def _argument_workspaces(workspace_args: list[str], raw_workspaces: list, base: Path | None) -> tuple[list, list]:
+    """The workspaces --workspace names, each as the file's own table when the file configures that folder
+    (its name, LLM and the rest kept), else a bare one under the file's global tables."""
+    configured = {}
+    for index, raw in enumerate(raw_workspaces):
+        if isinstance(raw, dict) and isinstance(raw.get("path"), str) and raw["path"].strip():
+            folder = resolve_path(raw["path"], f"workspaces[{index}].path", base).resolve()
+            configured.setdefault(folder, raw)
+    chosen, bases = [], []
+    for argument in workspace_args:
+        raw = configured.get(resolve_path(argument, "--workspace", None).resolve())
+        chosen.append(raw if raw is not None else {"path": argument})
+        bases.append(base if raw is not None else None)
+    return chosen, bases
 
 
 def _read_toml(path: Path) -> dict:

@@ -13,6 +13,9 @@ from pathlib import Path
 APP = "nanobotd"
 SOCKET_NAME = "nanobotd.sock"
 SYSTEM_CONFIG = Path("/etc/nanobotd/config.toml")
+NANOBOT_CONFIG = Path(".nanobot") / "config.json"  # under $HOME: where `nanobot onboard` writes it
+NANOBOT_WORKSPACE = Path(".nanobot") / "workspace"  # nanobot's own default when its config names none
+MAX_NANOBOT_CONFIG_BYTES = 4 * 1024 * 1024
 
 
 def default_config_path(environ: Mapping[str, str]) -> Path | None:
@@ -25,6 +28,33 @@ def default_config_path(environ: Mapping[str, str]) -> Path | None:
         if candidate.is_file():
             return candidate
     return None
+
+
+def nanobot_workspace(environ: Mapping[str, str]) -> tuple[Path, Path | None]:
+    """The workspace nanobot itself uses, as `agents.defaults.workspace` in ~/.nanobot/config.json names it
+    (nanobot's default ~/.nanobot/workspace when the file names none), and the config.json read (None when
+    there is none): the embedded default of a daemon started with no config file and no --workspace."""
+    import json
+
+    home = Path(environ.get("HOME", "~")).expanduser()
+    config_json = home / NANOBOT_CONFIG
+    try:
+        if config_json.stat().st_size > MAX_NANOBOT_CONFIG_BYTES:
+            return home / NANOBOT_WORKSPACE, config_json
+        data = json.loads(config_json.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return home / NANOBOT_WORKSPACE, None
+    except (OSError, ValueError):
+        return home / NANOBOT_WORKSPACE, config_json
+    agents = data.get("agents") if isinstance(data, dict) else None
+    defaults = agents.get("defaults") if isinstance(agents, dict) else None
+    named = defaults.get("workspace") if isinstance(defaults, dict) else None
+    if not isinstance(named, str) or not named.strip():
+        return home / NANOBOT_WORKSPACE, config_json
+    workspace = Path(named.strip())
+    if named.strip().startswith("~"):
+        workspace = home / Path(named.strip()[1:].lstrip("/"))
+    return (workspace if workspace.is_absolute() else home / workspace), config_json
 
 
 def default_state_dir(environ: Mapping[str, str]) -> Path:

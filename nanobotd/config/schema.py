@@ -58,6 +58,8 @@ class ConsolidationSettings:
     agent_grace_seconds: float = 180.0
     agent_base_tokens: int = 9000  # the agent's system prompt and tool schemas until its first compaction is seen
     flush_idle_margin_seconds: float = 120.0
+    flush_retries: int = 3  # a flush whose LLM call failed is tried again this often before the compaction
+    flush_retry_seconds: float = 30.0  # after the first failure; doubled after each further one
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from loguru import logger
 from nanobotd.daemon import indexing, runs
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.workspace import Workspace
-from nanobotd.memory.agent_history import HistoryFollower, is_agent_entry, is_truncated_raw, kept_by_raw
+from nanobotd.memory.agent_history import HistoryFollower, is_agent_entry, is_truncated_raw, kept_of_cut
 from nanobotd.memory.history import HistoryEntry, history_path, largest_cursor_in_file
 
 RESCUE_MEMORY_SECONDS = 3600.0  # how long a rescue is remembered, to count a late agent entry as twice
@@ -113,10 +113,12 @@ def _agent_archived(core: Core, workspace: Workspace, key: str, entries: list[Hi
         return
     cut = next((entry for entry in entries if is_truncated_raw(entry.content)), None)
     kept = len(vanished)
-    if cut is not None:  # how many the cut entry kept is found in their texts
+    if cut is not None:  # how many the cut entry kept is found in their texts, and how much of the next one
         messages = [message for _, message, _ in workspace.tracker.pending(key, vanished_only=True)]
         vanished = [message.digest for message in messages]
-        kept = kept_by_raw(cut.content, [message.text for message in messages])
+        kept, held_chars = kept_of_cut(cut.content, [message.text for message in messages])
+        if held_chars and kept < len(vanished):
+            workspace.tracker.agent_held.setdefault(key, {})[vanished[kept]] = held_chars
     workspace.tracker.drop_agent_archived(key, vanished[:kept])
     if kept < len(vanished):
         dropped = vanished[kept:]

@@ -235,8 +235,7 @@ class Daemon:
         self.notifier.reloading()
         try:
             new_config = load_config(self.config.source, environ=self.config.environ,
-                                     workspace_args=None if self.config.source else
-                                     [str(settings.path) for settings in self.config.workspaces])
+                                     workspace_args=list(self.config.workspace_args))
         except ConfigError as exc:
             logger.error("reload refused, keeping the running config: {}", exc)
             self.notifier.ready()

@@ -13,11 +13,13 @@ from nanobotd.jobs.consolidate.archive import chunk_cursors
 from nanobotd.state.store import RunRecord
 
 HISTORY_FILE = "memory/history.jsonl"
+DREAM_CURSOR_FILE = "memory/.dream_cursor"
 CHANGE_LABELS = (("entries_added", "history entries added"), ("entries_removed", "history entries removed"),
                  ("messages_archived", "messages archived"), ("messages_unarchived", "messages unarchived"),
                  ("bullets_added", "bullets added"), ("notes_moved", "notes moved"),
                  ("notes_deleted", "notes deleted"), ("backups_pruned", "run backups pruned"),
-                 ("files_indexed", "files indexed"), ("units_indexed", "search units indexed"))
+                 ("files_indexed", "files indexed"), ("units_indexed", "search units indexed"),
+                 ("dream_cursor", "dream cursor"))
 
 
 def changes(run: RunRecord) -> dict:
@@ -98,7 +100,14 @@ def _dream(manifest: dict) -> dict:
     compacted = manifest.get("history_compacted") or {}
     removed = int(compacted.get("removed") or 0) if isinstance(compacted, dict) else 0
     files = list(manifest.get("files_changed") or {})
-    return {"entries_removed": removed, "files": files + ([HISTORY_FILE] if removed else []),
+    before, after = manifest.get("cursor_before"), manifest.get("cursor_after")
+    moved = isinstance(before, int) and isinstance(after, int) and after != before
+    cursor = None
+    if moved:  # a dream that read entries with nothing new for the memory files moves only its cursor: say so
+        cursor = f"{before} -> {after}" + ("" if files else " only (no memory file changed: the entries read "
+                                                            "held nothing new for them)")
+    return {"entries_removed": removed, "dream_cursor": cursor,
+            "files": files + ([HISTORY_FILE] if removed else []) + ([DREAM_CURSOR_FILE] if moved else []),
             "commits": [manifest.get("commit")]}
 
 

@@ -150,7 +150,7 @@ def trigger(core: Core, workspace: Workspace, key: str, *, vanished: int = 0) ->
         return
     for kind, reason in workspace.due_jobs(key, vanished):
         if kind == "flush":
-            runs.submit(core, workspace, "flush", session_key=key)
+            submit_flush(core, workspace, key)
         else:
             submit_consolidate(core, workspace, key, reason=reason)
 
@@ -163,9 +163,32 @@ def trigger_idle(core: Core) -> None:
             if core.queue.busy(workspace.name, f"session:{key}"):
                 continue
             if kind == "flush":
-                runs.submit(core, workspace, "flush", session_key=key)
+                submit_flush(core, workspace, key)
             else:
                 submit_consolidate(core, workspace, key, reason="idle")
+
+
+def submit_flush(core: Core, workspace: Workspace, key: str) -> str:
+    """Queue a flush of session *key*; one whose LLM call failed is submitted again when its backoff has
+    passed, while the cycle lasts (the agent's compaction, or nanobotd's, ends it)."""
+    return runs.submit(core, workspace, "flush", session_key=key,
+                       on_done=lambda: _retry_flush_later(core, workspace, key))
+
+
+def _retry_flush_later(core: Core, workspace: Workspace, key: str) -> None:
+    session = workspace.tracker.sessions.get(key)
+    if session is None or not session.flush_failures or session.flush_failures > \
+            workspace.settings.consolidation.flush_retries:
+        return
+    delay = max(0.0, session.flush_retry_at - core.clock())
+    logger.info("workspace {}: flush of {} failed ({} so far this cycle); trying again in {:.0f}s",
+                workspace.name, key, session.flush_failures, delay)
+
+    def retry() -> None:
+        if core.queue is not None and core.queue.accepting and workspace.may_flush(key):
+            submit_flush(core, workspace, key)
+
+    asyncio.get_running_loop().call_later(delay, retry)
 
 
 def submit_consolidate(core: Core, workspace: Workspace, key: str, *, reason: str) -> str:

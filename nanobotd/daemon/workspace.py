@@ -233,9 +233,17 @@ class Workspace:
         return jobs
 
     def _may_flush(self, session) -> bool:
-        """Flush once per compaction cycle, with an LLM, when there is something unarchived to read."""
+        """Flush once per compaction cycle, with an LLM, when there is something unarchived to read; after a
+        failed LLM call, again once its backoff has passed, a bounded number of times."""
         return (self.settings.consolidation.flush and not self.llm.offline and session.unarchived_messages > 0
-                and session.flushed_cycle != session.cycle)
+                and session.flushed_cycle != session.cycle
+                and session.flush_failures <= self.settings.consolidation.flush_retries
+                and self.clock() >= session.flush_retry_at)
+
+    def may_flush(self, key: str) -> bool:
+        """Session *key* may be flushed now (see _may_flush)."""
+        session = self.tracker.sessions.get(key)
+        return session is not None and not session.skipped and self._may_flush(session)
 
     def agent_prompt_tokens(self, key: str) -> int:
         """The agent's prompt as it counts it: its base (system prompt, tools) plus the unarchived tail."""
@@ -251,6 +259,21 @@ class Workspace:
         room its base leaves for the conversation when that room is small (its next turn must still fit)."""
         room = max(0, self.agent.budget - self.agent_base_tokens)
         return self.agent.budget - min(self.settings.consolidation.soft_threshold, room // 2)
+
+    def budgets(self) -> dict:
+        """The budget and flush threshold that decide this workspace's jobs, and whose they are: beside an agent
+        that archives by itself (companion) the agent's prompt against its own budget, else nanobotd's tail
+        against the one [llm] gives."""
+        if self.mode == "companion":
+            return {"budget": self.agent.budget, "flush_threshold": self.agent_flush_threshold(),
+                    "budget_source": f"the agent's ({self.agent.path or 'nanobot defaults'}), against its prompt"}
+        return {"budget": self.settings.budget, "flush_threshold": self.settings.flush_threshold,
+                "budget_source": "nanobotd's [llm] context_window - max_tokens - 1024, against the unarchived tail"}
+
+    def llm_last_call(self) -> dict | None:
+        """The last LLM call's outcome and time (None before the first): `online` says only that one is set."""
+        last = self.llm.last_call
+        return None if last is None else dict(last, at=iso_local(last["at"]))
 
     def learn_agent_base(self, tail_before: int) -> None:
         """The agent just compacted: its prompt had reached its budget, so its base is what the tail did not fill.
@@ -295,10 +318,10 @@ class Workspace:
             "sessions_dir": str(self.sessions_dirs[0]) if self.sessions_dirs else None,
             "sessions_dirs": [str(folder) for folder in self.sessions_dirs],
             **totals,
-            "llm_mode": self.llm.mode, "llm_model": self.settings.llm.model,
+            "llm_mode": self.llm.mode, "llm_model": self.settings.llm.model, "llm_last_call": self.llm_last_call(),
             "consolidation_mode": self.mode, "scanning": self.last_reconcile is None,
             "agent": self.agent.to_json(),
-            "budget": self.settings.budget, "flush_threshold": self.settings.flush_threshold,
+            **self.budgets(),
             "last_reconcile": iso_local(self.last_reconcile), "last_reconcile_seconds": self.last_reconcile_seconds,
             "scan_errors": self.scan_errors, "last_scan_error": self.last_scan_error, "torn_lines": self.torn_lines,
             "held_elsewhere": self.held_elsewhere,

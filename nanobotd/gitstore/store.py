@@ -30,6 +30,10 @@ CONTENT_FILES = ("SOUL.md", "USER.md", "memory/MEMORY.md")
 CURSOR_FILE = "memory/.dream_cursor"
 TRACKED_FILES = (*CONTENT_FILES, CURSOR_FILE)
 GITIGNORE_NAME = ".gitignore"
+# Files nanobotd leaves in memory/ that are no memory: ignored through the repository's own exclude file,
+# which is not tracked, so nanobot's .gitignore (a tracked file) is never changed for them.
+EXCLUDE_NAME = Path("info") / "exclude"
+EXCLUDED = ("/memory/.history.lock",)
 INIT_MESSAGE = "init: nanobot memory store"
 SNAPSHOT_TRAILER = "Nanobot-Snapshot"
 SNAPSHOT_SUMMARY = "snapshot edits made outside the dream"
@@ -86,6 +90,7 @@ class GitStore:
             except (git.exc.GitError, OSError) as exc:
                 return self._unavailable(f"git init failed: {describe_error(exc)}")
         self.available, self.reason = True, ""
+        self._exclude_own_files()
         try:
             with self._repo() as repo:
                 if not repo.head.is_valid():
@@ -93,6 +98,19 @@ class GitStore:
         except GitStoreError as exc:
             return self._unavailable(str(exc))
         return True
+
+    def _exclude_own_files(self) -> None:
+        """Keep nanobotd's lock file out of `git status` (nanobot's rules track the whole memory/ folder)."""
+        path = self.workspace / ".git" / EXCLUDE_NAME
+        try:
+            existing = path.read_text(encoding="utf-8") if path.exists() else ""
+            missing = [line for line in EXCLUDED if line not in existing.splitlines()]
+            if missing:
+                text = existing if not existing or existing.endswith("\n") else existing + "\n"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fsio.atomic_write(path, text + "".join(line + "\n" for line in missing), root=path.parent)
+        except OSError as exc:  # a .git that is a file (a worktree) or read-only: status shows the lock, no harm
+            logger.debug("cannot write {}: {}", path, exc)
 
     def _unavailable(self, reason: str) -> bool:
         logger.warning("git store for {} is unavailable ({}); dream keeps file backups only", self.workspace, reason)

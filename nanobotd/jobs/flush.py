@@ -101,6 +101,7 @@ async def flush_session(
         reply = await llm.complete(prompt["messages"], max_tokens=REPLY_MAX_TOKENS, temperature=0.0)
     except LLMError as exc:
         meter.add_error(exc)
+        manifest["llm_failed"] = True  # the cycle's flush is still owed: `run` has it tried again
         return _finish(ws, store, run_id, manifest, meter, "error", f"LLM failed: {exc}")
     meter.add(reply)
     try:
@@ -326,12 +327,23 @@ KIND = FLUSH_KIND
 
 
 async def run(env: JobEnv, run_id: str, *, session_key: str) -> dict:
-    """Flush the session's unarchived messages still in its file, once per compaction cycle."""
+    """Flush the session's unarchived messages still in its file, once per compaction cycle. A flush whose LLM
+    call failed does not use the cycle's flush up: it may be tried again after a backoff (`retry_delay`)."""
     messages = [message for _, message, present in env.tracker.pending(session_key) if present]
     manifest = await flush_session(env.settings, messages, session_key=session_key, llm=env.llm, store=env.store,
                                    run_id=run_id, now=env.now())
-    env.tracker.set_cycle(session_key, flushed=True)
+    if manifest.get("llm_failed"):
+        failures = env.tracker.sessions[session_key].flush_failures + 1
+        env.tracker.flush_failed(session_key, env.clock() + retry_delay(env.settings, failures))
+    else:
+        env.tracker.set_cycle(session_key, flushed=True)
     return manifest
+
+
+def retry_delay(ws: WorkspaceSettings, failures: int) -> float:
+    """Seconds before a flush that failed *failures* times this cycle is tried again: doubled each time."""
+    return ws.consolidation.flush_retry_seconds * 2 ** max(0, failures - 1)
+
 
 
 def recover(env: JobEnv, run: RunRecord) -> str:

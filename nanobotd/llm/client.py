@@ -10,6 +10,7 @@ What a reply holds lives in `llm.reply`; how a call fails and when to retry, in 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -58,6 +59,8 @@ class LLMClient:
         # process's shared worker (`llm.pool`), which embeddings use too, even offline.
         self._hold = None if worker is not None else WorkerHold(self, settings.idle_exit_seconds)
         self.worker = worker if worker is not None else self._hold.worker
+        # The last call's outcome, for status: a model configured says nothing of whether calls get through.
+        self.last_call: dict[str, Any] | None = None
 
     @property
     def offline(self) -> bool:
@@ -88,14 +91,19 @@ class LLMClient:
         while True:
             attempt += 1
             try:
-                return await self._attempt(request, attempt_timeout, attempt)
+                reply = await self._attempt(request, attempt_timeout, attempt)
             except LLMBadResponse as error:
                 failure = Failure(BAD_RESPONSE, error)
             except WorkerFailure as error:  # CancelledError is a BaseException and passes through
                 failure = error.failure
+            else:
+                self.last_call = {"ok": True, "at": time.time(), "error": None}
+                return reply
             bad_responses += failure.kind == BAD_RESPONSE
             if not may_retry(failure, attempt, self.settings.max_retries, bad_responses):
-                raise final_error(failure, attempt, self._describe(failure.error)) from failure.error
+                error = final_error(failure, attempt, self._describe(failure.error))
+                self.last_call = {"ok": False, "at": time.time(), "error": str(error)[:ERROR_TEXT_LIMIT]}
+                raise error from failure.error
             delay = retry_delay(attempt, failure.retry_after)
             logger.warning(
                 "LLM call failed ({} {}: {}); attempt {} of {}, retrying in {:.1f}s",

@@ -7,11 +7,13 @@ mend a `[RAW]` entry the agent cut at its cap (`... (truncated)`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 from nanobotd import fsio
 from nanobotd.memory.history import HistoryEntry, history_path, parse_entry
+from nanobotd.memory.transcript import PendingMessage
 
 RAW_PREFIX = "[RAW]"
 TRUNCATED_SUFFIX = "... (truncated)"
@@ -28,10 +30,16 @@ def is_truncated_raw(content: str) -> bool:
 
 
 def kept_by_raw(content: str, texts: list[str]) -> int:
-    """How many of the messages (by text, in order) a cut [RAW] entry holds whole; the rest were dropped.
+    """How many of the messages (by text, in order) a cut [RAW] entry holds whole; the rest were dropped."""
+    return kept_of_cut(content, texts)[0]
+
+
+def kept_of_cut(content: str, texts: list[str]) -> tuple[int, int]:
+    """How many of the messages (by text, in order) a cut [RAW] entry holds whole, and how many leading
+    characters of the next one's text it holds (the cut fell inside that message: only the rest was dropped).
 
     A message counts as held when its whole text appears after the previous one; the first that does not
-    marks the cut, and everything from it on was dropped.
+    marks the cut, and everything from it on was dropped, but for the start of that one before the cut.
     """
     body = content[:len(content.rstrip()) - len(TRUNCATED_SUFFIX)] if is_truncated_raw(content) else content
     position = 0
@@ -41,9 +49,31 @@ def kept_by_raw(content: str, texts: list[str]) -> int:
             continue
         found = body.find(text, position)
         if found < 0:
-            return index
+            return index, _held_start(body[position:].rstrip(), texts[index])
         position = found + len(text)
-    return len(texts)
+    return len(texts), 0
+
+
+def _held_start(rest: str, text: str) -> int:
+    """The characters of *text* that *rest* (the cut entry after the last message held whole) ends with: its
+    line `[stamp] ROLE: ` then the start of *text* (0 when the cut fell before any of it)."""
+    start = rest.find(": ")
+    while start >= 0:
+        held = rest[start + 2:]
+        if held and text.startswith(held):
+            return len(held)
+        start = rest.find(": ", start + 1)
+    return 0
+
+
+def dropped_part(message: PendingMessage, held_chars: int) -> PendingMessage:
+    """*message* as nanobotd archives it when the agent's cut [RAW] entry holds its first *held_chars*
+    characters: only the rest, saying where it continues from, so no part of it is archived twice."""
+    if held_chars <= 0 or held_chars >= len(message.text):
+        return message
+    rest = message.text[held_chars:]
+    note = f"(continued: the agent's own [RAW] entry holds the first {held_chars} characters) "
+    return dataclasses.replace(message, text=note + rest)
 
 
 class HistoryFollower:

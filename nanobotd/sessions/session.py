@@ -50,6 +50,9 @@ class SessionState:
     gone: set[str] | None = None
     tail: Tail | None = None
     spool: dict[str, int] | None = None
+    # this cycle's flushes whose LLM call failed, and when the next may be tried (not kept across restarts)
+    flush_failures: int = 0
+    flush_retry_at: float = 0.0
 
     @property
     def skipped(self) -> bool:

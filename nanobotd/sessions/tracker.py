@@ -47,6 +47,7 @@ from nanobotd.sessions.session import (
 )
 from nanobotd.sessions.spoolreads import SpoolReads
 from nanobotd.state import bulk
+from nanobotd.state.metrics import FLUSH_KIND, MISSED_OUTCOME
 from nanobotd.state.store import StateStore
 
 CACHED_MESSAGES = 50_000  # message infos kept in memory for the sessions used last (a big one stays alone)
@@ -86,6 +87,9 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
         # loop iterating `sessions` (GET /v1/sessions, status) always walks a consistent snapshot.
         self.sessions: dict[str, SessionState] = {}
         self.large_messages = 0
+        # per session, digest -> leading characters of that message the agent's own cut [RAW] entry holds: an
+        # archive run archives only the rest of it (not kept across restarts: the whole message then)
+        self.agent_held: dict[str, dict[str, int]] = {}
         self._lock = threading.RLock()
         self._keys_by_path: dict[Path, str] = {}
         # sessions whose caches are in memory, last used last, with when (self.clock) they were last used and
@@ -458,14 +462,29 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
             return session.gone
 
     def set_cycle(self, key: str, *, flushed: bool = False, next_cycle: bool = False) -> None:
-        """Flush once per compaction cycle: remember the cycle flushed, or start a new cycle."""
+        """Flush once per compaction cycle: remember the cycle flushed, or start a new cycle. A cycle that ends
+        with its flush tried and never done is counted (outcome `missed`, which `observe` shows)."""
         session = self.sessions[key]
         with self._lock:
             if flushed:
                 session.flushed_cycle = session.cycle
             if next_cycle:
+                if session.flush_failures and session.flushed_cycle != session.cycle:
+                    self.store.record_outcome(FLUSH_KIND, self.workspace_name, MISSED_OUTCOME, reason=(
+                        f"the compaction came first: {session.flush_failures} flush attempt(s) failed"))
                 session.cycle += 1
+            if flushed or next_cycle:
+                session.flush_failures, session.flush_retry_at = 0, 0.0
             self._save_session(session)
+
+    def flush_failed(self, key: str, retry_at: float) -> int:
+        """A flush's LLM call failed: the cycle's flush is still owed, tried again from *retry_at*; returns the
+        failures of this cycle so far."""
+        session = self.sessions[key]
+        with self._lock:
+            session.flush_failures += 1
+            session.flush_retry_at = retry_at
+            return session.flush_failures
 
     def totals(self) -> dict:
         """Workspace totals for status."""

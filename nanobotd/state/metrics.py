@@ -20,6 +20,8 @@ DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
 TOP_REASONS = 5
 RESTORE_KIND = "restore"
 RESTORED_OUTCOME = "restored"
+FLUSH_KIND = "flush"
+MISSED_OUTCOME = "missed"  # a compaction cycle that ended with its flush tried and never done
 # Where a restore run's manifest may name the run it undid.
 TARGET_KEYS = ("target_run_id", "target_run", "target", "restored_run", "run_id")
 
@@ -43,6 +45,7 @@ class _Group:
     fallback_reasons: Counter = field(default_factory=Counter)
     error_reasons: Counter = field(default_factory=Counter)
     restored: int = 0
+    missed: int = 0
 
     def add(self, outcome: str, reason: str, tokens: int, latency_ms: float | None) -> None:
         """Count one outcome row."""
@@ -72,6 +75,7 @@ class _Group:
         row["fallback_reasons"] = dict(self.fallback_reasons.most_common(TOP_REASONS))
         row["error_reasons"] = dict(self.error_reasons.most_common(TOP_REASONS))
         row["restored"] = self.restored
+        row["missed_before_compaction"] = self.missed
         return row
 
 
@@ -97,6 +101,9 @@ def summarize_outcomes(store: StateStore, *, since: float, now: float) -> dict:
     for kind, workspace, outcome, reason, tokens, latency_ms in rows:
         if outcome == RESTORED_OUTCOME:
             continue  # a restore's marker row, not an update attempt; restores are counted from the runs
+        if outcome == MISSED_OUTCOME:  # not an attempt either: a compaction that came with no flush done
+            groups.setdefault((kind, workspace), _Group()).missed += 1
+            continue
         groups.setdefault((kind, workspace), _Group()).add(outcome, reason, tokens, latency_ms)
     restores = _restores(store, since, now)
     for key, count in restores.pop("by_row").items():

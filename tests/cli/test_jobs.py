@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from nanobotd.cli import nanobotctl as ctl
-from nanobotd.cli import waiting
+from nanobotd.cli import runtext, waiting
 from tests.cli.fakedaemon import FakeDaemon, run_ctl
 
 
@@ -152,6 +152,31 @@ def test_the_progress_line_is_drawn_on_a_terminal_and_cleared_at_the_end() -> No
     piped = io.StringIO()
     waiting.ProgressLine(piped).show("consolidate r1: running")
     assert piped.getvalue() == ""
+
+
+def test_a_long_progress_line_keeps_the_time_so_far_within_80_columns() -> None:
+    """The fallback width is 80 (no real terminal here): a long step is cut, the elapsed time never."""
+    run = {"kind": "consolidate", "state": "running",
+           "progress": {"phase": "running", "step": "archiving the session telegram:1234567890 of the workspace "
+                                                     "main, its oldest messages first", "done": 1, "total": 3}}
+    shown = []
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+        def fileno(self) -> int:
+            raise OSError("no real terminal")
+
+        def write(self, text: str) -> int:
+            shown.append(text)
+            return len(text)
+
+    line = waiting.ProgressLine(Terminal())
+    line.show(f"consolidate r-20261123-124845-conso-0eff7f: {runtext.progress_text(run, with_time=False)}",
+              ", 1m 15s")
+    text = shown[-1].removeprefix("\r").removesuffix("\x1b[K")
+    assert len(text) <= 79 and text.endswith("~, 1m 15s"), text
 
 
 def test_dream_and_lifecycle_have_no_now_flag(socket_path: Path, daemon: FakeDaemon,

@@ -128,7 +128,7 @@ def test_every_argument_and_option_in_the_help_is_described() -> None:
 
 def test_the_readme_lists_every_command() -> None:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    cli_section = readme.split("## CLI", 1)[1].split("\n## ", 1)[0]
+    cli_section = readme.split("## nanobotctl", 1)[1].split("\n## ", 1)[0]
     listed = {line.split()[1] for line in cli_section.splitlines() if line.startswith("nanobotctl ")}
     assert set(subcommands_of(ctl.build_parser())) - listed == set()
 

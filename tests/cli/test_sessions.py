@@ -17,6 +17,7 @@ def test_sessions_prints_an_aligned_table(socket_path: Path, daemon: FakeDaemon)
     assert lines[1].split()[:3] == ["main", "telegram:42", "120"]
     assert lines[1].index("idle") == lines[2].index("watching") == lines[0].index("STATE")
     assert lines[1].index("120") + 3 == lines[2].index("5") + 1  # numbers right-aligned
+    assert lines[-1].startswith("TOKENS: tokens of the UNARCHIVED messages only")
 
 
 def test_a_session_key_with_slash_and_colon_round_trips(socket_path: Path, daemon: FakeDaemon) -> None:

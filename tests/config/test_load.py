@@ -210,3 +210,53 @@ def test_any_config_ends_in_a_config_or_a_config_error_naming_a_key(data):
     for workspace in config.workspaces:
         assert workspace.path.is_absolute() and "\x00" not in str(workspace.path)
         assert workspace.lifecycle.active_days <= workspace.lifecycle.ttl_days
+
+
+def test_a_workspace_argument_naming_a_configured_folder_keeps_its_table(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(f"""
+[llm]
+model = "openai/gpt-4o-mini"
+[[workspaces]]
+path = "{tmp_path}/a"
+name = "alpha"
+[workspaces.consolidation]
+mode = "owner"
+[[workspaces]]
+path = "{tmp_path}/b"
+""")
+    config = load_config(path, workspace_args=[str(tmp_path / "a" / ".." / "a"), str(tmp_path / "c")],
+                         environ={"HOME": str(tmp_path)})
+    first, second = config.workspaces
+    assert (first.name, first.consolidation.mode, first.llm.model) == ("alpha", "owner", "openai/gpt-4o-mini")
+    assert second.path == tmp_path / "c" and second.llm.model == "openai/gpt-4o-mini"
+    assert config.workspace_args == (str(tmp_path / "a" / ".." / "a"), str(tmp_path / "c"))
+    assert f"config file {path} read" in config.origin
+
+
+def test_the_default_config_file_is_read_with_a_workspace_argument(tmp_path):
+    config_dir = tmp_path / "xdg" / "nanobotd"
+    config_dir.mkdir(parents=True)
+    (config_dir / "config.toml").write_text('[llm]\nmodel = "openai/x"\n')
+    config = load_config(None, workspace_args=[str(tmp_path)],
+                         environ={"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "xdg")})
+    assert config.source == config_dir / "config.toml" and config.workspaces[0].llm.model == "openai/x"
+
+
+@pytest.mark.parametrize("named", ["~/bots/ws", "bots/ws", None])
+def test_with_no_workspace_anywhere_nanobots_own_is_taken(tmp_path, named):
+    home = tmp_path / "home-dir"
+    workspace = home / ("bots/ws" if named else ".nanobot/workspace")
+    workspace.mkdir(parents=True)
+    defaults = {"workspace": named} if named else {}
+    (home / ".nanobot").mkdir(exist_ok=True)
+    (home / ".nanobot" / "config.json").write_text(json.dumps({"agents": {"defaults": defaults}}))
+    config = load_config(None, environ={"HOME": str(home), "XDG_CONFIG_HOME": str(tmp_path / "none")})
+    assert [ws.path for ws in config.workspaces] == [workspace]
+    assert config.workspace_args == () and "no config file found" in config.origin
+    assert str(home / ".nanobot" / "config.json") in config.origin
+
+
+def test_with_no_workspace_anywhere_the_error_names_what_was_looked_for(tmp_path):
+    with pytest.raises(ConfigError, match=r"no config file found.*\.nanobot/workspace, which does not exist"):
+        load_config(None, environ={"HOME": str(tmp_path / "empty"), "XDG_CONFIG_HOME": str(tmp_path / "none")})

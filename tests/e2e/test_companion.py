@@ -105,7 +105,9 @@ def test_what_a_cut_raw_entry_of_the_agent_dropped_is_archived_by_nanobotd(compa
     agent_entry(companion.workspace, "cli:c", cut)
     companion.wait_for(lambda: nanobotd_entries(companion.workspace), timeout=GRACE + 10)
     mended = "\n".join(entry["content"] for entry in nanobotd_entries(companion.workspace))
-    for message in messages[3:]:
+    assert messages[3]["content"][20:] in mended  # the part of the fourth message the cut dropped, only
+    assert messages[3]["content"][:20] not in mended
+    for message in messages[4:]:
         assert message["content"] in mended
     for message in messages[:3]:
         assert message["content"] not in mended
@@ -193,3 +195,23 @@ agent_base_tokens = 1000
                                            if run["state"] == "finished"], timeout=FIRST_LLM_CALL_SECONDS)
         assert flushed[0]["outcome"] == "written"
         assert "cold bucket" in (workspace / "memory").joinpath(time.strftime("%Y-%m-%d") + ".md").read_text()
+
+
+def test_a_raw_entry_cut_inside_a_message_is_mended_with_only_the_part_it_dropped(companion):
+    messages = start_with_session(companion, "cli:m", 6)
+    write_session(companion.sessions, "cli:m", [])
+    lines = [f"[{m['timestamp'][:16]}] {m['role'].upper()}: {m['content']}" for m in messages]
+    body = "[RAW] 6 messages\n" + "\n".join(lines)
+    cut_message = messages[3]["content"]
+    held = cut_message[:60]  # the agent's cap fell 60 characters into the fourth message
+    cut = body[:body.index(cut_message) + len(held)] + "\n... (truncated)"
+    agent_entry(companion.workspace, "cli:m", cut)
+    companion.wait_for(lambda: nanobotd_entries(companion.workspace), timeout=GRACE + 10)
+    mended = "\n".join(entry["content"] for entry in nanobotd_entries(companion.workspace))
+    assert cut_message[60:] in mended and "holds the first 60 characters" in mended
+    assert held not in mended, "the part the agent's entry kept is archived a second time"
+    assert cut_message.split(" ")[0] + " " not in mended  # its marker (M-3) is in the agent's entry only
+    for message in messages[4:]:
+        assert message["content"] in mended
+    for message in messages[:3]:
+        assert message["content"] not in mended

@@ -5,8 +5,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from nanobotd.memory.agent_history import HistoryFollower, is_agent_entry, is_truncated_raw, kept_by_raw
+from nanobotd.memory.agent_history import (
+    HistoryFollower,
+    dropped_part,
+    is_agent_entry,
+    is_truncated_raw,
+    kept_by_raw,
+    kept_of_cut,
+)
 from nanobotd.memory.history import parse_entry
+from nanobotd.memory.transcript import PendingMessage
 
 SAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "nanobot-samples"  # real nanobot 0.3.5 output
 
@@ -58,6 +66,12 @@ def test_the_messages_after_the_agents_cut_are_the_ones_dropped():
     assert is_truncated_raw(cut) and not is_truncated_raw(body)
     assert kept_by_raw(cut, texts) == 2
     assert kept_by_raw(body, texts) == 4
+    assert kept_of_cut(cut, texts) == (2, 30)  # the cut fell 30 characters into the third message
+    assert kept_of_cut(body[:body.index("third message") - 3] + "\n... (truncated)", texts) == (2, 0)
+    third = PendingMessage("d3", "user", "2026-11-22T04:25", texts[2], 30, {})
+    rest = dropped_part(third, 30)
+    assert rest.text.endswith(texts[2][30:]) and texts[2][:30] not in rest.text and "first 30 characters" in rest.text
+    assert dropped_part(third, 0) is third
 
 
 def test_the_real_sample_raw_entry_of_nanobot_is_recognised():

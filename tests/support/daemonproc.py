@@ -26,11 +26,15 @@ class DaemonProcess:
 
     def __init__(self, tmp_path: Path, workspace: Path, *, sessions_dir: Path | None = None,
                  extra_config: str = "", env: dict | None = None, args: tuple[str, ...] = (),
-                 mode: str = "owner", reconcile_seconds: float = 2):
+                 mode: str = "owner", reconcile_seconds: float = 2, default_config: bool = False):
+        """*default_config*: the config is written where nanobotd looks without --config
+        ($XDG_CONFIG_HOME/nanobotd/config.toml) and the daemon is started without the flag."""
         self.tmp_path = tmp_path
         self.socket = tmp_path / "sock" / "nanobotd.sock"
         self.state_dir = tmp_path / "state"
-        self.config_path = tmp_path / "nanobotd.toml"
+        self.config_path = (tmp_path / "xdg" / "nanobotd" / "config.toml" if default_config
+                            else tmp_path / "nanobotd.toml")
+        self.config_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = tmp_path / "daemon.log"
         sessions_line = f'sessions_dir = "{sessions_dir}"' if sessions_dir else ""
         self.config_path.write_text(f"""
@@ -49,13 +53,15 @@ consolidation = {{ mode = "{mode}" }}
 {sessions_line}
 """)
         self.env = dict(os.environ, **(env or {}))
+        if default_config:
+            self.env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
+        self.config_args = () if default_config else ("--config", str(self.config_path))
         self.args = args
         self.proc: subprocess.Popen | None = None
 
     def start(self, *, wait: bool = True) -> DaemonProcess:
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "nanobotd.cli.nanobotd", "run", "--config",
-                                      str(self.config_path),
+        self.proc = subprocess.Popen([sys.executable, "-m", "nanobotd.cli.nanobotd", "run", *self.config_args,
                                       *self.args],
                                      stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO)
         log.close()

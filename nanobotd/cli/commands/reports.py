@@ -53,6 +53,7 @@ def _metric_lines(data: Mapping[str, Any]) -> list[str]:
             *format_rows(METRIC_COLUMNS, data.get("rows") or [], "no runs in this period"),
             *_restore_lines(data.get("restores") or {}),
             *_reason_lines(data.get("rows") or []),
+            *_missed_lines(data.get("rows") or []),
             *(f"archived twice in {name}: {count} message(s) (goal: 0)" for name, count in twice.items())]
 
 
@@ -63,6 +64,13 @@ def _restore_lines(restores: Mapping[str, Any]) -> list[str]:
     outcomes = ", ".join(f"{outcome} {count}" for outcome, count in sorted((restores.get("by_outcome") or {}).items()))
     kinds = ", ".join(f"{kind} {count}" for kind, count in sorted((restores.get("by_kind") or {}).items()))
     return [f"restores: {restores['total']} ({outcomes}){'; undid ' + kinds if kinds else ''}"]
+
+
+def _missed_lines(rows: list[Mapping[str, Any]]) -> list[str]:
+    """Compactions that came while the cycle's flush had only failed: facts the daily note never got."""
+    return [f"flushes missed in {row.get('workspace')}: {row['missed_before_compaction']} compaction(s) came "
+            f"before a failed flush could run again (goal: 0)"
+            for row in rows if row.get("missed_before_compaction")]
 
 
 def _reason_lines(rows: list[Mapping[str, Any]]) -> list[str]:

@@ -15,6 +15,8 @@ SESSION_COLUMNS = [("WORKSPACE", "workspace"), ("KEY", "key"), ("MESSAGES", "mes
                    ("UNARCHIVED", "unarchived_messages"), ("TOKENS", "unarchived_tokens"),
                    ("AGENT_ARCH", "agent_archived"), ("DAEMON_ARCH", "daemon_archived"),
                    ("CORRUPT", "corrupt_lines"), ("UPDATED", "updated_at"), ("STATE", "state")]
+TOKENS_NOTE = ("TOKENS: tokens of the UNARCHIVED messages only, as nanobotd counts them (the agent's prompt adds "
+               "its system prompt and tools; `nanobotctl session KEY` shows the budget they are held to)")
 RUN_COLUMNS = [("RUN_ID", "run_id"), ("KIND", "kind"), ("WORKSPACE", "workspace"), ("SESSION", "session_key"),
                ("STATE", "state"), ("OUTCOME", "outcome"), ("STARTED", "started_at"), ("FINISHED", "finished_at")]
 
@@ -28,8 +30,9 @@ def _session_lines(data: Mapping[str, Any]) -> list[str]:
     scanning = data.get("scanning") or []
     notes = [f"scanning: the first scan of {', '.join(scanning)} is not done yet; more sessions may appear"
              ] if scanning else []
-    return notes + format_rows(SESSION_COLUMNS, data.get("sessions") or [],
-                               "no sessions found yet" if scanning else "no sessions tracked")
+    rows = data.get("sessions") or []
+    lines = notes + format_rows(SESSION_COLUMNS, rows, "no sessions found yet" if scanning else "no sessions tracked")
+    return lines + [TOKENS_NOTE] if rows else lines
 
 
 def session(invocation: Invocation) -> int:

@@ -38,6 +38,8 @@ def workspace_lines(workspace: Mapping[str, Any]) -> list[str]:
         search_row, search_details = search_rows(workspace["search"])
         rows.append(search_row)
     header = f"workspace {workspace.get('name', '?')}  ({format_cell(workspace.get('path'))})"
+    if workspace.get("exists") is False:
+        header += "  [MISSING: this folder does not exist; nothing is managed until it does]"
     if workspace.get("scanning"):
         header += "  [scanning: first scan not done yet]"
     return [header] + _aligned(rows, "  ") + _aligned(search_details, "    ")
@@ -97,8 +99,11 @@ def _health_rows(workspace: Mapping[str, Any]) -> Rows:
                                               f"{format_cell(workspace.get('unarchived_tokens'))} tokens"),
         ("watcher", "watcher", f"{watcher_state} ({format_cell(watcher.get('mode'))}), "
                                f"last reconcile {format_cell(watcher.get('last_reconcile'))}"),
-        ("llm", "llm_mode", format_cell(workspace.get("llm_mode"))),
+        ("llm", "llm_mode", _llm_text(workspace)),
         ("mode", "consolidation_mode", _mode_text(workspace)),
+        ("budget", "budget", f"{format_cell(workspace.get('budget'))} tokens, flush at "
+                             f"{format_cell(workspace.get('flush_threshold'))} "
+                             f"({format_cell(workspace.get('budget_source'))})"),
         ("agent", "agent", _agent_text(workspace.get("agent") or {})),
         ("git", "git", _git_text(workspace.get("git"))),
     ]
@@ -134,6 +139,20 @@ def _job_rows(jobs: Mapping[str, Any]) -> Rows:
     return rows
 
 
+def _llm_text(workspace: Mapping[str, Any]) -> str:
+    """The mode and model, and how the last call went: `online` alone says only that a model is set."""
+    mode = workspace.get("llm_mode")
+    if mode != "online":
+        return format_cell(mode)
+    text = f"online ({format_cell(workspace.get('llm_model'))})"
+    last = workspace.get("llm_last_call")
+    if not isinstance(last, dict):
+        return f"{text}, no call yet"
+    if last.get("ok"):
+        return f"{text}, last call ok at {format_cell(last.get('at'))}"
+    return f"{text}, LAST CALL FAILED at {format_cell(last.get('at'))}: {format_cell(last.get('error'))}"
+
+
 def _git_text(git: Any) -> str:
     if not isinstance(git, dict):
         return format_cell(git)
@@ -164,6 +183,6 @@ def _agent_text(agent: Mapping[str, Any]) -> str:
     dream = (f"own dream every {agent.get('dream_interval_hours')} h" if agent.get("dream_enabled")
              else "own dream disabled")
     mcp = agent.get("nanobotd_mcp_server")
-    return (f"window {agent.get('context_window')}, budget {agent.get('budget')}, idle compaction "
+    return (f"window {agent.get('context_window')}, idle compaction "
             f"{agent.get('idle_compact_minutes')} min, {dream}, "
             f"{'MCP server ' + mcp if mcp else 'nanobotd MCP server not registered'} ({agent.get('config')})")

@@ -54,9 +54,11 @@ class SessionHandlers:
         session = workspace.tracker.sessions[key]
         data = dict(session.to_json(), workspace=workspace.name,
                     daemon_archived=self._daemon_archived(session.session_id))
-        data["budget"] = settings.budget
-        data["flush_threshold"] = settings.flush_threshold
-        data["target_after_consolidation"] = int(settings.budget * settings.consolidation.ratio)
+        data.update(workspace.budgets())
+        if workspace.mode == "companion":
+            data["agent_prompt_tokens"] = workspace.agent_prompt_tokens(key)
+        else:  # beside a companion agent, the agent decides what its compaction keeps
+            data["target_after_consolidation"] = int(settings.budget * settings.consolidation.ratio)
         data["vanished_messages"] = len(workspace.tracker.pending(key, vanished_only=True))
         runs = [run for run in self.core.store.list_runs(workspace=workspace.name, limit=200)
                 if run.session_key == key]

@@ -20,6 +20,7 @@ from nanobotd import fsio
 from nanobotd.jobs.common import JobEnv
 from nanobotd.jobs.consolidate.reader import ChunkReader
 from nanobotd.jobs.consolidate.readworker import ReadChunk, backup_text
+from nanobotd.memory.agent_history import dropped_part
 from nanobotd.memory.history import PreparedEntry
 from nanobotd.memory.transcript import PendingMessage, raw_entries
 from nanobotd.sessions.spool import PlanWindow, SpoolPlan
@@ -91,13 +92,17 @@ class Chunk:
         up to *backup*); False when none is left there (archived meanwhile)."""
         if reader is not None and reader.closed:  # the run ended before this read began: it is never used
             return False
-        if reader is not None and backup is not None:
+        agent_held = ctx.tracker.agent_held.get(session_key)
+        if reader is not None and backup is not None and not agent_held:
             rows, held, shift = ctx.tracker.spooled_rows(session_key, list(self.planned))
             if rows:
                 self.read = reader.read(held, shift, rows, ctx.settings.consolidation.raw_max_chars, backup)
                 if self.read is not None:
                     return bool(self.read.seqs)
         self.loaded = ctx.tracker.spooled_messages(session_key, list(self.planned))
+        if agent_held:  # a message the agent's cut [RAW] entry holds the start of: only the rest is archived
+            self.loaded = [(seq, dropped_part(message, agent_held.get(message.digest, 0)), line)
+                           for seq, message, line in self.loaded]
         return bool(self.loaded)
 
     def release(self) -> None:
