@@ -7,14 +7,15 @@ stride 2 find as much as 6-message windows for half the words, once overlapping 
 A window's key is a digest of the raw bytes of its lines, so re-reading a changed 100,000-message
 session only hashes the lines; only windows whose key is new are decoded and indexed (after an append
 that is the last one or two). Slash commands (`_command`), nanobot's checkpoint prompts
-(`_hidden_history`: fixed boilerplate, its summary goes to history.jsonl) and tool output are not
-conversation and are left out of the text.
+(`_hidden_history`: fixed boilerplate, its summary goes to history.jsonl), tool output and the agent's
+calls of nanobotd's own memory tools are not conversation and are left out of the text.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +37,9 @@ STRIDE = 2
 MAX_MESSAGE_CHARS = 2000
 INDEXED_ROLES = ("user", "assistant")
 HEADER_PROBE_LINES = 8
+# nanobotd's own memory tools as nanobot names them (mcp_<server>_memory_search, ...): their calls and
+# results are the agent looking memory up, not memory; indexed, a failed lookup outranks the fact it missed.
+MEMORY_TOOL = re.compile(r"^mcp_.+_memory_(search|context|recall)$")
 
 
 def session_key_for(path: Path) -> str | None:
@@ -135,9 +139,20 @@ def _decode_window(key: str, items: list[tuple[int, RawLine]], session_key: str 
                 tuple(parts))
 
 
+def is_memory_lookup(record: dict) -> bool:
+    """A tool call (with the words the agent said around it) or a tool result of nanobotd's memory tools."""
+    if record.get("role") == "tool":
+        return isinstance(record.get("name"), str) and bool(MEMORY_TOOL.match(record["name"]))
+    calls = record.get("tool_calls")
+    if not isinstance(calls, list) or not calls:
+        return False
+    names = [(call.get("function") or {}).get("name") if isinstance(call, dict) else None for call in calls]
+    return all(isinstance(name, str) and MEMORY_TOOL.match(name) for name in names)
+
+
 def render_message(record: dict) -> tuple[str, str] | None:
     """"label: text" for a conversation message, or None for what is not conversation."""
-    if record.get("_command") or record.get("_hidden_history"):
+    if record.get("_command") or record.get("_hidden_history") or is_memory_lookup(record):
         return None
     fields = message_fields(record)
     if fields is None:

@@ -410,3 +410,17 @@ def test_a_large_refresh_leaves_no_large_wal_behind(tmp_path, workspace):
     assert index.stats()["db_bytes"] < 1.2 * db_path.stat().st_size
     assert index.search("entry 29999")[0].line_start == 29_999
     index.close()
+
+
+def test_the_agents_memory_lookups_are_not_indexed_but_its_other_tool_calls_words_are(index, workspace):
+    _, sessions = workspace
+    lookup = {"id": "c1", "type": "function", "function": {"name": "mcp_nanobotd_memory_recall", "arguments": "{}"}}
+    shell = {"id": "c2", "type": "function", "function": {"name": "exec", "arguments": "{}"}}
+    write_session(sessions, "cli:tools", [
+        {"role": "assistant", "content": "Recalling the osprey notes.", "tool_calls": [lookup]},
+        {"role": "tool", "tool_call_id": "c1", "name": "mcp_nanobotd_memory_recall", "content": "osprey nothing"},
+        {"role": "assistant", "content": "Listing the osprey folder.", "tool_calls": [lookup, shell]},
+    ])
+    index.refresh()
+
+    assert [hit.text for hit in index.search("osprey")] == ["assistant: Listing the osprey folder."]
