@@ -412,6 +412,22 @@ def test_a_large_refresh_leaves_no_large_wal_behind(tmp_path, workspace):
     index.close()
 
 
+def test_a_hit_in_long_turns_shows_the_matching_message_cut_around_its_match(index, workspace):
+    _, sessions = workspace
+    filler = " ".join(f"filler{n}" for n in range(180))
+    messages = [{"role": "user" if n % 2 == 0 else "assistant", "content": f"Long turn {n}: {filler}",
+                 "timestamp": f"2026-11-20T10:0{n}:00"} for n in range(4)]
+    messages[2]["content"] = f"{filler} The play I attended was a production of The Crucible. {filler}"
+    write_session(sessions, "cli:long", messages)
+    index.refresh()
+
+    hit = index.search("which play did I attend, the crucible?")[0]
+
+    assert (hit.message_start, hit.message_end) == (2, 2)
+    assert "production of The Crucible" in hit.text and len(hit.text.split()) <= 150  # 1.5 shares of 100
+    assert hit.text.startswith("user: … filler") and hit.text.endswith(" …")
+
+
 def test_the_agents_memory_lookups_are_not_indexed_but_its_other_tool_calls_words_are(index, workspace):
     _, sessions = workspace
     lookup = {"id": "c1", "type": "function", "function": {"name": "mcp_nanobotd_memory_recall", "arguments": "{}"}}
