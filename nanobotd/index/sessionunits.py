@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
-from nanobotd.index.timeintent import date_words
+from nanobotd.index.timeintent import date_words, event_days
 from nanobotd.index.units import Unit, iso_seconds, parse_timestamp
 from nanobotd.sessions.file import (
     RawLine,
@@ -129,8 +129,9 @@ def _decode_window(key: str, items: list[tuple[int, RawLine]], session_key: str 
         moment = parse_timestamp(timestamp)
         when = iso_seconds(moment) if moment else timestamp
         first_when = first_when or when
-        if moment and moment.date() not in days:
-            days.append(moment.date())
+        for day in ([moment.date()] if moment else []) + event_days(text, moment):
+            if day not in days:
+                days.append(day)
         parts.append((position, offset, when))
         texts.append(text)
         offset += len(text) + 1

@@ -440,3 +440,26 @@ def test_the_agents_memory_lookups_are_not_indexed_but_its_other_tool_calls_word
     index.refresh()
 
     assert [hit.text for hit in index.search("osprey")] == ["assistant: Listing the osprey folder."]
+
+
+def test_a_day_a_message_names_is_found_by_that_date_as_well_as_by_its_own(index, workspace):
+    root, sessions = workspace
+    write_session(sessions, "cli:plans", [
+        {"role": "user", "content": "Book the ferry: we sail to Pemba on the 10th of February.",
+         "timestamp": "2026-01-28T10:00:00"},
+        {"role": "assistant", "content": "Noted, and the visa office visit is next Friday.",
+         "timestamp": "2026-01-28T10:00:30"},
+        {"role": "user", "content": "The lease ends 31.12.2026, remind me.", "timestamp": "2026-01-28T10:01:00"},
+    ])
+    write(root / "memory" / "2026-03-02.md", "## Log\n- Gym was closed yesterday.\n")
+    index.refresh()
+
+    def found(query: str) -> str:
+        return "\n".join(hit.text for hit in index.search(query))
+
+    assert "sail to Pemba" in found("where do we go on 10 February 2026?")
+    assert "visa office" in found("what is on Friday 30 January 2026")
+    assert "lease ends" in found("what happens on 2026-12-31")
+    assert "sail to Pemba" in found("where are we going on the 10th of February?")  # nearest 10 Feb to now
+    assert "Gym was closed" in found("gym on 1 March 2026")
+    assert "sail to Pemba" in found("January 28 2026 ferry")  # the message's own day still counts
