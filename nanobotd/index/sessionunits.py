@@ -18,6 +18,8 @@ import json
 import re
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 
 from nanobotd.index.timeintent import date_words, event_days
@@ -83,6 +85,8 @@ def session_units(
     """(key, unit) for every window of the session; the unit is None when *known* holds the key."""
     stride = max(1, min(stride, window))
     recent: deque[tuple[int, RawLine]] = deque(maxlen=window)
+    # Windows overlap: a message is read once for all the windows that hold it.
+    messages: dict[int, Message | None] = {}
     position = 0
     for line in iter_raw_lines(path):
         if is_metadata_line(line):
@@ -90,10 +94,10 @@ def session_units(
         recent.append((position, line))
         start = position - window + 1
         if start >= 0 and start % stride == 0:
-            yield _window(list(recent), session_key, known)
+            yield _window(list(recent), session_key, known, messages)
         position += 1
     for start in tail_starts(position, window, stride):
-        yield _window([item for item in recent if item[0] >= start], session_key, known)
+        yield _window([item for item in recent if item[0] >= start], session_key, known, messages)
 
 
 def tail_starts(total: int, window: int, stride: int) -> list[int]:
@@ -107,31 +111,54 @@ def tail_starts(total: int, window: int, stride: int) -> list[int]:
     return starts
 
 
-def _window(items: list[tuple[int, RawLine]], session_key: str | None, known: set[str]) -> tuple[str, Unit | None]:
+def _window(items: list[tuple[int, RawLine]], session_key: str | None, known: set[str],
+            messages: dict[int, Message | None]) -> tuple[str, Unit | None]:
     start, end = items[0][0], items[-1][0]
     digest = hashlib.blake2b("".join(line.line_digest for _, line in items).encode(), digest_size=12).hexdigest()
     key = f"{start}-{end}-{digest}"
     if key in known:
         return key, None
-    return key, _decode_window(key, items, session_key)
+    for position in [position for position in messages if position < start]:
+        del messages[position]
+    return key, _decode_window(key, items, session_key, messages)
 
 
-def _decode_window(key: str, items: list[tuple[int, RawLine]], session_key: str | None) -> Unit:
+@dataclass(frozen=True)
+class Message:
+    """One message as windows show it: its text, when it was said, and the days it is dated by."""
+
+    text: str
+    when: str
+    days: tuple[date, ...]
+
+
+def read_message(line: RawLine) -> Message | None:
+    """The message on a line, or None for what is not conversation."""
+    record = decode_line(line)
+    rendered = render_message(record) if record is not None else None
+    if rendered is None:
+        return None
+    text, timestamp = rendered
+    moment = parse_timestamp(timestamp)
+    own = [moment.date()] if moment else []
+    return Message(text, iso_seconds(moment) if moment else timestamp,
+                   tuple(dict.fromkeys(own + event_days(text, moment))))
+
+
+def _decode_window(key: str, items: list[tuple[int, RawLine]], session_key: str | None,
+                   messages: dict[int, Message | None]) -> Unit:
     texts, parts, days = [], [], []
     offset = 0
     first_when = ""
     for position, line in items:
-        record = decode_line(line)
-        rendered = render_message(record) if record is not None else None
-        if rendered is None:
+        if position not in messages:
+            messages[position] = read_message(line)
+        message = messages[position]
+        if message is None:
             continue
-        text, timestamp = rendered
-        moment = parse_timestamp(timestamp)
-        when = iso_seconds(moment) if moment else timestamp
+        text, when = message.text, message.when
         first_when = first_when or when
-        for day in ([moment.date()] if moment else []) + event_days(text, moment):
-            if day not in days:
-                days.append(day)
+        days += [day for day in message.days if day not in days]
         parts.append((position, offset, when))
         texts.append(text)
         offset += len(text) + 1
