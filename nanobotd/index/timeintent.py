@@ -36,6 +36,7 @@ IN_DAYS = re.compile(r"\bin\s+(\d{1,3})\s+(days?|weeks?)\b", re.I)
 # around those is read with the patterns above, so the cost follows the digits, not the length of the text.
 # Reading every message with each pattern made building an index of 100,000 entries four times slower.
 DIGITS = re.compile(r"\d+")
+STAMP = re.compile(r"(\d{4})-(\d{1,2})-(\d{1,2})(?:[t ]\d{1,2}:\d{2}(?::\d{2})?)?\b")
 AROUND_CHARS = 24
 NEAR_DAYS = (("yesterday", -1), ("today", 0), ("tomorrow", 1))
 MAX_EVENT_DAYS = 8
@@ -108,13 +109,23 @@ def event_days(text: str, said: date | datetime | None) -> list[date]:
     its own timestamp. "next Friday", "the 10th of February", "31.12.2023", "two days ago" read from *said*."""
     lowered = text.lower() if text else ""
     now = said if isinstance(said, datetime) else datetime.combine(said, datetime.min.time()) if said else None
-    places = [match.span() for match in DIGITS.finditer(lowered)]
+    days: list[date] = []
+    places = []
+    stamped = 0
+    for match in DIGITS.finditer(lowered):
+        if match.start() < stamped:
+            continue
+        stamp = STAMP.match(lowered, match.start()) if match.end() - match.start() == 4 else None
+        if stamp:  # an ISO date or timestamp, the commonest by far ([RAW] entries): read at once
+            days += _valid(stamp.group(1), int(stamp.group(2)), stamp.group(3))
+            stamped = stamp.end()
+        else:
+            places.append(match.span())
     for day in WEEKDAYS:
         at = lowered.find(day)
         while at >= 0:
             places.append((at, at + len(day)))
             at = lowered.find(day, at + 1)
-    days: list[date] = []
     if places:
         places.sort()
         merged = [[max(0, places[0][0] - AROUND_CHARS), places[0][1] + AROUND_CHARS]]
