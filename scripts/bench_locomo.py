@@ -7,6 +7,8 @@ base64 file names, real session dates, speaker A as `user`, B as `assistant`, th
 covers the dia_ids of its messages (with --history observations also history facts). Categories 1-4:
   R@k    percent of questions with ANY evidence id inside the top k hits;  MRR of the first such hit
   W@10   words in the text of the top 10 hits;  p50/p95  milliseconds per question
+  R@1kw  percent of questions with evidence inside the hits that fit in the first 1,000 words (WORD_BUDGET):
+         recall at what an agent can afford to read, comparable across rankings that show more or less
 Printed: the lexical figure with the shipped defaults; the honest 2-fold estimate (conversations split in
 two halves; on each half the grid of window sizes and reranker weights is tuned for R@10 within 1,000
 words, and the other half is measured; the two held-out halves merged); each mode (builtin, qmd, both,
@@ -187,14 +189,16 @@ class Scores:
     """R@5, R@10, MRR and W@10 per category, and the time each question took."""
 
     def __init__(self):
-        self.rows: dict[int, list[tuple[bool, bool, float, int]]] = defaultdict(list)
+        self.rows: dict[int, list[tuple[bool, bool, float, int, bool]]] = defaultdict(list)
         self.seconds: list[float] = []
 
     def add(self, category: int, evidence: set, ranked: list[tuple[set, int]], seconds: float = 0.0) -> None:
         first = next((rank for rank, (ids, _) in enumerate(ranked[:TOP], start=1) if ids & evidence), None)
         words = sum(count for _, count in ranked[:TOP])
+        affordable = sum(1 for _ in itertools.takewhile(lambda total: total <= WORD_BUDGET, itertools.accumulate(
+            count for _, count in ranked[:TOP])))
         self.rows[category].append((first is not None and first <= 5, first is not None,
-                                    1 / first if first else 0.0, words))
+                                    1 / first if first else 0.0, words, first is not None and first <= affordable))
         self.seconds.append(seconds)
 
     def merge(self, other: Scores) -> Scores:
@@ -206,12 +210,13 @@ class Scores:
     def summary(self, categories=HEADLINE) -> dict:
         rows = [row for category in categories for row in self.rows.get(category, [])]
         if not rows:
-            return {"R@5": 0.0, "R@10": 0.0, "MRR": 0.0, "W@10": 0.0, "questions": 0}
+            return {"R@5": 0.0, "R@10": 0.0, "MRR": 0.0, "W@10": 0.0, "R@1kw": 0.0, "questions": 0}
         count = len(rows)
         ordered = sorted(self.seconds) or [0.0]
         return {"R@5": round(100 * sum(r[0] for r in rows) / count, 1),
                 "R@10": round(100 * sum(r[1] for r in rows) / count, 1),
                 "MRR": round(sum(r[2] for r in rows) / count, 3), "W@10": round(sum(r[3] for r in rows) / count, 1),
+                "R@1kw": round(100 * sum(r[4] for r in rows) / count, 1),
                 "questions": count, "p50_ms": round(1000 * statistics.median(ordered), 2),
                 "p95_ms": round(1000 * ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))], 2)}
 
@@ -326,10 +331,10 @@ def run(args: argparse.Namespace) -> dict:
     """Index every conversation, ask every question in every mode; return the report."""
     conversations = load_conversations(args.data)[:args.limit_conversations or None]
     history = args.history == "observations"
-    per_conversation = {conversation["id"]: run_builtin(conversation, GRID, history)
+    per_conversation = {conversation["id"]: run_builtin(conversation, [DEFAULT] if args.quick else GRID, history)
                         for conversation in conversations}
     lexical = functools.reduce(Scores.merge, (runs[DEFAULT] for runs in per_conversation.values()), Scores())
-    held_out, choices = two_fold(per_conversation)
+    held_out, choices = (lexical, []) if args.quick else two_fold(per_conversation)
     baseline = Scores()
     for conversation in conversations:
         turns = TurnBM25(all_turns(conversation))
@@ -362,7 +367,8 @@ def print_report(report: dict) -> None:
         if isinstance(row, str):
             return f"{name:<22} {row}"
         return (f"{name:<22} R@5 {row['R@5']:5.1f}  R@10 {row['R@10']:5.1f}  MRR {row['MRR']:.3f}  "
-                f"W@10 {row['W@10']:7.1f}  p50 {row.get('p50_ms', 0):6.2f} ms  p95 {row.get('p95_ms', 0):6.2f} ms  "
+                f"W@10 {row['W@10']:7.1f}  R@1kw {row['R@1kw']:5.1f}  "
+                f"p50 {row.get('p50_ms', 0):6.2f} ms  p95 {row.get('p95_ms', 0):6.2f} ms  "
                 f"n={row['questions']}")
 
     settings = report["settings"]
@@ -387,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit-conversations", type=int, help="only the first N conversations")
     parser.add_argument("--history", choices=("none", "observations"), default="none",
                         help="also index history.jsonl entries made of LoCoMo's per-session observations")
+    parser.add_argument("--quick", action="store_true",
+                        help="the defaults only: no 2-fold grid (its line then repeats the defaults)")
     parser.add_argument("--qmd", help="qmd executable: also run the qmd and both modes")
     parser.add_argument("--embeddings", help="litellm embedding model: also run builtin+embeddings")
     parser.add_argument("--api-base", help="OpenAI-compatible base URL for --embeddings")

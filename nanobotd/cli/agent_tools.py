@@ -155,7 +155,8 @@ def context(client: Client, arguments: Mapping[str, Any]) -> str:
         data = client.get("/v1/context", dict(query, session=""))
     text = str(data.get("text") or "").strip()
     if not text:
-        return "Memory is empty: no bootstrap files, MEMORY.md, history or matching notes yet."
+        return ("Memory is empty: nothing matches and no history is newer than the last dream "
+                "(SOUL.md, USER.md and MEMORY.md are in your prompt already).")
     return f"{text}\n\n(memory context: {data.get('tokens', '?')} of {data.get('budget_tokens', '?')} tokens)"
 
 
@@ -270,8 +271,9 @@ TOOLS = (
         name="memory_context",
         description=(
             "Assemble the memory context nanobotd would give you for a turn, within a token budget: the "
-            "bootstrap files, MEMORY.md, the recent history entries not yet folded into MEMORY.md, and the "
-            "memory most relevant to `query`. Use it when you start a task that depends on earlier work, or "
+            "memory most relevant to `query` (past conversations, history, daily notes), then the recent "
+            "history entries not yet folded into MEMORY.md; SOUL.md, USER.md and MEMORY.md are left out, as "
+            "they are in your prompt already. Use it when you start a task that depends on earlier work, or "
             "after your conversation was compacted and you need to re-ground yourself; for one specific fact "
             "memory_search is cheaper. Pass your session key (such as 'telegram:12345') when you know it, so "
             "messages already in your prompt are not repeated. Returns plain text with a line saying how many "

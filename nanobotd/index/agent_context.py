@@ -1,13 +1,13 @@
-"""The budgeted memory context an agent injects: bootstrap files, MEMORY.md, recent history, search hits.
+"""The budgeted memory context an agent asks for: what matches its query, then recent history.
 
-Parts come in a fixed priority order and the whole text never exceeds the token budget, counted
-exactly with tiktoken on the final text. Files are read with bounded work whatever their size (head
-and tail only, characters counted in a streaming pass) and bad UTF-8 is replaced, never fatal.
+Only what the agent does not have already: the files nanobot injects into every prompt (AGENT_INJECTED)
+are left out, so the budget goes to the matching memory whole rather than to a fragment of it. The whole
+text never exceeds the token budget, counted exactly with tiktoken on the final text; history is read
+backwards in bounded blocks whatever its size, and bad UTF-8 is replaced, never fatal.
 """
 
 from __future__ import annotations
 
-import codecs
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -16,24 +16,19 @@ from pathlib import Path
 
 from nanobotd import fsio
 from nanobotd.config.schema import ContextSettings
-from nanobotd.fsio import read_text_lossy
 from nanobotd.index.hit import SearchBackendError, SearchHit
 from nanobotd.memory.history import DREAM_CURSOR_NAME, HISTORY_NAME, HistoryEntry, parse_entry, read_cursor_file
 from nanobotd.sessions.file import SessionHeader, read_header
 from nanobotd.tokens import DEFAULT_ENCODING, count_tokens, get_encoding
 
-BOOTSTRAP_FILES = ("AGENTS.md", "SOUL.md", "USER.md")
-MEMORY_FILE = "memory/MEMORY.md"
-HEAD_SHARE = 0.7
-TAIL_SHARE = 0.2
+# nanobot 0.3.5 puts these into every system prompt itself (agent/context.py: ContextBuilder.BOOTSTRAP_FILES,
+# and memory/MEMORY.md as its long-term memory): shown again they would spend the budget on what the agent has.
+AGENT_INJECTED = frozenset({"AGENTS.md", "SOUL.md", "USER.md", "memory/MEMORY.md"})
 SEARCH_LIMIT = 10
 # Hits already in the context are skipped, so more are asked for than are shown.
 SEARCH_FETCH = 30
-# With a query, this share of what the files leave is kept for search hits; history gets the rest first.
-SEARCH_SHARE = 0.3
 MIN_PART_TOKENS = 8
 BUDGET_MARKER = "[... cut to fit the token budget]"
-READ_CHUNK = 1024 * 1024
 HISTORY_BLOCK = 64 * 1024
 MAX_HISTORY_LINE_BYTES = 1024 * 1024
 MAX_QUERY_IN_HEADER = 200
@@ -106,34 +101,17 @@ class Assembly:
 def build_context(workspace: Path, *, settings: ContextSettings, budget_tokens: int, query: str = "",
                   search: Callable[[str, int], list[SearchHit]] | None = None,
                   session_key: str | None = None) -> dict:
-    """The memory context for an agent turn, within *budget_tokens*.
+    """The memory context for an agent turn, within *budget_tokens*: what the agent does not have yet.
 
-    Order: AGENTS.md, SOUL.md, USER.md (char caps), memory/MEMORY.md, history since the dream cursor,
-    search hits for *query*. With a query, history may use at most 70% of what the files leave, so
-    the hits always get room. Hits already shown whole (a file, a history entry) are skipped, and
-    with *session_key* so are hits from that session's messages the agent has not archived yet:
-    they are still in its prompt.
+    Search hits for *query* come first, then history since the dream cursor with what is left. The files
+    nanobot puts into every prompt itself (AGENT_INJECTED) are left out, as parts and as hits; so are hits
+    from the asking session's messages the agent has not archived yet (*session_key*): they are in its
+    prompt too. *settings* keeps its caps for the dream (jobs.common); nothing here reads a file whole.
     """
-    workspace = Path(workspace)
+    del settings
     assembly = Assembly(budget_tokens)
-    included_files: set[str] = set()
-    total_left = settings.total_max_chars
-    for name in BOOTSTRAP_FILES:
-        cap = min(settings.max_chars, total_left)
-        part = file_part(workspace / name, name, cap, assembly.omitted)
-        if part is None:
-            continue
-        total_left -= len(part.body)
-        accepted = assembly.offer(part, trim=True)
-        if accepted is not None and not accepted.truncated:
-            included_files.add(name)
-    part = file_part(workspace / MEMORY_FILE, MEMORY_FILE, settings.max_chars, assembly.omitted)
-    accepted = assembly.offer(part, trim=True) if part is not None else None
-    if accepted is not None and not accepted.truncated:
-        included_files.add(MEMORY_FILE)
-    reserve = int(assembly.remaining() * SEARCH_SHARE) if query.strip() and search is not None else 0
-    history_shown = add_history(assembly, workspace / "memory", assembly.remaining() - reserve)
-    add_search(assembly, workspace, query, search, session_key, included_files, history_shown)
+    shown = add_search(assembly, Path(workspace), query, search, session_key)
+    add_history(assembly, Path(workspace) / "memory", assembly.remaining(), shown)
     text, tokens = assembly.finish()
     return {
         "text": text,
@@ -145,63 +123,7 @@ def build_context(workspace: Path, *, settings: ContextSettings, budget_tokens: 
     }
 
 
-# -- files ------------------------------------------------------------------------------------------
-
-def file_part(path: Path, name: str, cap: int, omitted: list[dict]) -> Part | None:
-    """A file as a part, cut to *cap* characters; None (with the reason noted) when there is nothing."""
-    if cap <= 0:
-        omitted.append({"name": name, "reason": "total_max_chars"})
-        return None
-    try:
-        text, cut = read_capped(path, name, cap)
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        omitted.append({"name": name, "reason": "missing"})
-        return None
-    except OSError as exc:
-        omitted.append({"name": name, "reason": f"unreadable: {exc.strerror or exc}"})
-        return None
-    if not text.strip():
-        omitted.append({"name": name, "reason": "empty"})
-        return None
-    return Part(name, text.strip("\n"), truncated=cut > 0)
-
-
-def read_capped(path: Path, name: str, cap: int) -> tuple[str, int]:
-    """(text, chars cut): the whole file, or its head (70% of *cap*) and tail (20%) around a marker line."""
-    if os.stat(path).st_size <= cap:
-        return read_text_lossy(path), 0
-    total = count_chars(path)
-    if total <= cap:
-        return read_text_lossy(path), 0
-    head_chars, tail_chars = int(cap * HEAD_SHARE), int(cap * TAIL_SHARE)
-    head = read_text_lossy(path, limit=head_chars * 4 + 4)[:head_chars]
-    tail = read_tail(path, tail_chars * 4 + 4)[-tail_chars:] if tail_chars else ""
-    cut = total - len(head) - len(tail)
-    return f"{head}\n[... {name}: {cut} chars cut ...]\n{tail}", cut
-
-
-def count_chars(path: Path) -> int:
-    """Characters of the file as decoded with replacement, in one streaming pass."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    total = 0
-    with open(path, "rb") as handle:
-        while chunk := handle.read(READ_CHUNK):
-            total += len(decoder.decode(chunk))
-    return total + len(decoder.decode(b"", final=True))
-
-
-def read_tail(path: Path, size: int) -> str:
-    """The last *size* bytes of a file, decoded with replacement (a cut first character is dropped)."""
-    with open(path, "rb") as handle:
-        handle.seek(0, os.SEEK_END)
-        start = max(0, handle.tell() - size)
-        handle.seek(start)
-        data = handle.read()
-    if start:
-        while data and (data[0] & 0xC0) == 0x80:
-            data = data[1:]
-    return data.decode("utf-8", errors="replace")
-
+# -- trimming ---------------------------------------------------------------------------------------
 
 def trim_part(part: Part, room: int) -> Part | None:
     """*part* with its body cut to fit *room* tokens (the head is kept), or None when too little fits."""
@@ -222,42 +144,41 @@ def trim_part(part: Part, room: int) -> Part | None:
 
 # -- history ----------------------------------------------------------------------------------------
 
-def add_history(assembly: Assembly, memory_dir: Path, room: int) -> list[str]:
-    """Entries after the dream cursor, newest first while they fit; return the contents shown.
-
-    The chosen entries are shown oldest first, so they read as a timeline.
-    """
+def add_history(assembly: Assembly, memory_dir: Path, room: int, shown: list[str]) -> None:
+    """Entries after the dream cursor, newest first while they fit in *room*, leaving out those whose text
+    a search hit showed already (*shown*). The chosen entries are shown oldest first, as a timeline."""
     name = "Recent history"
     after = read_cursor_file(memory_dir / DREAM_CURSOR_NAME)
-    chosen: list[tuple[HistoryEntry, str]] = []
+    chosen: list[str] = []
     used = count_tokens(Part(name, "").render()) + 1
     try:
         for entry in entries_newest_first(memory_dir / HISTORY_NAME, after):
+            if any(text in entry.content for text in shown):
+                continue
             line = render_entry(entry)
             tokens = count_tokens(line) + 1
             if used + tokens > room:
                 if not chosen:
                     # The newest entry alone is too big: show its head rather than nothing.
-                    accepted = assembly.offer(Part(name, line), trim=True, limit=room)
-                    return [entry.content] if accepted is not None else []
+                    assembly.offer(Part(name, line), trim=True, limit=room)
+                    return
                 break
-            chosen.append((entry, line))
+            chosen.append(line)
             used += tokens
     except OSError as exc:
         assembly.omitted.append({"name": name, "reason": f"unreadable: {exc.strerror or exc}"})
-        return []
+        return
     if not chosen:
         assembly.omitted.append({"name": name, "reason": "no entries since the dream cursor"})
-        return []
+        return
     while chosen:
-        part = Part(name, "\n".join(line for _, line in reversed(chosen)))
+        part = Part(name, "\n".join(reversed(chosen)))
         tokens = assembly.fits(part, room)
         if tokens is not None:
             assembly.add(part, tokens)
-            return [entry.content for entry, _ in chosen]
+            return
         chosen.pop()
     assembly.omitted.append({"name": name, "reason": "budget"})
-    return []
 
 
 def render_entry(entry: HistoryEntry) -> str:
@@ -307,52 +228,50 @@ def _entry(raw: bytes) -> HistoryEntry | None:
 
 # -- search -----------------------------------------------------------------------------------------
 
-def _already_shown(hit: SearchHit, included_files: set[str], history_shown: list[str], session_key: str | None,
-                   live_from: int | None) -> bool:
-    """A hit the context holds already: an included file, a shown history entry, the live session's tail."""
+def _already_shown(hit: SearchHit, session_key: str | None, live_from: int | None) -> bool:
+    """A hit the agent's prompt holds already: a file nanobot injects, or the live session's tail."""
     if hit.source in ("memory", "note"):
-        return hit.path in included_files
-    if hit.source == "history":
-        return any(hit.text.strip() in content for content in history_shown)
+        return hit.path in AGENT_INJECTED
     return (hit.source == "session" and hit.session_key == session_key and live_from is not None
             and (hit.message_start or 0) >= live_from)
 
 
 def add_search(assembly: Assembly, workspace: Path, query: str,
-               search: Callable[[str, int], list[SearchHit]] | None, session_key: str | None,
-               included_files: set[str], history_shown: list[str]) -> None:
-    """Search hits for the query, best first, skipping what the context or the live session already holds."""
+               search: Callable[[str, int], list[SearchHit]] | None, session_key: str | None) -> list[str]:
+    """Search hits for the query, best first, as many as fit, skipping what the agent's prompt holds;
+    return the texts of the history hits shown (recent history leaves them out)."""
     name = "Search: " + " ".join(query.split())[:MAX_QUERY_IN_HEADER]
     if not query.strip() or search is None:
         assembly.omitted.append({"name": "Search", "reason": "no query" if search else "no search backend"})
-        return
+        return []
     try:
         hits = search(query, SEARCH_FETCH)
     except SearchBackendError as exc:
         assembly.omitted.append({"name": name, "reason": f"search unavailable: {exc}"})
-        return
+        return []
     live_from = _live_from(workspace, session_key, hits)
-    fresh = [hit for hit in hits if not _already_shown(hit, included_files, history_shown, session_key, live_from)]
-    blocks = [render_hit(hit) for hit in fresh[:SEARCH_LIMIT]]
-    if not blocks:
+    fresh = [hit for hit in hits if not _already_shown(hit, session_key, live_from)][:SEARCH_LIMIT]
+    if not fresh:
         assembly.omitted.append({"name": name, "reason": "no hits"})
-        return
+        return []
     header_tokens = count_tokens(Part(name, "").render()) + 1
     room = assembly.remaining()
-    chosen, used = [], header_tokens
-    for block in blocks:
-        tokens = count_tokens(block) + 1
+    chosen: list[SearchHit] = []
+    used = header_tokens
+    for hit in fresh:
+        tokens = count_tokens(render_hit(hit)) + 1
         if used + tokens <= room:
-            chosen.append(block)
+            chosen.append(hit)
             used += tokens
     while chosen:
-        part = Part(name, "\n".join(chosen))
+        part = Part(name, "\n".join(map(render_hit, chosen)))
         tokens = assembly.fits(part)
         if tokens is not None:
             assembly.add(part, tokens)
-            return
+            return [hit.text.strip() for hit in chosen if hit.source == "history" and hit.text.strip()]
         chosen.pop()
-    assembly.offer(Part(name, blocks[0]), trim=True)
+    assembly.offer(Part(name, render_hit(fresh[0])), trim=True)  # its head only: history may show it whole
+    return []
 
 
 def render_hit(hit: SearchHit) -> str:

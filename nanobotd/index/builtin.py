@@ -50,8 +50,9 @@ CANDIDATES_PER_HIT = 4
 MIN_CANDIDATES = 40
 MAX_LIMIT = 500
 # Bump when the way files become units changes: an index made the old way is then rebuilt
-# (2: the dates column holds a key per day and month).
-UNITS_VERSION = 2
+# (2: the dates column holds a key per day and month; 3: calls of nanobotd's memory tools left out, and
+# the dates column holds the days a text names as well as its own).
+UNITS_VERSION = 3
 
 
 class BuiltinIndex:
@@ -375,7 +376,7 @@ class BuiltinIndex:
         text = read_text_lossy(path, limit=MAX_MARKDOWN_BYTES)
         day = note_date(path) if source == "note" else None
         if day is not None:
-            return markdown_units(text, source, day.isoformat(), date_words(day))
+            return markdown_units(text, source, day.isoformat(), day)
         when = iso_seconds(datetime.fromtimestamp(path.stat().st_mtime))
         return markdown_units(text, source, when)
 

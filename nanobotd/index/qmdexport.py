@@ -32,7 +32,8 @@ from nanobotd.sessions.file import is_metadata_line, iter_raw_lines
 ENTRIES_PER_FILE = 20
 MESSAGES_PER_FILE = 10
 MANIFEST = "manifest.json"
-EXPORT_VERSION = 1
+# Bump when what is exported changes: every source is then exported again (2: memory tool calls left out).
+EXPORT_VERSION = 2
 HEADING = re.compile(r"^## (?:#(\d+)|history #(\d+)) · ")
 FILE_KEY = re.compile(r"^<!-- (session|history) (.*?) -->$")
 

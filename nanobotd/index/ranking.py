@@ -20,6 +20,13 @@ from nanobotd.index.hit import SearchHit
 
 SNIPPET_CHARS = 240
 SNIPPET_LEAD = 60
+# The agent reads every word of a hit: the hits share HIT_WORDS words each on average (ten hits in 1,000), a
+# hit taking at most 1.5 times an even share of what is left, leaving MIN_HIT_WORDS to each hit to come. A session
+# window longer than its share shows its best-matching message with the neighbours that fit, a message
+# longer than that is cut around its matches (LongMemEval's 200-word turns made ten windows 5,000 words).
+HIT_WORDS = 100
+MIN_HIT_WORDS = 60
+HIT_LEAD_WORDS = 25
 
 
 def build_hits(rows: list[tuple[MatchRow, float]], terms: list[str], limit: int,
@@ -30,6 +37,7 @@ def build_hits(rows: list[tuple[MatchRow, float]], terms: list[str], limit: int,
     hits: list[SearchHit] = []
     pattern = highlighter(terms)
     display_path = functools.lru_cache(maxsize=None)(display_path)
+    words_left = HIT_WORDS * limit
     for row, score in rows:
         if len(hits) >= limit:
             break
@@ -37,11 +45,14 @@ def build_hits(rows: list[tuple[MatchRow, float]], terms: list[str], limit: int,
             continue
         row = replace(row, score=round(score, 4))
         if row.source == "session" and row.parts:
-            hit = _session_hit(row, pattern, shown[row.path], display_path)
+            still = limit - len(hits)
+            share = max(MIN_HIT_WORDS, min(words_left * 3 // 2 // still, words_left - MIN_HIT_WORDS * (still - 1)))
+            hit = _session_hit(row, pattern, shown[row.path], display_path, share)
         else:
             hit = _file_hit(row, pattern, display_path)
         if hit is not None:
             hits.append(hit)
+            words_left -= len(hit.text.split())
     return hits
 
 
@@ -54,7 +65,7 @@ def _file_hit(row: MatchRow, pattern: tuple[str, ...], display_path: Callable[[s
 
 
 def _session_hit(row: MatchRow, pattern: tuple[str, ...], shown: set[int],
-                 display_path: Callable[[str], str]) -> SearchHit | None:
+                 display_path: Callable[[str], str], max_words: int) -> SearchHit | None:
     try:
         parts = [(int(part[0]), int(part[1]), str(part[2])) for part in json.loads(row.parts)]
     except (ValueError, TypeError, IndexError):
@@ -65,9 +76,17 @@ def _session_hit(row: MatchRow, pattern: tuple[str, ...], shown: set[int],
     if fresh is None:
         return None
     first, last = fresh
-    start_offset = parts[first][1]
-    end_offset = parts[last + 1][1] - 1 if last + 1 < len(parts) else len(row.body)
-    text = row.body[start_offset:end_offset]
+
+    def span(first: int, last: int) -> str:
+        end = parts[last + 1][1] - 1 if last + 1 < len(parts) else len(row.body)
+        return row.body[parts[first][1]:end]
+
+    text = span(first, last)
+    if len(text.split()) > max_words:
+        first, last = _best_run(first, last, lambda index: span(index, index), pattern, max_words)
+        text = span(first, last)
+        if first == last and len(text.split()) > max_words:
+            text = _around_matches(text, pattern, max_words)
     shown.update(part[0] for part in parts[first:last + 1])
     return SearchHit(
         source="session", path=display_path(row.path), snippet=make_snippet(text, pattern),
@@ -75,6 +94,39 @@ def _session_hit(row: MatchRow, pattern: tuple[str, ...], shown: set[int],
         session_key=row.session_key, message_start=parts[first][0], message_end=parts[last][0],
         extra={"unit_id": row.unit_id, "trimmed": first > 0 or last < len(parts) - 1},
     )
+
+
+def _best_run(first: int, last: int, message: Callable[[int], str], pattern: tuple[str, ...],
+              max_words: int) -> tuple[int, int]:
+    """The message of first..last matching most query words, with as many neighbours (the next one first:
+    an answer follows its question) as fit in *max_words*."""
+    best = max(range(first, last + 1), key=lambda index: _word_starts(message(index).lower(), pattern)[0])
+    words = {index: len(message(index).split()) for index in range(first, last + 1)}
+    low = high = best
+    used = words[best]
+    grew = True
+    while grew:
+        grew = False
+        for index in (high + 1, low - 1):
+            if first <= index <= last and index in (high + 1, low - 1) and used + words[index] <= max_words:
+                used += words[index]
+                low, high = min(low, index), max(high, index)
+                grew = True
+    return low, high
+
+
+def _around_matches(text: str, pattern: tuple[str, ...], max_words: int) -> str:
+    """*text* cut to *max_words* words, starting a little before its first query word (its head if none)."""
+    words = text.split(" ")
+    if len(words) <= max_words:
+        return text
+    max_words -= 3  # the speaker's label and two ellipses
+    hit_at = next((index for index, word in enumerate(words)
+                   if _word_starts(word.lower().lstrip("\"'(*[\n"), pattern)[0]), 0)
+    start = max(0, min(hit_at - HIT_LEAD_WORDS, len(words) - max_words))
+    label = text[:text.find(": ") + 2] if start and 0 < text.find(": ") < 40 else ""
+    return (label + ("… " if start else "") + " ".join(words[start:start + max_words])
+            + (" …" if start + max_words < len(words) else ""))
 
 
 def _longest_fresh_run(parts: list[tuple[int, int, str]], shown: set[int]) -> tuple[int, int] | None:

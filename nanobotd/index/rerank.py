@@ -29,6 +29,11 @@ PART_WEIGHT = 0.5
 # Share of the shown score that depends on how much of the query a hit matches.
 COVERAGE_SHARE = 0.5
 MIN_PREFIX_CHARS = 3
+# A part that asks (ends with "?") repeats the words of its answer: its matches count this much. After a
+# failed lookup the session holds the user's question; it must not outrank the fact that answers it.
+QUESTION_WEIGHT = 0.5
+# Raw turns against curated memory (MEMORY.md, notes, history entries) at equal match: the curated one first.
+SESSION_PRIOR = 0.9
 # The rest of a word after a prefix found in it (unicode61's word characters: letters and digits).
 WORD_REST = re.compile(r"[^\W_]*")
 
@@ -75,7 +80,7 @@ def rerank(rows: list[MatchRow], weights: QueryWeights, stemmer: Stemmer,
     prefixes = _prefixes(weights)
     found = [[_candidate_words(row.body[start:end], prefixes) for start, end in parts_of(row) or [(0, len(row.body))]]
              for row in rows]
-    distinct = list({word for parts in found for words, _ in parts for word in words})
+    distinct = list({word for parts in found for words, _, _ in parts for word in words})
     stem_of = {word: stem for word, stem in zip(distinct, stemmer.stems(distinct), strict=True)
                if stem in weights.stems}
     analysed = [_analyse(row, parts, stem_of, weights) for row, parts in zip(rows, found, strict=True)]
@@ -90,7 +95,8 @@ def rerank(rows: list[MatchRow], weights: QueryWeights, stemmer: Stemmer,
     for row, (_, _, _, matched), unit, part in zip(rows, analysed, unit_scores, part_scores, strict=True):
         fused = (unit / top_unit + PART_WEIGHT * part / top_part) / (1 + PART_WEIGHT)
         coverage = matched / weights.total
-        scored.append((row, fused * (1 - COVERAGE_SHARE + COVERAGE_SHARE * coverage)))
+        prior = SESSION_PRIOR if row.source == "session" else 1.0
+        scored.append((row, prior * fused * (1 - COVERAGE_SHARE + COVERAGE_SHARE * coverage)))
     scored.sort(key=lambda item: -item[1])
     return scored
 
@@ -118,29 +124,31 @@ def find_words(lowered: str, prefixes: tuple[str, ...]) -> list[str]:
     return list(found.values())
 
 
-def _candidate_words(text: str, prefixes: tuple[str, ...]) -> tuple[list[str], int]:
+def _candidate_words(text: str, prefixes: tuple[str, ...]) -> tuple[list[str], int, float]:
     """The lowercased words of *text* that may match the query (non-ASCII ones always: diacritics fold),
-    and how many words it has (split on whitespace: close enough for BM25's length, and cheap)."""
+    how many words it has (split on whitespace: close enough for BM25's length, and cheap), and what one
+    match in it counts (less in a question)."""
     lowered = text.lower()
     found = find_words(lowered, prefixes) if prefixes else []
     if not text.isascii():
         found += [word for word in TOKEN.findall(lowered) if not word.isascii()]
-    return found, len(text.split())
+    return found, len(text.split()), QUESTION_WEIGHT if text.rstrip().endswith("?") else 1.0
 
 
-def _analyse(row: MatchRow, parts: list[tuple[list[str], int]], stem_of: dict[str, str],
+def _analyse(row: MatchRow, parts: list[tuple[list[str], int, float]], stem_of: dict[str, str],
              weights: QueryWeights) -> tuple[dict, list[tuple[dict, int]], int, float]:
-    """Query-stem counts of the unit and of each part, the unit's length, and the query weight it matches."""
+    """Query-stem counts of the unit and of each part (a question's count less), the unit's length, and
+    the query weight it matches."""
     counted = []
-    total: dict[str, int] = {}
+    total: dict[str, float] = {}
     length = 0
-    for words, size in parts:
-        counts: dict[str, int] = {}
+    for words, size, each in parts:
+        counts: dict[str, float] = {}
         for word in words:
             stem = stem_of.get(word)
             if stem is not None:
-                counts[stem] = counts.get(stem, 0) + 1
-                total[stem] = total.get(stem, 0) + 1
+                counts[stem] = counts.get(stem, 0) + each
+                total[stem] = total.get(stem, 0) + each
         counted.append((counts, size))
         length += size
     matched = sum(weights.stems[stem] for stem in total)

@@ -7,19 +7,22 @@ stride 2 find as much as 6-message windows for half the words, once overlapping 
 A window's key is a digest of the raw bytes of its lines, so re-reading a changed 100,000-message
 session only hashes the lines; only windows whose key is new are decoded and indexed (after an append
 that is the last one or two). Slash commands (`_command`), nanobot's checkpoint prompts
-(`_hidden_history`: fixed boilerplate, its summary goes to history.jsonl) and tool output are not
-conversation and are left out of the text.
+(`_hidden_history`: fixed boilerplate, its summary goes to history.jsonl), tool output and the agent's
+calls of nanobotd's own memory tools are not conversation and are left out of the text.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 
-from nanobotd.index.timeintent import date_words
+from nanobotd.index.timeintent import date_words, event_days
 from nanobotd.index.units import Unit, iso_seconds, parse_timestamp
 from nanobotd.sessions.file import (
     RawLine,
@@ -36,6 +39,9 @@ STRIDE = 2
 MAX_MESSAGE_CHARS = 2000
 INDEXED_ROLES = ("user", "assistant")
 HEADER_PROBE_LINES = 8
+# nanobotd's own memory tools as nanobot names them (mcp_<server>_memory_search, ...): their calls and
+# results are the agent looking memory up, not memory; indexed, a failed lookup outranks the fact it missed.
+MEMORY_TOOL = re.compile(r"^mcp_.+_memory_(search|context|recall)$")
 
 
 def session_key_for(path: Path) -> str | None:
@@ -79,6 +85,8 @@ def session_units(
     """(key, unit) for every window of the session; the unit is None when *known* holds the key."""
     stride = max(1, min(stride, window))
     recent: deque[tuple[int, RawLine]] = deque(maxlen=window)
+    # Windows overlap: a message is read once for all the windows that hold it.
+    messages: dict[int, Message | None] = {}
     position = 0
     for line in iter_raw_lines(path):
         if is_metadata_line(line):
@@ -86,10 +94,10 @@ def session_units(
         recent.append((position, line))
         start = position - window + 1
         if start >= 0 and start % stride == 0:
-            yield _window(list(recent), session_key, known)
+            yield _window(list(recent), session_key, known, messages)
         position += 1
     for start in tail_starts(position, window, stride):
-        yield _window([item for item in recent if item[0] >= start], session_key, known)
+        yield _window([item for item in recent if item[0] >= start], session_key, known, messages)
 
 
 def tail_starts(total: int, window: int, stride: int) -> list[int]:
@@ -103,30 +111,54 @@ def tail_starts(total: int, window: int, stride: int) -> list[int]:
     return starts
 
 
-def _window(items: list[tuple[int, RawLine]], session_key: str | None, known: set[str]) -> tuple[str, Unit | None]:
+def _window(items: list[tuple[int, RawLine]], session_key: str | None, known: set[str],
+            messages: dict[int, Message | None]) -> tuple[str, Unit | None]:
     start, end = items[0][0], items[-1][0]
     digest = hashlib.blake2b("".join(line.line_digest for _, line in items).encode(), digest_size=12).hexdigest()
     key = f"{start}-{end}-{digest}"
     if key in known:
         return key, None
-    return key, _decode_window(key, items, session_key)
+    for position in [position for position in messages if position < start]:
+        del messages[position]
+    return key, _decode_window(key, items, session_key, messages)
 
 
-def _decode_window(key: str, items: list[tuple[int, RawLine]], session_key: str | None) -> Unit:
+@dataclass(frozen=True)
+class Message:
+    """One message as windows show it: its text, when it was said, and the days it is dated by."""
+
+    text: str
+    when: str
+    days: tuple[date, ...]
+
+
+def read_message(line: RawLine) -> Message | None:
+    """The message on a line, or None for what is not conversation."""
+    record = decode_line(line)
+    rendered = render_message(record) if record is not None else None
+    if rendered is None:
+        return None
+    text, timestamp = rendered
+    moment = parse_timestamp(timestamp)
+    own = [moment.date()] if moment else []
+    return Message(text, iso_seconds(moment) if moment else timestamp,
+                   tuple(dict.fromkeys(own + event_days(text, moment))))
+
+
+def _decode_window(key: str, items: list[tuple[int, RawLine]], session_key: str | None,
+                   messages: dict[int, Message | None]) -> Unit:
     texts, parts, days = [], [], []
     offset = 0
     first_when = ""
     for position, line in items:
-        record = decode_line(line)
-        rendered = render_message(record) if record is not None else None
-        if rendered is None:
+        if position not in messages:
+            messages[position] = read_message(line)
+        message = messages[position]
+        if message is None:
             continue
-        text, timestamp = rendered
-        moment = parse_timestamp(timestamp)
-        when = iso_seconds(moment) if moment else timestamp
+        text, when = message.text, message.when
         first_when = first_when or when
-        if moment and moment.date() not in days:
-            days.append(moment.date())
+        days += [day for day in message.days if day not in days]
         parts.append((position, offset, when))
         texts.append(text)
         offset += len(text) + 1
@@ -135,9 +167,20 @@ def _decode_window(key: str, items: list[tuple[int, RawLine]], session_key: str 
                 tuple(parts))
 
 
+def is_memory_lookup(record: dict) -> bool:
+    """A tool call (with the words the agent said around it) or a tool result of nanobotd's memory tools."""
+    if record.get("role") == "tool":
+        return isinstance(record.get("name"), str) and bool(MEMORY_TOOL.match(record["name"]))
+    calls = record.get("tool_calls")
+    if not isinstance(calls, list) or not calls:
+        return False
+    names = [(call.get("function") or {}).get("name") if isinstance(call, dict) else None for call in calls]
+    return all(isinstance(name, str) and MEMORY_TOOL.match(name) for name in names)
+
+
 def render_message(record: dict) -> tuple[str, str] | None:
     """"label: text" for a conversation message, or None for what is not conversation."""
-    if record.get("_command") or record.get("_hidden_history"):
+    if record.get("_command") or record.get("_hidden_history") or is_memory_lookup(record):
         return None
     fields = message_fields(record)
     if fields is None:

@@ -25,6 +25,21 @@ DAY_MONTH_YEAR = re.compile(
     rf"\b(\d{{1,2}}){ORDINAL}\s+(?:of\s+)?({MONTH_ALTERNATION})\.?,?\s+(\d{{4}})\b", re.I)
 MONTH_DAY_YEAR = re.compile(rf"\b({MONTH_ALTERNATION})\.?\s+(\d{{1,2}}){ORDINAL},?\s+(\d{{4}})\b", re.I)
 ISO_DATE = re.compile(r"\b(\d{4})-(\d{1,2})-(\d{1,2})\b")
+# 31.12.2023: day first, as it is written where dots separate dates.
+DOTTED_DATE = re.compile(r"\b(\d{1,2})\.(\d{1,2})\.(\d{4})\b")
+# A day and month without a year ("on the 10th of February", "Feb 10th"): the year nearest to when it was said.
+DAY_MONTH = re.compile(rf"\b(\d{{1,2}}){ORDINAL}\s+(?:of\s+)?({MONTH_ALTERNATION})\b\.?", re.I)
+MONTH_DAY = re.compile(rf"\b({MONTH_ALTERNATION})\.?\s+(\d{{1,2}}){ORDINAL}\b(?!:)", re.I)
+FORWARD = re.compile(r"\b(tomorrow|(?:next|this|coming)\s+(?:" + "|".join(WEEKDAYS) + r"))\b", re.I)
+IN_DAYS = re.compile(r"\bin\s+(\d{1,3})\s+(days?|weeks?)\b", re.I)
+# A day is named with a digit or a weekday (or the few words of NEAR_DAYS and "last week"): only the text
+# around those is read with the patterns above, so the cost follows the digits, not the length of the text.
+# Reading every message with each pattern made building an index of 100,000 entries four times slower.
+DIGITS = re.compile(r"\d+")
+STAMP = re.compile(r"(\d{4})-(\d{1,2})-(\d{1,2})(?:[t ]\d{1,2}:\d{2}(?::\d{2})?)?\b")
+AROUND_CHARS = 24
+NEAR_DAYS = (("yesterday", -1), ("today", 0), ("tomorrow", 1))
+MAX_EVENT_DAYS = 8
 MONTH_YEAR = re.compile(rf"\b({MONTH_ALTERNATION})\.?,?\s+(\d{{4}})\b", re.I)
 # The first end of a range may leave its year to the second: "between August 11 and August 15 2023".
 RANGE_START = re.compile(rf"\b(?:between|from)\s+(?:({MONTH_ALTERNATION})\.?\s+(\d{{1,2}}){ORDINAL}|"
@@ -89,10 +104,52 @@ def month_phrase(month: int, year: int) -> str:
     return f"{MONTHS[month - 1]} {year}"
 
 
-def find_time(text: str, now: datetime | None = None) -> TimeIntent:
-    """Every date, month, range and (given *now*) relative day named in *text*."""
+def event_days(text: str, said: date | datetime | None) -> list[date]:
+    """The days a message (or note) written at *said* names: the dates of the events it speaks of, beside
+    its own timestamp. "next Friday", "the 10th of February", "31.12.2023", "two days ago" read from *said*."""
+    lowered = text.lower() if text else ""
+    now = said if isinstance(said, datetime) else datetime.combine(said, datetime.min.time()) if said else None
+    days: list[date] = []
+    places = []
+    stamped = 0
+    for match in DIGITS.finditer(lowered):
+        if match.start() < stamped:
+            continue
+        stamp = STAMP.match(lowered, match.start()) if match.end() - match.start() == 4 else None
+        if stamp:  # an ISO date or timestamp, the commonest by far ([RAW] entries): read at once
+            days += _valid(stamp.group(1), int(stamp.group(2)), stamp.group(3))
+            stamped = stamp.end()
+        else:
+            places.append(match.span())
+    for day in WEEKDAYS:
+        at = lowered.find(day)
+        while at >= 0:
+            places.append((at, at + len(day)))
+            at = lowered.find(day, at + 1)
+    if places:
+        places.sort()
+        merged = [[max(0, places[0][0] - AROUND_CHARS), places[0][1] + AROUND_CHARS]]
+        for start, end in places[1:]:
+            if start - AROUND_CHARS <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end + AROUND_CHARS)
+            else:
+                merged.append([start - AROUND_CHARS, end + AROUND_CHARS])
+        days += find_time(" | ".join(text[start:end] for start, end in merged), now, nearest=True).days
+    if now is not None:
+        today = now.date()
+        days += [today + timedelta(days=offset) for word, offset in NEAR_DAYS if word in lowered]
+        if "last week" in lowered or "past week" in lowered:
+            days += [today - timedelta(days=offset) for offset in range(1, 8)]
+    return list(dict.fromkeys(days))[:MAX_EVENT_DAYS]
+
+
+def find_time(text: str, now: datetime | None = None, *, nearest: bool = False) -> TimeIntent:
+    """Every date, month, range and (given *now*) relative day named in *text*. A day named without a year
+    is the last and the next such day (a question may ask about either), or with *nearest* the nearer."""
     intent = TimeIntent()
     _absolute_days(text, intent)
+    if now is not None:
+        _yearless_days(text, now.date(), intent, nearest)
     for match in MONTH_YEAR.finditer(text):
         if not intent.covers(match.start(), match.end()):
             intent.months.append((month_number(match.group(1)), int(match.group(2))))
@@ -127,8 +184,30 @@ def _absolute_days(text: str, intent: TimeIntent) -> None:
         found += [(*match.span(), day) for day in _valid(match.group(3), month_number(match.group(1)), match.group(2))]
     for match in ISO_DATE.finditer(text):
         found += [(*match.span(), day) for day in _valid(match.group(1), int(match.group(2)), match.group(3))]
+    for match in DOTTED_DATE.finditer(text):
+        found += [(*match.span(), day) for day in _valid(match.group(3), int(match.group(2)), match.group(1))]
     for start, end, day in sorted(found):
         intent.days.append(day)
+        intent.spans.append((start, end))
+
+
+def _yearless_days(text: str, today: date, intent: TimeIntent, nearest: bool) -> None:
+    """A day and month named without a year: that day in the years around *today*, the last and the next
+    (or the nearer)."""
+    found = [(match.span(), match.group(2), match.group(1)) for match in DAY_MONTH.finditer(text)]
+    found += [(match.span(), match.group(1), match.group(2)) for match in MONTH_DAY.finditer(text)]
+    for (start, end), name, number in sorted(found):
+        if intent.covers(start, end) or any(start < last and first < end for first, last in intent.spans):
+            continue
+        candidates = [day for year in (today.year - 1, today.year, today.year + 1)
+                      for day in _valid(str(year), month_number(name), number)]
+        if not candidates:
+            continue
+        if nearest:
+            intent.days.append(min(candidates, key=lambda day: abs((day - today).days)))
+        else:
+            intent.days += [day for day in (max((day for day in candidates if day <= today), default=None),
+                                            min((day for day in candidates if day > today), default=None)) if day]
         intent.spans.append((start, end))
 
 
@@ -171,6 +250,19 @@ def _relative(text: str, now: datetime, intent: TimeIntent) -> None:
     for match in LAST_WEEKDAY.finditer(text):
         back = (today.weekday() - WEEKDAYS.index(match.group(1).lower())) % 7 or 7
         intent.days.append(today - timedelta(days=back))
+        intent.spans.append(match.span())
+    for match in FORWARD.finditer(text):
+        words = match.group(1).lower().split()
+        if words == ["tomorrow"]:
+            ahead = 1
+        else:
+            ahead = (WEEKDAYS.index(words[-1]) - today.weekday()) % 7
+            ahead = ahead + 7 if words[0] == "next" and ahead == 0 else ahead or (7 if words[0] != "this" else 0)
+        intent.days.append(today + timedelta(days=ahead))
+        intent.spans.append(match.span())
+    for match in IN_DAYS.finditer(text):
+        days = int(match.group(1)) * (7 if match.group(2).lower().startswith("week") else 1)
+        intent.days.append(today + timedelta(days=days))
         intent.spans.append(match.span())
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
 
-from nanobotd.index.timeintent import date_words
+from nanobotd.index.timeintent import date_words, event_days
 from nanobotd.memory.history import parse_entry
 from nanobotd.sessions.file import iter_raw_lines
 
@@ -85,8 +85,9 @@ def note_date(path: Path) -> date | None:
         return None
 
 
-def markdown_units(text: str, source: str, when: str = "", dates: str = "") -> list[Unit]:
-    """The `##` sections of a markdown file (and any preamble with content), each cut to size."""
+def markdown_units(text: str, source: str, when: str = "", day: date | None = None) -> list[Unit]:
+    """The `##` sections of a markdown file (and any preamble with content), each cut to size, dated by
+    *day* (a daily note's) and the days each piece names (relative ones read from *day*)."""
     lines = text.splitlines()
     units: list[Unit] = []
     used: set[str] = set()
@@ -100,7 +101,7 @@ def markdown_units(text: str, source: str, when: str = "", dates: str = "") -> l
             if key in used:
                 key = f"{key}-{len(used)}"
             used.add(key)
-            units.append(Unit(key, source, chunk_start, chunk_end, chunk, when, dates))
+            units.append(Unit(key, source, chunk_start, chunk_end, chunk, when, unit_dates(chunk, day)))
     return units
 
 
@@ -125,8 +126,15 @@ def history_units(path: Path, known: set[str]) -> Iterator[tuple[str, Unit | Non
         pieces = _chunks(entry.content.splitlines(), line.number, "", HISTORY_UNIT_CHARS)
         for index, (_, _, chunk) in enumerate(pieces):
             key = f"{line.number}-{line.line_digest}-{index}"
-            yield key, Unit(key, "history", line.number, line.number, chunk, when, date_words(moment),
+            yield key, Unit(key, "history", line.number, line.number, chunk, when, unit_dates(chunk, moment),
                             entry.session_key)
+
+
+def unit_dates(text: str, said: date | datetime | None) -> str:
+    """The `dates` column of a piece written at *said*: that day's words, then those of each day it names."""
+    own = [said.date() if isinstance(said, datetime) else said] if said else []
+    days = list(dict.fromkeys(own + event_days(text, said)))
+    return " ".join(date_words(day) for day in days)
 
 
 def _known_history_keys(number: int, digest: str, known: set[str]) -> Iterator[tuple[str, None]]:

@@ -90,7 +90,9 @@ def test_memory_recall_returns_the_daily_note_of_a_date_and_the_history_of_a_ran
 def test_memory_context_and_a_refused_request_answer_as_text(daemon: DaemonProcess) -> None:
     context, bad_range = call_tools(daemon.socket, [("memory_context", {"query": "kestrel", "budget_tokens": 800}),
                                                     ("memory_recall", {"date": "2026-11-20..2026-11-01"})])["results"]
-    assert not context.is_error and "Project kestrel." in text_of(context) and "of 800 tokens" in text_of(context)
+    assert not context.is_error and "of 800 tokens" in text_of(context)
+    assert "Ship kestrel on Friday." in text_of(context)
+    assert "Project kestrel." not in text_of(context)  # MEMORY.md is in the agent's prompt already
     assert bad_range.is_error and "ends before it starts" in text_of(bad_range)
     unknown = call_tools(daemon.socket, [("memory_search", {"query": "x"})], "--workspace", "nope")["results"][0]
     assert unknown.is_error and text_of(unknown).startswith("nanobotd could not answer: no workspace named 'nope'")

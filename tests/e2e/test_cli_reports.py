@@ -68,10 +68,10 @@ def test_search_context_and_status_say_what_happened(offline):
     assert "vsearch needs QMD" in nanobotctl_json(offline, "search", "--mode", "vsearch", "kestrel")["fallback"]
     assert "fallback" not in nanobotctl_json(offline, "search", "kestrel")
 
-    tiny = nanobotctl(offline, "context", "cli:a", "--budget", "5")
+    tiny = nanobotctl(offline, "context", "cli:a", "--query", "says", "--budget", "5")
     assert (tiny.returncode, tiny.stdout) == (0, "")
     assert "the context is empty: a budget of 5 tokens fits none of" in tiny.stderr
-    assert "warning" in nanobotctl_json(offline, "context", "cli:a", "--budget", "5")
+    assert "warning" in nanobotctl_json(offline, "context", "cli:a", "--query", "says", "--budget", "5")
     unknown = nanobotctl(offline, "context", "cli:nope")
     assert (unknown.returncode, unknown.stdout) == (1, "")
     assert "no session 'cli:nope'" in unknown.stderr

@@ -410,3 +410,56 @@ def test_a_large_refresh_leaves_no_large_wal_behind(tmp_path, workspace):
     assert index.stats()["db_bytes"] < 1.2 * db_path.stat().st_size
     assert index.search("entry 29999")[0].line_start == 29_999
     index.close()
+
+
+def test_a_hit_in_long_turns_shows_the_matching_message_cut_around_its_match(index, workspace):
+    _, sessions = workspace
+    filler = " ".join(f"filler{n}" for n in range(180))
+    messages = [{"role": "user" if n % 2 == 0 else "assistant", "content": f"Long turn {n}: {filler}",
+                 "timestamp": f"2026-11-20T10:0{n}:00"} for n in range(4)]
+    messages[2]["content"] = f"{filler} The play I attended was a production of The Crucible. {filler}"
+    write_session(sessions, "cli:long", messages)
+    index.refresh()
+
+    hit = index.search("which play did I attend, the crucible?")[0]
+
+    assert (hit.message_start, hit.message_end) == (2, 2)
+    assert "production of The Crucible" in hit.text and len(hit.text.split()) <= 150  # 1.5 shares of 100
+    assert hit.text.startswith("user: … filler") and hit.text.endswith(" …")
+
+
+def test_the_agents_memory_lookups_are_not_indexed_but_its_other_tool_calls_words_are(index, workspace):
+    _, sessions = workspace
+    lookup = {"id": "c1", "type": "function", "function": {"name": "mcp_nanobotd_memory_recall", "arguments": "{}"}}
+    shell = {"id": "c2", "type": "function", "function": {"name": "exec", "arguments": "{}"}}
+    write_session(sessions, "cli:tools", [
+        {"role": "assistant", "content": "Recalling the osprey notes.", "tool_calls": [lookup]},
+        {"role": "tool", "tool_call_id": "c1", "name": "mcp_nanobotd_memory_recall", "content": "osprey nothing"},
+        {"role": "assistant", "content": "Listing the osprey folder.", "tool_calls": [lookup, shell]},
+    ])
+    index.refresh()
+
+    assert [hit.text for hit in index.search("osprey")] == ["assistant: Listing the osprey folder."]
+
+
+def test_a_day_a_message_names_is_found_by_that_date_as_well_as_by_its_own(index, workspace):
+    root, sessions = workspace
+    write_session(sessions, "cli:plans", [
+        {"role": "user", "content": "Book the ferry: we sail to Pemba on the 10th of February.",
+         "timestamp": "2026-01-28T10:00:00"},
+        {"role": "assistant", "content": "Noted, and the visa office visit is next Friday.",
+         "timestamp": "2026-01-28T10:00:30"},
+        {"role": "user", "content": "The lease ends 31.12.2026, remind me.", "timestamp": "2026-01-28T10:01:00"},
+    ])
+    write(root / "memory" / "2026-03-02.md", "## Log\n- Gym was closed yesterday.\n")
+    index.refresh()
+
+    def found(query: str) -> str:
+        return "\n".join(hit.text for hit in index.search(query))
+
+    assert "sail to Pemba" in found("where do we go on 10 February 2026?")
+    assert "visa office" in found("what is on Friday 30 January 2026")
+    assert "lease ends" in found("what happens on 2026-12-31")
+    assert "sail to Pemba" in found("where are we going on the 10th of February?")  # nearest 10 Feb to now
+    assert "Gym was closed" in found("gym on 1 March 2026")
+    assert "sail to Pemba" in found("January 28 2026 ferry")  # the message's own day still counts

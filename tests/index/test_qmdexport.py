@@ -131,3 +131,22 @@ def test_sessions_of_every_folder_are_exported_and_a_dropped_folder_takes_its_fi
 
     assert sum(name.startswith("sessions/") for name in both) == 3 + 1
     assert report["files_removed"] == 1 and len(exported(export)) == len(both) - 1
+
+
+
+def test_an_export_made_before_memory_lookups_were_left_out_is_made_again_without_them(tmp_path):
+    _, sessions, messages, export = setup(tmp_path)
+    call = {"id": "c1", "type": "function", "function": {"name": "mcp_nanobotd_memory_search", "arguments": "{}"}}
+    messages[3] = {"role": "assistant", "content": "Searching memory for the heron key.", "tool_calls": [call],
+                   "timestamp": messages[3]["timestamp"]}
+    write_session(sessions, "telegram:5", messages)
+    export.sync()
+    first = next(export.export_dir.rglob("m000000.md"))
+    first.write_text(first.read_text() + "\nassistant: Searching memory for the heron key.\n")  # as 1 wrote it
+    manifest = export.export_dir / "manifest.json"
+    manifest.write_text(json.dumps(dict(json.loads(manifest.read_text()), version=1)))
+
+    export.sync()
+
+    shown = "".join(path.read_text() for path in export.export_dir.rglob("*.md"))
+    assert "Searching memory" not in shown and "heron statue" in shown

@@ -137,7 +137,8 @@ def empty_context_warning(answer: dict, budget: int) -> str:
     if too_big:
         return (f"the context is empty: a budget of {budget} tokens fits none of {', '.join(map(str, too_big))}; "
                 f"raise the budget")
-    return "the context is empty: this workspace has no bootstrap files, MEMORY.md or history yet"
+    return ("the context is empty: nothing matches the query and no history is newer than the last dream "
+            "(SOUL.md, USER.md and MEMORY.md are left out: nanobot puts them in its prompt itself)")
 
 
 def query_date(request: Request, name: str, default: date | None = None) -> date:

