@@ -18,6 +18,8 @@ from nanobotd import heap
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.workspace import ALL_FILES, Workspace
 from nanobotd.index.sources import NOTE_DIRS
+from nanobotd.sessions.session import archived_twice_count
+from nanobotd.state import metrics
 
 MAX_WAIT_FACTOR = 5  # changes wait at most this many debounce periods for the index
 # While one of these runs in a workspace, its index refresh waits (up to MAX_WAIT_FACTOR): the job rewrites
@@ -134,7 +136,34 @@ async def refresh_index(core: Core, workspace: Workspace) -> dict | None:
     if time.monotonic() - started >= TRIM_AFTER_REFRESH_SECONDS:
         # a long refresh read a long transcript: its transient memory goes back before the next scan adds its own
         await loop.run_in_executor(core.executor, heap.trim)
+    await sample_daily(core, workspace)
     return workspace.last_refresh
+
+
+async def sample_daily(core: Core, workspace: Workspace, *, new_day_only: bool = False) -> None:
+    """Keep today's archived-twice count and index size in the daily samples (the page charts them over days).
+
+    Taken after each index refresh, which follows whatever changes them (a scan that finds messages archived
+    twice changes a session file; an archive changes history), and at a reconcile only when the day has none
+    yet (*new_day_only*), so an idle day has its sample too and an idle daemon writes one row a day.
+    """
+    day = core.now().date().isoformat()
+    if new_day_only and workspace.sampled_day == day:
+        return
+
+    def sample() -> None:
+        stats = workspace.index.stats()
+        metrics.record_daily_sample(core.store, workspace.name, day,
+                                    archived_twice=archived_twice_count(core.store, workspace.name),
+                                    index_units=int(stats.get("units") or 0),
+                                    index_db_bytes=int(stats.get("db_bytes") or 0))
+
+    try:
+        await asyncio.get_running_loop().run_in_executor(core.executor, sample)
+    except Exception as exc:  # a chart's figure: a failure is logged, never fatal
+        logger.opt(exception=exc).warning("workspace {}: daily sample not kept: {}", workspace.name, exc)
+        return
+    workspace.sampled_day = day
 
 
 def _writing(core: Core, workspace: Workspace) -> bool:

@@ -89,6 +89,7 @@ async def reconcile_workspace(core: Core, workspace: Workspace, *, startup: bool
         loop.create_task(open_workspace(core, workspace))
     elif workspace.opened:
         await indexing.check_fingerprints(core, workspace)
+        await indexing.sample_daily(core, workspace, new_day_only=True)
 
 
 async def open_workspace(core: Core, workspace: Workspace) -> None:

@@ -86,6 +86,7 @@ class Workspace:
         self.refresh_seconds = 0.0
         self.refresh_started: float | None = None  # time.monotonic(); the refresh is single-flight
         self.last_refresh: dict | None = None
+        self.sampled_day: str | None = None  # the last day whose figures went to the daily samples
 
     def _make_qmd(self, state_dir: Path, environ) -> QmdBackend | None:
         search = self.settings.search

@@ -166,6 +166,31 @@ def daily_outcomes(store: StateStore, *, since: float, now: float, workspace: st
     return [{"day": day, "kind": kind, "outcome": outcome, "count": count} for day, kind, outcome, count in rows]
 
 
+def record_daily_sample(store: StateStore, workspace: str, day: str, *, archived_twice: int, index_units: int,
+                        index_db_bytes: int) -> None:
+    """Keep *workspace*'s figures of *day* (YYYY-MM-DD): one row a workspace and day, a later sample of the same
+    day replacing the earlier. The daemon holds these figures only as they are now; the samples let the web
+    page chart them over days."""
+    with store.transaction() as db:
+        db.execute(
+            "INSERT INTO daily_samples (workspace, day, archived_twice, index_units, index_db_bytes, at)"
+            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (workspace, day) DO UPDATE SET"
+            " archived_twice=excluded.archived_twice, index_units=excluded.index_units,"
+            " index_db_bytes=excluded.index_db_bytes, at=excluded.at",
+            (workspace, day, archived_twice, index_units, index_db_bytes, store.clock()),
+        )
+
+
+def daily_samples(store: StateStore, workspace: str, first_day: str) -> list[dict]:
+    """*workspace*'s daily samples from *first_day* on, oldest first; a day the daemon never sampled (it did not
+    run) has no row."""
+    rows = store.query(
+        "SELECT day, archived_twice, index_units, index_db_bytes FROM daily_samples"
+        " WHERE workspace = ? AND day >= ? ORDER BY day", (workspace, first_day))
+    return [{"day": day, "archived_twice": twice, "index_units": units, "index_db_bytes": size}
+            for day, twice, units, size in rows]
+
+
 def last_outcomes(store: StateStore, workspace: str) -> dict[str, dict]:
     """The newest outcome row of each job kind in *workspace*: whether the last LLM call of each job went well."""
     rows = store.query(

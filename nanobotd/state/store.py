@@ -1,4 +1,4 @@
-"""The state database (SQLite, WAL): session progress, spool, run ledger, outcomes, job state.
+"""The state database (SQLite, WAL): session progress, spool, run ledger, outcomes, job state, daily samples.
 
 The database is a cache of what the files say plus nanobotd's own journal. A corrupt or missing file
 is moved aside and rebuilt (sessions are re-read from their files, archive spans from history.jsonl),
@@ -159,6 +159,19 @@ MIGRATIONS: list[str] = [
         step INTEGER NOT NULL,
         record TEXT NOT NULL,
         PRIMARY KEY (run_id, step)
+    );
+    """,
+    # 6: figures the daemon holds only as they are now, sampled once a day per workspace so the page can chart
+    # them over time (metrics.record_daily_sample; the day's latest sample wins)
+    """
+    CREATE TABLE daily_samples (
+        workspace TEXT NOT NULL,
+        day TEXT NOT NULL,
+        archived_twice INTEGER NOT NULL,
+        index_units INTEGER NOT NULL,
+        index_db_bytes INTEGER NOT NULL,
+        at REAL NOT NULL,
+        PRIMARY KEY (workspace, day)
     );
     """,
 ]

@@ -196,8 +196,14 @@ def test_the_page_shows_memory_and_a_dream_diff_and_undoes_the_dream(tmp_path, f
     shot(browser, "restore-done")
 
     browser.find_element(By.LINK_TEXT, "Health").click()
-    assert len(browser.find_elements(By.CSS_SELECTOR, "figure svg")) == 4
+    assert len(browser.find_elements(By.CSS_SELECTOR, "figure svg")) == 6
     assert browser.find_elements(By.CSS_SELECTOR, "figure svg rect")  # the consolidation and the dream drawn
+    # the daemon sampled today's index size after its refresh: today's column of the index chart is drawn
+    index_chart = next(figure for figure in browser.find_elements(By.TAG_NAME, "figure")
+                       if figure.find_element(By.TAG_NAME, "h2").text == "Search index size")
+    today = index_chart.find_elements(By.CSS_SELECTOR, ".axis-days span")[-1].text
+    drawn = [title.get_attribute("textContent") for title in index_chart.find_elements(By.CSS_SELECTOR, "rect title")]
+    assert any(text.startswith(f"{today}: ") and " units (" in text for text in drawn), drawn
     shot(browser, "health")
     browser.set_window_size(390, 844)
     browser.get(page.base + "/")

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from nanobotd.state.metrics import parse_since, percentile, summarize_outcomes
+from nanobotd.state.metrics import daily_samples, parse_since, percentile, record_daily_sample, summarize_outcomes
 from nanobotd.state.store import StateStore
 
 DAY_START = datetime(2026, 6, 15, 0, 0)
@@ -127,3 +127,40 @@ def test_parse_since_reads_durations(text, seconds):
 def test_parse_since_rejects_anything_else(text):
     with pytest.raises(ValueError, match="bad duration"):
         parse_since(text)
+
+
+def test_a_days_later_sample_replaces_its_earlier_one_and_another_day_adds_a_row(store, clock) -> None:
+    """One row a workspace and day: the figures of the day's latest sample; another day or workspace is its own row."""
+    clock.at(1)
+    record_daily_sample(store, "main", "2026-06-14", archived_twice=1, index_units=10, index_db_bytes=4096)
+    record_daily_sample(store, "main", "2026-06-15", archived_twice=2, index_units=20, index_db_bytes=8192)
+    clock.at(9)
+    record_daily_sample(store, "main", "2026-06-15", archived_twice=3, index_units=25, index_db_bytes=12288)
+    record_daily_sample(store, "other", "2026-06-15", archived_twice=0, index_units=7, index_db_bytes=1024)
+    assert daily_samples(store, "main", "2026-06-01") == [
+        {"day": "2026-06-14", "archived_twice": 1, "index_units": 10, "index_db_bytes": 4096},
+        {"day": "2026-06-15", "archived_twice": 3, "index_units": 25, "index_db_bytes": 12288},
+    ]
+    assert daily_samples(store, "main", "2026-06-15") == [
+        {"day": "2026-06-15", "archived_twice": 3, "index_units": 25, "index_db_bytes": 12288}]
+    assert store.query("SELECT count(*), max(at) FROM daily_samples WHERE workspace = 'main'")[0] == (
+        2, (DAY_START + timedelta(hours=9)).timestamp())
+
+
+def test_a_database_from_before_daily_samples_gains_the_table(tmp_path) -> None:
+    """A state database of schema 5 (an older nanobotd) opens and takes samples."""
+    import sqlite3
+
+    from nanobotd.state.store import MIGRATIONS
+
+    (tmp_path / "state").mkdir()
+    db = sqlite3.connect(tmp_path / "state" / "state.db", isolation_level=None)
+    for number, script in enumerate(MIGRATIONS[:5]):
+        db.executescript("BEGIN;" + script + f"; PRAGMA user_version={number + 1}; COMMIT;")
+    db.close()
+    store = StateStore(tmp_path / "state").open()
+    try:
+        record_daily_sample(store, "main", "2026-06-15", archived_twice=0, index_units=1, index_db_bytes=2)
+        assert daily_samples(store, "main", "2026-06-15")[0]["index_units"] == 1
+    finally:
+        store.close()

@@ -154,6 +154,12 @@ class Pages:
                   views.day_chart("Flushes beside consolidations (compactions)", days,
                                   views.kind_totals(daily["outcomes"], ("flush", "consolidate"))),
                   views.day_chart("Dream outcomes", days, views.outcome_series(daily["outcomes"], "dream"))]
+        samples = daily.get("samples") or []
+        megabytes = {str(row["day"]): f"{(row.get('index_db_bytes') or 0) / 1048576:,.1f} MB" for row in samples}
+        charts += [views.day_chart("Archived twice (goal: 0)", days,
+                                   views.sample_series(samples, "archived_twice", "messages"), levels=True),
+                   views.day_chart("Search index size", days, views.sample_series(samples, "index_units", "units"),
+                                   levels=True, notes=megabytes)]
         rows = [row for row in observed.get("rows") or [] if row.get("workspace") == workspace.get("name")]
         return self.render(request, "health.html", page="health", status=status, workspace=workspace,
                            charts=charts, rows=rows, archived_twice=(observed.get("archived_twice") or {}),

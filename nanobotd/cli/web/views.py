@@ -64,7 +64,8 @@ class Bar:
 
 @dataclass(frozen=True)
 class Chart:
-    """A small bar chart as plain SVG geometry: one column a day, stacked by series."""
+    """A small bar chart as plain SVG geometry: one column a day, stacked by series. A chart of *levels* (a
+    figure sampled once a day, not counted) has no total: it says the latest sample and the days without one."""
 
     title: str
     bars: list[Bar]
@@ -74,6 +75,9 @@ class Chart:
     series: list[str]
     width: int = CHART_WIDTH
     height: int = CHART_HEIGHT
+    levels: bool = False
+    latest: int | None = None
+    gaps: int = 0
 
 
 def day_range(first: str, count: int) -> list[str]:
@@ -82,8 +86,14 @@ def day_range(first: str, count: int) -> list[str]:
     return [(start + timedelta(days=offset)).isoformat() for offset in range(count)]
 
 
-def day_chart(title: str, days: list[str], values: Mapping[str, Mapping[str, int]]) -> Chart:
-    """A chart of *values* (day -> series -> count) over *days*; the tallest day fills the height."""
+def day_chart(title: str, days: list[str], values: Mapping[str, Mapping[str, int]], *, levels: bool = False,
+              notes: Mapping[str, str] | None = None) -> Chart:
+    """A chart of *values* (day -> series -> count) over *days*; the tallest day fills the height.
+
+    With *levels* the values are a day's sample of a figure (archived twice, index size): a day with a sample
+    of 0 gets a hairline on the axis, a day without one nothing, so a day the daemon did not run reads as a gap
+    and never as a zero. *notes* (day -> text) add to a day's label.
+    """
     series = [name for name in OUTCOME_ORDER if any(name in values.get(day, {}) for day in days)]
     series += sorted({name for day in days for name in values.get(day, {}) if name not in series})
     peak = max((sum(values.get(day, {}).values()) for day in days), default=0)
@@ -92,15 +102,29 @@ def day_chart(title: str, days: list[str], values: Mapping[str, Mapping[str, int
     for index, day in enumerate(days):
         top = float(CHART_HEIGHT)
         for name in series:
-            count = values.get(day, {}).get(name, 0)
-            if not count:
+            if levels and name not in values.get(day, {}):
                 continue
-            height = CHART_HEIGHT * count / peak
+            count = values.get(day, {}).get(name, 0)
+            if not count and not levels:
+                continue
+            height = CHART_HEIGHT * count / peak if count else 1.0
             top -= height
+            label = f"{day}: {count:,} {name.replace('_', ' ')}" + (f" ({notes[day]})" if notes and day in notes
+                                                                    else "")
             bars.append(Bar(round(index * slot + 1, 1), round(top, 1), round(max(1.0, slot - 2), 1),
-                            round(height, 1), f"{day}: {count} {name.replace('_', ' ')}", f"s-{name}"))
+                            round(height, 1), label, f"s-{name}"))
     total = sum(sum(values.get(day, {}).values()) for day in days)
-    return Chart(title, bars, days, peak, total, series)
+    if not levels:
+        return Chart(title, bars, days, peak, total, series)
+    sampled = [day for day in days if values.get(day)]
+    latest = sum(values[sampled[-1]].values()) if sampled else None
+    return Chart(title, bars, days, peak, total, series, levels=True, latest=latest, gaps=len(days) - len(sampled))
+
+
+def sample_series(samples: Iterable[Mapping[str, Any]], field: str, name: str) -> dict[str, dict[str, int]]:
+    """day -> {name: figure} of one field of GET /v1/metrics/daily's daily samples (a day without one is left
+    out: a gap in its chart)."""
+    return {str(row["day"]): {name: int(row.get(field) or 0)} for row in samples}
 
 
 def outcome_series(rows: Iterable[Mapping[str, Any]], kind: str) -> dict[str, dict[str, int]]:

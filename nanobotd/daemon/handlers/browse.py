@@ -76,8 +76,9 @@ class BrowseHandlers:
                 "next_before": entries[-1].cursor if len(entries) == limit else None}
 
     async def daily(self, request: Request) -> dict:
-        """Per day of the last `days` (default 14): outcomes by kind and history entries written; and the
-        newest outcome of each job kind, which says how the last LLM call went."""
+        """Per day of the last `days` (default 14): outcomes by kind, history entries written, and the daily
+        samples of archived twice and index size (a day the daemon did not run has none); and the newest outcome
+        of each job kind, which says how the last LLM call went."""
         workspace = one_workspace(self.core, request)
         days = request.query_int("days", 14, minimum=1, maximum=MAX_DAILY_DAYS)
         now = self.core.clock()
@@ -89,6 +90,7 @@ class BrowseHandlers:
             "history_entries": await self._executor(historypage.entries_per_day, workspace.env.memory_dir,
                                                     first.isoformat()),
             "last_outcomes": metrics.last_outcomes(self.core.store, workspace.name),
+            "samples": metrics.daily_samples(self.core.store, workspace.name, first.isoformat()),
         }
 
 

@@ -46,3 +46,14 @@ def test_kind_totals_put_flushes_beside_consolidations_per_day() -> None:
             {"day": "2026-11-20", "kind": "consolidate", "outcome": "written", "count": 4},
             {"day": "2026-11-21", "kind": "dream", "outcome": "written", "count": 1}]
     assert views.kind_totals(rows, ("flush", "consolidate")) == {"2026-11-20": {"flush": 3, "consolidate": 4}}
+
+
+def test_a_chart_of_daily_samples_tells_a_zero_from_a_day_without_a_sample() -> None:
+    days = views.day_range("2026-11-19", 3)
+    samples = [{"day": "2026-11-19", "archived_twice": 0}, {"day": "2026-11-21", "archived_twice": 2}]
+    chart = views.day_chart("t", days, views.sample_series(samples, "archived_twice", "messages"), levels=True)
+    assert [(bar.label, bar.height) for bar in chart.bars] == [("2026-11-19: 0 messages", 1.0),
+                                                              ("2026-11-21: 2 messages", 96.0)]
+    assert (chart.latest, chart.peak, chart.gaps) == (2, 2, 1)
+    empty = views.day_chart("t", days, {}, levels=True)
+    assert (empty.bars, empty.latest, empty.gaps) == ([], None, 3)

@@ -18,6 +18,7 @@ from nanobotd.cli.client import Client, DaemonError
 from nanobotd.config.schema import ContextSettings
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.handlers import browse
+from nanobotd.state import metrics
 from nanobotd.state.store import StateStore
 from tests.cli.fakedaemon import ServerThread
 
@@ -129,3 +130,17 @@ def test_memory_files_gives_one_days_notes_and_latest_is_the_newest_day(client: 
     with pytest.raises(DaemonError) as refused:
         client.get("/v1/memory-files", {"day": "../etc"})
     assert refused.value.status == 400
+
+
+def test_daily_series_gives_the_daily_samples_of_the_window(client: Client, store: StateStore) -> None:
+    """The samples of archived twice and index size in the window, this workspace's only; a day without one has
+    no row (the page draws a gap)."""
+    for day, twice, units in (("2026-11-17", 9, 900), ("2026-11-18", 1, 100), ("2026-11-20", 2, 250)):
+        metrics.record_daily_sample(store, "ws", day, archived_twice=twice, index_units=units,
+                                    index_db_bytes=units * 4096)
+    metrics.record_daily_sample(store, "other", "2026-11-19", archived_twice=5, index_units=5, index_db_bytes=5)
+    answer = client.get("/v1/metrics/daily", {"days": 3})
+    assert answer["samples"] == [
+        {"day": "2026-11-18", "archived_twice": 1, "index_units": 100, "index_db_bytes": 409600},
+        {"day": "2026-11-20", "archived_twice": 2, "index_units": 250, "index_db_bytes": 1024000},
+    ]
