@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
+
+from tests.support.mounts import tmpfs
 
 
 @pytest.fixture(autouse=True)
@@ -27,13 +27,5 @@ def isolated_paths(tmp_path, monkeypatch):
 @pytest.fixture
 def tiny_tmpfs(tmp_path):
     """A real 64 KiB tmpfs, so a write really meets a full disk (skipped where mounting is refused)."""
-    mount_point = tmp_path / "full"
-    mount_point.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount_point)],
-                            capture_output=True, text=True)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "full", "64k") as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)

@@ -115,7 +115,9 @@ def test_parse_processes_reach_the_trackers_and_a_change_waits_for_the_next_star
 
     async def scenario():
         async with running_daemon(config_path) as daemon:
-            tracker = (await wait_until(lambda: daemon.core.workspaces.get("ws"))).tracker
+            workspace = await wait_until(lambda: daemon.core.workspaces.get("ws"))
+            await wait_until(lambda: workspace.opened)  # not stopped while its QMD check is being spawned
+            tracker = workspace.tracker
             before = tracker.parse_processes
             write_config(config_path, short_dir, [("ws", workspace, qmd, 0.3)], daemon_lines="parse_processes = 2\n")
             os.kill(os.getpid(), signal.SIGHUP)
@@ -134,7 +136,8 @@ def test_the_idle_check_gives_the_state_databases_page_cache_back_only_while_no_
 
     async def scenario():
         async with running_daemon(config_path) as daemon:
-            await wait_until(lambda: daemon.core.workspaces.get("ws"))
+            workspace = await wait_until(lambda: daemon.core.workspaces.get("ws"))
+            await wait_until(lambda: workspace.opened)  # not stopped while its QMD check is being spawned
             shrunk = []
             daemon.core.store.shrink_memory = lambda: shrunk.append(True)
             daemon._release_idle_caches()

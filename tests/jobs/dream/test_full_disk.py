@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from nanobotd.gitstore.store import GitStore
 from nanobotd.memory.history import read_dream_cursor
 from tests.jobs.dream.scenario import CONTENT_FILES, MEMORY, SOUL, USER, dream_two_files, git_cli, tree, write_history
+from tests.support.mounts import tmpfs
 
 KIB = 1024
 
@@ -20,16 +20,8 @@ KIB = 1024
 @pytest.fixture
 def small_disk(tmp_path):
     """A real 2 MiB tmpfs (skipped where mounting is refused)."""
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)],
-                            capture_output=True, text=True)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "disk", "2m") as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def fill(disk: Path, leave: int) -> None:
