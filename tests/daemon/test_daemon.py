@@ -115,9 +115,9 @@ def test_parse_processes_reach_the_trackers_and_a_change_waits_for_the_next_star
 
     async def scenario():
         async with running_daemon(config_path) as daemon:
-            workspace = await wait_until(lambda: daemon.core.workspaces.get("ws"))
-            await wait_until(lambda: workspace.opened)  # not stopped while its QMD check is being spawned
-            tracker = workspace.tracker
+            tracked = await wait_until(lambda: daemon.core.workspaces.get("ws"))
+            await wait_until(lambda: tracked.opened)  # not stopped while its QMD check is being spawned
+            tracker = tracked.tracker
             before = tracker.parse_processes
             write_config(config_path, short_dir, [("ws", workspace, qmd, 0.3)], daemon_lines="parse_processes = 2\n")
             os.kill(os.getpid(), signal.SIGHUP)
