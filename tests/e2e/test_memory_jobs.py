@@ -8,10 +8,9 @@ from datetime import datetime, timedelta
 
 import pytest
 
+from tests.e2e.llmdaemon import llm_daemon
 from tests.support.fakellm import FakeLLM, Text, ToolCalls
-from tests.support.workspace import conversation, make_workspace, write_session
-
-USER = "# User\n\n## Preferences\n- Likes tea.\n"
+from tests.support.workspace import conversation, write_session
 
 
 def git(workspace, *args) -> str:
@@ -26,19 +25,7 @@ def fake():
 
 @pytest.fixture
 def daemon(tmp_path, fake, daemon_process):
-    workspace, sessions = make_workspace(tmp_path, layout="current")
-    (workspace / "USER.md").write_text(USER)
-    proc = daemon_process(workspace, extra_config=f"""
-[llm]
-model = "{fake.model}"
-api_base = "{fake.base_url}"
-timeout_seconds = 10
-max_retries = 0
-
-[search]
-debounce_seconds = 0.2
-""")
-    proc.workspace, proc.sessions = workspace, sessions
+    proc = llm_daemon(tmp_path, fake, daemon_process)
     yield proc
     proc.kill()
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.llmdaemon import USER, llm_daemon
 from tests.support.daemonproc import CTL, REPO
 from tests.support.fakellm import FakeLLM, Text, ToolCalls
 from tests.support.workspace import conversation, make_workspace, write_session
@@ -30,7 +31,6 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 SHOTS = REPO / "tests-output" / "ui"
-USER = "# User\n\n## Preferences\n- Likes tea.\n"
 FACT = "\n## Infrastructure\n- The backup host is called osprey.\n"
 
 
@@ -89,23 +89,6 @@ def page_server():
 def fake():
     with FakeLLM() as server:
         yield server
-
-
-def llm_daemon(tmp_path, fake, daemon_process):
-    workspace, sessions = make_workspace(tmp_path, layout="current")
-    (workspace / "USER.md").write_text(USER)
-    proc = daemon_process(workspace, extra_config=f"""
-[llm]
-model = "{fake.model}"
-api_base = "{fake.base_url}"
-timeout_seconds = 10
-max_retries = 0
-
-[search]
-debounce_seconds = 0.2
-""")
-    proc.workspace, proc.sessions = workspace, sessions
-    return proc
 
 
 def wait_run(daemon, run_id: str) -> dict:
