@@ -29,16 +29,19 @@ def test_no_daemon_exits_2_with_a_hint_how_to_start_it(socket_path: Path) -> Non
     assert "systemctl --user start nanobotd" in err
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another uid")
-def test_a_socket_of_another_user_gets_a_permission_hint(socket_path: Path, daemon: FakeDaemon) -> None:
-    os.chmod(socket_path.parent.parent, 0o711)  # the daemon's 0700 directory is what refuses uid 65534
+SERVICE_UID = 999  # the system unit's `nanobotd` user, owner of /run/nanobotd
+
+
+def as_user(uid: int, groups: list[int], socket_path: Path) -> tuple[str, str]:
+    """nanobotctl status run in a child as *uid* with *groups*: (exit code, stderr)."""
     reader, writer = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
             os.close(reader)
-            os.setgid(65534)
-            os.setuid(65534)
+            os.setgroups(groups)
+            os.setgid(uid)
+            os.setuid(uid)
             code, _, err = run_ctl(socket_path, "status")
             os.write(writer, f"{code}\n{err}".encode())
         finally:
@@ -47,6 +50,13 @@ def test_a_socket_of_another_user_gets_a_permission_hint(socket_path: Path, daem
     with os.fdopen(reader) as pipe:
         code, _, err = pipe.read().partition("\n")
     os.waitpid(pid, 0)
+    return code, err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another uid")
+def test_a_socket_of_another_user_gets_a_permission_hint(socket_path: Path, daemon: FakeDaemon) -> None:
+    os.chmod(socket_path.parent.parent, 0o711)  # the daemon's 0700 directory is what refuses uid 65534
+    code, err = as_user(65534, [], socket_path)
     assert code == "2"
     assert "Permission denied" in err
     assert "runs as another user" in err
@@ -142,30 +152,6 @@ def test_a_socket_in_a_folder_others_may_write_is_refused(socket_path: Path, dae
     assert daemon.requests == []
     os.chmod(socket_path.parent, 0o700)
     assert run_ctl(socket_path, "status")[0] == 0
-
-
-SERVICE_UID = 999  # the system unit's `nanobotd` user, owner of /run/nanobotd
-
-
-def as_user(uid: int, groups: list[int], socket_path: Path) -> tuple[str, str]:
-    """nanobotctl status run in a child as *uid* with *groups*: (exit code, stderr)."""
-    reader, writer = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(reader)
-            os.setgroups(groups)
-            os.setgid(uid)
-            os.setuid(uid)
-            code, _, err = run_ctl(socket_path, "status")
-            os.write(writer, f"{code}\n{err}".encode())
-        finally:
-            os._exit(0)
-    os.close(writer)
-    with os.fdopen(reader) as pipe:
-        code, _, err = pipe.read().partition("\n")
-    os.waitpid(pid, 0)
-    return code, err
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other uids")
