@@ -362,7 +362,9 @@ def _rewrite(memory_dir: Path, copy: Callable[[Iterator[tuple[int, bytes]], fsio
     nanobot appends without our lock, each append opening the file anew. So the lines appended while *copy*
     ran are copied after its output, the temp file is renamed, and then what still reached the old file (an
     append that opened it before the rename) is appended to the new one, until the old file stays quiet.
-    A last line without its newline is an append in progress: it goes over as raw bytes, never "mended".
+    Only whole lines go over while the agent may be writing: a line without its newline is an append in
+    progress, held back until its newline arrives (or, if it never does, moved as raw bytes at the end), so
+    the agent's next append to the new file can never land in its middle.
     """
     path = history_path(memory_dir)
     root = workspace_root(memory_dir)
@@ -376,12 +378,20 @@ def _rewrite(memory_dir: Path, copy: Callable[[Iterator[tuple[int, bytes]], fsio
         writer = stack.enter_context(fsio.AtomicWriter(path, root=root))
         if not copy(_whole_lines(source), writer):
             return False
+        partial = b""
         if source is not None:
-            writer.write(source.read())  # appended while we read
+            whole, partial = _split_partial(source.read())  # appended while we read
+            writer.write(whole)
         writer.commit()
         if source is not None:
-            _take_late_appends(source, path, root)
+            _take_late_appends(source, path, root, partial)
     return True
+
+
+def _split_partial(data: bytes) -> tuple[bytes, bytes]:
+    """(the whole lines of *data*, the unfinished line after them)."""
+    cut = data.rfind(b"\n") + 1
+    return data[:cut], data[cut:]
 
 
 def _whole_lines(source: BinaryIO | None) -> Iterator[tuple[int, bytes]]:
@@ -403,14 +413,19 @@ def _whole_lines(source: BinaryIO | None) -> Iterator[tuple[int, bytes]]:
             yield number, line
 
 
-def _take_late_appends(source: BinaryIO, path: Path, root: Path) -> None:
-    """Move what reaches the replaced file (still open as *source*) to the new one at *path*, until it has
-    been quiet for LATE_APPEND_QUIET_SECONDS: an agent's append that opened it before the rename."""
+def _take_late_appends(source: BinaryIO, path: Path, root: Path, partial: bytes) -> None:
+    """Move what reaches the replaced file (still open as *source*) to the new one at *path*, a whole line at a
+    time, until it has been quiet for LATE_APPEND_QUIET_SECONDS: an agent's append that opened it before the
+    rename. *partial* is an unfinished line already read; one still unfinished at the end goes over raw."""
     quiet_since = time.monotonic()
     while time.monotonic() - quiet_since < LATE_APPEND_QUIET_SECONDS:
         late = source.read()
         if late:
-            fsio.append_record(path, late, root=root)
+            whole, partial = _split_partial(partial + late)
+            if whole:
+                fsio.append_record(path, whole, root=root)
             quiet_since = time.monotonic()
         else:
             time.sleep(LATE_APPEND_POLL_SECONDS)
+    if partial:
+        fsio.append_record(path, partial, root=root)
