@@ -1,9 +1,7 @@
-"""Load, validate and resolve nanobotd's TOML config into typed settings.
+"""Load, validate and resolve nanobotd's TOML config into typed settings; the only place that reads os.environ.
 
-Every mistake (unknown key, wrong type, bad value, no workspace) raises ConfigError naming the key,
-so `nanobotd` can exit 2 with a message a user can act on. The only place that reads os.environ.
-Relative paths in the file are taken from the file's own folder, so the daemon's working directory
-(`/` under systemd) never changes what a config means; `--workspace` arguments from the current one.
+Every mistake raises ConfigError naming the key. Relative paths in the file are taken from the file's folder
+(so `/` under systemd changes nothing), `--workspace` arguments from the current one.
 """
 
 from __future__ import annotations
@@ -21,14 +19,7 @@ from typing import Any
 
 from nanobotd.config import paths
 from nanobotd.config.schema import WORKSPACE_TABLES, DaemonSettings, WorkspaceSettings
-from nanobotd.config.validate import (
-    ConfigError,
-    check_directory_path,
-    check_lifecycle,
-    check_number,
-    check_text,
-    resolve_path,
-)
+from nanobotd.config.validate import ConfigError, check_directory_path, check_number, check_text, resolve_path
 
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
 SEARCH_BACKENDS = ("builtin", "qmd", "both")
@@ -44,8 +35,7 @@ __all__ = ["Config", "ConfigError", "build_config", "check_cron", "load_config",
 
 
 def key_name(key: str) -> str:
-    """*key* as a message names it: bare when TOML would write it bare, else quoted as TOML quotes it (a key
-    that is empty or holds a ':' would otherwise hide where the message's key ends)."""
+    """*key* bare when TOML would write it bare, else quoted (so an empty key or one with ':' stays visible)."""
     bare = bool(key) and all(char.isascii() and (char.isalnum() or char in "_-") for char in key)
     return key if bare else json.dumps(key, ensure_ascii=False)
 
@@ -91,9 +81,8 @@ def load_config(
     workspace_args: list[str] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Config:
-    """Read the config file (the default one when none is named) and build the effective Config, --workspace
-    arguments over the file's workspaces; with no workspace from either, nanobot's own (paths.nanobot_workspace).
-    Raise ConfigError on any mistake."""
+    """The effective Config: the config file (or the default one), --workspace arguments over its workspaces;
+    with no workspace from either, nanobot's own (paths.nanobot_workspace)."""
     environ = dict(os.environ if environ is None else environ)
     source = Path(config_path).expanduser() if config_path is not None else paths.default_config_path(environ)
     data = _read_toml(source) if source is not None else {}
@@ -293,8 +282,6 @@ def _default_name(path: Path) -> str:
 def _check_daemon(daemon: DaemonSettings) -> None:
     if daemon.log_level.upper() not in LOG_LEVELS:
         raise ConfigError(f"daemon.log_level: expected one of {', '.join(LOG_LEVELS)}, got {daemon.log_level!r}")
-    if daemon.reconcile_seconds < 1:
-        raise ConfigError("daemon.reconcile_seconds: must be at least 1")
     if daemon.socket_group and socket_group_id(daemon.socket_group) is None:
         raise ConfigError(f"daemon.socket_group: no group named {daemon.socket_group!r} on this machine")
     if daemon.timezone:
@@ -312,8 +299,6 @@ def _check_workspace_tables(tables: dict, prefix: str) -> None:
     llm = tables["llm"]
     if llm.context_window <= llm.max_tokens + 1024:
         raise ConfigError(f"{where}llm.context_window: must exceed llm.max_tokens + 1024")
-    if llm.concurrency < 1:
-        raise ConfigError(f"{where}llm.concurrency: must be at least 1")
     if consolidation.mode not in CONSOLIDATION_MODES:
         raise ConfigError(f"{where}consolidation.mode: expected one of {', '.join(CONSOLIDATION_MODES)}, "
                           f"got {consolidation.mode!r}")
@@ -321,7 +306,10 @@ def _check_workspace_tables(tables: dict, prefix: str) -> None:
         raise ConfigError(f"{where}search.backend: expected one of {', '.join(SEARCH_BACKENDS)}")
     for table_name in ("dream", "lifecycle"):
         check_cron(tables[table_name].schedule, f"{where}{table_name}.schedule")
-    check_lifecycle(tables["lifecycle"], where)
+    lifecycle = tables["lifecycle"]
+    if lifecycle.active_days > lifecycle.ttl_days:  # notes must reach the archive before they expire from it
+        raise ConfigError(f"{where}lifecycle.active_days: must not exceed lifecycle.ttl_days "
+                          f"({lifecycle.active_days} > {lifecycle.ttl_days})")
     if consolidation.chunk_ratio_min > consolidation.chunk_ratio_max:
         raise ConfigError(f"{where}consolidation.chunk_ratio_min: must not exceed consolidation.chunk_ratio_max")
 

@@ -1,8 +1,5 @@
-"""Typed settings, one frozen dataclass per config table; defaults are the documented ones.
-
-Field names are the TOML keys (DESIGN.md §7), so config loading is generic and a wrong key is named
-exactly. Jobs and adapters receive these objects, never raw dicts.
-"""
+"""Typed settings, one frozen dataclass per config table, field names the TOML keys (DESIGN.md §7), so loading
+is generic and a wrong key is named exactly."""
 
 from __future__ import annotations
 
@@ -86,12 +83,8 @@ class LifecycleSettings:
 
 @dataclass(frozen=True)
 class SearchSettings:
-    """Which search backend answers and how QMD is driven.
-
-    qmd_timeout_seconds bounds a whole QMD search (an agent is waiting: past it the builtin index
-    answers, and the reply says so); min_score (0-1) drops weaker hits of every backend; embeddings
-    is "none" or a litellm embedding model reached through [llm] api_base and key, fused with BM25.
-    """
+    """Which search backend answers. Past qmd_timeout_seconds the builtin index answers (an agent waits);
+    embeddings: "none" or a litellm embedding model (through [llm] api_base and key), fused with BM25."""
 
     backend: str = "builtin"
     qmd_command: str = "qmd"
@@ -105,13 +98,8 @@ class SearchSettings:
 
 @dataclass(frozen=True)
 class QmdSettings:
-    """How the qmd executable is driven, derived from the search.qmd_* keys.
-
-    vectors: run `qmd embed` and allow vsearch/query (they need local models); mcp_server: answer BM25
-    searches from a long-lived `qmd mcp --http` child instead of one CLI process per search;
-    start_timeout_seconds: the calls made once at start (a Node start can take seconds on a busy machine),
-    while timeout_seconds bounds each search an agent waits for.
-    """
+    """How the qmd executable is driven, from the search.qmd_* keys. vectors: `qmd embed` and vsearch/query
+    (local models); mcp_server: BM25 searches from one long-lived `qmd mcp --http` child."""
 
     command: str = "qmd"
     timeout_seconds: float = 3.0

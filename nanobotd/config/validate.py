@@ -1,14 +1,10 @@
-"""Value checks the types alone do not make: number ranges, paths that can be used, keys that must agree.
-
-A NaN debounce, a zero timeout or a state_dir that is a file would otherwise surface as a traceback or a
-busy loop long after start; here each is a ConfigError naming its key, so `nanobotd` exits 2 at once.
-"""
+"""Value checks the types alone do not make, each a ConfigError naming its key so `nanobotd` exits 2 at once
+(a NaN debounce or a state_dir that is a file would otherwise fail long after start)."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 DAY = 86400.0
 # key -> (lowest, whether the lowest itself is allowed, highest): the values a running daemon can live with.
@@ -66,13 +62,6 @@ def check_number(value: float, key: str, generic_key: str) -> None:
         raise ConfigError(f"{key}: must be {lowest} and at most {high:g}, got {value}")
 
 
-def check_numbers(settings: Any, table: str, prefix: str) -> None:
-    """Every number of one settings table, named `prefix.name` in the message."""
-    for name, value in vars(settings).items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            check_number(value, f"{prefix}.{name}", f"{table}.{name}")
-
-
 def check_text(value: str, key: str) -> str:
     """A string that can become a path or a command: no NUL byte (the OS would refuse it much later)."""
     if "\x00" in value:
@@ -87,7 +76,7 @@ def check_directory_path(path: Path, key: str) -> Path:
             if not candidate.is_dir():
                 what = "it" if candidate == path else str(candidate)
                 raise ConfigError(f"{key}: {path} cannot be a folder: {what} is a file, not a folder")
-            return path
+            break
     return path
 
 
@@ -97,10 +86,3 @@ def resolve_path(value: str, key: str, base: Path | None) -> Path:
     if not path.is_absolute():
         path = (base or Path.cwd()) / path
     return Path(*path.parts)  # normalised without resolving symlinks
-
-
-def check_lifecycle(lifecycle: Any, where: str) -> None:
-    """Notes must reach the archive before they expire from it."""
-    if lifecycle.active_days > lifecycle.ttl_days:
-        raise ConfigError(f"{where}lifecycle.active_days: must not exceed lifecycle.ttl_days "
-                          f"({lifecycle.active_days} > {lifecycle.ttl_days})")
