@@ -1,7 +1,4 @@
-"""The control-socket client: one JSON request per connection, errors turned into our own.
-
-Standard library only, so `nanobotctl` stays cheap to start.
-"""
+"""The control-socket client: one JSON request per connection, errors turned into our own (standard library only)."""
 
 from __future__ import annotations
 
@@ -58,8 +55,7 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.socket_path = socket_path
 
     def connect(self) -> None:
-        """Connect to the socket path instead of a host and port; a full listen queue is waited out (EAGAIN:
-        a Unix socket with a timeout does not wait for room itself), until the timeout."""
+        """Connect to the socket path, waiting out a full listen queue (EAGAIN: a Unix socket does not wait itself)."""
         deadline = time.monotonic() + self.timeout
         pause = CONNECT_RETRY_FIRST_SECONDS
         while True:
@@ -95,7 +91,8 @@ class Client:
         if self.workspace:
             query.setdefault("workspace", self.workspace)
         if query:
-            path = f"{path}?{urlencode({name: _query_value(value) for name, value in query.items()})}"
+            query = {name: str(value).lower() if isinstance(value, bool) else value for name, value in query.items()}
+            path = f"{path}?{urlencode(query)}"
         return self.request("GET", path)
 
     def post(self, path: str, body: Mapping[str, Any] | None = None) -> dict:
@@ -157,10 +154,8 @@ class Client:
 
 
 def check_socket_folder(socket_path: Path) -> None:
-    """CannotConnect unless *socket_path*'s folder is one only the daemon's side could have put a socket in: owned
-    by us or root (or, for a daemon serving its socket group, a service account's folder in a group of ours) and
-    writable by no one else. Anyone may make /tmp/nanobotd-<uid>/ first and listen there; what answers would be
-    taken for memory."""
+    """CannotConnect unless *socket_path*'s folder is trusted (owned by us, root or a service account serving us,
+    writable by no one else): anyone may make /tmp/nanobotd-<uid>/ first, and what answers would pass for memory."""
     folder = socket_path.parent
     try:
         link = os.lstat(folder)
@@ -179,8 +174,8 @@ def check_socket_folder(socket_path: Path) -> None:
 
 
 def _trusted_owner(info: os.stat_result) -> bool:
-    """Us, root, or a service account (which no ordinary user can give a folder to) that serves us: we are root,
-    or the folder is in one of our groups (daemon.socket_group)."""
+    """Us, root, or a service account (no ordinary user can give it a folder) serving us: we are root, or the
+    folder is in one of our groups (daemon.socket_group)."""
     if info.st_uid in (os.geteuid(), 0):
         return True
     if info.st_uid > SYSTEM_UID_MAX:
@@ -212,6 +207,3 @@ def _error_from_answer(status: int, payload: Any) -> DaemonError:
     return DaemonError(str(error.get("message") or error.get("code") or f"HTTP {status}"), status,
                        str(error.get("code", "")))
 
-
-def _query_value(value: Any) -> str:
-    return ("true" if value else "false") if isinstance(value, bool) else str(value)

@@ -1,10 +1,6 @@
-"""nanobotctl: the command-line client of a running nanobotd, over its control socket.
-
-Standard library only, importing nothing of nanobotd but `cli` and `config.paths`, so `nanobotctl status`
-starts in tens of milliseconds. Exit codes: 0 ok, 1 the daemon refused or a run failed, 2 cannot connect
-(or a usage error), 130 interrupted. This module holds the argument parser and `main`; the commands live in
-`nanobotd.cli.commands`, and values are checked here, naming the option, before the daemon is asked.
-"""
+"""nanobotctl's argument parser and main: standard library only (nothing of nanobotd but `cli` and `config.paths`),
+so it starts in tens of milliseconds. Exit codes: 0 ok, 1 refused or a run failed, 2 cannot connect or usage,
+130 interrupted. The commands live in `nanobotd.cli.commands`."""
 
 from __future__ import annotations
 
@@ -100,8 +96,6 @@ def _add_report_commands(add: AddCommand) -> None:
     add("observe", reports.observe, "job outcome metrics").add_argument(
         "--since", default="7d", type=duration_text("--since"), metavar="PERIOD",
         help="how far back: a number and a unit, m h d or w, e.g. 30m, 12h, 2w (default 7d)")
-
-
     add("metrics", reports.prometheus, "the daemon's figures in the Prometheus text format (for node exporter's "
                                        "textfile collector)")
 
