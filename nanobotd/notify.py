@@ -1,8 +1,5 @@
-"""systemd service notifications (sd_notify) over the sdnotify package.
-
-Active only when the service manager gave us a NOTIFY_SOCKET; otherwise every call is a no-op, so the
-daemon runs the same in a terminal. The environment is passed in: this module never reads os.environ.
-"""
+"""systemd service notifications (sd_notify) over sdnotify: no-ops without a NOTIFY_SOCKET in the environment
+passed in, so the daemon runs the same in a terminal."""
 
 from __future__ import annotations
 

@@ -6,3 +6,9 @@ HISTORY_LOCK_SECONDS = 30.0  # wait for history.jsonl's flock before giving up: 
 # (nanobot opens, writes one line, closes): longer costs every rewrite that much, shorter risks a line left behind
 LATE_APPEND_QUIET_SECONDS = 0.05
 LATE_APPEND_POLL_SECONDS = 0.005  # how often the old file is read meanwhile: CPU against the quiet period's accuracy
+FILE_LOCK_POLL_SECONDS = 0.02  # a busy flock is tried again this often until its timeout: CPU against waiting longer
+MAX_DEBOUNCE_FACTOR = 5  # a session saved again and again is scanned at the latest after this many debounce periods
+CATCH_UP_DAYS = 8  # a nightly run missed within this many days runs once at start: older ones are let go
+CLOCK_JUMP_SECONDS = 30.0  # wall against monotonic clock drift between two ticks taken as a jump (step, suspend)
+HOLDER_READ_TRIES = 20  # a lock's new holder writes its pid right after taking it: reads of it before giving up
+HOLDER_READ_PAUSE = 0.05  # between those reads: a second daemon's exit delay against naming the first

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -34,30 +33,20 @@ class Member(NamedTuple):
 
 def read_regular_file(path: Path, limit: int = MAX_BYTES) -> bytes:
     """The bytes of *path* (links followed) if it is a regular file of at most *limit* bytes; Unfaithful if not
-    (opened O_NONBLOCK, so a FIFO cannot hang it, and read bounded, so a device cannot fill memory)."""
-    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    (a FIFO cannot hang it, nor a device fill memory)."""
+    from nanobotd import fsio  # here: its imports would slow every other nanobotctl command
+
     try:
-        info = os.fstat(descriptor)
-        if not stat.S_ISREG(info.st_mode):
-            raise Unfaithful(f"{path} is {file_kind(info.st_mode)}, not a regular file")
-        if info.st_size > limit:
+        handle = fsio.open_regular(path, follow=True)
+    except fsio.NotRegularFile:
+        raise Unfaithful(f"{path} is a {fsio.file_kind(os.stat(path).st_mode)}, not a regular file") from None
+    with handle:
+        if os.fstat(handle.fileno()).st_size > limit:
             raise Unfaithful(f"{path} is larger than {limit} bytes")
-        chunks, size = [], 0
-        while chunk := os.read(descriptor, min(1 << 20, limit + 1 - size)):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                raise Unfaithful(f"{path} grew past {limit} bytes while it was read")
-        return b"".join(chunks)
-    finally:
-        os.close(descriptor)
-
-
-def file_kind(mode: int) -> str:
-    """'a FIFO', 'a character device', ... for a message about a file that is not regular."""
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-    return next((name for test, name in kinds if test(mode)), "not a regular file")
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise Unfaithful(f"{path} grew past {limit} bytes while it was read")
+    return data
 
 
 def parse_strictly(text: str) -> Any:
