@@ -12,3 +12,6 @@ CATCH_UP_DAYS = 8  # a nightly run missed within this many days runs once at sta
 CLOCK_JUMP_SECONDS = 30.0  # wall against monotonic clock drift between two ticks taken as a jump (step, suspend)
 HOLDER_READ_TRIES = 20  # a lock's new holder writes its pid right after taking it: reads of it before giving up
 HOLDER_READ_PAUSE = 0.05  # between those reads: a second daemon's exit delay against naming the first
+GIT_TIMEOUT_SECONDS = 60  # a git call still running after this is killed: a hung git against a large repository
+GIT_LOCK_RETRY_DELAYS = (0.1, 0.2, 0.4, 0.8, 1.6)  # waits on a busy index.lock: a delay against failing
+GIT_STALE_LOCK_SECONDS = 600  # an index.lock older than this is a dead git's and removed: never a live one's

@@ -1,8 +1,5 @@
-"""Reading the store's commits back: ours and nanobot's own `dream:` commits, and the run each belongs to.
-
-A commit belongs to a run when its last paragraph carries the `Nanobot-Run: <run_id>` trailer;
-nanobot's own dream commits have none. Every function takes an open Repo (see `repo.open_repo`).
-"""
+"""Reading the store's commits back (each function takes an open Repo): a commit belongs to the run its last
+paragraph's `Nanobot-Run: <run_id>` trailer names; nanobot's own dream commits have none."""
 
 from __future__ import annotations
 
