@@ -15,3 +15,6 @@ HOLDER_READ_PAUSE = 0.05  # between those reads: a second daemon's exit delay ag
 GIT_TIMEOUT_SECONDS = 60  # a git call still running after this is killed: a hung git against a large repository
 GIT_LOCK_RETRY_DELAYS = (0.1, 0.2, 0.4, 0.8, 1.6)  # waits on a busy index.lock: a delay against failing
 GIT_STALE_LOCK_SECONDS = 600  # an index.lock older than this is a dead git's and removed: never a live one's
+# the state DB connection's page cache: a long session's archive marks go into the archived index in digest order and
+# evicted pages were read back over and over with SQLite's 2 MiB; filled only as pages are touched, given back idle
+STATE_CACHE_KIB = 8 * 1024
