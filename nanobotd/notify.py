@@ -71,17 +71,6 @@ class Notifier:
             self._sender.notify(message)
 
 
-class NullNotifier(Notifier):
-    """A notifier that sends nothing and remembers every message, for tests and non-systemd runs."""
-
-    def __init__(self) -> None:
-        super().__init__({})
-        self.messages: list[str] = []
-
-    def _send(self, message: str) -> None:
-        self.messages.append(message)
-
-
 def clean_status(text: str) -> str:
     """*text* as one printable ASCII line of at most MAX_STATUS_CHARS: accents dropped, the rest '?'."""
     decomposed = unicodedata.normalize("NFKD", text)

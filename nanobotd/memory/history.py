@@ -322,15 +322,12 @@ def insert_entries(memory_dir: Path, entries: Iterable[HistoryEntry]) -> int:
 
 
 def _rewrite(memory_dir: Path, copy: Callable[[Iterator[tuple[int, bytes]], fsio.AtomicWriter], bool]) -> bool:
-    """Replace history.jsonl with what *copy* writes of its whole lines (it returns False to change nothing),
-    keeping every byte the agent appends meanwhile; the caller holds the history lock. Returns whether it did.
+    """Replace history.jsonl with what *copy* writes of its whole lines (False: change nothing), keeping every
+    byte the agent appends meanwhile (under the history lock the caller holds); whether it did.
 
-    nanobot appends without our lock, each append opening the file anew. So the lines appended while *copy*
-    ran are copied after its output, the temp file is renamed, and then what still reached the old file (an
-    append that opened it before the rename) is appended to the new one, until the old file stays quiet.
-    Only whole lines go over while the agent may be writing: a line without its newline is an append in
-    progress, held back until its newline arrives (or, if it never does, moved as raw bytes at the end), so
-    the agent's next append to the new file can never land in its middle.
+    nanobot appends without our lock, opening the file anew each time: lines appended while *copy* ran follow
+    its output, and after the rename what still reaches the old file moves over until it stays quiet. Only
+    whole lines move while the agent may write, so its next append can never land in the middle of one.
     """
     path = history_path(memory_dir)
     root = workspace_root(memory_dir)
