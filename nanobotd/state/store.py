@@ -389,7 +389,7 @@ class StateStore:
     def journal(self, run_id: str, manifest: dict) -> None:
         """Replace a running run's manifest (write-ahead: called before each step that changes files)."""
         with self.transaction() as db:
-            journal_in(db, run_id, manifest)
+            db.execute("UPDATE runs SET manifest=? WHERE run_id=?", (json.dumps(manifest), run_id))
 
     def journal_steps(self, run_id: str, steps: list[tuple[int, dict]], head: dict) -> None:
         """Journal a few step records of a long run and its manifest's head (see state.runsteps)."""
@@ -465,11 +465,6 @@ class StateStore:
                 " last_run_id=excluded.last_run_id",
                 (job, workspace, when if when is not None else self.clock(), run_id),
             )
-
-
-def journal_in(db: sqlite3.Connection, run_id: str, manifest: dict) -> None:
-    """StateStore.journal inside a transaction the caller holds (with the change the journal speaks of)."""
-    db.execute("UPDATE runs SET manifest=? WHERE run_id=?", (json.dumps(manifest), run_id))
 
 
 def _run_filter(kind: str | None, workspace: str | None, states: tuple[str, ...] | None,
