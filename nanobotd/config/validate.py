@@ -6,60 +6,29 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-DAY = 86400.0
-# key -> (lowest, whether the lowest itself is allowed, highest): the values a running daemon can live with.
-NUMBER_BOUNDS: dict[str, tuple[float, bool, float]] = {
-    "daemon.reconcile_seconds": (1, True, DAY),
-    "daemon.debounce_seconds": (0, False, 3600),
-    "daemon.job_stop_seconds": (0, False, 3600),
-    "daemon.parse_processes": (0, True, 16),
-    "llm.timeout_seconds": (0, False, 3600),
-    "llm.max_retries": (0, True, 20),
-    "llm.concurrency": (1, True, 64),
-    "llm.context_window": (1, True, 100_000_000),
-    "llm.max_tokens": (1, True, 100_000_000),
-    "llm.idle_exit_seconds": (1, True, DAY),
-    "consolidation.idle_minutes": (0, False, 365 * 24 * 60),
-    "consolidation.reserve_floor": (0, True, 100_000_000),
-    "consolidation.soft_threshold": (0, True, 100_000_000),
-    "consolidation.max_rounds": (1, True, 1000),
-    "consolidation.chunk_ratio_max": (0, False, 1),
-    "consolidation.chunk_ratio_min": (0, False, 1),
-    "consolidation.summary_max_chars": (100, True, 64_000),
-    "consolidation.raw_max_chars": (1000, True, 64_000),
-    "consolidation.agent_grace_seconds": (0, True, DAY),
-    "consolidation.agent_base_tokens": (0, True, 100_000_000),
-    "consolidation.flush_idle_margin_seconds": (0, True, DAY),
-    "dream.max_iterations": (1, True, 1000),
-    "dream.batch_entries": (1, True, 10_000),
-    "dream.token_budget": (1, True, 1_000_000_000),
-    "lifecycle.active_days": (0, True, 36_500),
-    "lifecycle.ttl_days": (0, True, 36_500),
-    "lifecycle.max_history_entries": (1, True, 100_000_000),
-    "lifecycle.restore_window_days": (0, True, 36_500),
-    "search.qmd_timeout_seconds": (0, False, 3600),
-    "search.debounce_seconds": (0, False, 3600),
-    "context.max_chars": (1, True, 10_000_000),
-    "context.total_max_chars": (1, True, 10_000_000),
-    "context.budget_tokens": (1, True, 10_000_000),
-}
-
 
 class ConfigError(ValueError):
     """The config is unusable; the message names the offending key."""
 
 
-def check_number(value: float, key: str, generic_key: str) -> None:
-    """A finite number inside the bounds of *generic_key* (`table.name`); *key* is how the user wrote it."""
+def check_number(value: float, key: str, bounds: tuple[float, bool, float] | None) -> None:
+    """A finite number inside its field's *bounds* (lowest, whether it is allowed, highest)."""
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{key}: must be a finite number, got {value}")
-    bounds = NUMBER_BOUNDS.get(generic_key)
     if bounds is None:
         return
     low, low_allowed, high = bounds
     if value < low or (value == low and not low_allowed) or value > high:
         lowest = f"at least {low:g}" if low_allowed else f"more than {low:g}"
         raise ConfigError(f"{key}: must be {lowest} and at most {high:g}, got {value}")
+
+
+def check_choice(value: str, key: str, choices: tuple[str, ...]) -> str:
+    """*value* as the one of *choices* it names, whatever its case."""
+    match = next((name for name in choices if name.casefold() == value.casefold()), None)
+    if match is None:
+        raise ConfigError(f"{key}: expected one of {', '.join(choices)}, got {value!r}")
+    return match
 
 
 def check_text(value: str, key: str) -> str:
