@@ -15,6 +15,7 @@ OUTCOMES = ("written", "no_change", "guard_rejected", "raw_fallback", "error")
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
 TOP_REASONS = 5
+REASON_KEYS = {"guard_rejected": "guard_reasons", "raw_fallback": "fallback_reasons", "error": "error_reasons"}
 RESTORE_KIND = "restore"
 RESTORED_OUTCOME = "restored"
 FLUSH_KIND = "flush"
@@ -36,9 +37,7 @@ class _Group:
     counts: Counter = field(default_factory=Counter)
     tokens: int = 0
     latencies: list[float] = field(default_factory=list)
-    guard_reasons: Counter = field(default_factory=Counter)
-    fallback_reasons: Counter = field(default_factory=Counter)
-    error_reasons: Counter = field(default_factory=Counter)
+    reasons: dict[str, Counter] = field(default_factory=lambda: {outcome: Counter() for outcome in REASON_KEYS})
     restored: int = 0
     missed: int = 0
 
@@ -48,10 +47,8 @@ class _Group:
         self.tokens += tokens or 0
         if latency_ms is not None:
             self.latencies.append(float(latency_ms))
-        reasons = {"guard_rejected": self.guard_reasons, "raw_fallback": self.fallback_reasons,
-                   "error": self.error_reasons}.get(outcome)
-        if reasons is not None:
-            reasons[reason or "(no reason given)"] += 1
+        if outcome in self.reasons:
+            self.reasons[outcome][reason or "(no reason given)"] += 1
 
     def to_json(self, kind: str, workspace: str) -> dict:
         """The report row of this group."""
@@ -66,9 +63,7 @@ class _Group:
         latencies = sorted(self.latencies)
         row["latency_ms_p50"] = percentile(latencies, 0.50)
         row["latency_ms_p95"] = percentile(latencies, 0.95)
-        row["guard_reasons"] = dict(self.guard_reasons.most_common(TOP_REASONS))
-        row["fallback_reasons"] = dict(self.fallback_reasons.most_common(TOP_REASONS))
-        row["error_reasons"] = dict(self.error_reasons.most_common(TOP_REASONS))
+        row.update({key: dict(self.reasons[outcome].most_common(TOP_REASONS)) for outcome, key in REASON_KEYS.items()})
         row["restored"] = self.restored
         row["missed_before_compaction"] = self.missed
         return row
