@@ -105,9 +105,7 @@ class Client:
     def request(self, method: str, path: str, body: Any = None) -> dict:
         """Send one request; CannotConnect when nobody listens, DaemonError on an error answer."""
         status, raw = self._send(method, path, body)
-        payload = _json_answer(status, raw)
-        if status >= 400:
-            raise _error_from_answer(status, payload)
+        payload = _answer(status, raw)
         if not isinstance(payload, dict):
             raise DaemonError("the daemon's answer is not a JSON object", status)
         return payload
@@ -116,26 +114,21 @@ class Client:
         """GET *path* whose answer is text, not JSON (the Prometheus figures of /metrics)."""
         status, raw = self._send("GET", path, None)
         if status >= 400:
-            raise _error_from_answer(status, _json_answer(status, raw))
+            _answer(status, raw)
         return raw.decode("utf-8", errors="replace")
 
     def _send(self, method: str, path: str, body: Any) -> tuple[int, bytes]:
+        check_socket_folder(self.socket_path)
         connection = UnixHTTPConnection(self.socket_path, self.timeout)
         try:
-            self._connect(connection)
+            try:
+                connection.connect()
+            except (OSError, TimeoutError) as exc:
+                raise CannotConnect(f"cannot connect to nanobotd at {self.socket_path}: {exc.strerror or exc}",
+                                    PERMISSION_HINT if isinstance(exc, PermissionError) else START_HINT) from None
             return self._exchange(connection, method, path, body)
         finally:
             connection.close()
-
-    def _connect(self, connection: UnixHTTPConnection) -> None:
-        check_socket_folder(self.socket_path)
-        try:
-            connection.connect()
-        except (OSError, TimeoutError) as exc:
-            message = f"cannot connect to nanobotd at {self.socket_path}: {exc.strerror or exc}"
-            if isinstance(exc, PermissionError):
-                raise CannotConnect(message, PERMISSION_HINT) from None
-            raise CannotConnect(message) from None
 
     def _exchange(self, connection: UnixHTTPConnection, method: str, path: str, body: Any) -> tuple[int, bytes]:
         encoded = None if body is None else json.dumps(body).encode("utf-8")
@@ -193,17 +186,17 @@ def resolve_socket(args: argparse.Namespace, environ: Mapping[str, str]) -> Path
     return paths.socket_from_config(config_path) or paths.default_socket_path(environ)
 
 
-def _json_answer(status: int, raw: bytes) -> Any:
+def _answer(status: int, raw: bytes) -> Any:
+    """The JSON of an answer; DaemonError for an error answer (its message) or one that is not JSON."""
     try:
-        return json.loads(raw) if raw else {}
+        payload = json.loads(raw) if raw else {}
     except ValueError:
         raise DaemonError(f"the daemon's answer (HTTP {status}) is not JSON", status) from None
-
-
-def _error_from_answer(status: int, payload: Any) -> DaemonError:
+    if status < 400:
+        return payload
     error = payload.get("error") if isinstance(payload, dict) else None
     if not isinstance(error, dict):
-        return DaemonError(f"daemon answered HTTP {status}", status)
-    return DaemonError(str(error.get("message") or error.get("code") or f"HTTP {status}"), status,
-                       str(error.get("code", "")))
+        raise DaemonError(f"daemon answered HTTP {status}", status)
+    raise DaemonError(str(error.get("message") or error.get("code") or f"HTTP {status}"), status,
+                      str(error.get("code", "")))
 
