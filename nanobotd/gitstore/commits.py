@@ -36,10 +36,11 @@ def find_commit_for_run(repo: Any, run_id: str) -> str | None:
 
 
 def show_commit(repo: Any, commit: Any) -> dict:
-    """*commit* as plain data with its patch, for dream-log and restore."""
-    info = commit_info(commit)
-    info["diff"] = repo.git.show(commit.hexsha, "--format=", "--no-color", "--patch", **git_options())
-    return info
+    """*commit* as plain data with its patch and the run it belongs to, for dream-log and restore."""
+    return {"sha": commit.hexsha, "message": commit.message, "summary": commit.summary,
+            "author": f"{commit.author.name} <{commit.author.email}>", "date": commit.committed_datetime.isoformat(),
+            "run_id": run_id_of(commit.message),
+            "diff": repo.git.show(commit.hexsha, "--format=", "--no-color", "--patch", **git_options())}
 
 
 def newest_dream_commit(repo: Any) -> Any:
@@ -73,14 +74,3 @@ def blob(commit: Any, path: str) -> bytes | None:
     except KeyError:
         return None
 
-
-def commit_info(commit: Any) -> dict:
-    """A commit as plain data: sha, message, author, date and the run it belongs to."""
-    return {
-        "sha": commit.hexsha,
-        "message": commit.message,
-        "summary": commit.summary,
-        "author": f"{commit.author.name} <{commit.author.email}>",
-        "date": commit.committed_datetime.isoformat(),
-        "run_id": run_id_of(commit.message),
-    }
