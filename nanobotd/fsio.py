@@ -74,11 +74,9 @@ def open_regular(path: Path | str, *, follow: bool = False) -> BinaryIO:
 
 def file_kind(mode: int) -> str:
     """'FIFO', 'character device', ... for a message about a file that is not regular."""
-    for test, name in ((stat.S_ISLNK, "symlink"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
-                       (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"), (stat.S_ISDIR, "directory")):
-        if test(mode):
-            return name
-    return "special file"
+    kinds = ((stat.S_ISLNK, "symlink"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
+             (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"), (stat.S_ISDIR, "directory"))
+    return next((name for test, name in kinds if test(mode)), "special file")
 
 
 def fsync_dir(directory: Path) -> None:

@@ -74,10 +74,7 @@ def secret_redactor(secrets: list[str]) -> Callable[[str], str]:
 
 def syslog_priority(level_number: int) -> int:
     """The sd-daemon `<N>` priority for a loguru level number."""
-    for threshold, priority in SYSLOG_PRIORITIES:
-        if level_number >= threshold:
-            return priority
-    return DEBUG_PRIORITY
+    return next((priority for threshold, priority in SYSLOG_PRIORITIES if level_number >= threshold), DEBUG_PRIORITY)
 
 
 def _sink(stream: TextIO, redact: Callable[[str], str], *, journal: bool) -> Callable:

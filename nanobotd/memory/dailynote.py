@@ -157,10 +157,7 @@ def drop_empty_sections(note: DailyNote, names: list[str]) -> None:
 
 
 def _last_content_index(lines: list[str]) -> int:
-    for index in range(len(lines) - 1, 0, -1):
-        if lines[index].strip():
-            return index
-    return 0
+    return next((index for index in range(len(lines) - 1, 0, -1) if lines[index].strip()), 0)
 
 
 def _insert_section(note: DailyNote, name: str) -> Section:
