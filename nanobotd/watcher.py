@@ -9,6 +9,7 @@ and polls when inotify limits are hit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import time
@@ -130,23 +131,19 @@ class SessionWatcher:
         """Stop watching sessions (or *memory*) *folder*."""
         current = (self.memory_watches if memory else self.watches).pop(folder, None)
         if current is not None:
-            try:
+            with contextlib.suppress(KeyError, ValueError, OSError):
                 self.observer.unschedule(current[0])
-            except (KeyError, ValueError, OSError):
-                pass
 
     def _switch_to_polling(self) -> None:
-        folders, memory_folders = list(self.watches), list(self.memory_watches)
+        folders = [(folder, False) for folder in self.watches] + [(folder, True) for folder in self.memory_watches]
         self.stop()
         self.watches.clear()
         self.memory_watches.clear()
         self.mode = "polling"
         self.observer = PollingObserver(timeout=1.0)
         self.start()
-        for folder in folders:
-            self.watch(folder)
-        for folder in memory_folders:
-            self.watch(folder, memory=True)
+        for folder, memory in folders:
+            self.watch(folder, memory=memory)
 
     def healthy(self) -> bool:
         """The observer thread runs and every session folder still is the one armed (a memory folder gone is no
@@ -170,10 +167,8 @@ class SessionWatcher:
     # -- debounce (loop side) ------------------------------------------------------------------------
     def _to_loop(self, callback: Callable[[Path], None], path: Path) -> None:
         """From watchdog's thread: *callback*(path) on the loop (none once the loop has closed)."""
-        try:
+        with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(callback, path)
-        except RuntimeError:
-            pass
 
     def _memory_event(self, path: Path) -> None:
         if self.on_memory_change is not None:

@@ -6,6 +6,7 @@ its holder dies, so a lock file left behind holds nothing.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -100,11 +101,9 @@ def _open(lock_path: Path) -> int:
 
 def _write_holder(descriptor: int, holder: dict) -> None:
     # Written in place, not atomically: only the live holder's flock matters; these words only name it.
-    try:
+    with contextlib.suppress(OSError):  # read-only (another user's file): the lock holds all the same
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, (json.dumps(holder) + "\n").encode(), 0)
-    except OSError:
-        pass  # read-only (another user's file): the lock holds all the same
 
 
 def _read_holder(descriptor: int) -> dict:
