@@ -1,10 +1,6 @@
-"""Named fault points: the places in crash-sensitive code where a test kills the daemon or fails a write.
-
-A point is armed through the daemon's environment, `NANOBOTD_FAULTS="restore.history_rewritten=kill"`
-(comma-separated `name=action`; actions: `kill` sends the process SIGKILL, `enospc` raises OSError(ENOSPC),
-`drop` makes the point's code skip its work, asked with `drops(name)`),
-so a test hits the exact step in a real daemon instead of hoping a timed kill lands there. Unarmed, a point
-costs one dict lookup.
+"""Named fault points, where a test kills the daemon or fails a write at the exact step instead of hoping a timed
+kill lands there. Armed through the environment, `NANOBOTD_FAULTS="restore.history_rewritten=kill,..."`:
+`kill` (SIGKILL), `enospc` (OSError ENOSPC), `drop` (the point's code skips its work: `drops(name)`).
 """
 
 from __future__ import annotations

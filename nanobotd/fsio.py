@@ -1,10 +1,8 @@
 """Crash-safe file I/O: the only place that writes files that matter.
 
-Whole-file writes go temp file -> fsync -> os.replace -> fsync(dir), so a crash leaves either the old or
-the new content. Appends are one os.write per record followed by fsync, and an append that fails is cut
-back off. Locks are flock based, with a timeout so nanobotd never waits forever on somebody else's lock.
-Every write may name the folder it must stay in (`root`): a symlink leading out of it is refused
-(`confine`). Reads of files others own go through `open_regular`, which opens regular files only.
+Whole files go temp file -> fsync -> os.replace -> fsync(dir); appends are one write per record, fsynced, cut
+back off when they fail; flocks time out. A write may name the folder it must stay in (`root`, see `confine`);
+files others own are read through `open_regular`.
 """
 
 from __future__ import annotations
@@ -22,9 +20,11 @@ from typing import BinaryIO
 
 from loguru import logger
 
-LOCK_POLL_SECONDS = 0.02
+from nanobotd.tuning import FILE_LOCK_POLL_SECONDS as LOCK_POLL_SECONDS
+
 TORN_SUFFIX = ".torn"
-TORN_TAIL_LIMIT = 64 * 1024 * 1024
+TORN_TAIL_LIMIT = 64 * 1024 * 1024  # a longer unterminated tail is no torn line but a file without newlines
+TEMP_SUFFIX = ".tmp"
 
 
 class LockTimeout(TimeoutError):
@@ -40,11 +40,8 @@ class NotRegularFile(OSError):
 
 
 def confine(path: Path | str, root: Path | str | None) -> Path:
-    """*path*, after checking that it resolves inside *root* (symlinks followed, target and parents alike).
-
-    A symlinked history.jsonl, daily note or memory folder pointing elsewhere would make an append or a
-    rename land outside the workspace; such a write is refused, logged, and the caller keeps its data.
-    """
+    """*path*, after checking that it resolves inside *root* (symlinks followed): a symlinked history.jsonl or
+    memory folder would make a write land outside the workspace; UnsafePath, logged, instead."""
     path = Path(path)
     if root is None:
         return path
@@ -57,15 +54,11 @@ def confine(path: Path | str, root: Path | str | None) -> Path:
 
 
 def open_regular(path: Path | str, *, follow: bool = False) -> BinaryIO:
-    """Open a regular file for reading, without blocking, and (unless *follow*) not through a symlink.
-
-    A FIFO named like a session file would block an open or a read forever, and a symlink to /dev/zero would
-    never end: both are refused with NotRegularFile (an OSError, so callers that skip unreadable files skip it).
-    *follow*: a symlink is read when it leads to a regular file (memory files the user may link).
-    """
+    """Open a regular file for reading, without blocking, and (unless *follow*) not through a symlink: a FIFO
+    would block forever and /dev/zero never end, so both are NotRegularFile (an OSError: callers skip it)."""
     info = os.stat(path) if follow else os.lstat(path)
     if not stat.S_ISREG(info.st_mode):
-        raise NotRegularFile(f"not a regular file ({_file_kind(info.st_mode)}): {path}")
+        raise NotRegularFile(f"not a regular file ({file_kind(info.st_mode)}): {path}")
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
@@ -79,12 +72,11 @@ def open_regular(path: Path | str, *, follow: bool = False) -> BinaryIO:
     return os.fdopen(fd, "rb")
 
 
-def _file_kind(mode: int) -> str:
-    for test, name in ((stat.S_ISLNK, "symlink"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
-                       (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"), (stat.S_ISDIR, "directory")):
-        if test(mode):
-            return name
-    return "special file"
+def file_kind(mode: int) -> str:
+    """'FIFO', 'character device', ... for a message about a file that is not regular."""
+    kinds = ((stat.S_ISLNK, "symlink"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
+             (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"), (stat.S_ISDIR, "directory"))
+    return next((name for test, name in kinds if test(mode)), "special file")
 
 
 def fsync_dir(directory: Path) -> None:
@@ -98,16 +90,10 @@ def fsync_dir(directory: Path) -> None:
 
 def atomic_write(path: Path | str, data: bytes | str, mode: int | None = None, *,
                  root: Path | str | None = None) -> None:
-    """Replace *path* with *data* so that a crash leaves the old or the new file, never a mix.
-
-    With *root*, a path that leads outside it through a symlink is refused (UnsafePath) before any write.
-    """
+    """Replace *path* with *data* so that a crash leaves the old or the new file, never a mix."""
     with AtomicWriter(path, mode, root=root) as writer:
         writer.write(data.encode("utf-8") if isinstance(data, str) else data)
         writer.commit()
-
-
-TEMP_SUFFIX = ".tmp"
 
 
 def temp_files(path: Path) -> list[Path]:
@@ -116,12 +102,8 @@ def temp_files(path: Path) -> list[Path]:
 
 
 class AtomicWriter:
-    """A replacement for *path* written piece by piece, with the crash safety of `atomic_write`.
-
-    The pieces go to a temp file beside *path*; `commit()` fsyncs it, renames it over *path* and fsyncs the
-    folder. Leaving the `with` block without `commit()` (or on an error) deletes the temp file and leaves
-    *path* as it was, so a file of any size is rewritten without holding it in memory.
-    """
+    """A replacement for *path* written piece by piece into a temp file beside it, put in place by `commit()`;
+    leaving the `with` block without it deletes the temp file (a file of any size, never held in memory)."""
 
     def __init__(self, path: Path | str, mode: int | None = None, *, root: Path | str | None = None):
         self.path = confine(path, root)
@@ -168,11 +150,8 @@ class AtomicWriter:
 
 
 def append_record(path: Path | str, record: bytes | str, *, root: Path | str | None = None) -> None:
-    """Append one record (a line) with a single write and fsync it; a failed append leaves the file as it was.
-
-    A disk filling up mid-write would otherwise leave a torn last line that every reader trips over, so on
-    any error the file is truncated back to its length before the append. *root*: see `confine`.
-    """
+    """Append one record with a single write and fsync it; a failed append (a full disk) is truncated back off,
+    so no reader trips over a torn line."""
     path = confine(path, root)
     if isinstance(record, str):
         record = record.encode("utf-8")
@@ -204,11 +183,8 @@ def _append_or_undo(fd: int, record: bytes) -> None:
 
 def repair_torn_tail(path: Path, *, root: Path | str | None = None,
                      is_whole: Callable[[bytes], bool] | None = None) -> int:
-    """Move an unterminated last line (a write cut short) to `<name>.torn`; return its size in bytes (0: none).
-
-    Kept in place it would stay an unreadable record forever; moved aside it is kept for a person to read.
-    A last line that *is_whole* accepts only lacks its newline, which is added instead.
-    """
+    """Move an unterminated last line (a write cut short) to `<name>.torn` for a person to read; its size (0:
+    none). A last line that *is_whole* accepts only gets its newline."""
     try:
         handle = open_regular(path, follow=True)
     except FileNotFoundError:

@@ -1,6 +1,5 @@
-"""JSON string literals, made fast: a text that is all ASCII (but DEL, which the ASCII encoder escapes) takes
-json's ASCII encoder, which writes the very same characters for it at twice the speed (a scan digests every
-message, an archive encodes every entry)."""
+"""JSON string literals, made fast: all-ASCII text (but DEL, which it escapes) takes json's ASCII encoder, which
+writes the very same characters at twice the speed."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Logging: loguru to stderr, stdlib logging routed into it, secrets masked in everything written.
-
-Under systemd each line carries an sd-daemon `<N>` priority prefix and no timestamp (journald adds
-its own); in a terminal lines are timestamped. Masking happens on the final text, so it also covers
-tracebacks and messages from libraries that log through the standard logging module.
-"""
+"""Logging: loguru to stderr, stdlib logging routed into it, secrets masked in the final text (tracebacks and
+libraries' records too). Under systemd each line carries an sd-daemon `<N>` priority and no timestamp."""
 
 from __future__ import annotations
 
@@ -48,7 +44,7 @@ def configure_logging(level: str, *, under_systemd: bool, secrets: list[str], st
     stream = sys.stderr if stream is None else stream
     redact = secret_redactor(secrets)
     logger.remove()
-    logger.add(_journal_sink(stream, redact) if under_systemd else _terminal_sink(stream, redact),
+    logger.add(_sink(stream, redact, journal=under_systemd),
                level=level.upper(), format=JOURNAL_FORMAT if under_systemd else TERMINAL_FORMAT,
                colorize=False, backtrace=False, diagnose=False)
     logging.basicConfig(handlers=[InterceptHandler()], level=0, force=True)
@@ -56,10 +52,8 @@ def configure_logging(level: str, *, under_systemd: bool, secrets: list[str], st
 
 
 def capture_library_loggers(names: tuple[str, ...] = NOISY_LOGGERS) -> None:
-    """Quiet chatty libraries to WARNING and drop handlers they attached, so their records reach us.
-
-    litellm attaches its own stderr handler when imported; call this again after such a lazy import.
-    """
+    """Quiet chatty libraries to WARNING and drop handlers they attached (litellm does, on import: call this
+    again after such a lazy import), so their records reach us."""
     for name in names:
         library_logger = logging.getLogger(name)
         library_logger.setLevel(logging.WARNING)
@@ -80,27 +74,16 @@ def secret_redactor(secrets: list[str]) -> Callable[[str], str]:
 
 def syslog_priority(level_number: int) -> int:
     """The sd-daemon `<N>` priority for a loguru level number."""
-    for threshold, priority in SYSLOG_PRIORITIES:
-        if level_number >= threshold:
-            return priority
-    return DEBUG_PRIORITY
+    return next((priority for threshold, priority in SYSLOG_PRIORITIES if level_number >= threshold), DEBUG_PRIORITY)
 
 
-def _terminal_sink(stream: TextIO, redact: Callable[[str], str]) -> Callable:
+def _sink(stream: TextIO, redact: Callable[[str], str], *, journal: bool) -> Callable:
     def write(message) -> None:
-        stream.write(redact(str(message)))
-        stream.flush()
-
-    return write
-
-
-def _journal_sink(stream: TextIO, redact: Callable[[str], str]) -> Callable:
-    # journald reads stderr line by line, so every line of a multi-line record (tracebacks) gets the
-    # prefix; otherwise traceback lines would be logged at the default priority.
-    def write(message) -> None:
-        prefix = f"<{syslog_priority(message.record['level'].no)}>"
         text = redact(str(message))
-        stream.write("".join(f"{prefix}{line}\n" for line in text.splitlines()))
+        if journal:  # journald reads line by line: each traceback line needs the priority too
+            prefix = f"<{syslog_priority(message.record['level'].no)}>"
+            text = "".join(f"{prefix}{line}\n" for line in text.splitlines())
+        stream.write(text)
         stream.flush()
 
     return write

@@ -1,8 +1,5 @@
-"""systemd service notifications (sd_notify) over the sdnotify package.
-
-Active only when the service manager gave us a NOTIFY_SOCKET; otherwise every call is a no-op, so the
-daemon runs the same in a terminal. The environment is passed in: this module never reads os.environ.
-"""
+"""systemd service notifications (sd_notify) over sdnotify: no-ops without a NOTIFY_SOCKET in the environment
+passed in, so the daemon runs the same in a terminal."""
 
 from __future__ import annotations
 
@@ -72,17 +69,6 @@ class Notifier:
     def _send(self, message: str) -> None:
         if self._sender is not None:
             self._sender.notify(message)
-
-
-class NullNotifier(Notifier):
-    """A notifier that sends nothing and remembers every message, for tests and non-systemd runs."""
-
-    def __init__(self) -> None:
-        super().__init__({})
-        self.messages: list[str] = []
-
-    def _send(self, message: str) -> None:
-        self.messages.append(message)
 
 
 def clean_status(text: str) -> str:

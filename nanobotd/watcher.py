@@ -1,16 +1,15 @@
 """watchdog observers on session and memory folders, feeding changed paths to the event loop.
 
-nanobot saves sessions by temp file + rename, so the event naming the real file is a move's destination; its
-file tools write memory files in place (truncate + write), and editors replace them through swap files, so
-every kind of change event counts and both ends of a move are reported.
-inotify drops events silently on overflow and a deleted/recreated folder leaves a dead watch behind,
-so the daemon also runs a periodic reconcile scan; this module only reports what it sees and can
-re-arm a watch whose folder changed identity. When inotify limits are hit it falls back to polling.
+nanobot saves sessions by temp file + rename, its file tools write memory in place and editors through swap
+files: every change event counts, both ends of a move. inotify drops events on overflow and a recreated folder
+leaves a dead watch, so the daemon also reconciles; this module re-arms a watch whose folder changed identity,
+and polls when inotify limits are hit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import time
@@ -32,8 +31,8 @@ from watchdog.observers.polling import PollingObserver
 
 from nanobotd.faults import FaultPoints
 from nanobotd.sessions.file import is_session_file
+from nanobotd.tuning import MAX_DEBOUNCE_FACTOR
 
-MAX_DEBOUNCE_FACTOR = 5
 INOTIFY_LIMIT_ERRORS = (errno.ENOSPC, errno.EMFILE, errno.ENFILE)
 CHANGE_EVENTS = [FileCreatedEvent, FileModifiedEvent, FileClosedEvent, FileMovedEvent, FileDeletedEvent]
 # Named fault point (armed by tests): memory events are dropped as an inotify overflow would drop them, so only
@@ -60,11 +59,8 @@ class _Handler(FileSystemEventHandler):
 
 
 class SessionWatcher:
-    """One observer for all session and memory folders of the daemon.
-
-    Session paths get a per-path debounce here (a scan follows each); memory paths go to *on_memory_change*
-    at once, every event, because the index refresh they lead to has a debounce of its own.
-    """
+    """One observer for all session and memory folders: session paths debounced per path (a scan follows each),
+    memory paths handed on at once (the index refresh has a debounce of its own)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, on_change: Callable[[Path], None], *,
                  debounce: float = 1.0, polling: bool = False,
@@ -82,8 +78,9 @@ class SessionWatcher:
         self.memory_events_seen = 0
         self.last_event: float | None = None
         self._timers: dict[Path, tuple[asyncio.TimerHandle, float]] = {}
-        self._handler = _Handler(is_session_file, self.notify_threadsafe)
-        self._memory_handler = _Handler(lambda path: True, self._memory_threadsafe)
+        self._handler = _Handler(is_session_file, lambda path: self._to_loop(self.notify, path))
+        self._memory_handler = _Handler(lambda path: not self.faults.drops(DROP_MEMORY_EVENTS),
+                                        lambda path: self._to_loop(self._memory_event, path))
         self._started = False
 
     def start(self) -> None:
@@ -134,28 +131,23 @@ class SessionWatcher:
         """Stop watching sessions (or *memory*) *folder*."""
         current = (self.memory_watches if memory else self.watches).pop(folder, None)
         if current is not None:
-            try:
+            with contextlib.suppress(KeyError, ValueError, OSError):
                 self.observer.unschedule(current[0])
-            except (KeyError, ValueError, OSError):
-                pass
 
     def _switch_to_polling(self) -> None:
-        folders, memory_folders = list(self.watches), list(self.memory_watches)
+        folders = [(folder, False) for folder in self.watches] + [(folder, True) for folder in self.memory_watches]
         self.stop()
         self.watches.clear()
         self.memory_watches.clear()
         self.mode = "polling"
         self.observer = PollingObserver(timeout=1.0)
         self.start()
-        for folder in folders:
-            self.watch(folder)
-        for folder in memory_folders:
-            self.watch(folder, memory=True)
+        for folder, memory in folders:
+            self.watch(folder, memory=memory)
 
     def healthy(self) -> bool:
-        """The observer thread runs and every watched session folder still is the folder we armed (a memory folder
-        that went away is no fault of the daemon's: the next reconcile re-arms it, and its fingerprint check covers
-        the meantime)."""
+        """The observer thread runs and every session folder still is the one armed (a memory folder gone is no
+        fault of the daemon's: the next reconcile re-arms it)."""
         if not self._started or not self.observer.is_alive():
             return False
         for folder, (_, inode) in self.watches.items():
@@ -173,26 +165,16 @@ class SessionWatcher:
                 "events_seen": self.events_seen, "memory_events_seen": self.memory_events_seen}
 
     # -- debounce (loop side) ------------------------------------------------------------------------
-    def notify_threadsafe(self, path: Path) -> None:
-        """Called from watchdog's thread."""
-        try:
-            self.loop.call_soon_threadsafe(self.notify, path)
-        except RuntimeError:
-            pass
-
-    def _memory_threadsafe(self, path: Path) -> None:
-        """Called from watchdog's thread for every change in a memory folder."""
-        if self.on_memory_change is None or self.faults.drops(DROP_MEMORY_EVENTS):
-            return
-        try:
-            self.loop.call_soon_threadsafe(self._memory_event, path)
-        except RuntimeError:
-            pass
+    def _to_loop(self, callback: Callable[[Path], None], path: Path) -> None:
+        """From watchdog's thread: *callback*(path) on the loop (none once the loop has closed)."""
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(callback, path)
 
     def _memory_event(self, path: Path) -> None:
-        self.memory_events_seen += 1
-        self.last_event = time.time()
-        self.on_memory_change(path)
+        if self.on_memory_change is not None:
+            self.memory_events_seen += 1
+            self.last_event = time.time()
+            self.on_memory_change(path)
 
     def notify(self, path: Path) -> None:
         """A path changed: (re)start its debounce timer, but never postpone past MAX_DEBOUNCE_FACTOR x."""

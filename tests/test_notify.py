@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nanobotd.notify import MAX_STATUS_CHARS, Notifier, NullNotifier, clean_status, watchdog_interval
+from nanobotd.notify import MAX_STATUS_CHARS, Notifier, clean_status, watchdog_interval
 
 
 @pytest.fixture
@@ -92,14 +92,6 @@ def test_status_text_becomes_one_short_ascii_line() -> None:
     assert clean_status("日本語 ok") == "??? ok"
     assert clean_status("bell\x07") == "bell?"
     assert len(clean_status("x" * 1000)) == MAX_STATUS_CHARS
-
-
-def test_null_notifier_remembers_what_it_would_send() -> None:
-    notifier = NullNotifier()
-    send_all(notifier)
-    assert notifier.messages[:3] == ["READY=1", "WATCHDOG=1", "STATUS=Gro?e ? cafe second line"]
-    assert notifier.messages[3].startswith("RELOADING=1\nMONOTONIC_USEC=")
-    assert notifier.messages[4] == "STOPPING=1"
 
 
 def test_watchdog_interval_is_half_of_watchdog_usec() -> None:

@@ -1,9 +1,7 @@
-"""The memory tools an agent calls through `nanobotctl mcp`: what each is for, its arguments, its answer as text.
+"""The memory tools an agent calls through `nanobotctl mcp` (standard library only; commands/mcp.py adapts them).
 
-Standard library only: the MCP server in `commands/mcp.py` adapts these specs to the `mcp` package, and
-tests call them directly. Answers are compact text labelled with source and date, kept under
-MAX_RESULT_CHARS because nanobot replaces a longer tool result by a file reference the model must open.
-A tool never raises: a daemon that is down or refuses gives a sentence the model can act on.
+Answers are compact labelled text under MAX_RESULT_CHARS (nanobot swaps a longer tool result for a file the
+model must open). A tool never raises: a daemon that is down or refuses gives a sentence the model can act on.
 """
 
 from __future__ import annotations
@@ -14,6 +12,7 @@ from datetime import date
 from typing import Any, NamedTuple
 
 from nanobotd.cli.client import START_HINT, CannotConnect, Client, DaemonError
+from nanobotd.cli.render import span
 
 MAX_RESULT_CHARS = 15_000  # nanobot's maxToolResultChars is 16,000; leave room for its own framing
 DEFAULT_SEARCH_LIMIT, MAX_SEARCH_LIMIT = 8, 20
@@ -35,10 +34,8 @@ class ToolFailure(Exception):
 
 
 class ToolSpec(NamedTuple):
-    """One MCP tool: its name, what a model should know to use it, its JSON schema and what runs it.
-
-    A NamedTuple, not a dataclass: dataclasses import inspect, which would slow every nanobotctl command.
-    """
+    """One MCP tool: name, what a model should know, JSON schema, what runs it (a NamedTuple: dataclasses import
+    inspect, which would slow every nanobotctl command)."""
 
     name: str
     description: str
@@ -63,12 +60,8 @@ def call_tool(client: Client, name: str, arguments: Mapping[str, Any] | None) ->
 
 
 def bound_client(client: Client, arguments: Mapping[str, Any]) -> Client:
-    """*client* bound to the one workspace it answers for; ToolFailure for an argument naming another.
-
-    `nanobotctl setup nanobot` binds the server with --workspace. A server started without one answers for
-    the daemon's only workspace, and refuses while the daemon manages several: it cannot tell which is its
-    agent's, and a session key would otherwise reach whichever workspace holds it.
-    """
+    """*client* bound to the one workspace it answers for (--workspace, else the daemon's only one: with several
+    it cannot tell its agent's); ToolFailure for an argument naming another."""
     asked = text_argument(arguments, "workspace")
     if client.workspace:
         if asked and asked != client.workspace:
@@ -111,11 +104,8 @@ def search(client: Client, arguments: Mapping[str, Any]) -> str:
 
 
 def hit_label(hit: Mapping[str, Any]) -> str:
-    """`history · memory/history.jsonl lines 7 (session cli:a) · 2026-11-20 10:15`: source, where, when.
-
-    A session window is named by its session key and message range (its file name is base64 noise);
-    anything else by its file and lines, with the session it came from when known.
-    """
+    """`history · memory/history.jsonl lines 7 (session cli:a) · 2026-11-20 10:15`: source, where, when (a session
+    window by key and message range: its file name is base64 noise)."""
     key = hit.get("session_key")
     if key and hit.get("source") == "session":
         where = f"session {key}{span(' messages ', hit.get('message_start'), hit.get('message_end'))}"
@@ -130,13 +120,6 @@ def hit_text(hit: Mapping[str, Any]) -> str:
     """The hit's whole unit when the backend gave it, else its snippet; blank-line runs squeezed."""
     text = str(hit.get("text") or hit.get("snippet") or "").strip()
     return re.sub(r"\n{3,}", "\n\n", text)
-
-
-def span(prefix: str, start: Any, end: Any) -> str:
-    """` lines 3-5`, ` lines 3` or nothing, for a location that may have no range."""
-    if start is None:
-        return ""
-    return f"{prefix}{start}" if end in (None, start) else f"{prefix}{start}-{end}"
 
 
 # -- memory_context ----------------------------------------------------------------------------------

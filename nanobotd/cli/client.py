@@ -1,7 +1,4 @@
-"""The control-socket client: one JSON request per connection, errors turned into our own.
-
-Standard library only, so `nanobotctl` stays cheap to start.
-"""
+"""The control-socket client: one JSON request per connection, errors turned into our own (standard library only)."""
 
 from __future__ import annotations
 
@@ -58,8 +55,7 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.socket_path = socket_path
 
     def connect(self) -> None:
-        """Connect to the socket path instead of a host and port; a full listen queue is waited out (EAGAIN:
-        a Unix socket with a timeout does not wait for room itself), until the timeout."""
+        """Connect to the socket path, waiting out a full listen queue (EAGAIN: a Unix socket does not wait itself)."""
         deadline = time.monotonic() + self.timeout
         pause = CONNECT_RETRY_FIRST_SECONDS
         while True:
@@ -95,7 +91,8 @@ class Client:
         if self.workspace:
             query.setdefault("workspace", self.workspace)
         if query:
-            path = f"{path}?{urlencode({name: _query_value(value) for name, value in query.items()})}"
+            query = {name: str(value).lower() if isinstance(value, bool) else value for name, value in query.items()}
+            path = f"{path}?{urlencode(query)}"
         return self.request("GET", path)
 
     def post(self, path: str, body: Mapping[str, Any] | None = None) -> dict:
@@ -108,9 +105,7 @@ class Client:
     def request(self, method: str, path: str, body: Any = None) -> dict:
         """Send one request; CannotConnect when nobody listens, DaemonError on an error answer."""
         status, raw = self._send(method, path, body)
-        payload = _json_answer(status, raw)
-        if status >= 400:
-            raise _error_from_answer(status, payload)
+        payload = _answer(status, raw)
         if not isinstance(payload, dict):
             raise DaemonError("the daemon's answer is not a JSON object", status)
         return payload
@@ -119,26 +114,21 @@ class Client:
         """GET *path* whose answer is text, not JSON (the Prometheus figures of /metrics)."""
         status, raw = self._send("GET", path, None)
         if status >= 400:
-            raise _error_from_answer(status, _json_answer(status, raw))
+            _answer(status, raw)
         return raw.decode("utf-8", errors="replace")
 
     def _send(self, method: str, path: str, body: Any) -> tuple[int, bytes]:
+        check_socket_folder(self.socket_path)
         connection = UnixHTTPConnection(self.socket_path, self.timeout)
         try:
-            self._connect(connection)
+            try:
+                connection.connect()
+            except (OSError, TimeoutError) as exc:
+                raise CannotConnect(f"cannot connect to nanobotd at {self.socket_path}: {exc.strerror or exc}",
+                                    PERMISSION_HINT if isinstance(exc, PermissionError) else START_HINT) from None
             return self._exchange(connection, method, path, body)
         finally:
             connection.close()
-
-    def _connect(self, connection: UnixHTTPConnection) -> None:
-        check_socket_folder(self.socket_path)
-        try:
-            connection.connect()
-        except (OSError, TimeoutError) as exc:
-            message = f"cannot connect to nanobotd at {self.socket_path}: {exc.strerror or exc}"
-            if isinstance(exc, PermissionError):
-                raise CannotConnect(message, PERMISSION_HINT) from None
-            raise CannotConnect(message) from None
 
     def _exchange(self, connection: UnixHTTPConnection, method: str, path: str, body: Any) -> tuple[int, bytes]:
         encoded = None if body is None else json.dumps(body).encode("utf-8")
@@ -157,10 +147,8 @@ class Client:
 
 
 def check_socket_folder(socket_path: Path) -> None:
-    """CannotConnect unless *socket_path*'s folder is one only the daemon's side could have put a socket in: owned
-    by us or root (or, for a daemon serving its socket group, a service account's folder in a group of ours) and
-    writable by no one else. Anyone may make /tmp/nanobotd-<uid>/ first and listen there; what answers would be
-    taken for memory."""
+    """CannotConnect unless *socket_path*'s folder is trusted (owned by us, root or a service account serving us,
+    writable by no one else): anyone may make /tmp/nanobotd-<uid>/ first, and what answers would pass for memory."""
     folder = socket_path.parent
     try:
         link = os.lstat(folder)
@@ -179,8 +167,8 @@ def check_socket_folder(socket_path: Path) -> None:
 
 
 def _trusted_owner(info: os.stat_result) -> bool:
-    """Us, root, or a service account (which no ordinary user can give a folder to) that serves us: we are root,
-    or the folder is in one of our groups (daemon.socket_group)."""
+    """Us, root, or a service account (no ordinary user can give it a folder) serving us: we are root, or the
+    folder is in one of our groups (daemon.socket_group)."""
     if info.st_uid in (os.geteuid(), 0):
         return True
     if info.st_uid > SYSTEM_UID_MAX:
@@ -198,20 +186,17 @@ def resolve_socket(args: argparse.Namespace, environ: Mapping[str, str]) -> Path
     return paths.socket_from_config(config_path) or paths.default_socket_path(environ)
 
 
-def _json_answer(status: int, raw: bytes) -> Any:
+def _answer(status: int, raw: bytes) -> Any:
+    """The JSON of an answer; DaemonError for an error answer (its message) or one that is not JSON."""
     try:
-        return json.loads(raw) if raw else {}
+        payload = json.loads(raw) if raw else {}
     except ValueError:
         raise DaemonError(f"the daemon's answer (HTTP {status}) is not JSON", status) from None
-
-
-def _error_from_answer(status: int, payload: Any) -> DaemonError:
+    if status < 400:
+        return payload
     error = payload.get("error") if isinstance(payload, dict) else None
     if not isinstance(error, dict):
-        return DaemonError(f"daemon answered HTTP {status}", status)
-    return DaemonError(str(error.get("message") or error.get("code") or f"HTTP {status}"), status,
-                       str(error.get("code", "")))
+        raise DaemonError(f"daemon answered HTTP {status}", status)
+    raise DaemonError(str(error.get("message") or error.get("code") or f"HTTP {status}"), status,
+                      str(error.get("code", "")))
 
-
-def _query_value(value: Any) -> str:
-    return ("true" if value else "false") if isinstance(value, bool) else str(value)

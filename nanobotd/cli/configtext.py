@@ -1,10 +1,6 @@
-"""A JSON config file read safely and changed in place: only the changed keys' text is rewritten.
-
-`nanobotctl setup nanobot` edits a file the user and nanobot own. Reading must not hang or eat memory
-whatever the path names (a FIFO, a link to /dev/zero), and writing back must keep everything it did not
-change byte for byte: line endings, compact arrays, indentation, key order. So the file is parsed strictly
-(what json.dumps could not write back the same is refused) and each change is spliced into the old text at
-the span of the value it replaces; the result is parsed again and must equal the intended data.
+"""A JSON config file (nanobot's, shared with the user) read safely and changed in place: parsed strictly, each
+change spliced into the old text at the span of the value it replaces, so all else stays byte for byte; the
+result is parsed again and must equal the intended data.
 """
 
 from __future__ import annotations
@@ -12,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -37,43 +32,26 @@ class Member(NamedTuple):
 
 
 def read_regular_file(path: Path, limit: int = MAX_BYTES) -> bytes:
-    """The bytes of *path* (links followed) if it is a regular file of at most *limit* bytes; Unfaithful if not.
+    """The bytes of *path* (links followed) if it is a regular file of at most *limit* bytes; Unfaithful if not
+    (a FIFO cannot hang it, nor a device fill memory)."""
+    from nanobotd import fsio  # here: its imports would slow every other nanobotctl command
 
-    O_NONBLOCK so opening a FIFO returns at once (fstat then refuses it), and the read is bounded so a file
-    that grows, or a device, cannot fill memory.
-    """
-    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        info = os.fstat(descriptor)
-        if not stat.S_ISREG(info.st_mode):
-            raise Unfaithful(f"{path} is {file_kind(info.st_mode)}, not a regular file")
-        if info.st_size > limit:
+        handle = fsio.open_regular(path, follow=True)
+    except fsio.NotRegularFile:
+        raise Unfaithful(f"{path} is a {fsio.file_kind(os.stat(path).st_mode)}, not a regular file") from None
+    with handle:
+        if os.fstat(handle.fileno()).st_size > limit:
             raise Unfaithful(f"{path} is larger than {limit} bytes")
-        chunks, size = [], 0
-        while chunk := os.read(descriptor, min(1 << 20, limit + 1 - size)):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                raise Unfaithful(f"{path} grew past {limit} bytes while it was read")
-        return b"".join(chunks)
-    finally:
-        os.close(descriptor)
-
-
-def file_kind(mode: int) -> str:
-    """'a FIFO', 'a character device', ... for a message about a file that is not regular."""
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-    return next((name for test, name in kinds if test(mode)), "not a regular file")
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise Unfaithful(f"{path} grew past {limit} bytes while it was read")
+    return data
 
 
 def parse_strictly(text: str) -> Any:
-    """The JSON value of *text*; Unfaithful for what a rewrite could not keep, or what is not JSON at all.
-
-    Refused: duplicate keys (json keeps the last silently), numbers that overflow to infinity (json.dumps
-    writes them as Infinity, which is not JSON), NaN and Infinity themselves, lone surrogates (no UTF-8 can
-    hold them) and nesting deeper than MAX_DEPTH.
-    """
+    """The JSON value of *text*; Unfaithful for what a rewrite could not keep: duplicate keys, numbers that
+    overflow to Infinity, NaN, lone surrogates, nesting deeper than MAX_DEPTH; or what is not JSON at all."""
     try:
         value = json.loads(text, object_pairs_hook=unique_keys, parse_float=finite_float,
                            parse_constant=non_finite)
@@ -188,11 +166,8 @@ def object_edits(text: str, start: int, old: dict, new: dict, style: Style) -> l
 
 
 def compact(text: str, start: int, end: int, old: Any) -> bool:
-    """Whether a value replacing text[start:end] (which held *old*) is written on one line.
-
-    A non-empty array or object keeps the layout it had; anything else takes the file's: one line if the
-    whole file is one line, else indented as the file is.
-    """
+    """Whether a value replacing text[start:end] (which held *old*) goes on one line: a non-empty array or
+    object keeps its layout, anything else takes the whole file's."""
     if isinstance(old, (dict, list)) and old:
         return one_line(text, start, end)
     return one_line(text, 0, len(text.rstrip()))

@@ -1,7 +1,5 @@
-"""One nanobotctl invocation: the client, the parsed arguments and the streams, handed to every command.
-
-Commands take everything from here, so tests run them in-process with their own streams and socket.
-"""
+"""One nanobotctl invocation (client, arguments, streams) handed to every command, so tests run commands
+in-process with their own streams and socket."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """The check every line `nanobotctl mcp` reads gets before the MCP SDK sees it, so a bad message gets an error.
 
-The SDK's stdio transport drops, without a reply, a line it cannot validate: invalid JSON, params that are
-not an object, a string holding a lone surrogate (valid JSON, but not text anyone can encode). The client
-then waits for its timeout. JSON-RPC 2.0 wants an error reply instead, with the request's id when it has
-one (else null); a notification, which has no id, gets none. `check_line` is standard library only;
-CheckedLines, the glue to the SDK, imports anyio and the SDK's types when it runs.
+The SDK's stdio transport drops a line it cannot validate without a reply (the client then waits for its
+timeout); JSON-RPC 2.0 wants an error reply with the request's id (null without one; none to a notification).
 """
 
 from __future__ import annotations
@@ -86,11 +83,8 @@ def brief(exc: BaseException) -> str:
 
 
 class CheckedLines:
-    """stdin's messages the SDK can serve, as lines; every other one answered with a JSON-RPC error instead.
-
-    Given to the SDK's stdio_server as its stdin. The errors go through *replies* to `forward`, which puts
-    them on the SDK's write stream, so one writer alone frames stdout.
-    """
+    """stdin for the SDK's stdio_server: the messages it can serve, as lines; every other one answered with an
+    error sent through *replies* to `forward`, onto the SDK's write stream (one writer alone frames stdout)."""
 
     def __init__(self, stdin: BinaryIO, replies: Any) -> None:
         self.stdin = stdin

@@ -1,14 +1,11 @@
-"""nanobotctl: the command-line client of a running nanobotd, over its control socket.
-
-Standard library only, importing nothing of nanobotd but `cli` and `config.paths`, so `nanobotctl status`
-starts in tens of milliseconds. Exit codes: 0 ok, 1 the daemon refused or a run failed, 2 cannot connect
-(or a usage error), 130 interrupted. This module holds the argument parser and `main`; the commands live in
-`nanobotd.cli.commands`, and values are checked here, naming the option, before the daemon is asked.
-"""
+"""nanobotctl's argument parser and main: standard library only (nothing of nanobotd but `cli` and `config.paths`),
+so it starts in tens of milliseconds. Exit codes: 0 ok, 1 refused or a run failed, 2 cannot connect or usage,
+130 interrupted. The commands live in `nanobotd.cli.commands`."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -80,8 +77,7 @@ def _add_job_commands(add: AddCommand) -> None:
                                       "archives by itself: what left its session file)"),
                                      ("flush", jobs.flush, "flush durable facts from a session into today's note")):
         _add_wait(_add_session_key(add(name, handler, help_text)))
-    dream = add("dream", jobs.dream, "dream now, whatever the schedule")
-    _add_wait(dream)
+    _add_wait(add("dream", jobs.dream, "dream now, whatever the schedule"))
     add("dream-log", jobs.dream_log, "show a dream commit").add_argument(
         "target", nargs="?", metavar="RUN_ID|SHA", help="a dream's run id or commit (default: the newest dream)")
     restore = add("restore", jobs.restore, "undo a run or a dream commit as a new change")
@@ -100,8 +96,6 @@ def _add_report_commands(add: AddCommand) -> None:
     add("observe", reports.observe, "job outcome metrics").add_argument(
         "--since", default="7d", type=duration_text("--since"), metavar="PERIOD",
         help="how far back: a number and a unit, m h d or w, e.g. 30m, 12h, 2w (default 7d)")
-
-
     add("metrics", reports.prometheus, "the daemon's figures in the Prometheus text format (for node exporter's "
                                        "textfile collector)")
 
@@ -206,8 +200,5 @@ def _run_command(invocation: Invocation) -> int:
 def _silence_stdout(stdout: TextIO) -> None:
     # The reader went away (`nanobotctl runs | head`); point stdout at /dev/null so the final flush at
     # interpreter exit does not raise a second BrokenPipeError.
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, stdout.fileno())
-    except (OSError, ValueError, AttributeError):
-        pass
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())

@@ -1,7 +1,4 @@
-"""How nanobotctl shows the daemon's answers: pure functions from JSON values to lines of text.
-
-Nothing here writes or talks to the daemon, so every rendering is testable on plain data.
-"""
+"""How nanobotctl shows the daemon's answers: pure functions from JSON values to lines, testable on plain data."""
 
 from __future__ import annotations
 
@@ -90,8 +87,8 @@ def format_duration(seconds: Any) -> str:
 def format_location(hit: Mapping[str, Any]) -> str:
     """Where a search hit lives, `path:L10-14` or `session KEY #3-8`, so a reader can open it."""
     if hit.get("session_key"):
-        return printable(f"session {hit['session_key']}{_span(' #', hit.get('message_start'), hit.get('message_end'))}")
-    return printable(f"{hit.get('path') or '?'}{_span(':L', hit.get('line_start'), hit.get('line_end'))}")
+        return printable(f"session {hit['session_key']}{span(' #', hit.get('message_start'), hit.get('message_end'))}")
+    return printable(f"{hit.get('path') or '?'}{span(':L', hit.get('line_start'), hit.get('line_end'))}")
 
 
 def _is_numeric_column(values: list[Any]) -> bool:
@@ -99,7 +96,8 @@ def _is_numeric_column(values: list[Any]) -> bool:
     return bool(present) and all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in present)
 
 
-def _span(prefix: str, start: Any, end: Any) -> str:
+def span(prefix: str, start: Any, end: Any) -> str:
+    """`<prefix>3-5`, `<prefix>3` or nothing, for a location that may have no range."""
     if start is None:
         return ""
     return f"{prefix}{start}" if end in (None, start) else f"{prefix}{start}-{end}"

@@ -1,7 +1,4 @@
-"""Runs as people read them: a short summary when a run ends, and the detail `nanobotctl run` shows.
-
-Pure functions from the daemon's run records (GET /v1/runs/{id}) to lines; --json keeps the whole record.
-"""
+"""Runs as people read them (pure functions of GET /v1/runs/{id}): a summary when a run ends, `nanobotctl run`."""
 
 from __future__ import annotations
 
@@ -46,8 +43,7 @@ def headline(run: Mapping[str, Any]) -> str:
 
 
 def progress_text(run: Mapping[str, Any], elapsed: float | None = None, *, with_time: bool = True) -> str:
-    """`running, archiving 2/5, 3.4s`: the phase, the job's own step and the time so far (not *with_time*:
-    without the time, which the progress line keeps apart so that a cut never drops it)."""
+    """`running, archiving 2/5, 3.4s`: the phase, the job's step and (*with_time*) the time so far."""
     progress = run.get("progress") or {}
     parts = [PHASES.get(str(progress.get("phase") or run.get("state")), str(progress.get("phase") or "waiting"))]
     step = progress.get("step")

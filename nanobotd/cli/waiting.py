@@ -1,8 +1,5 @@
-"""Waiting for runs to end: poll the daemon, keep one live progress line on a terminal, let Ctrl-C go.
-
-The progress line goes to stderr and only when stderr is a terminal, so pipes and scripts see nothing but
-the result. Ctrl-C stops the waiting, never the run: the daemon carries on, and the message says so.
-"""
+"""Waiting for runs to end: poll the daemon, keep one progress line on stderr when it is a terminal (pipes see
+only the result); Ctrl-C stops the waiting, never the run."""
 
 from __future__ import annotations
 
@@ -36,8 +33,8 @@ class ProgressLine:
         self.shown = False
 
     def show(self, text: str, tail: str = "") -> None:
-        """Replace the line with *text* then *tail*, cut to the terminal's width so it never wraps: *text* is
-        cut (marked with '~'), never *tail* (the time so far, what tells a waiting user the run is alive)."""
+        """Replace the line with *text* then *tail*, *text* cut ('~') to the terminal's width so it never wraps;
+        never *tail* (the time so far: what tells a waiting user the run is alive)."""
         if not self.enabled:
             return
         room = max(10, _terminal_width(self.stream) - 1) - len(tail)
@@ -64,8 +61,7 @@ def is_terminal(stream: TextIO) -> bool:
 
 
 def fetch_run(invocation: Invocation, run_id: str, wait: float = 0.0) -> dict:
-    """The daemon's answer about one run (GET /v1/runs/{id}); *wait*: answered once the run has ended, or
-    after that many seconds."""
+    """GET /v1/runs/{id}; *wait*: answered once the run has ended, or after that many seconds."""
     return invocation.client.get(f"/v1/runs/{quote(run_id, safe='')}",
                                  {"wait_ms": round(wait * 1000)} if wait > 0 else None)
 
@@ -85,8 +81,8 @@ def wait_for_runs(invocation: Invocation, run_ids: list[str]) -> list[dict]:
 
 
 def _wait_for_run(invocation: Invocation, run_id: str, line: ProgressLine) -> dict:
-    """Ask the daemon about the run until it has ended, each answer held back until the end or for the time
-    between two redraws (between two polls off a terminal): the end is heard of as it happens."""
+    """Ask about the run until it has ended, each answer held back until the end or for one redraw (one poll off
+    a terminal), so the end is heard of as it happens."""
     began = time.monotonic()
     offset = None
     wait = REDRAW_SECONDS if line.enabled else POLL_SECONDS

@@ -1,8 +1,5 @@
-"""Where nanobotd keeps its config, state and socket (XDG and systemd conventions).
-
-Standard library only: nanobotctl imports this to find the socket without loading the daemon.
-The environment is passed in, so callers decide where it comes from.
-"""
+"""Where nanobotd keeps its config, state and socket (XDG and systemd conventions); standard library only, as
+nanobotctl imports it. The environment is passed in."""
 
 from __future__ import annotations
 
@@ -20,20 +17,13 @@ MAX_NANOBOT_CONFIG_BYTES = 4 * 1024 * 1024
 
 def default_config_path(environ: Mapping[str, str]) -> Path | None:
     """The config file used when --config is not given, or None when there is none."""
-    candidates = []
     xdg = environ.get("XDG_CONFIG_HOME") or str(Path(environ.get("HOME", "~")).expanduser() / ".config")
-    candidates.append(Path(xdg) / APP / "config.toml")
-    candidates.append(SYSTEM_CONFIG)
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
-    return None
+    return next((path for path in (Path(xdg) / APP / "config.toml", SYSTEM_CONFIG) if path.is_file()), None)
 
 
 def nanobot_workspace(environ: Mapping[str, str]) -> tuple[Path, Path | None]:
-    """The workspace nanobot itself uses, as `agents.defaults.workspace` in ~/.nanobot/config.json names it
-    (nanobot's default ~/.nanobot/workspace when the file names none), and the config.json read (None when
-    there is none): the embedded default of a daemon started with no config file and no --workspace."""
+    """(the workspace `agents.defaults.workspace` in ~/.nanobot/config.json names, else nanobot's default; the
+    config.json read or None): a daemon's workspace when neither a config file nor --workspace names one."""
     import json
 
     home = Path(environ.get("HOME", "~")).expanduser()

@@ -1,63 +1,20 @@
-"""Value checks the types alone do not make: number ranges, paths that can be used, keys that must agree.
-
-A NaN debounce, a zero timeout or a state_dir that is a file would otherwise surface as a traceback or a
-busy loop long after start; here each is a ConfigError naming its key, so `nanobotd` exits 2 at once.
-"""
+"""Value checks the types alone do not make, each a ConfigError naming its key so `nanobotd` exits 2 at once
+(a NaN debounce or a state_dir that is a file would otherwise fail long after start)."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
-
-DAY = 86400.0
-# key -> (lowest, whether the lowest itself is allowed, highest): the values a running daemon can live with.
-NUMBER_BOUNDS: dict[str, tuple[float, bool, float]] = {
-    "daemon.reconcile_seconds": (1, True, DAY),
-    "daemon.debounce_seconds": (0, False, 3600),
-    "daemon.job_stop_seconds": (0, False, 3600),
-    "daemon.parse_processes": (0, True, 16),
-    "llm.timeout_seconds": (0, False, 3600),
-    "llm.max_retries": (0, True, 20),
-    "llm.concurrency": (1, True, 64),
-    "llm.context_window": (1, True, 100_000_000),
-    "llm.max_tokens": (1, True, 100_000_000),
-    "llm.idle_exit_seconds": (1, True, DAY),
-    "consolidation.idle_minutes": (0, False, 365 * 24 * 60),
-    "consolidation.reserve_floor": (0, True, 100_000_000),
-    "consolidation.soft_threshold": (0, True, 100_000_000),
-    "consolidation.max_rounds": (1, True, 1000),
-    "consolidation.chunk_ratio_max": (0, False, 1),
-    "consolidation.chunk_ratio_min": (0, False, 1),
-    "consolidation.summary_max_chars": (100, True, 64_000),
-    "consolidation.raw_max_chars": (1000, True, 64_000),
-    "consolidation.agent_grace_seconds": (0, True, DAY),
-    "consolidation.agent_base_tokens": (0, True, 100_000_000),
-    "consolidation.flush_idle_margin_seconds": (0, True, DAY),
-    "dream.max_iterations": (1, True, 1000),
-    "dream.batch_entries": (1, True, 10_000),
-    "dream.token_budget": (1, True, 1_000_000_000),
-    "lifecycle.active_days": (0, True, 36_500),
-    "lifecycle.ttl_days": (0, True, 36_500),
-    "lifecycle.max_history_entries": (1, True, 100_000_000),
-    "lifecycle.restore_window_days": (0, True, 36_500),
-    "search.qmd_timeout_seconds": (0, False, 3600),
-    "search.debounce_seconds": (0, False, 3600),
-    "context.max_chars": (1, True, 10_000_000),
-    "context.total_max_chars": (1, True, 10_000_000),
-    "context.budget_tokens": (1, True, 10_000_000),
-}
 
 
 class ConfigError(ValueError):
     """The config is unusable; the message names the offending key."""
 
 
-def check_number(value: float, key: str, generic_key: str) -> None:
-    """A finite number inside the bounds of *generic_key* (`table.name`); *key* is how the user wrote it."""
+def check_number(value: float, key: str, bounds: tuple[float, bool, float] | None) -> None:
+    """A finite number inside its field's *bounds* (lowest, whether it is allowed, highest)."""
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{key}: must be a finite number, got {value}")
-    bounds = NUMBER_BOUNDS.get(generic_key)
     if bounds is None:
         return
     low, low_allowed, high = bounds
@@ -66,11 +23,12 @@ def check_number(value: float, key: str, generic_key: str) -> None:
         raise ConfigError(f"{key}: must be {lowest} and at most {high:g}, got {value}")
 
 
-def check_numbers(settings: Any, table: str, prefix: str) -> None:
-    """Every number of one settings table, named `prefix.name` in the message."""
-    for name, value in vars(settings).items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            check_number(value, f"{prefix}.{name}", f"{table}.{name}")
+def check_choice(value: str, key: str, choices: tuple[str, ...]) -> str:
+    """*value* as the one of *choices* it names, whatever its case."""
+    match = next((name for name in choices if name.casefold() == value.casefold()), None)
+    if match is None:
+        raise ConfigError(f"{key}: expected one of {', '.join(choices)}, got {value!r}")
+    return match
 
 
 def check_text(value: str, key: str) -> str:
@@ -87,7 +45,7 @@ def check_directory_path(path: Path, key: str) -> Path:
             if not candidate.is_dir():
                 what = "it" if candidate == path else str(candidate)
                 raise ConfigError(f"{key}: {path} cannot be a folder: {what} is a file, not a folder")
-            return path
+            break
     return path
 
 
@@ -97,10 +55,3 @@ def resolve_path(value: str, key: str, base: Path | None) -> Path:
     if not path.is_absolute():
         path = (base or Path.cwd()) / path
     return Path(*path.parts)  # normalised without resolving symlinks
-
-
-def check_lifecycle(lifecycle: Any, where: str) -> None:
-    """Notes must reach the archive before they expire from it."""
-    if lifecycle.active_days > lifecycle.ttl_days:
-        raise ConfigError(f"{where}lifecycle.active_days: must not exceed lifecycle.ttl_days "
-                          f"({lifecycle.active_days} > {lifecycle.ttl_days})")

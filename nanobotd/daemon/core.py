@@ -1,7 +1,5 @@
-"""The core the daemon hands down: state, queue, executor, scheduler, clock and the open workspaces.
-
-Nothing below the `Daemon` holds the daemon; handlers, triggers and runs get this small object.
-"""
+"""The core the daemon hands down (state, queue, executor, scheduler, clock, open workspaces): nothing below the
+`Daemon` holds the daemon."""
 
 from __future__ import annotations
 
@@ -38,14 +36,9 @@ class Core:
     workspaces: dict[str, Workspace] = field(default_factory=dict)
     restart_needed: list[str] = field(default_factory=list)  # [daemon] keys a reload changed but cannot apply
 
-    @property
-    def timezone(self):
-        """The configured time zone, else the machine's."""
-        return config_timezone(self.config)
-
     def now(self) -> datetime:
         """Local wall time (naive, as nanobot writes it)."""
-        return datetime.fromtimestamp(self.clock(), self.timezone).replace(tzinfo=None)
+        return datetime.fromtimestamp(self.clock(), config_timezone(self.config)).replace(tzinfo=None)
 
     @property
     def uptime(self) -> float:

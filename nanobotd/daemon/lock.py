@@ -1,15 +1,12 @@
-"""One daemon per state folder and per workspace: an flock held for the daemon's life, naming its holder.
-
-Two daemons on one state folder or one workspace (a user unit beside the system unit, a manual run beside a
-service, `su` or cron with another XDG_RUNTIME_DIR and so another socket) would both archive every message.
-Each daemon takes an exclusive flock on `nanobotd.lock` in its state folder and on `.nanobotd.lock` at the top of
-each workspace before it touches either, and writes its pid and socket into the file, so that a second daemon
-names the first and exits 1. The kernel drops an flock when its holder dies, however it dies: a lock file left
-behind holds nothing, and the next daemon simply takes it.
+"""One daemon per state folder and per workspace (two would both archive every message): an flock on
+`nanobotd.lock` in the state folder and `.nanobotd.lock` atop each workspace, held for the daemon's life, the
+file naming its pid and socket so a second daemon names the first and exits 1. The kernel drops an flock when
+its holder dies, so a lock file left behind holds nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -20,11 +17,10 @@ from pathlib import Path
 from loguru import logger
 
 from nanobotd.state.store import LOCK_NAME as STATE_LOCK_NAME
+from nanobotd.tuning import HOLDER_READ_PAUSE, HOLDER_READ_TRIES
 
 # At the top of the workspace, which nanobot's own .gitignore ("/*") keeps out of its memory repository.
 WORKSPACE_LOCK_NAME = ".nanobotd.lock"
-HOLDER_READ_TRIES = 20  # a holder that has just taken the lock writes who it is right after: wait that long for it
-HOLDER_READ_PAUSE = 0.05
 HOLDER_MAX_BYTES = 4096
 
 
@@ -46,9 +42,8 @@ class DaemonLocks:
         self._take(Path(state_dir) / STATE_LOCK_NAME, f"the state folder {state_dir}", "state_dir")
 
     def take_workspace(self, name: str, path: Path) -> None:
-        """Lock workspace *name* (its folder exists); AlreadyRunning when another daemon has it. A workspace where
-        no lock file can be made (a read-only mount) is worked on unlocked, with a warning: refusing it would stop
-        the daemon for what is not a second daemon."""
+        """Lock workspace *name*; AlreadyRunning when another daemon has it. One where no lock file can be made (a
+        read-only mount) is worked on unlocked, with a warning: that is no second daemon."""
         lock_path = Path(path) / WORKSPACE_LOCK_NAME
         try:
             self._take(lock_path, f"workspace {name} ({path})", "workspace")
@@ -106,11 +101,9 @@ def _open(lock_path: Path) -> int:
 
 def _write_holder(descriptor: int, holder: dict) -> None:
     # Written in place, not atomically: only the live holder's flock matters; these words only name it.
-    try:
+    with contextlib.suppress(OSError):  # read-only (another user's file): the lock holds all the same
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, (json.dumps(holder) + "\n").encode(), 0)
-    except OSError:
-        pass  # read-only (another user's file): the lock holds all the same
 
 
 def _read_holder(descriptor: int) -> dict:

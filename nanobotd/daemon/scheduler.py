@@ -1,12 +1,8 @@
-"""Cron scheduling of the nightly jobs, checked on the daemon's tick against its clock, with catch-up.
+"""Cron scheduling of the nightly jobs, checked on the daemon's tick against its wall clock, with catch-up.
 
-Each (job, workspace) has a cron trigger (APScheduler's) and the wall time of its next run. A timer armed for
-that time would count in monotonic time, which neither a forward step of the wall clock nor a suspend moves: the
-job would come hours late, past any grace, or be skipped. So the tick compares the wall clock with the next run
-instead: a run whose time has passed starts at the next tick, however late, and once (runs missed meanwhile are
-one run). The tick also notices the wall clock jumping against the monotonic one; a backward jump re-plans each
-next run for the new clock, so a job that has just run does not run again. The last success is persisted in the
-state database, so a nightly run missed while the daemon was down runs once at start.
+A timer would count monotonic time, which neither a wall clock step nor a suspend moves (the job would come
+hours late or be skipped); so each tick starts, once, every run whose wall time has passed, and a backward jump
+re-plans the next runs. A run missed while the daemon was down runs once at start (last success in the state DB).
 """
 
 from __future__ import annotations
@@ -20,8 +16,9 @@ from datetime import datetime, timedelta, tzinfo
 from apscheduler.triggers.cron import CronTrigger
 from loguru import logger
 
-CATCH_UP_LOOKBACK = timedelta(days=8)
-CLOCK_JUMP_SECONDS = 30.0  # the wall clock moved this much more (or less) than the monotonic one between two ticks
+from nanobotd.tuning import CATCH_UP_DAYS, CLOCK_JUMP_SECONDS
+
+CATCH_UP_LOOKBACK = timedelta(days=CATCH_UP_DAYS)
 LATE_LOG_SECONDS = 60.0  # a run this late says why in the log
 ONE_SECOND = timedelta(seconds=1)  # cron's resolution
 
@@ -37,7 +34,7 @@ def previous_fire_time(trigger: CronTrigger, now: datetime) -> datetime | None:
     previous = None
     while candidate is not None and candidate <= now:
         previous = candidate
-        candidate = trigger.get_next_fire_time(candidate, candidate + timedelta(seconds=1))
+        candidate = trigger.get_next_fire_time(candidate, candidate + ONE_SECOND)
     return previous
 
 
@@ -94,12 +91,10 @@ class JobScheduler:
 
     @property
     def healthy(self) -> bool:
-        """The scheduler runs."""
         return self.running
 
     def tick(self) -> list[str]:
-        """Notice a jump of the wall clock, then start each job whose time has come (once, however late);
-        returns the ids started."""
+        """Notice a wall clock jump, then start each job whose time has come (once, however late); the ids."""
         if not self.running:
             return []
         wall, steady = self.clock(), self.monotonic()
@@ -123,8 +118,7 @@ class JobScheduler:
         return started
 
     def _clock_jumped(self, jump: float) -> None:
-        """Forward (a step, or a suspend): the runs it passed are due now, and tick() starts them. Backward: each
-        next run moves with the clock, to the first cron time from the same moment on the new clock."""
+        """Forward: the runs it passed are due now. Backward: each next run moves with the clock."""
         direction = "forward" if jump > 0 else "back"
         logger.warning("the wall clock jumped {} by {}; re-planning the nightly jobs", direction,
                        timedelta(seconds=round(abs(jump))))

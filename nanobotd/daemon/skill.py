@@ -1,8 +1,5 @@
-"""The memory-search skill file nanobotd writes into a workspace, so the agent knows how to reach its memory.
-
-It points at the MCP tools first (`nanobotctl setup nanobot` registers them) and at the shell command as the
-fallback. A file the user edited is never touched; one still holding an earlier text of ours is upgraded.
-"""
+"""The memory-search skill file written into a workspace, so the agent knows how to reach its memory (the MCP
+tools, else the shell). A file the user edited is never touched; an earlier text of ours is upgraded."""
 
 from __future__ import annotations
 

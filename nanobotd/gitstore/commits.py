@@ -1,8 +1,5 @@
-"""Reading the store's commits back: ours and nanobot's own `dream:` commits, and the run each belongs to.
-
-A commit belongs to a run when its last paragraph carries the `Nanobot-Run: <run_id>` trailer;
-nanobot's own dream commits have none. Every function takes an open Repo (see `repo.open_repo`).
-"""
+"""Reading the store's commits back (each function takes an open Repo): a commit belongs to the run its last
+paragraph's `Nanobot-Run: <run_id>` trailer names; nanobot's own dream commits have none."""
 
 from __future__ import annotations
 
@@ -39,10 +36,11 @@ def find_commit_for_run(repo: Any, run_id: str) -> str | None:
 
 
 def show_commit(repo: Any, commit: Any) -> dict:
-    """*commit* as plain data with its patch, for dream-log and restore."""
-    info = commit_info(commit)
-    info["diff"] = repo.git.show(commit.hexsha, "--format=", "--no-color", "--patch", **git_options())
-    return info
+    """*commit* as plain data with its patch and the run it belongs to, for dream-log and restore."""
+    return {"sha": commit.hexsha, "message": commit.message, "summary": commit.summary,
+            "author": f"{commit.author.name} <{commit.author.email}>", "date": commit.committed_datetime.isoformat(),
+            "run_id": run_id_of(commit.message),
+            "diff": repo.git.show(commit.hexsha, "--format=", "--no-color", "--patch", **git_options())}
 
 
 def newest_dream_commit(repo: Any) -> Any:
@@ -76,14 +74,3 @@ def blob(commit: Any, path: str) -> bytes | None:
     except KeyError:
         return None
 
-
-def commit_info(commit: Any) -> dict:
-    """A commit as plain data: sha, message, author, date and the run it belongs to."""
-    return {
-        "sha": commit.hexsha,
-        "message": commit.message,
-        "summary": commit.summary,
-        "author": f"{commit.author.name} <{commit.author.email}>",
-        "date": commit.committed_datetime.isoformat(),
-        "run_id": run_id_of(commit.message),
-    }

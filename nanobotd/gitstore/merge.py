@@ -1,8 +1,5 @@
-"""Merging for the store: one file of a revert three ways, and nanobot's rules into an existing .gitignore.
-
-Both keep what someone else wrote: a revert keeps later unrelated edits (as `git revert` does), and
-the ignore rules are added without touching the user's own lines.
-"""
+"""Merging for the store, keeping what someone else wrote: one file of a revert three ways (later unrelated edits
+stay, as with `git revert`), and ignore rules added beside the user's own lines."""
 
 from __future__ import annotations
 
@@ -35,14 +32,14 @@ def three_way(repo: Any, *, ours: bytes | None, base: bytes | None, theirs: byte
     return output if status == 0 else False
 
 
-def merge_gitignore(path: Path) -> None:
-    """Add nanobot's ignore rules to *path*, keeping existing lines and never duplicating one."""
+def merge_lines(path: Path, wanted: tuple[str, ...] = GITIGNORE_LINES) -> None:
+    """Add the *wanted* lines (nanobot's ignore rules) *path* lacks, keeping its own lines."""
     try:
         existing = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         existing = ""
     lines = existing.splitlines()
-    missing = [line for line in GITIGNORE_LINES if line not in lines]
+    missing = [line for line in wanted if line not in lines]
     if not missing:
         return
     text = existing if not existing or existing.endswith("\n") else existing + "\n"

@@ -1,8 +1,5 @@
-"""Calling git for the store: nanobot's identity, a bounded environment, and library errors made ours.
-
-Every git call of the store goes through `git_options()` (identity, no prompts, a timeout) and every
-Repo through `open_repo`, so a GitPython or git failure reaches callers only as GitStoreError.
-"""
+"""Calling git for the store: every call through `git_options()` (nanobot's identity, no prompts, a timeout),
+every Repo through `open_repo`, so a failure reaches callers only as GitStoreError."""
 
 from __future__ import annotations
 
@@ -11,9 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from nanobotd.tuning import GIT_TIMEOUT_SECONDS
+
 AUTHOR_NAME = "nanobot"
 AUTHOR_EMAIL = "nanobot@dream"
-GIT_TIMEOUT_SECONDS = 60
 ERROR_TEXT_LIMIT = 500
 GIT_ENV = {
     "GIT_AUTHOR_NAME": AUTHOR_NAME,

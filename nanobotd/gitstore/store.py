@@ -1,10 +1,7 @@
-"""The workspace's git store: a nanobot-compatible repository, `dream:` commits, exact reverts.
+"""The workspace's git store: a nanobot-compatible repository, `dream:` commits, exact reverts as new commits.
 
-GitPython is not thread-safe and leaks file handles when a Repo stays open, so every operation opens one
-Repo and closes it, and every public sync method must run on the store's single git thread: call it
-through `await store.call(store.method, ...)` (tests may call the sync methods directly).
-History is never rewritten or reset: a restore is a new commit. Reading commits back lives in
-`gitstore.commits`, merging in `gitstore.merge`, calling git in `gitstore.repo`.
+GitPython is not thread-safe and leaks handles when a Repo stays open: each operation opens and closes one, and
+runs on the store's single git thread (`await store.call(store.method, ...)`; tests may call methods directly).
 """
 
 from __future__ import annotations
@@ -23,8 +20,10 @@ from loguru import logger
 from nanobotd import fsio
 from nanobotd.gitstore import commits
 from nanobotd.gitstore.commits import DREAM_PREFIX, RUN_TRAILER
-from nanobotd.gitstore.merge import merge_gitignore, three_way
+from nanobotd.gitstore.merge import merge_lines, three_way
 from nanobotd.gitstore.repo import GitConflict, GitStoreError, describe_error, git_options, gitpython, open_repo
+from nanobotd.tuning import GIT_LOCK_RETRY_DELAYS as LOCK_RETRY_DELAYS
+from nanobotd.tuning import GIT_STALE_LOCK_SECONDS as STALE_LOCK_SECONDS
 
 CONTENT_FILES = ("SOUL.md", "USER.md", "memory/MEMORY.md")
 CURSOR_FILE = "memory/.dream_cursor"
@@ -39,8 +38,6 @@ SNAPSHOT_TRAILER = "Nanobot-Snapshot"
 SNAPSHOT_SUMMARY = "snapshot edits made outside the dream"
 DIFF_CAP = 8000
 DIFF_TRUNCATED = "... (diff truncated)"
-LOCK_RETRY_DELAYS = (0.1, 0.2, 0.4, 0.8, 1.6)
-STALE_LOCK_SECONDS = 600
 SHORT_SHA = 7
 
 
@@ -103,12 +100,7 @@ class GitStore:
         """Keep nanobotd's lock file out of `git status` (nanobot's rules track the whole memory/ folder)."""
         path = self.workspace / ".git" / EXCLUDE_NAME
         try:
-            existing = path.read_text(encoding="utf-8") if path.exists() else ""
-            missing = [line for line in EXCLUDED if line not in existing.splitlines()]
-            if missing:
-                text = existing if not existing or existing.endswith("\n") else existing + "\n"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                fsio.atomic_write(path, text + "".join(line + "\n" for line in missing), root=path.parent)
+            merge_lines(path, EXCLUDED)
         except OSError as exc:  # a .git that is a file (a worktree) or read-only: status shows the lock, no harm
             logger.debug("cannot write {}: {}", path, exc)
 
@@ -126,7 +118,7 @@ class GitStore:
 
     def _init_repository(self, git: Any) -> None:
         self.workspace.mkdir(parents=True, exist_ok=True)
-        merge_gitignore(self.workspace / GITIGNORE_NAME)
+        merge_lines(self.workspace / GITIGNORE_NAME)
         git.Repo.init(str(self.workspace)).close()
         logger.info("created the memory git repository at {}", self.workspace / ".git")
 
@@ -145,11 +137,8 @@ class GitStore:
 
     # -- commits ---------------------------------------------------------------------------------
     def commit(self, paths: list[str], summary: str, run_id: str, *, notes: str = "") -> str | None:
-        """Commit *paths* as `dream: <summary>` with stats, *notes*, the capped diff and the run trailer.
-
-        Returns the new sha, or None when the files already match HEAD. Call `snapshot_outside_edits`
-        before writing the files, so that this commit holds only the run's own change.
-        """
+        """Commit *paths* as `dream: <summary>` (stats, *notes*, capped diff, run trailer); the sha, None when
+        nothing changed. Call `snapshot_outside_edits` before writing, so it holds only the run's change."""
         with self._repo() as repo:
             return self._commit(repo, paths, summary, f"{RUN_TRAILER}: {run_id}", notes=notes)
 
@@ -298,11 +287,8 @@ class GitStore:
     # -- reverting -------------------------------------------------------------------------------
     def revert(self, sha: str, run_id: str, *, overrides: dict[str, bytes | None] | None = None,
                dry_run: bool = False) -> dict:
-        """Undo exactly commit *sha* as a new commit, merging with later edits as `git revert` does.
-
-        *overrides* set given files outright (the dream cursor). Raises GitConflict, changing nothing,
-        when a later edit overlaps. Returns {"commit": new sha or None, "files": [...], "reverted": sha}.
-        """
+        """Undo exactly commit *sha* as a new commit merged with later edits (GitConflict, nothing changed, when
+        one overlaps); *overrides* set files outright. {"commit": sha or None, "files": [...], "reverted": sha}."""
         overrides = dict(overrides or {})
         with self._repo() as repo:
             commit = self._resolve(repo, sha)

@@ -1,9 +1,5 @@
-"""The agent's own history entries: following history.jsonl for new ones, and what a cut [RAW] entry dropped.
-
-nanobot appends its own archive entries to the same history.jsonl (with `session_key`, without nanobotd's
-span). Beside such an agent nanobotd must know when the agent archived a session's messages itself, and
-mend a `[RAW]` entry the agent cut at its cap (`... (truncated)`).
-"""
+"""The agent's own history entries (no nanobotd span): following history.jsonl for new ones, and what a [RAW]
+entry the agent cut at its cap (`... (truncated)`) dropped."""
 
 from __future__ import annotations
 
@@ -29,18 +25,9 @@ def is_truncated_raw(content: str) -> bool:
     return content.startswith(RAW_PREFIX) and content.rstrip().endswith(TRUNCATED_SUFFIX)
 
 
-def kept_by_raw(content: str, texts: list[str]) -> int:
-    """How many of the messages (by text, in order) a cut [RAW] entry holds whole; the rest were dropped."""
-    return kept_of_cut(content, texts)[0]
-
-
 def kept_of_cut(content: str, texts: list[str]) -> tuple[int, int]:
-    """How many of the messages (by text, in order) a cut [RAW] entry holds whole, and how many leading
-    characters of the next one's text it holds (the cut fell inside that message: only the rest was dropped).
-
-    A message counts as held when its whole text appears after the previous one; the first that does not
-    marks the cut, and everything from it on was dropped, but for the start of that one before the cut.
-    """
+    """How many of the messages (by text, in order) a cut [RAW] entry holds whole (each found after the one
+    before), and how many leading characters of the next one's text it holds (the cut fell inside it)."""
     body = content[:len(content.rstrip()) - len(TRUNCATED_SUFFIX)] if is_truncated_raw(content) else content
     position = 0
     for index, text in enumerate(texts):
@@ -55,8 +42,7 @@ def kept_of_cut(content: str, texts: list[str]) -> tuple[int, int]:
 
 
 def _held_start(rest: str, text: str) -> int:
-    """The characters of *text* that *rest* (the cut entry after the last message held whole) ends with: its
-    line `[stamp] ROLE: ` then the start of *text* (0 when the cut fell before any of it)."""
+    """How much of *text* *rest* (the cut entry past the last whole message: `[stamp] ROLE: ` + a start) holds."""
     start = rest.find(": ")
     while start >= 0:
         held = rest[start + 2:]
@@ -67,8 +53,7 @@ def _held_start(rest: str, text: str) -> int:
 
 
 def dropped_part(message: PendingMessage, held_chars: int) -> PendingMessage:
-    """*message* as nanobotd archives it when the agent's cut [RAW] entry holds its first *held_chars*
-    characters: only the rest, saying where it continues from, so no part of it is archived twice."""
+    """*message* without the first *held_chars* characters the agent's cut [RAW] entry holds, saying so."""
     if held_chars <= 0 or held_chars >= len(message.text):
         return message
     rest = message.text[held_chars:]

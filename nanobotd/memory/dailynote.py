@@ -1,8 +1,7 @@
 """Daily notes (`memory/YYYY-MM-DD.md`): parse, merge bullets into a section, render, validate.
 
-Notes are shared with the agent and the user, so parsing is tolerant and lossless: text we do not
-understand (other sections, prose, code blocks) is kept byte-for-byte, and a merge only ever touches
-the one section it adds bullets to.
+Notes are shared with the agent and the user, so parsing is lossless (what we do not understand is kept byte
+for byte) and a merge only touches the one section it adds bullets to.
 """
 
 from __future__ import annotations
@@ -39,11 +38,8 @@ class Section:
 
     def bullet_lines(self) -> list[tuple[int, str]]:
         """(index in lines, text) of every top-level bullet."""
-        found = []
-        for index, line in enumerate(self.lines[1:], start=1):
-            if line.startswith(BULLET_MARKERS):
-                found.append((index, line[2:].strip()))
-        return found
+        return [(index, line[2:].strip()) for index, line in enumerate(self.lines) if index and
+                line.startswith(BULLET_MARKERS)]
 
 
 @dataclass
@@ -55,11 +51,7 @@ class DailyNote:
 
     def section(self, name: str) -> Section | None:
         """The first section whose heading matches *name* (case and spacing ignored)."""
-        wanted = _heading_key(name)
-        for section in self.sections:
-            if _heading_key(section.name) == wanted:
-                return section
-        return None
+        return next((section for section in self.sections if _heading_key(section.name) == _heading_key(name)), None)
 
     def bullets(self, name: str) -> list[str]:
         """The bullet texts of section *name* (empty when the section is missing)."""
@@ -116,11 +108,8 @@ def clean_bullet(text: str) -> str:
 
 
 def merge_bullets(note: DailyNote, section_name: str, bullets: list[str]) -> list[str]:
-    """Add the bullets not already in section *section_name* (created when missing); return those added.
-
-    Only that section's lines change. Bullets go after the section's last non-blank line, so the blank
-    lines separating it from the next section stay where they were.
-    """
+    """Add the bullets not already in section *section_name* (created when missing) after its last non-blank
+    line, so the blank lines before the next section stay; return those added."""
     section = note.section(section_name)
     seen = {normalise_bullet(text) for _, text in section.bullet_lines()} if section else set()
     added = []
@@ -168,15 +157,11 @@ def drop_empty_sections(note: DailyNote, names: list[str]) -> None:
 
 
 def _last_content_index(lines: list[str]) -> int:
-    for index in range(len(lines) - 1, 0, -1):
-        if lines[index].strip():
-            return index
-    return 0
+    return next((index for index in range(len(lines) - 1, 0, -1) if lines[index].strip()), 0)
 
 
 def _insert_section(note: DailyNote, name: str) -> Section:
-    """Create a canonical section in its standard place: after the canonical sections that precede it
-    in NOTE_SECTIONS order, else before the first section, so user sections are never touched."""
+    """A canonical section after the canonical ones before it in NOTE_SECTIONS, else first: user sections stay."""
     canonical = _canonical_name(name)
     order = NOTE_SECTIONS.index(canonical) if canonical in NOTE_SECTIONS else len(NOTE_SECTIONS)
     position = 0
@@ -203,15 +188,11 @@ def _end_with_blank_line(lines: list[str]) -> None:
 
 
 def _canonical_name(name: str) -> str:
-    key = _heading_key(name)
-    for canonical in NOTE_SECTIONS:
-        if _heading_key(canonical) == key:
-            return canonical
-    return name.strip()
+    return next((canonical for canonical in NOTE_SECTIONS if _heading_key(canonical) == _heading_key(name)),
+                name.strip())
 
 
 # -- files -------------------------------------------------------------------------------------------
-
 
 def note_path(memory_dir: Path, day: date) -> Path:
     """Where the note of *day* lives."""
@@ -295,7 +276,7 @@ def scan_notes(memory_dir: Path) -> NoteScan:
     return scan
 
 
-def _listing(folder: Path) -> list[Path]:
+def _listing(folder: Path) -> list[Path]:  # hidden files are not notes
     try:
         return sorted(path for path in folder.iterdir() if not path.name.startswith("."))
     except (FileNotFoundError, NotADirectoryError):
@@ -319,7 +300,6 @@ def _relative(path: Path, workspace: Path) -> str:
 
 
 # -- bullets, for the dream --------------------------------------------------------------------------
-
 
 @dataclass(frozen=True)
 class NoteBullet:

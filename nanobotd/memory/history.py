@@ -1,11 +1,8 @@
 """memory/history.jsonl: read entries, append with safe cursor allocation, rewrite atomically.
 
-The file can hold 100,000+ entries (tens of MB), so it is only ever streamed: readers take one line at a
-time (`iter_history`, `iter_entries`) and rewrites go line by line into a temp file that replaces it.
-
-nanobot appends from its own process with only an in-process lock, so before every append we take an
-exclusive flock and re-read the largest cursor in the file: next = max(.cursor, largest) + 1.
-Every write stays inside the workspace (the memory folder's parent): a symlink leading out is refused.
+The file can hold tens of MB, so it is only ever streamed. nanobot appends with only an in-process lock, so
+every append takes an exclusive flock and re-reads the largest cursor: next = max(.cursor, largest) + 1.
+Every write stays inside the workspace (the memory folder's parent).
 """
 
 from __future__ import annotations
@@ -23,6 +20,8 @@ from typing import BinaryIO, NamedTuple
 
 from nanobotd import fsio
 from nanobotd.jsontext import json_string
+from nanobotd.tuning import HISTORY_LOCK_SECONDS as LOCK_TIMEOUT
+from nanobotd.tuning import LATE_APPEND_POLL_SECONDS, LATE_APPEND_QUIET_SECONDS
 
 HISTORY_NAME = "history.jsonl"
 CURSOR_NAME = ".cursor"
@@ -34,11 +33,6 @@ TAIL_BLOCK = 64 * 1024
 # Entries nanobotd writes name the message range they archive, so a lost state DB can be rebuilt
 # from the files; nanobot ignores unknown fields.
 SPAN_FIELD = "nanobotd_span"
-LOCK_TIMEOUT = 30.0
-# After a rewrite's rename, an agent's append that opened the old file just before may still land there: the
-# old file is watched this long after its last byte (nanobot opens, writes one line and closes).
-LATE_APPEND_QUIET_SECONDS = 0.05
-LATE_APPEND_POLL_SECONDS = 0.005
 # Reasoning blocks some models put before their answer; every reader of a model reply strips them with this.
 THINK_BLOCK = re.compile(r"<(think|thinking|reasoning)>.*?</\1>\s*", re.DOTALL | re.IGNORECASE)
 
@@ -65,20 +59,18 @@ class HistoryEntry:
 
     def to_line(self) -> bytes:
         """The entry as one line of history.jsonl: `json.dumps(to_record(), ensure_ascii=False)`, encoded."""
-        return entry_line(self.cursor, self.timestamp, _json_bytes(self.content), self.session_key, self.span)
+        return entry_line(self.cursor, self.timestamp, _json_text(self.content).encode(), self.session_key, self.span)
 
 
 class PreparedEntry(NamedTuple):
-    """An entry's content made ready for history.jsonl before its append (an archive run's chunk-reading process
-    prepares the run's [RAW] entries): cleaned, as its JSON string in UTF-8, with its content hash."""
+    """An entry's content cleaned, as its JSON string in UTF-8, with its content hash, ready before its append."""
 
     content_json: bytes
     hash: str
 
 
 def entry_line(cursor: int, timestamp: str, content_json: bytes, session_key: str | None, span: dict | None) -> bytes:
-    """One line of history.jsonl, its content already JSON (*content_json*): byte for byte what json.dumps of
-    the entry's record (ensure_ascii=False) makes, its content not encoded again."""
+    """One line of history.jsonl, its content already JSON: byte for byte what json.dumps of the record makes."""
     head = f'{{"cursor": {json.dumps(cursor)}, "timestamp": {_json_text(timestamp)}, "content": '
     tail = f', "session_key": {json.dumps(session_key, ensure_ascii=False)}' if session_key else ""
     if span:
@@ -88,10 +80,6 @@ def entry_line(cursor: int, timestamp: str, content_json: bytes, session_key: st
 
 def _json_text(value: object) -> str:
     return json_string(value) if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
-def _json_bytes(value: object) -> bytes:
-    return _json_text(value).encode("utf-8")
 
 
 def content_hash(content: str) -> str:
@@ -104,7 +92,7 @@ def prepare_entry(content: str) -> PreparedEntry | None:
     cleaned = clean_content(content)
     if not cleaned:
         return None
-    return PreparedEntry(_json_bytes(cleaned), hashlib.sha1(cleaned.encode("utf-8")).hexdigest()[:16])
+    return PreparedEntry(_json_text(cleaned).encode(), hashlib.sha1(cleaned.encode("utf-8")).hexdigest()[:16])
 
 
 def history_path(memory_dir: Path) -> Path:
@@ -201,11 +189,6 @@ def read_dream_cursor(memory_dir: Path) -> int:
     return read_cursor_file(memory_dir / DREAM_CURSOR_NAME)
 
 
-def now_stamp(now: datetime) -> str:
-    """nanobot's history timestamp format (local time)."""
-    return now.strftime(TIMESTAMP_FORMAT)
-
-
 def append_entries(
     memory_dir: Path,
     contents: Iterable[tuple[str, str | None]],
@@ -214,11 +197,8 @@ def append_entries(
     before_write: Callable[[list[int]], None] | None = None,
     span: dict | None = None,
 ) -> list[HistoryEntry]:
-    """Append (content, session_key) entries with fresh cursors; return what was written.
-
-    *before_write* receives the cursors once they are allocated and before any byte is written, so a
-    caller can journal them first (crash recovery then knows exactly which cursors to look for).
-    """
+    """Append (content, session_key) entries with fresh cursors; return what was written. *before_write* gets
+    the cursors before any byte is written, so a caller journals them first (recovery knows what to look for)."""
     items = [(clean_content(content), key) for content, key in contents]
     items = [(content, key) for content, key in items if content]
     entries: list[HistoryEntry] = []
@@ -234,8 +214,7 @@ def append_entries(
 
 def append_prepared(memory_dir: Path, prepared: list[tuple[PreparedEntry, dict | None]], session_key: str | None,
                     now: datetime, *, before_write: Callable[[list[int]], None] | None = None) -> list[int]:
-    """append_entries of contents prepared already (prepare_entry), each with its span, all of *session_key*;
-    returns their cursors. The lines written are the very bytes append_entries writes for the same contents."""
+    """append_entries of contents prepared already (prepare_entry), each with its span; returns their cursors."""
     def lines(start: int, stamp: str) -> Iterator[bytes]:
         return (entry_line(start + offset, stamp, entry.content_json, session_key, span)
                 for offset, (entry, span) in enumerate(prepared))
@@ -246,8 +225,7 @@ def append_prepared(memory_dir: Path, prepared: list[tuple[PreparedEntry, dict |
 
 def _append(memory_dir: Path, count: int, now: datetime, lines: Callable[[int, str], Iterable[bytes]],
             before_write: Callable[[list[int]], None] | None) -> int:
-    """Append *count* entries, the lines *lines*(first cursor, timestamp) makes, under the history lock; returns
-    the first cursor (nothing is written for none)."""
+    """Append the *count* lines *lines*(first cursor, timestamp) makes, under the history lock; the first cursor."""
     if not count:
         return 0
     root = workspace_root(memory_dir)
@@ -258,7 +236,7 @@ def _append(memory_dir: Path, count: int, now: datetime, lines: Callable[[int, s
         last = start + count - 1
         if before_write is not None:
             before_write(list(range(start, last + 1)))
-        payload = b"".join(lines(start, now_stamp(now)))
+        payload = b"".join(lines(start, now.strftime(TIMESTAMP_FORMAT)))
         fsio.confine(path, root)
         # The cursors are reserved in .cursor before the append: an append that then fails (and is cut back
         # off) leaves only a gap in the numbering, never entries that .cursor does not cover.
@@ -269,20 +247,14 @@ def _append(memory_dir: Path, count: int, now: datetime, lines: Callable[[int, s
 
 
 def repair_torn_line(memory_dir: Path) -> int:
-    """Move a torn last line of history.jsonl (a write cut short) to history.jsonl.torn; its size, or 0.
-
-    A last line that is a whole entry and only lacks its newline gets the newline instead.
-    """
+    """Move a torn last line of history.jsonl to history.jsonl.torn (a whole entry only gets its newline); its size."""
     with fsio.file_lock(memory_dir / LOCK_NAME, timeout=LOCK_TIMEOUT, root=workspace_root(memory_dir)):
         return fsio.repair_torn_tail(history_path(memory_dir), root=workspace_root(memory_dir),
                                      is_whole=lambda line: parse_entry(line) is not None)
 
 
 def rewrite_history(memory_dir: Path, keep: Callable[[HistoryEntry], bool]) -> list[HistoryEntry]:
-    """Atomically rewrite history.jsonl keeping entries for which *keep* is true; return the removed ones.
-
-    Unparsable lines are kept as they are: nanobotd never deletes what it cannot read.
-    """
+    """Atomically rewrite history.jsonl keeping entries *keep* accepts, and every line it cannot read; the removed."""
     removed: list[HistoryEntry] = []
     remove_entries(memory_dir, keep, removed.append)
     return removed
@@ -290,10 +262,7 @@ def rewrite_history(memory_dir: Path, keep: Callable[[HistoryEntry], bool]) -> l
 
 def remove_entries(memory_dir: Path, keep: Callable[[HistoryEntry], bool],
                    on_removed: Callable[[HistoryEntry], None] | None = None) -> int:
-    """`rewrite_history` that hands each removed entry to *on_removed* instead of keeping it; returns how many.
-
-    The file is streamed into a temp file beside it that replaces it, so a large removal holds one line at a time.
-    """
+    """`rewrite_history` handing each removed entry to *on_removed* instead of keeping it; returns how many."""
     root = workspace_root(memory_dir)
     removed, largest = 0, 0
 
@@ -321,11 +290,8 @@ def remove_entries(memory_dir: Path, keep: Callable[[HistoryEntry], bool],
 
 
 def insert_entries(memory_dir: Path, entries: Iterable[HistoryEntry]) -> int:
-    """Put entries back (restore) in cursor order, skipping cursors already present; return how many.
-
-    Each entry goes before the first line with a larger cursor (an unreadable line counts as the entry before
-    it); the file is streamed twice, once for the cursors present and once into the temp file replacing it.
-    """
+    """Put entries back (restore) in cursor order, each before the first line with a larger cursor, skipping
+    cursors already present; return how many."""
     root = workspace_root(memory_dir)
     with fsio.file_lock(memory_dir / LOCK_NAME, timeout=LOCK_TIMEOUT, root=root):
         entries = list(entries)
@@ -356,15 +322,12 @@ def insert_entries(memory_dir: Path, entries: Iterable[HistoryEntry]) -> int:
 
 
 def _rewrite(memory_dir: Path, copy: Callable[[Iterator[tuple[int, bytes]], fsio.AtomicWriter], bool]) -> bool:
-    """Replace history.jsonl with what *copy* writes of its whole lines (it returns False to change nothing),
-    keeping every byte the agent appends meanwhile; the caller holds the history lock. Returns whether it did.
+    """Replace history.jsonl with what *copy* writes of its whole lines (False: change nothing), keeping every
+    byte the agent appends meanwhile (under the history lock the caller holds); whether it did.
 
-    nanobot appends without our lock, each append opening the file anew. So the lines appended while *copy*
-    ran are copied after its output, the temp file is renamed, and then what still reached the old file (an
-    append that opened it before the rename) is appended to the new one, until the old file stays quiet.
-    Only whole lines go over while the agent may be writing: a line without its newline is an append in
-    progress, held back until its newline arrives (or, if it never does, moved as raw bytes at the end), so
-    the agent's next append to the new file can never land in its middle.
+    nanobot appends without our lock, opening the file anew each time: lines appended while *copy* ran follow
+    its output, and after the rename what still reaches the old file moves over until it stays quiet. Only
+    whole lines move while the agent may write, so its next append can never land in the middle of one.
     """
     path = history_path(memory_dir)
     root = workspace_root(memory_dir)
@@ -395,8 +358,7 @@ def _split_partial(data: bytes) -> tuple[bytes, bytes]:
 
 
 def _whole_lines(source: BinaryIO | None) -> Iterator[tuple[int, bytes]]:
-    """(line number, line) of every non-blank whole line of *source*; stops before a last line without its
-    newline, leaving *source* at its start (the caller copies it raw)."""
+    """(line number, line) of every non-blank whole line; stops before an unfinished last line, left unread."""
     if source is None:
         return
     number = 0
@@ -414,9 +376,8 @@ def _whole_lines(source: BinaryIO | None) -> Iterator[tuple[int, bytes]]:
 
 
 def _take_late_appends(source: BinaryIO, path: Path, root: Path, partial: bytes) -> None:
-    """Move what reaches the replaced file (still open as *source*) to the new one at *path*, a whole line at a
-    time, until it has been quiet for LATE_APPEND_QUIET_SECONDS: an agent's append that opened it before the
-    rename. *partial* is an unfinished line already read; one still unfinished at the end goes over raw."""
+    """Move what reaches the replaced file (still open as *source*: an append that opened it before the rename)
+    to *path* a whole line at a time, until quiet; an unfinished line (*partial*) goes over raw at the end."""
     quiet_since = time.monotonic()
     while time.monotonic() - quiet_since < LATE_APPEND_QUIET_SECONDS:
         late = source.read()

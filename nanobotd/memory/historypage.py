@@ -1,9 +1,5 @@
-"""The newest history entries, read from the end of history.jsonl a block at a time.
-
-The web page shows a page of the latest entries and the entries per day of recent days. Those sit at the end
-of a file that can hold 100,000+ entries (tens of MB); streaming it from the start for them would cost most
-of a second a page, so these readers walk it backwards and stop as soon as they have what they need.
-"""
+"""The newest history entries for the web page, read backwards from the end of history.jsonl a block at a time
+and stopping once they have enough (streaming tens of MB from the start would cost most of a second a page)."""
 
 from __future__ import annotations
 
@@ -56,8 +52,7 @@ def newest_entries(memory_dir: Path, limit: int, before: int | None = None) -> l
 
 
 def entries_per_day(memory_dir: Path, first_day: str) -> dict[str, int]:
-    """Entries per day (YYYY-MM-DD of their timestamp) from *first_day* on; entries are appended in time order,
-    so the walk back stops at the first entry older than that day."""
+    """Entries per day (YYYY-MM-DD) from *first_day* on; the walk back stops at the first older entry."""
     counts: Counter = Counter()
     for line in lines_from_end(history_path(memory_dir)):
         entry = parse_entry(line)

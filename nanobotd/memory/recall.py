@@ -1,9 +1,5 @@
-"""Recall by date: the daily notes of some days and the history entries written on them, capped in size.
-
-An agent asking "what happened on the 20th" needs the day's own records, not a keyword search. Notes are
-read from `memory/` and `memory/archive/`, history entries by their timestamp's day; the whole answer is
-cut to a character budget, and what was cut is named, so the caller can ask for fewer days.
-"""
+"""Recall by date ("what happened on the 20th"): the days' daily notes (active and archived) and history entries,
+cut to a character budget that names what it cut, so the caller can ask for fewer days."""
 
 from __future__ import annotations
 
@@ -22,7 +18,7 @@ CUT_MARKER = "\n… (cut)"
 
 @dataclass
 class RecallItem:
-    """One record of a day: a daily note (active or archived) or one history entry, with where it lives."""
+    """One record of a day: a daily note or one history entry, with where it lives."""
 
     source: str  # "daily note", "archived note" or "history"
     date: str
@@ -38,14 +34,9 @@ class RecallItem:
         return f"{self.date} {self.source}" + (f" #{self.cursor}" if self.cursor is not None else "")
 
 
-def days_between(first: date, last: date) -> list[date]:
-    """Every day from *first* to *last*, both included."""
-    return [first + timedelta(days=offset) for offset in range((last - first).days + 1)]
-
-
 def collect(memory_dir: Path, first: date, last: date, max_chars: int = DEFAULT_MAX_CHARS) -> dict:
     """The records of the days *first*..*last*, oldest first, within *max_chars* characters of text."""
-    days = days_between(first, last)
+    days = [first + timedelta(days=offset) for offset in range((last - first).days + 1)]
     # A note is read at most 4 bytes per character of the budget: anything longer is cut anyway.
     items = [item for day in days for item in note_items(memory_dir, day, max_chars * 4)]
     items += history_items(memory_dir, {day.isoformat() for day in days})

@@ -1,8 +1,7 @@
 """Messages on their way to memory: the pending-message type, prompt transcripts and [RAW] entries.
 
-The [RAW] format is nanobot's (NANOBOT-COMPAT.md): `[RAW] <n> messages` then one line per message
-`[<timestamp first 16 chars>] <ROLE>: <content>`. nanobot truncates at 16,000 chars; we split into
-several entries instead, so nothing is ever cut away.
+The [RAW] format is nanobot's (NANOBOT-COMPAT.md); where nanobot truncates at 16,000 chars we split into several
+entries, so nothing is ever cut away.
 """
 
 from __future__ import annotations
@@ -51,10 +50,8 @@ def transcript(messages: list[PendingMessage], max_chars_per_message: int | None
 
 
 def raw_entries(messages: list[PendingMessage], max_chars: int = RAW_MAX_CHARS) -> list[str]:
-    """[RAW] history entries holding every message in full, each entry at most *max_chars*.
-
-    A message longer than one entry is itself split across consecutive entries, marked `(part i/n)`.
-    """
+    """[RAW] history entries holding every message in full, each at most *max_chars* (a longer message split
+    across entries, marked `(part i/n)`)."""
     lines: list[str] = []
     for message in messages:
         line = render_message(message)

@@ -1,8 +1,5 @@
-"""Outcome metrics over the state database: how memory updates went, per job kind and workspace.
-
-Every memory update attempt records one outcome row (normal passes included), so counts divide into
-honest rates; restores are read from the run ledger.
-"""
+"""Outcome metrics over the state database, per job kind and workspace: every memory update attempt records
+one outcome row (normal passes included), so counts divide into honest rates; restores come from the runs."""
 
 from __future__ import annotations
 
@@ -18,12 +15,11 @@ OUTCOMES = ("written", "no_change", "guard_rejected", "raw_fallback", "error")
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
 TOP_REASONS = 5
+REASON_KEYS = {"guard_rejected": "guard_reasons", "raw_fallback": "fallback_reasons", "error": "error_reasons"}
 RESTORE_KIND = "restore"
 RESTORED_OUTCOME = "restored"
 FLUSH_KIND = "flush"
 MISSED_OUTCOME = "missed"  # a compaction cycle that ended with its flush tried and never done
-# Where a restore run's manifest may name the run it undid.
-TARGET_KEYS = ("target_run_id", "target_run", "target", "restored_run", "run_id")
 
 
 def parse_since(text: str) -> float:
@@ -41,9 +37,7 @@ class _Group:
     counts: Counter = field(default_factory=Counter)
     tokens: int = 0
     latencies: list[float] = field(default_factory=list)
-    guard_reasons: Counter = field(default_factory=Counter)
-    fallback_reasons: Counter = field(default_factory=Counter)
-    error_reasons: Counter = field(default_factory=Counter)
+    reasons: dict[str, Counter] = field(default_factory=lambda: {outcome: Counter() for outcome in REASON_KEYS})
     restored: int = 0
     missed: int = 0
 
@@ -53,10 +47,8 @@ class _Group:
         self.tokens += tokens or 0
         if latency_ms is not None:
             self.latencies.append(float(latency_ms))
-        reasons = {"guard_rejected": self.guard_reasons, "raw_fallback": self.fallback_reasons,
-                   "error": self.error_reasons}.get(outcome)
-        if reasons is not None:
-            reasons[reason or "(no reason given)"] += 1
+        if outcome in self.reasons:
+            self.reasons[outcome][reason or "(no reason given)"] += 1
 
     def to_json(self, kind: str, workspace: str) -> dict:
         """The report row of this group."""
@@ -71,9 +63,7 @@ class _Group:
         latencies = sorted(self.latencies)
         row["latency_ms_p50"] = percentile(latencies, 0.50)
         row["latency_ms_p95"] = percentile(latencies, 0.95)
-        row["guard_reasons"] = dict(self.guard_reasons.most_common(TOP_REASONS))
-        row["fallback_reasons"] = dict(self.fallback_reasons.most_common(TOP_REASONS))
-        row["error_reasons"] = dict(self.error_reasons.most_common(TOP_REASONS))
+        row.update({key: dict(self.reasons[outcome].most_common(TOP_REASONS)) for outcome, key in REASON_KEYS.items()})
         row["restored"] = self.restored
         row["missed_before_compaction"] = self.missed
         return row
@@ -90,8 +80,8 @@ def percentile(ordered: list[float], fraction: float) -> float | None:
 
 
 def summarize_outcomes(store: StateStore, *, since: float, now: float) -> dict:
-    """Per (kind, workspace): totals, counts and rates per outcome, tokens, latency p50/p95, top guard,
-    fallback and error reasons, and how many of its runs were restored, for rows at since <= at <= now."""
+    """Per (kind, workspace) over since..now: counts and rates per outcome, tokens, latency p50/p95, top reasons,
+    runs restored."""
     groups: dict[tuple[str, str], _Group] = {}
     rows = store.query(
         "SELECT kind, workspace, outcome, reason, tokens, latency_ms FROM outcomes"
@@ -117,8 +107,7 @@ def summarize_outcomes(store: StateStore, *, since: float, now: float) -> dict:
 
 
 def _restores(store: StateStore, since: float, now: float) -> dict:
-    """Every restore run in the window: how many, by outcome and by the kind of run undone; and the
-    finished ones counted by (kind of the run they undid, workspace) for the rows."""
+    """The window's restore runs by outcome and by kind undone, and the finished ones by (kind, workspace)."""
     by_row: Counter = Counter()
     by_outcome: Counter = Counter()
     by_kind: Counter = Counter()
@@ -135,28 +124,23 @@ def _restores(store: StateStore, since: float, now: float) -> dict:
             manifest = json.loads(manifest_text)
         except ValueError:
             manifest = None
-        kind = (_target_kind(store, manifest) if isinstance(manifest, dict) else None) or "unknown"
+        kind = _target_kind(store, manifest) if isinstance(manifest, dict) else "unknown"
         by_kind[kind] += 1
         by_row[(kind, workspace)] += 1
     return {"total": sum(by_outcome.values()), "by_outcome": dict(by_outcome), "by_kind": dict(by_kind),
             "by_row": by_row}
 
 
-def _target_kind(store: StateStore, manifest: dict) -> str | None:
+def _target_kind(store: StateStore, manifest: dict) -> str:
+    """The kind of run a restore undid: its manifest's target_kind, else its target run's."""
     if isinstance(manifest.get("target_kind"), str):
         return manifest["target_kind"]
-    for key in TARGET_KEYS:
-        target = manifest.get(key)
-        if isinstance(target, str) and target:
-            run = store.get_run(target)
-            if run is not None:
-                return run.kind
-    return None
+    target = store.get_run(manifest["target"]) if isinstance(manifest.get("target"), str) else None
+    return target.kind if target is not None else "unknown"
 
 
 def daily_outcomes(store: StateStore, *, since: float, now: float, workspace: str | None = None) -> list[dict]:
-    """Outcome rows counted per local day, kind and outcome ({"day", "kind", "outcome", "count"}), oldest day
-    first: the series the web page charts (consolidation outcomes, flushes per day)."""
+    """Outcome rows counted per local day, kind and outcome, oldest first: the series the web page charts."""
     rows = store.query(
         "SELECT date(at, 'unixepoch', 'localtime') AS day, kind, outcome, count(*) FROM outcomes"
         " WHERE at >= ? AND at <= ? AND (? IS NULL OR workspace = ?) AND outcome != ?"
@@ -168,9 +152,8 @@ def daily_outcomes(store: StateStore, *, since: float, now: float, workspace: st
 
 def record_daily_sample(store: StateStore, workspace: str, day: str, *, archived_twice: int, index_units: int,
                         index_db_bytes: int) -> None:
-    """Keep *workspace*'s figures of *day* (YYYY-MM-DD): one row a workspace and day, a later sample of the same
-    day replacing the earlier. The daemon holds these figures only as they are now; the samples let the web
-    page chart them over days."""
+    """Keep *workspace*'s figures of *day* (a later sample replaces the day's), so the page charts over days what
+    the daemon holds only as it is now."""
     with store.transaction() as db:
         db.execute(
             "INSERT INTO daily_samples (workspace, day, archived_twice, index_units, index_db_bytes, at)"
@@ -182,8 +165,7 @@ def record_daily_sample(store: StateStore, workspace: str, day: str, *, archived
 
 
 def daily_samples(store: StateStore, workspace: str, first_day: str) -> list[dict]:
-    """*workspace*'s daily samples from *first_day* on, oldest first; a day the daemon never sampled (it did not
-    run) has no row."""
+    """*workspace*'s daily samples from *first_day* on, oldest first (none for a day the daemon did not run)."""
     rows = store.query(
         "SELECT day, archived_twice, index_units, index_db_bytes FROM daily_samples"
         " WHERE workspace = ? AND day >= ? ORDER BY day", (workspace, first_day))

@@ -1,8 +1,7 @@
 """The state database (SQLite, WAL): session progress, spool, run ledger, outcomes, job state, daily samples.
 
-The database is a cache of what the files say plus nanobotd's own journal. A corrupt or missing file
-is moved aside and rebuilt (sessions are re-read from their files, archive spans from history.jsonl),
-never fatal. The schema is versioned; MIGRATIONS only ever move forward.
+A cache of what the files say plus nanobotd's own journal: a corrupt or missing file is moved aside and rebuilt
+from the files, never fatal. MIGRATIONS only ever move forward.
 """
 
 from __future__ import annotations
@@ -24,16 +23,12 @@ from loguru import logger
 from nanobotd.state import runsteps
 from nanobotd.state.checkpoint import WAL_LIMIT_BYTES, Checkpointer
 from nanobotd.timestamps import iso_local
+from nanobotd.tuning import STATE_CACHE_KIB as CACHE_KIB
 
 T = TypeVar("T")
 
 DB_NAME = "state.db"
 LOCK_NAME = "nanobotd.lock"  # the daemon's lock on the folder (daemon.lock): not state of its own
-# SQLite's page cache for the connection (the default is 2 MiB): a long session's archive marks go into the
-# archived index in random digest order, and with 2 MiB its pages were evicted and read back over and over
-# (100k marks: 0.51-0.56 CPU-s with 8 MiB, 0.66-0.67 with the default; 16 MiB did no better). Used only as
-# pages are touched, and given back when the daemon is idle (shrink_memory).
-CACHE_KIB = 8 * 1024
 RUNS_DIR = "runs"
 OPEN_RUN_STATES = ("queued", "started")
 # Outcomes of finished runs that changed nothing; `nanobotctl runs` hides them unless asked (--all).
@@ -224,11 +219,8 @@ class StateStore:
 
     # -- lifecycle -------------------------------------------------------------------------------
     def open(self) -> StateStore:
-        """Open (creating or migrating) the database; a corrupt one is moved aside and recreated.
-
-        `first_start` tells a database created in an empty state folder (nothing was lost) from one
-        recreated beside earlier state (deleted, moved aside), which is worth a warning.
-        """
+        """Open (creating or migrating) the database; a corrupt one is moved aside and recreated. `first_start`:
+        created in an empty state folder (nothing lost), not recreated beside earlier state (worth a warning)."""
         self.first_start = not self.state_dir.is_dir() or all(entry.name == LOCK_NAME
                                                               for entry in self.state_dir.iterdir())
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -320,9 +312,8 @@ class StateStore:
 
     @contextmanager
     def batch(self) -> Iterator[sqlite3.Connection]:
-        """One transaction for many: the `transaction()`s this thread opens inside it are its savepoints, and
-        it commits once at the end (rolled back whole on error). Other threads wait for the store meanwhile,
-        so a batch is kept short; a start-up reconcile applies a few new session files in each."""
+        """One transaction for many (the `transaction()`s inside are its savepoints), committed once at the end;
+        other threads wait for the store meanwhile, so a batch is kept short."""
         with self.transaction() as db:
             yield db
 
@@ -352,8 +343,7 @@ class StateStore:
             return self._require().execute(sql, args).fetchall()
 
     def execute_temp(self, sql: str, rows: Iterable[tuple] | None = None) -> None:
-        """Run *sql* (once, or for each of *rows*) on a temp table of this connection: outside any transaction
-        on the database itself, so no other writer waits for it."""
+        """Run *sql* (once, or for each of *rows*) on a temp table, outside any transaction: no writer waits."""
         with self._lock:
             db = self._require()
             if rows is None:
@@ -362,8 +352,8 @@ class StateStore:
                 db.executemany(sql, rows)
 
     def query_with(self, sql: str, args: tuple, use: Callable[[Iterable[tuple]], T]) -> T:
-        """Run a read query and hand its rows to *use* as they are fetched (under the store's lock); returns
-        what *use* returns. A large result is never held as rows and as what they become at once."""
+        """*use* of a read query's rows as they are fetched (under the store's lock), so a large result is never
+        held both as rows and as what they become."""
         with self._lock:
             return use(self._require().execute(sql, args))
 
@@ -399,7 +389,7 @@ class StateStore:
     def journal(self, run_id: str, manifest: dict) -> None:
         """Replace a running run's manifest (write-ahead: called before each step that changes files)."""
         with self.transaction() as db:
-            journal_in(db, run_id, manifest)
+            db.execute("UPDATE runs SET manifest=? WHERE run_id=?", (json.dumps(manifest), run_id))
 
     def journal_steps(self, run_id: str, steps: list[tuple[int, dict]], head: dict) -> None:
         """Journal a few step records of a long run and its manifest's head (see state.runsteps)."""
@@ -475,11 +465,6 @@ class StateStore:
                 " last_run_id=excluded.last_run_id",
                 (job, workspace, when if when is not None else self.clock(), run_id),
             )
-
-
-def journal_in(db: sqlite3.Connection, run_id: str, manifest: dict) -> None:
-    """StateStore.journal inside a transaction the caller holds (with the change the journal speaks of)."""
-    db.execute("UPDATE runs SET manifest=? WHERE run_id=?", (json.dumps(manifest), run_id))
 
 
 def _run_filter(kind: str | None, workspace: str | None, states: tuple[str, ...] | None,

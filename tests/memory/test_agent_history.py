@@ -10,7 +10,6 @@ from nanobotd.memory.agent_history import (
     dropped_part,
     is_agent_entry,
     is_truncated_raw,
-    kept_by_raw,
     kept_of_cut,
 )
 from nanobotd.memory.history import parse_entry
@@ -64,8 +63,8 @@ def test_the_messages_after_the_agents_cut_are_the_ones_dropped():
     body = "[RAW] 4 messages\n" + "\n".join(f"[2026-11-22T04:25] USER: {text}" for text in texts)
     cut = body[:body.index("third message") + 30] + "\n... (truncated)"
     assert is_truncated_raw(cut) and not is_truncated_raw(body)
-    assert kept_by_raw(cut, texts) == 2
-    assert kept_by_raw(body, texts) == 4
+    assert kept_of_cut(cut, texts)[0] == 2
+    assert kept_of_cut(body, texts)[0] == 4
     assert kept_of_cut(cut, texts) == (2, 30)  # the cut fell 30 characters into the third message
     assert kept_of_cut(body[:body.index("third message") - 3] + "\n... (truncated)", texts) == (2, 0)
     third = PendingMessage("d3", "user", "2026-11-22T04:25", texts[2], 30, {})

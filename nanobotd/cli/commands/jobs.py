@@ -1,9 +1,5 @@
-"""Commands that start runs (consolidate, flush, dream, lifecycle, reindex, restore) and show dream commits.
-
-A run command waits for its run by default, with a live progress line on a terminal, and ends with what
-the run changed; --no-wait queues it and says how to follow it; --dry-run prints the plan. Ctrl-C stops
-the waiting, not the run.
-"""
+"""Commands that start runs (consolidate, flush, dream, lifecycle, reindex, restore) and show dream commits: each
+waits for its run and says what it changed (--no-wait: queue it; --dry-run: print the plan)."""
 
 from __future__ import annotations
 

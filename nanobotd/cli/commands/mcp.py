@@ -1,9 +1,7 @@
 """`nanobotctl mcp`: the memory tools as an MCP server on stdio, each call forwarded to the daemon's socket.
 
-nanobot starts this as a child with only HOME, LOGNAME, PATH, SHELL, TERM and USER set, so the socket must
-come from --socket (or --config); `nanobotctl setup nanobot` writes it into nanobot's config. The `mcp`
-package and `agent_tools` are imported inside the command, so every other nanobotctl command stays
-standard-library only and quick to start.
+nanobot gives the child no XDG_RUNTIME_DIR, so the socket comes from --socket (`nanobotctl setup nanobot` writes
+it). `mcp` and `agent_tools` are imported inside the command: every other command stays quick to start.
 """
 
 from __future__ import annotations

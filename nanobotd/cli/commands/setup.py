@@ -1,12 +1,8 @@
 """`nanobotctl setup nanobot`: show, and with --apply write, the nanobot config that runs nanobotd beside it.
 
-Two changes to nanobot's config.json. The MCP server `nanobotctl mcp --socket S --workspace W` goes under
-`tools.mcpServers.nanobotd`, so the agent gets the memory tools (nanobot gives the child no XDG_RUNTIME_DIR,
-hence the socket in its arguments) of its own workspace only: W is --workspace, else the workspace this
-config names. nanobot's own dream moves to every 87,600 hours (ten years), so only nanobotd's dream edits
-memory: `dream.enabled: false` would not do, since nanobot then moves `.dream_cursor` to the newest history
-entry at every start and nanobotd's dream would skip those entries. Only the changed keys' text is rewritten
-(configtext.py); a file that cannot be read safely or written back faithfully is refused, never rewritten.
+`tools.mcpServers.nanobotd` runs `nanobotctl mcp --socket S --workspace W` (the agent's own workspace only), and
+nanobot's own dream moves to every ten years (`enabled: false` would make nanobot move `.dream_cursor` past
+entries nanobotd's dream has not read). Only the changed keys' text is rewritten (configtext.py).
 """
 
 from __future__ import annotations
@@ -70,8 +66,7 @@ def setup(invocation: Invocation) -> int:
 
 
 def read_config(path: Path) -> tuple[bytes, dict]:
-    """The file's bytes and its JSON object; SetupRefused when it is missing, not a regular file, too big, not
-    a JSON object, or holds what could not be written back as it is (configtext.parse_strictly)."""
+    """The file's bytes and its JSON object; SetupRefused when it cannot be read or written back as it is."""
     from nanobotd.cli import configtext
 
     try:
@@ -96,11 +91,8 @@ def read_config(path: Path) -> tuple[bytes, dict]:
 
 
 def nanobotctl_program(argv0: str | None = None, executable: str | None = None) -> str:
-    """The absolute path of the nanobotctl being run, so nanobot starts this very installation.
-
-    Run as a console script, argv[0] is it; run otherwise (python -m, tests), the nanobotctl beside the
-    interpreter, else the one on PATH.
-    """
+    """The absolute path of the nanobotctl being run (argv[0], else beside the interpreter, else on PATH), so
+    nanobot starts this very installation."""
     argv0 = sys.argv[0] if argv0 is None else argv0
     if Path(argv0).name == "nanobotctl" and Path(argv0).is_file():
         return os.path.abspath(argv0)
@@ -220,8 +212,7 @@ def keep_owner(path: Path, info: os.stat_result) -> None:
 
 
 def daemon_warnings(invocation: Invocation, workspace: str) -> list[str]:
-    """A reminder when nothing answers on the socket being registered, or the daemon there does not manage
-    *workspace*: the tools would only report it."""
+    """A reminder when no daemon answers on the socket registered, or it does not manage *workspace*."""
     client = Client(invocation.client.socket_path, invocation.client.timeout, workspace)
     try:
         client.get("/v1/status")

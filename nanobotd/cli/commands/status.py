@@ -159,10 +159,7 @@ def _git_text(git: Any) -> str:
     if not git.get("available"):
         return f"not used ({format_cell(git.get('reason'))})"
     dirty = git.get("dirty_tracked_files")
-    if isinstance(dirty, bool):
-        state = "uncommitted changes" if dirty else "clean"
-    else:
-        state = f"uncommitted changes in {format_cell(dirty)}" if dirty else "clean"
+    state = f"uncommitted changes in {format_cell(dirty)}" if dirty else "clean"
     head = str(git.get("head") or "")[:12] or "no commits yet"
     return f"head {head}, {state}" + (f" ({format_cell(git['reason'])})" if git.get("reason") else "")
 

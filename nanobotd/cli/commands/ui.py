@@ -1,8 +1,5 @@
-"""nanobotctl ui: a local web page over the daemon's control socket, on 127.0.0.1 only.
-
-The page is served by this nanobotctl process (the daemon runs no second server); starlette, uvicorn and
-jinja2 are imported here, inside the command, so every other nanobotctl command stays standard-library only.
-"""
+"""nanobotctl ui: a local web page over the control socket, served on 127.0.0.1 by this process (the daemon runs
+no second server); uvicorn and the page are imported inside the command."""
 
 from __future__ import annotations
 
@@ -60,8 +57,7 @@ def bind(port: int) -> socket.socket:
 
 
 def open_browser(url: str) -> bool:
-    """Open *url* in a graphical browser where there is one; never a console browser (lynx, w3m), which
-    would take over the terminal the page's link was printed in."""
+    """Open *url* in a graphical browser, never a console one (it would take over the terminal)."""
     import webbrowser
 
     try:

@@ -1,0 +1,20 @@
+"""Tuning constants that still matter, each with a line on what it trades (grouped by area)."""
+
+# --- memory files, state, git, watcher, scheduler, nanobotctl ---
+HISTORY_LOCK_SECONDS = 30.0  # wait for history.jsonl's flock before giving up: a stuck holder against a failed job
+# after a history rewrite's rename the old file is watched this long past its last byte for an agent's late append
+# (nanobot opens, writes one line, closes): longer costs every rewrite that much, shorter risks a line left behind
+LATE_APPEND_QUIET_SECONDS = 0.05
+LATE_APPEND_POLL_SECONDS = 0.005  # how often the old file is read meanwhile: CPU against the quiet period's accuracy
+FILE_LOCK_POLL_SECONDS = 0.02  # a busy flock is tried again this often until its timeout: CPU against waiting longer
+MAX_DEBOUNCE_FACTOR = 5  # a session saved again and again is scanned at the latest after this many debounce periods
+CATCH_UP_DAYS = 8  # a nightly run missed within this many days runs once at start: older ones are let go
+CLOCK_JUMP_SECONDS = 30.0  # wall against monotonic clock drift between two ticks taken as a jump (step, suspend)
+HOLDER_READ_TRIES = 20  # a lock's new holder writes its pid right after taking it: reads of it before giving up
+HOLDER_READ_PAUSE = 0.05  # between those reads: a second daemon's exit delay against naming the first
+GIT_TIMEOUT_SECONDS = 60  # a git call still running after this is killed: a hung git against a large repository
+GIT_LOCK_RETRY_DELAYS = (0.1, 0.2, 0.4, 0.8, 1.6)  # waits on a busy index.lock: a delay against failing
+GIT_STALE_LOCK_SECONDS = 600  # an index.lock older than this is a dead git's and removed: never a live one's
+# the state DB connection's page cache: a long session's archive marks go into the archived index in digest order and
+# evicted pages were read back over and over with SQLite's 2 MiB; filled only as pages are touched, given back idle
+STATE_CACHE_KIB = 8 * 1024
