@@ -14,12 +14,6 @@ def dream_runs(proc) -> list[dict]:
     return proc.ctl_json("runs", "--all", "--kind", "dream")["runs"]
 
 
-def started_up(proc, starts: int) -> None:
-    """Wait for the start-up reconcile of the daemon's *starts*-th start: it begins after the missed runs were
-    queued, so a second catch-up would be listed by then."""
-    proc.wait_for(lambda: proc.log().count("start-up reconcile of") >= starts)
-
-
 def test_nightly_dream_missed_during_downtime_runs_once_at_start(tmp_path, daemon_process):
     workspace, _ = make_workspace(tmp_path)
     with FakeLLM(default=Text("[SKIP]")) as fake:
@@ -31,6 +25,7 @@ max_retries = 0
 """)
         try:
             proc.start()
+            proc.wait_reconciled(1)
             assert dream_runs(proc) == []
             proc.stop()
             db = sqlite3.connect(proc.state_dir / "state.db")
@@ -40,11 +35,11 @@ max_retries = 0
             proc.start()
             runs = proc.wait_for(lambda: dream_runs(proc), timeout=30)
             proc.wait_for(lambda: dream_runs(proc)[0]["state"] == "finished", 30)
-            started_up(proc, 2)
+            proc.wait_reconciled(2)  # begins after missed runs were queued: a second would show
             assert len(dream_runs(proc)) == 1
             proc.stop()
             proc.start()
-            started_up(proc, 3)
+            proc.wait_reconciled(3)
             assert len(dream_runs(proc)) == 1, "caught up only once"
             assert runs[0]["kind"] == "dream"
         finally:

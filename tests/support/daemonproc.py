@@ -85,6 +85,11 @@ consolidation = {{ mode = "{mode}" }}
             time.sleep(0.05)
         raise AssertionError(f"daemon not ready:\n{self.log()}")
 
+    def wait_reconciled(self, starts: int = 1) -> None:
+        """Wait for the start-up reconcile of the daemon's *starts*-th start (its log says so, and so says the log
+        file kept across restarts): the API answers before it, the session folders are watched from its end on."""
+        self.wait_for(lambda: self.log().count("start-up reconcile of") >= starts)
+
     def api(self, path: str, timeout: float = 30) -> dict | None:
         """GET *path* from the control API; None while nothing answers or on an error answer."""
         try:
