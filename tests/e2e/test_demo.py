@@ -6,11 +6,15 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+import pytest
 
 from tests.e2e.cli import REPO
 
@@ -30,7 +34,17 @@ def stop(pid: int) -> None:
         pass
 
 
-def test_two_demos_at_once_both_succeed_with_their_own_output_and_working_hints(tmp_path):
+@pytest.fixture
+def short_tmp():
+    """A folder under /tmp, short enough for the demo's socket path (pytest's own gains a worker folder under
+    pytest-xdist, past AF_UNIX's 108 bytes)."""
+    base = Path(tempfile.mkdtemp(prefix="nbdemo-", dir="/tmp"))
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_two_demos_at_once_both_succeed_with_their_own_output_and_working_hints(short_tmp):
+    tmp_path = short_tmp
     kept = subprocess.Popen(["bash", str(DEMO)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=demo_env(tmp_path))
     stopped = subprocess.Popen(["bash", str(DEMO)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

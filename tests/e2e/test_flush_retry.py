@@ -54,11 +54,11 @@ def test_a_flush_whose_llm_call_failed_is_tried_again_and_writes_the_note(tmp_pa
 def test_retries_are_bounded_and_a_compaction_with_no_flush_done_is_counted(tmp_path, daemon_process):
     workspace, sessions = make_workspace(tmp_path)
     with FakeLLM(default=HttpError(503)) as fake:
-        daemon = daemon_process(workspace, extra_config=flush_config(fake, retries=1, retry_seconds=0.5))
+        daemon = daemon_process(workspace, extra_config=flush_config(fake, retries=1, retry_seconds=0.25))
         write_session(sessions, "cli:a", conversation(40, words=40))
         daemon.start()
         daemon.wait_for(lambda: len(flush_runs(daemon)) >= 2, timeout=FIRST_LLM_CALL_SECONDS)
-        time.sleep(3)  # well past the next backoff (1 s): no third attempt comes
+        time.sleep(1.5)  # three times the next backoff (0.5 s): no third attempt comes
         assert [run["outcome"] for run in flush_runs(daemon)] == ["error", "error"]
         assert daemon.ctl_json("observe")["rows"][0].get("missed_before_compaction", 0) == 0
         proc = daemon.ctl("consolidate", "cli:a", "--wait")

@@ -45,6 +45,7 @@ def test_a_fifo_named_like_a_session_file_stalls_neither_the_api_nor_sigterm(dae
     fifo = daemon.sessions / filename_for_key("cli:fifo")
     os.mkfifo(fifo)
     daemon.start()
+    daemon.wait_reconciled()  # the folder is watched: the poke's event names the FIFO
     write_session(daemon.sessions, "cli:a", conversation(4))
     poke(fifo)
     daemon.wait_for(lambda: daemon.session("cli:a"))
@@ -62,6 +63,7 @@ def test_a_symlink_to_dev_zero_is_refused_without_spinning_and_tracking_goes_on(
     link = daemon.sessions / filename_for_key("cli:zero")
     link.symlink_to("/dev/zero")
     daemon.start()
+    daemon.wait_reconciled()
     link.touch()  # touches /dev/zero's times through the link: harmless, but events name the link
     write_session(daemon.sessions, "cli:a", conversation(4))
     daemon.wait_for(lambda: daemon.session("cli:a"))
@@ -210,8 +212,9 @@ def test_sigterm_with_a_read_stuck_on_a_fifo_exits_within_job_stop_seconds(daemo
     writer = threading.Thread(target=lambda: _hold_open(fifo), daemon=True)
     writer.start()
     daemon.start()
+    daemon.wait_reconciled()
     poke(fifo)
-    time.sleep(2)
+    daemon.wait_for(lambda: "not a regular file (FIFO)" in daemon.log())  # it reached the FIFO, and read no further
     assert daemon.ctl("status", timeout=10).returncode == 0
     stop_within(daemon, JOB_STOP_SECONDS + 2)
 

@@ -116,6 +116,7 @@ def test_lifecycle_dry_run_and_audit_report_through_the_cli(daemon):
     restored = daemon.ctl_json("restore", ran["run_id"])
     assert wait_run(daemon, restored["run_id"])["state"] == "finished"
     assert (daemon.workspace / "memory" / f"{old}.md").exists()
-    status = daemon.ctl_json("status")["workspaces"][0]
+    status = daemon.wait_for(lambda: (lambda ws: ws if ws["git"]["available"] else None)(
+        daemon.ctl_json("status")["workspaces"][0]))  # git opens after the start-up reconcile
     assert status["jobs"]["dream"]["next_run"] and status["git"]["available"] is True
     assert json.dumps(status)

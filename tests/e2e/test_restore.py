@@ -21,6 +21,7 @@ def test_restoring_a_name_that_is_no_run_and_no_dream_commit_queues_nothing(tmp_
                                 check=True).stdout.strip()
     proc = daemon_process(workspace, extra_config='\n[llm]\nmodel = "none"')
     proc.start()
+    proc.wait_for(lambda: proc.ctl_json("status")["workspaces"][0]["git"]["available"])  # opens after the reconcile
     answer = proc.ctl("restore", target)
     assert answer.returncode != 0
     expected = "is not a dream: commit" if len(target) == 40 else f"no run or dream commit named {target!r}"

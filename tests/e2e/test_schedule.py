@@ -25,6 +25,7 @@ max_retries = 0
 """)
         try:
             proc.start()
+            proc.wait_reconciled(1)
             assert dream_runs(proc) == []
             proc.stop()
             db = sqlite3.connect(proc.state_dir / "state.db")
@@ -34,11 +35,11 @@ max_retries = 0
             proc.start()
             runs = proc.wait_for(lambda: dream_runs(proc), timeout=30)
             proc.wait_for(lambda: dream_runs(proc)[0]["state"] == "finished", 30)
-            time.sleep(1)
+            proc.wait_reconciled(2)  # begins after missed runs were queued: a second would show
             assert len(dream_runs(proc)) == 1
             proc.stop()
             proc.start()
-            time.sleep(1.5)
+            proc.wait_reconciled(3)
             assert len(dream_runs(proc)) == 1, "caught up only once"
             assert runs[0]["kind"] == "dream"
         finally:

@@ -11,12 +11,14 @@ import time
 
 import pytest
 
+from tests.support.daemonproc import FIRST_LLM_CALL_SECONDS
 from tests.support.fakellm import FakeLLM, Responder, Text
 from tests.support.histories import read_history
 from tests.support.observe import stat_fields
 from tests.support.workspace import make_workspace, write_session
 
-KILLS = 30
+KILLS = 20
+EARLY = 8  # of the kills, those at a random moment before the LLM is asked (the run starting, litellm importing)
 SESSIONS = 4
 MARKER = re.compile(r"\bK\d+x\d+\b")
 
@@ -33,6 +35,12 @@ def session_messages(session: int, count: int) -> list[dict]:
              "timestamp": f"2026-11-01T10:{i // 60:02d}:{i % 60:02d}"} for i in range(count)]
 
 
+def pending(proc) -> list[dict]:
+    """The consolidation runs queued or running (none left: this start had nothing to ask the LLM)."""
+    return [run for run in proc.ctl_json("runs", "--all", "--kind", "consolidate")["runs"]
+            if run["state"] in ("queued", "started")]
+
+
 def test_sigkill_during_consolidation_never_loses_or_duplicates_a_message(tmp_path, daemon_process):
     rng = random.Random(20261122)
     workspace, sessions = make_workspace(tmp_path, layout="current")
@@ -47,16 +55,23 @@ api_base = "{fake.base_url}"
 timeout_seconds = 5
 max_retries = 0
 """)
-        for _ in range(KILLS):
+        kinds = ["early"] * EARLY + ["asked"] * (KILLS - EARLY)
+        rng.shuffle(kinds)
+        for kind in kinds:
+            asked_before = len(fake.requests)
             proc.start()
             for session in rng.sample(range(SESSIONS), 2):
                 counts[session] += rng.randint(2, 8)
                 write_session(sessions, f"cli:s{session}", session_messages(session, counts[session]))
-            time.sleep(0.3)
+            # asked at once, before or after the daemon saw the new messages: a run archives what it has spooled
             for session in range(SESSIONS):
                 proc.ctl("consolidate", f"cli:s{session}", "--no-wait")
-            # litellm's first import takes seconds: spread the kills over import, LLM call and append
-            time.sleep(rng.uniform(0.1, 3.5))
+            if kind == "early":
+                time.sleep(rng.uniform(0.05, 2.0))
+            else:  # once the LLM is asked (litellm's import took however long it took): in a call, an append, a mark
+                proc.wait_for(lambda before=asked_before: len(fake.requests) > before or not pending(proc),
+                              timeout=FIRST_LLM_CALL_SECONDS, interval=0.01)
+                time.sleep(rng.uniform(0.0, 0.5))
             proc.kill()
         proc.start()
         for session in range(SESSIONS):
@@ -64,7 +79,7 @@ max_retries = 0
             assert finished.returncode == 0, finished.stderr + proc.log()[-3000:]
         interrupted = proc.log().count("was interrupted; recovery")
         assert proc.stop() == 0
-        print(f"{KILLS} kills, {interrupted} interrupted runs recovered")
+        print(f"{KILLS} kills ({KILLS - EARLY} once the LLM was asked), {interrupted} interrupted runs recovered")
 
     scan = read_history(workspace / "memory")
     assert scan.bad_lines == []

@@ -37,6 +37,7 @@ max_retries = 0
 """)
         write_session(sessions, "cli:a", conversation(4))
         daemon.start()
+        daemon.wait_for(lambda: daemon.session("cli:a"))  # a flush of a session not seen yet is refused
         assert "no call yet" in daemon.ctl("status").stdout
         daemon.ctl("flush", "cli:a", "--wait", timeout=FIRST_LLM_CALL_SECONDS + 30)
         last = daemon.wait_for(lambda: daemon.ctl_json("status")["workspaces"][0]["llm_last_call"])
