@@ -345,9 +345,9 @@ class BuiltinIndex:
                 added = 0
                 batch: list[Unit] = []
                 for key, unit in self._scan(Path(path), source, session_key, set(stored)):
-                    current.add(key)
-                    if unit is not None:
+                    if unit is not None and key not in current:
                         batch.append(unit)
+                    current.add(key)
                     if len(batch) >= INSERT_BATCH:
                         added += ftsdb.insert_units(connection, file_id, batch)
                         batch = []

@@ -9,11 +9,10 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from nanobotd.index.timeintent import with_date_keys
 from nanobotd.index.units import Unit
 
 SCHEMA_VERSION = "1"
@@ -180,22 +179,18 @@ def unit_keys(connection: sqlite3.Connection, file_id: int) -> dict[str, int]:
     return dict(rows.fetchall())
 
 
-def insert_units(connection: sqlite3.Connection, file_id: int, units: Iterable[Unit]) -> int:
-    """Store units (text into FTS when there is any); return how many."""
-    count = 0
-    for unit in units:
-        cursor = connection.execute(
-            "INSERT OR IGNORE INTO units (file_id, unit_key, source, first, last, when_text, session_key, parts) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (file_id, unit.key, unit.source, unit.start, unit.end, unit.when, unit.session_key, unit.parts_json()),
-        )
-        if cursor.rowcount != 1:
-            continue
-        if unit.text.strip():
-            connection.execute("INSERT INTO units_fts (rowid, body, dates) VALUES (?, ?, ?)",
-                               (cursor.lastrowid, unit.text, with_date_keys(unit.dates)))
-        count += 1
-    return count
+def insert_units(connection: sqlite3.Connection, file_id: int, units: list[Unit]) -> int:
+    """Store units of distinct keys new to the file (text into FTS when there is any); return how many."""
+    first_id = connection.execute("SELECT coalesce(max(id), 0) + 1 FROM units").fetchone()[0]
+    connection.executemany(
+        "INSERT INTO units (id, file_id, unit_key, source, first, last, when_text, session_key, parts) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [(first_id + number, file_id, unit.key, unit.source, unit.start, unit.end, unit.when, unit.session_key,
+          unit.parts_json()) for number, unit in enumerate(units)])
+    connection.executemany("INSERT INTO units_fts (rowid, body, dates) VALUES (?, ?, ?)",
+                           [(first_id + number, unit.text, unit.dates) for number, unit in enumerate(units)
+                            if unit.text.strip()])
+    return len(units)
 
 
 def delete_units(connection: sqlite3.Connection, unit_ids: list[int]) -> int:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
-from nanobotd.index.timeintent import date_words, event_days
+from nanobotd.index.timeintent import dates_column, event_days
 from nanobotd.index.units import Unit, iso_seconds, parse_timestamp
 from nanobotd.sessions.file import (
     RawLine,
@@ -158,13 +158,12 @@ def _decode_window(key: str, items: list[tuple[int, RawLine]], session_key: str 
             continue
         text, when = message.text, message.when
         first_when = first_when or when
-        days += [day for day in message.days if day not in days]
+        days += message.days
         parts.append((position, offset, when))
         texts.append(text)
         offset += len(text) + 1
-    dates = " ".join(date_words(day) for day in days)
-    return Unit(key, "session", items[0][0], items[-1][0], "\n".join(texts), first_when, dates, session_key,
-                tuple(parts))
+    return Unit(key, "session", items[0][0], items[-1][0], "\n".join(texts), first_when, dates_column(tuple(days)),
+                session_key, tuple(parts))
 
 
 def is_memory_lookup(record: dict) -> bool:

@@ -8,7 +8,7 @@ import pytest
 
 from nanobotd.index.ftsdb import connect
 from nanobotd.index.query import date_words, named_dates, parse_query
-from nanobotd.index.timeintent import with_date_keys
+from nanobotd.index.timeintent import dates_column
 from tests.index.test_builtin import HOSTILE_QUERIES
 
 
@@ -97,9 +97,9 @@ def test_each_date_phrase_has_a_one_word_key_the_dates_column_holds():
     parsed = parse_query("the budget on 13 October 2023 and in May 2024")
     assert parsed.date_phrases == ["13 october 2023", "may 2024"]
     assert parsed.date_key_clauses == ['dates : "d20231013"', 'dates : "m202405"']
-    assert with_date_keys("Friday 13 October 2023 Saturday 14 October 2023") == (
-        "Friday 13 October 2023 Saturday 14 October 2023 d20231013 m202310 d20231014")
-    assert with_date_keys("") == ""
+    assert dates_column((date(2023, 10, 13), date(2023, 10, 14))) == (
+        "Friday 13 October 2023 d20231013 Saturday 14 October 2023 d20231014 m202310")
+    assert dates_column(()) == ""
 
 
 def test_may_as_the_month_of_a_named_day_is_not_searched_as_a_word():
