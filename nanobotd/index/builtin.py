@@ -51,8 +51,8 @@ MIN_CANDIDATES = 40
 MAX_LIMIT = 500
 # Bump when the way files become units changes: an index made the old way is then rebuilt
 # (2: the dates column holds a key per day and month; 3: calls of nanobotd's memory tools left out, and
-# the dates column holds the days a text names as well as its own).
-UNITS_VERSION = 3
+# the dates column holds the days a text names as well as its own; 4: windows sized in characters).
+UNITS_VERSION = 4
 
 
 class BuiltinIndex:

@@ -8,7 +8,7 @@ from datetime import datetime
 import pytest
 
 from nanobotd.index.builtin import BuiltinIndex
-from nanobotd.index.sessionunits import STRIDE, WINDOW
+from nanobotd.index.sessionunits import session_units
 from tests.support.workspace import conversation, make_workspace, write_session
 
 HOSTILE_QUERIES = [
@@ -77,7 +77,7 @@ def test_a_new_session_message_is_found_and_only_new_windows_are_added(index, wo
     messages = conversation(400)
     path = write_session(sessions, "telegram:42", messages)
     first = index.refresh()
-    assert first["units_added"] == len(range(0, 400 - WINDOW + 1, STRIDE))
+    assert first["units_added"] == len(list(session_units(path, "telegram:42", set())))
 
     messages.append({"role": "user", "content": "The wifi password is periwinkle-77",
                      "timestamp": "2026-11-02T10:00:00"})
@@ -325,7 +325,7 @@ def test_other_window_sizes_rebuild_the_session_windows(tmp_path, workspace):
     first = BuiltinIndex(root, tmp_path / "w.db", sessions)
     first.refresh()
     first.close()
-    second = BuiltinIndex(root, tmp_path / "w.db", sessions, window=2, stride=1)
+    second = BuiltinIndex(root, tmp_path / "w.db", sessions, window=200, stride=100)
     report = second.refresh()
     hit = second.search("M-5")[0]
     assert report["units_added"] == 3 + 9 and hit.message_end - hit.message_start <= 1
