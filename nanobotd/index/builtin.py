@@ -42,12 +42,10 @@ from nanobotd.index.units import (
     parse_timestamp,
 )
 from nanobotd.index.vectors import MAX_EMBED_PER_REFRESH, Embed, VectorIndex, with_vectors
+from nanobotd.tuning import CANDIDATES_PER_HIT, MIN_CANDIDATES
 
 MAX_MARKDOWN_BYTES = 32 * 1024 * 1024
 INSERT_BATCH = 500
-# Candidates fetched per hit asked for: trimming overlapping windows drops some of them.
-CANDIDATES_PER_HIT = 4
-MIN_CANDIDATES = 40
 MAX_LIMIT = 500
 # Bump when the way files become units changes: an index made the old way is then rebuilt
 # (2: the dates column holds a key per day and month; 3: calls of nanobotd's memory tools left out, and

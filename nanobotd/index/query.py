@@ -14,19 +14,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from nanobotd.index.timeintent import (
-    date_phrase,
-    date_words,
-    day_key,
-    find_time,
-    month_key,
-    month_phrase,
-    named_dates,
-    named_months,
-)
-
-__all__ = ["Query", "date_phrase", "date_words", "month_phrase", "named_dates", "named_months", "parse_query",
-           "quote"]
+from nanobotd.index.timeintent import date_phrase, day_key, find_time, month_key, month_phrase
 
 MAX_TERMS = 40
 MAX_DATE_PHRASES = 62
@@ -69,11 +57,6 @@ class Query:
     def expression(self) -> str:
         """All clauses OR-ed: the FTS5 MATCH expression."""
         return " OR ".join(self.clauses)
-
-    @property
-    def term_clauses(self) -> list[str]:
-        """The clauses of the words alone."""
-        return [quote(term) for term in self.terms]
 
     @property
     def date_key_clauses(self) -> list[str]:

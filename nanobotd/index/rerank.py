@@ -21,19 +21,11 @@ from dataclasses import dataclass
 
 from nanobotd.index.ftsdb import MatchRow
 from nanobotd.index.stems import TOKEN, Stemmer
+from nanobotd.tuning import COVERAGE_SHARE, PART_WEIGHT, QUESTION_WEIGHT, SESSION_PRIOR
 
 K1 = 1.2
 B = 0.75
-# Weight of the best part against the whole unit, both scaled to the best candidate.
-PART_WEIGHT = 0.5
-# Share of the shown score that depends on how much of the query a hit matches.
-COVERAGE_SHARE = 0.5
 MIN_PREFIX_CHARS = 3
-# A part that asks (ends with "?") repeats the words of its answer: its matches count this much. After a
-# failed lookup the session holds the user's question; it must not outrank the fact that answers it.
-QUESTION_WEIGHT = 0.5
-# Raw turns against curated memory (MEMORY.md, notes, history entries) at equal match: the curated one first.
-SESSION_PRIOR = 0.9
 # The rest of a word after a prefix found in it (unicode61's word characters: letters and digits).
 WORD_REST = re.compile(r"[^\W_]*")
 

@@ -37,14 +37,8 @@ from nanobotd.sessions.file import (
     message_fields,
     read_header,
 )
+from nanobotd.tuning import LINE_OVERHEAD, MAX_MESSAGES, STRIDE, WINDOW
 
-# A window holds consecutive messages until their lines reach WINDOW characters (about 100 words: four
-# LoCoMo turns, ten chat messages, one long answer); a new window starts every STRIDE characters.
-WINDOW = 800
-STRIDE = 400
-MAX_MESSAGES = 24
-# The JSON around a message's text on its line (role, timestamp, ...).
-LINE_OVERHEAD = 80
 MAX_MESSAGE_CHARS = 2000
 INDEXED_ROLES = ("user", "assistant")
 HEADER_PROBE_LINES = 8

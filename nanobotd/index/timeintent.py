@@ -180,16 +180,6 @@ def find_time(text: str, now: datetime | None = None, *, nearest: bool = False) 
     return intent
 
 
-def named_dates(text: str, now: datetime | None = None) -> list[date]:
-    """Calendar days named in *text*: absolute dates always, relative ones ("yesterday") given *now*."""
-    return find_time(text, now).days
-
-
-def named_months(text: str) -> list[tuple[int, int]]:
-    """(month, year) pairs named without a day ("in May 2023")."""
-    return find_time(text).months
-
-
 def month_number(name: str) -> int:
     """1-12 for a month name or its abbreviation."""
     prefix = name.lower()[:3]

@@ -19,11 +19,8 @@ from pathlib import Path
 from nanobotd.index.timeintent import dates_column, event_days
 from nanobotd.memory.history import parse_entry
 from nanobotd.sessions.file import iter_raw_lines
+from nanobotd.tuning import HISTORY_UNIT_CHARS, MAX_UNIT_CHARS
 
-MAX_UNIT_CHARS = 1500
-# History entries are lists of one-line facts; pieces of 2-4 facts found the most per word shown on
-# LoCoMo with fact-line history (R@10 91.1 at 697 words; 1,000-char pieces: 91.6 at 987).
-HISTORY_UNIT_CHARS = 300
 SECTION_HEADING = re.compile(r"^##(?!#)\s*\S")
 FENCE = re.compile(r"^\s*(```|~~~)")
 NOTE_NAME = re.compile(r"^(\d{4})-(\d{2})-(\d{2})\.md$")

@@ -7,8 +7,8 @@ from datetime import date, datetime
 import pytest
 
 from nanobotd.index.ftsdb import connect
-from nanobotd.index.query import date_words, named_dates, parse_query
-from nanobotd.index.timeintent import dates_column
+from nanobotd.index.query import parse_query
+from nanobotd.index.timeintent import date_words, dates_column, find_time
 from tests.index.test_builtin import HOSTILE_QUERIES
 
 
@@ -47,21 +47,21 @@ def test_operators_and_quotes_are_plain_words(connection):
 @pytest.mark.parametrize("text", ["13 October 2023", "October 13, 2023", "Oct 13th 2023", "2023-10-13",
                                   "on the 13th of October, 2023"])
 def test_absolute_dates_are_recognised(text):
-    assert named_dates(text) == [date(2023, 10, 13)]
+    assert find_time(text).days == [date(2023, 10, 13)]
     assert parse_query(text).date_phrases[0] == "13 october 2023"
 
 
 def test_relative_dates_need_the_clock():
     now = datetime(2023, 10, 14, 9, 0)  # a Saturday
-    assert named_dates("what did I say yesterday") == []
-    assert named_dates("what did I say yesterday", now) == [date(2023, 10, 13)]
-    assert named_dates("last friday", now) == [date(2023, 10, 13)]
-    assert named_dates("2 days ago", now) == [date(2023, 10, 12)]
-    assert len(named_dates("last week", now)) == 7
+    assert find_time("what did I say yesterday").days == []
+    assert find_time("what did I say yesterday", now).days == [date(2023, 10, 13)]
+    assert find_time("last friday", now).days == [date(2023, 10, 13)]
+    assert find_time("2 days ago", now).days == [date(2023, 10, 12)]
+    assert len(find_time("last week", now).days) == 7
 
 
 def test_impossible_dates_are_ignored():
-    assert named_dates("31 February 2023 and 2023-13-01") == []
+    assert find_time("31 February 2023 and 2023-13-01").days == []
 
 
 def test_may_is_a_month_only_when_used_as_one():
