@@ -69,6 +69,8 @@ class BuiltinIndex:
         self.window, self.stride = window, stride
         self._clock = clock
         self._lock = threading.RLock()
+        self._reading = threading.Lock()
+        self._read_connection: sqlite3.Connection | None = None
         self._last_stats: dict = {}
         # Set when a damaged database was replaced by an empty one: the next call fills it again.
         self._refill = False
@@ -153,22 +155,31 @@ class BuiltinIndex:
         limit = min(limit, MAX_LIMIT)
         wanted = max(limit * CANDIDATES_PER_HIT, MIN_CANDIDATES)
 
-        def run() -> list[tuple[ftsdb.MatchRow, float]]:
-            ranked = ranked_units(self._conn(), parsed, self._selector, self._stemmer, self._units, wanted)
+        def run(connection: sqlite3.Connection | None = None) -> list[tuple[ftsdb.MatchRow, float]]:
+            connection = connection or self._conn()
+            ranked = ranked_units(connection, parsed, self._selector, self._stemmer, self._units, wanted)
             if self._vectors is None or parsed.time_only:
                 return ranked
-            return with_vectors(self._conn(), ranked, self._vectors.nearest(self._conn(), query))
+            return with_vectors(connection, ranked, self._vectors.nearest(connection, query))
 
         def refill_and_run() -> list[tuple[ftsdb.MatchRow, float]]:
             self._refresh(None)
             return run()
 
-        with self._lock:
-            try:
-                rows = self._with_recovery(refill_and_run if self._refill else run, refill_and_run)
-            except sqlite3.Error as exc:
-                logger.warning("builtin search failed for {!r}: {}", query[:200], exc)
-                return []
+        try:
+            if self._lock.acquire(blocking=False):
+                try:
+                    rows = self._with_recovery(refill_and_run if self._refill else run, refill_and_run)
+                finally:
+                    self._lock.release()
+            else:
+                # A refresh holds the index (building a large one takes seconds): answer from what it has
+                # committed so far, through a read-only connection of its own (WAL), instead of waiting.
+                with self._reading:
+                    rows = run(self._reader())
+        except sqlite3.Error as exc:
+            logger.warning("builtin search failed for {!r}: {}", query[:200], exc)
+            return []
         return build_hits(rows, parsed.terms, limit, self.sources.display_path, min_score)
 
     def rescore(self, query: str, hits: list[SearchHit]) -> list[SearchHit]:
@@ -210,11 +221,12 @@ class BuiltinIndex:
         return dict(self._last_stats)
 
     def close(self) -> None:
-        """Close the database connection (the index can be opened again later)."""
+        """Close the database connections (the index can be opened again later)."""
         with self._lock:
             if self._connection is not None:
                 self._connection.close()
                 self._connection = None
+            self._close_reader()
 
     # -- database lifecycle -----------------------------------------------------------------------
 
@@ -245,7 +257,21 @@ class BuiltinIndex:
             self._connection = self._open()
         return self._connection
 
+    def _reader(self) -> sqlite3.Connection:
+        """The read-only connection searches use while a refresh holds the index (under self._reading)."""
+        if self._read_connection is None:
+            self._read_connection = sqlite3.connect(self.db_path, check_same_thread=False)
+            self._read_connection.execute("PRAGMA query_only = 1")
+        return self._read_connection
+
+    def _close_reader(self) -> None:
+        with self._reading:
+            if self._read_connection is not None:
+                self._read_connection.close()
+                self._read_connection = None
+
     def _reset(self) -> None:
+        self._close_reader()
         if self._connection is not None:
             self._connection.close()
             self._connection = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from datetime import datetime
 
 import pytest
@@ -91,6 +92,28 @@ def test_a_new_session_message_is_found_and_only_new_windows_are_added(index, wo
     assert hit.message_end == 400 and hit.message_start <= 400
     assert hit.path == path.relative_to(index.workspace).as_posix()
     assert hit.when.startswith("2026-11-0")
+
+
+def test_a_search_while_a_refresh_holds_the_index_answers_from_what_is_committed(index, workspace):
+    root, _ = workspace
+    write(root / "memory" / "MEMORY.md", "# Memory\n\n## Pets\n- The cat is Luna.\n")
+    index.refresh()
+    held, done = threading.Event(), threading.Event()
+
+    def refreshing():
+        with index._lock:  # what a long refresh (a first build of 100k entries) holds for seconds
+            held.set()
+            done.wait(30)
+
+    thread = threading.Thread(target=refreshing)
+    thread.start()
+    held.wait(5)
+    try:
+        hits = index.search("what is the cat called")
+    finally:
+        done.set()
+        thread.join()
+    assert hits and "Luna" in hits[0].text
 
 
 def test_an_unchanged_workspace_is_not_read_again(index):
