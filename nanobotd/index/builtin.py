@@ -30,7 +30,7 @@ from nanobotd.index.selectivity import MATCH_BUDGET, ClauseSelector
 from nanobotd.index.sessionunits import STRIDE, WINDOW, is_skipped_session, session_key_for, session_units
 from nanobotd.index.sources import SourceSet
 from nanobotd.index.stems import Stemmer
-from nanobotd.index.timeintent import date_words
+from nanobotd.index.timeintent import dates_column
 from nanobotd.index.units import (
     HISTORY_UNIT_CHARS,
     MAX_UNIT_CHARS,
@@ -49,8 +49,9 @@ INSERT_BATCH = 500
 MAX_LIMIT = 500
 # Bump when the way files become units changes: an index made the old way is then rebuilt
 # (2: the dates column holds a key per day and month; 3: calls of nanobotd's memory tools left out, and
-# the dates column holds the days a text names as well as its own; 4: windows sized in characters).
-UNITS_VERSION = 4
+# the dates column holds the days a text names as well as its own; 4: windows sized in characters;
+# 5: the dates column holds only the keys).
+UNITS_VERSION = 5
 
 
 class BuiltinIndex:
@@ -186,7 +187,7 @@ class BuiltinIndex:
         """Hits of another backend scored as this index scores its own, so min_score means the same everywhere."""
         parsed = parse_query(query, now=self._clock())
         rows = [ftsdb.MatchRow(index, 0, hit.path, hit.source, 0, 0, hit.when, hit.session_key, None,
-                               body=hit.text or hit.snippet, score=0.0, dates=date_words(parse_timestamp(hit.when)))
+                               body=hit.text or hit.snippet, score=0.0, dates=_dates_of(hit.when))
                 for index, hit in enumerate(hits)]
         if not parsed.clauses or not rows:
             return hits
@@ -410,3 +411,8 @@ def _fingerprint(path: str) -> str | None:
     except (FileNotFoundError, NotADirectoryError):
         return None
     return f"{stat.st_ino}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def _dates_of(when: str) -> str:
+    moment = parse_timestamp(when)
+    return dates_column((moment.date(),)) if moment else ""

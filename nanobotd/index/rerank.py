@@ -36,12 +36,12 @@ class QueryWeights:
 
     stems: dict[str, float]
     dates_weight: float = 0.0
-    date_phrases: tuple[str, ...] = ()
+    date_keys: tuple[str, ...] = ()
 
     def dated(self, dates: str) -> bool:
-        """True when a unit's date words hold one of the query's date phrases (whole words only)."""
-        padded = f" {dates.lower()} "
-        return any(f" {phrase} " in padded for phrase in self.date_phrases)
+        """True when a unit's `dates` column holds the key of one of the days or months the query names."""
+        padded = f" {dates} "
+        return any(f" {key} " in padded for key in self.date_keys)
 
     @property
     def total(self) -> float:
@@ -53,15 +53,15 @@ def idf(units: int, count: int) -> float:
     return math.log(1 + (max(units, count) - count + 0.5) / (count + 0.5))
 
 
-def query_weights(stems: list[str], counts: list[int], units: int, date_phrases: list[str],
+def query_weights(stems: list[str], counts: list[int], units: int, date_keys: list[str],
                   date_count: int) -> QueryWeights:
     """IDF per distinct stem (from how many units hold it) and of the date phrases, if any."""
     weights: dict[str, float] = {}
     for stem, count in zip(stems, counts, strict=True):
         if stem and stem not in weights:
             weights[stem] = idf(units, count)
-    dates_weight = idf(units, date_count) if date_phrases else 0.0
-    return QueryWeights(weights, dates_weight, tuple(date_phrases))
+    dates_weight = idf(units, date_count) if date_keys else 0.0
+    return QueryWeights(weights, dates_weight, tuple(date_keys))
 
 
 def rerank(rows: list[MatchRow], weights: QueryWeights, stemmer: Stemmer,

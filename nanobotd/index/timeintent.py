@@ -1,14 +1,11 @@
 """The time a query asks about: named dates, months, ranges and relative days, with where they are in the text.
 
 "What did we decide yesterday?", "the trip in May 2023", "between August 11 and August 15 2023": the
-days found become phrases matched against the `dates` column of the index (which holds the date words
-of every dated unit), and the words that named them are not searched as words ("yesterday" in a
-message says nothing about the day it was written).
-
-Beside its date words, the `dates` column holds one key per day and per month ("d20231013 m202310"):
-the builtin index searches those, since a phrase like "13 october 2023" would walk the posting lists
-of "october" and "2023", which a year of history holds in nearly every unit.
-"""
+days found become keys ("d20231013", and "m202310" for a month) matched against the `dates` column of
+the index, which holds the key of every day a unit was written on or names, and of their months. The
+words that named them are not searched as words ("yesterday" in a message says nothing about the day it
+was written). One key a day, not a phrase like "13 october 2023": that would walk the posting lists of
+"october" and "2023", which a year of history holds in nearly every unit."""
 
 from __future__ import annotations
 
@@ -66,13 +63,6 @@ class TimeIntent:
         return any(first <= start and end <= last for first, last in self.spans)
 
 
-def date_words(moment: date | datetime | None) -> str:
-    """The words stored in the `dates` column for a unit dated *moment* ("Friday 13 October 2023")."""
-    if moment is None:
-        return ""
-    return f"{WEEKDAYS[moment.weekday()].title()} {moment.day} {MONTHS[moment.month - 1].title()} {moment.year}"
-
-
 def day_key(day: date) -> str:
     """The one-word key of a day in the `dates` column ("d20231013")."""
     return f"d{day.year:04d}{day.month:02d}{day.day:02d}"
@@ -84,26 +74,9 @@ def month_key(month: int, year: int) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def day_column(day: date) -> str:
-    """One day as the `dates` column holds it: its words and its key ("Friday 13 October 2023 d20231013")."""
-    return f"{date_words(day)} {day_key(day)}"
-
-
-@functools.lru_cache(maxsize=4096)
 def dates_column(days: tuple[date, ...]) -> str:
-    """The `dates` column of a unit dated by *days*: each day's words and key, then each month's key."""
-    days = tuple(dict.fromkeys(days))
-    return " ".join([*map(day_column, days), *dict.fromkeys(month_key(day.month, day.year) for day in days)])
-
-
-def date_phrase(day: date) -> str:
-    """The phrase that matches the `dates` column of units from *day*."""
-    return f"{day.day} {MONTHS[day.month - 1]} {day.year}"
-
-
-def month_phrase(month: int, year: int) -> str:
-    """The phrase that matches the `dates` column of units from a month."""
-    return f"{MONTHS[month - 1]} {year}"
+    """The `dates` column of a unit dated by *days*: the key of each day, then of each month."""
+    return " ".join(dict.fromkeys([*map(day_key, days), *(month_key(day.month, day.year) for day in days)]))
 
 
 def event_days(text: str, said: date | datetime | None) -> list[date]:
