@@ -17,9 +17,6 @@ from nanobotd.index.units import Unit
 
 SCHEMA_VERSION = "1"
 TOKENIZER = "porter unicode61 remove_diacritics 2"
-# Weights of the FTS columns (body, dates) in bm25(): a date named in the query counts like a word.
-BODY_WEIGHT = 1.0
-DATES_WEIGHT = 1.0
 DELETE_BATCH = 500
 # A refresh that writes the whole index grows the WAL to the index's size; past a checkpoint it is cut
 # back to this, so the WAL does not keep that size on disk for as long as the daemon runs.
@@ -230,7 +227,7 @@ def match(connection: sqlite3.Connection, expression: str, limit: int, *, newest
     if newest_first:
         sql = "SELECT rowid, 0.0 FROM units_fts WHERE units_fts MATCH ? ORDER BY rowid DESC LIMIT ?"
     else:
-        sql = (f"SELECT rowid, bm25(units_fts, {BODY_WEIGHT}, {DATES_WEIGHT}) AS rank_value "
+        sql = ("SELECT rowid, bm25(units_fts) AS rank_value "  # a date key named counts like a word
                "FROM units_fts WHERE units_fts MATCH ? ORDER BY rank_value LIMIT ?")
     ranked = connection.execute(sql, (expression, limit)).fetchall()
     return _with_locations(connection, _with_text(connection, ranked))
