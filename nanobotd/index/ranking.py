@@ -17,15 +17,13 @@ from dataclasses import replace
 
 from nanobotd.index.ftsdb import MatchRow
 from nanobotd.index.hit import SearchHit
+from nanobotd.tuning import HIT_WORDS, MIN_HIT_WORDS
 
 SNIPPET_CHARS = 240
 SNIPPET_LEAD = 60
-# The agent reads every word of a hit: the hits share HIT_WORDS words each on average (ten hits in 1,000), a
-# hit taking at most 1.5 times an even share of what is left, leaving MIN_HIT_WORDS to each hit to come. A session
-# window longer than its share shows its best-matching message with the neighbours that fit, a message
-# longer than that is cut around its matches (LongMemEval's 200-word turns made ten windows 5,000 words).
-HIT_WORDS = 100
-MIN_HIT_WORDS = 60
+# The agent reads every word of a hit: a hit takes at most 1.5 times an even share of the words left. A
+# session window longer than its share shows its best-matching message with the neighbours that fit, a
+# message longer than that is cut around its matches.
 HIT_LEAD_WORDS = 25
 
 

@@ -21,19 +21,11 @@ from dataclasses import dataclass
 
 from nanobotd.index.ftsdb import MatchRow
 from nanobotd.index.stems import TOKEN, Stemmer
+from nanobotd.tuning import COVERAGE_SHARE, PART_WEIGHT, QUESTION_WEIGHT, SESSION_PRIOR
 
 K1 = 1.2
 B = 0.75
-# Weight of the best part against the whole unit, both scaled to the best candidate.
-PART_WEIGHT = 0.5
-# Share of the shown score that depends on how much of the query a hit matches.
-COVERAGE_SHARE = 0.5
 MIN_PREFIX_CHARS = 3
-# A part that asks (ends with "?") repeats the words of its answer: its matches count this much. After a
-# failed lookup the session holds the user's question; it must not outrank the fact that answers it.
-QUESTION_WEIGHT = 0.5
-# Raw turns against curated memory (MEMORY.md, notes, history entries) at equal match: the curated one first.
-SESSION_PRIOR = 0.9
 # The rest of a word after a prefix found in it (unicode61's word characters: letters and digits).
 WORD_REST = re.compile(r"[^\W_]*")
 
@@ -44,12 +36,12 @@ class QueryWeights:
 
     stems: dict[str, float]
     dates_weight: float = 0.0
-    date_phrases: tuple[str, ...] = ()
+    date_keys: tuple[str, ...] = ()
 
     def dated(self, dates: str) -> bool:
-        """True when a unit's date words hold one of the query's date phrases (whole words only)."""
-        padded = f" {dates.lower()} "
-        return any(f" {phrase} " in padded for phrase in self.date_phrases)
+        """True when a unit's `dates` column holds the key of one of the days or months the query names."""
+        padded = f" {dates} "
+        return any(f" {key} " in padded for key in self.date_keys)
 
     @property
     def total(self) -> float:
@@ -61,15 +53,15 @@ def idf(units: int, count: int) -> float:
     return math.log(1 + (max(units, count) - count + 0.5) / (count + 0.5))
 
 
-def query_weights(stems: list[str], counts: list[int], units: int, date_phrases: list[str],
+def query_weights(stems: list[str], counts: list[int], units: int, date_keys: list[str],
                   date_count: int) -> QueryWeights:
     """IDF per distinct stem (from how many units hold it) and of the date phrases, if any."""
     weights: dict[str, float] = {}
     for stem, count in zip(stems, counts, strict=True):
         if stem and stem not in weights:
             weights[stem] = idf(units, count)
-    dates_weight = idf(units, date_count) if date_phrases else 0.0
-    return QueryWeights(weights, dates_weight, tuple(date_phrases))
+    dates_weight = idf(units, date_count) if date_keys else 0.0
+    return QueryWeights(weights, dates_weight, tuple(date_keys))
 
 
 def rerank(rows: list[MatchRow], weights: QueryWeights, stemmer: Stemmer,

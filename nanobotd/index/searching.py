@@ -52,13 +52,13 @@ def _plan(connection: sqlite3.Connection, parsed: Query, selector: ClauseSelecto
     for term, stem in zip(parsed.terms, stems, strict=True):
         if stem:
             clause_of.setdefault(stem, quote(term))
-    date_clauses = parsed.date_key_clauses
+    date_clauses = [f"dates : {quote(key)}" for key in parsed.date_keys]
     selection = selector.select(connection, list(clause_of.values()) + date_clauses, units)
     if not selection.clauses:
         return None
     counts = [selection.counts.get(clause_of[stem], 0) if stem else 0 for stem in stems]
     date_count = min(units, sum(selection.counts.get(clause, 0) for clause in date_clauses))
-    return selection, query_weights(stems, counts, max(units, 1), parsed.date_phrases, date_count)
+    return selection, query_weights(stems, counts, max(units, 1), parsed.date_keys, date_count)
 
 
 def part_spans(row: ftsdb.MatchRow) -> list[tuple[int, int]]:

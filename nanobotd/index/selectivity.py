@@ -17,7 +17,8 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass, field
 
-MATCH_BUDGET = 1_000
+from nanobotd.tuning import MATCH_BUDGET
+
 CACHE_SIZE = 4096
 DRIFT = 0.1
 

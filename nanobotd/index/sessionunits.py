@@ -1,8 +1,12 @@
-"""Session transcripts as index units: small overlapping windows of consecutive messages.
+"""Session transcripts as index units: overlapping windows of consecutive messages, sized in characters.
 
-Window k covers message positions [k*STRIDE, k*STRIDE + WINDOW) (positions count the file's records
-other than metadata, 0-based). The sizes were chosen with scripts/bench_locomo.py: windows of 4 with
-stride 2 find as much as 6-message windows for half the words, once overlapping hits are trimmed.
+A window holds messages until their lines reach WINDOW characters, and a new one starts every STRIDE
+characters (positions count the file's records other than metadata, 0-based), so a window is about as
+long whatever the messages are: four LoCoMo turns, ten short chat messages, one long answer. Windows
+counted in messages (four, every two) showed ten short chat messages only 310 words in the top 10
+(scripts/bench_locomo.py --chat); the sizes were chosen on LoCoMo, its chat form and LongMemEval together.
+The size of a message is told from its line's bytes less LINE_OVERHEAD, so laying out the windows
+decodes nothing.
 
 A window's key is a digest of the raw bytes of its lines, so re-reading a changed 100,000-message
 session only hashes the lines; only windows whose key is new are decoded and indexed (after an append
@@ -22,7 +26,7 @@ from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
-from nanobotd.index.timeintent import date_words, event_days
+from nanobotd.index.timeintent import dates_column, event_days
 from nanobotd.index.units import Unit, iso_seconds, parse_timestamp
 from nanobotd.sessions.file import (
     RawLine,
@@ -33,9 +37,8 @@ from nanobotd.sessions.file import (
     message_fields,
     read_header,
 )
+from nanobotd.tuning import LINE_OVERHEAD, MAX_MESSAGES, STRIDE, WINDOW
 
-WINDOW = 4
-STRIDE = 2
 MAX_MESSAGE_CHARS = 2000
 INDEXED_ROLES = ("user", "assistant")
 HEADER_PROBE_LINES = 8
@@ -84,31 +87,38 @@ def session_units(
 ) -> Iterator[tuple[str, Unit | None]]:
     """(key, unit) for every window of the session; the unit is None when *known* holds the key."""
     stride = max(1, min(stride, window))
-    recent: deque[tuple[int, RawLine]] = deque(maxlen=window)
+    recent: deque[RawLine] = deque()  # the lines from the oldest window still filling on, from position *held*
     # Windows overlap: a message is read once for all the windows that hold it.
     messages: dict[int, Message | None] = {}
-    position = 0
+    starts: deque[tuple[int, int]] = deque()  # (position, characters before it) of each window still filling
+    total = last_end = position = newest = -1
+    first, held = (0, 0), 0  # the oldest window still filling; the position of recent[0]
     for line in iter_raw_lines(path):
         if is_metadata_line(line):
             continue
-        recent.append((position, line))
-        start = position - window + 1
-        if start >= 0 and start % stride == 0:
-            yield _window(list(recent), session_key, known, messages)
         position += 1
-    for start in tail_starts(position, window, stride):
-        yield _window([item for item in recent if item[0] >= start], session_key, known, messages)
-
-
-def tail_starts(total: int, window: int, stride: int) -> list[int]:
-    """Starts of the windows that run past the end: kept unless the previous window reached the end."""
-    starts = []
-    start = ((total - window) // stride + 1) * stride if total >= window else 0
-    while start < total:
-        if start == 0 or start - stride + window < total:
-            starts.append(start)
-        start += stride
-    return starts
+        if newest < 0 or total - starts[-1][1] >= stride or position - newest >= MAX_MESSAGES // 2:
+            starts.append((position, total))
+            newest = position
+            first = starts[0]
+        data = line.data  # its size told from its bytes: laying the windows out decodes nothing
+        if data is not None and len(data) > LINE_OVERHEAD and b'"_' not in data and b'"tool"' not in data:
+            total += len(data) - LINE_OVERHEAD  # not a _command, _hidden_history or tool line
+        recent.append(line)
+        while total - first[1] >= window or position - first[0] >= MAX_MESSAGES - 1:
+            yield _window(list(enumerate(recent, held)), session_key, known, messages)
+            last_end = position
+            starts.popleft()
+            if not starts:
+                newest, held = -1, position + 1
+                recent.clear()
+                break
+            first = starts[0]
+            while held < first[0]:
+                recent.popleft()
+                held += 1
+    if newest >= 0 and last_end < position:
+        yield _window(list(enumerate(recent, held)), session_key, known, messages)
 
 
 def _window(items: list[tuple[int, RawLine]], session_key: str | None, known: set[str],
@@ -158,13 +168,12 @@ def _decode_window(key: str, items: list[tuple[int, RawLine]], session_key: str 
             continue
         text, when = message.text, message.when
         first_when = first_when or when
-        days += [day for day in message.days if day not in days]
+        days += message.days
         parts.append((position, offset, when))
         texts.append(text)
         offset += len(text) + 1
-    dates = " ".join(date_words(day) for day in days)
-    return Unit(key, "session", items[0][0], items[-1][0], "\n".join(texts), first_when, dates, session_key,
-                tuple(parts))
+    return Unit(key, "session", items[0][0], items[-1][0], "\n".join(texts), first_when, dates_column(tuple(days)),
+                session_key, tuple(parts))
 
 
 def is_memory_lookup(record: dict) -> bool:

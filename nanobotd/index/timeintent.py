@@ -1,17 +1,15 @@
 """The time a query asks about: named dates, months, ranges and relative days, with where they are in the text.
 
 "What did we decide yesterday?", "the trip in May 2023", "between August 11 and August 15 2023": the
-days found become phrases matched against the `dates` column of the index (which holds the date words
-of every dated unit), and the words that named them are not searched as words ("yesterday" in a
-message says nothing about the day it was written).
-
-Beside its date words, the `dates` column holds one key per day and per month ("d20231013 m202310"):
-the builtin index searches those, since a phrase like "13 october 2023" would walk the posting lists
-of "october" and "2023", which a year of history holds in nearly every unit.
-"""
+days found become keys ("d20231013", and "m202310" for a month) matched against the `dates` column of
+the index, which holds the key of every day a unit was written on or names, and of their months. The
+words that named them are not searched as words ("yesterday" in a message says nothing about the day it
+was written). One key a day, not a phrase like "13 october 2023": that would walk the posting lists of
+"october" and "2023", which a year of history holds in nearly every unit."""
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
@@ -32,13 +30,15 @@ DAY_MONTH = re.compile(rf"\b(\d{{1,2}}){ORDINAL}\s+(?:of\s+)?({MONTH_ALTERNATION
 MONTH_DAY = re.compile(rf"\b({MONTH_ALTERNATION})\.?\s+(\d{{1,2}}){ORDINAL}\b(?!:)", re.I)
 FORWARD = re.compile(r"\b(tomorrow|(?:next|this|coming)\s+(?:" + "|".join(WEEKDAYS) + r"))\b", re.I)
 IN_DAYS = re.compile(r"\bin\s+(\d{1,3})\s+(days?|weeks?)\b", re.I)
-# A day is named with a digit or a weekday (or the few words of NEAR_DAYS and "last week"): only the text
+# A day is named with a digit or a weekday (or "today", "yesterday", "tomorrow", "last week"): only the text
 # around those is read with the patterns above, so the cost follows the digits, not the length of the text.
 # Reading every message with each pattern made building an index of 100,000 entries four times slower.
 DIGITS = re.compile(r"\d+")
 STAMP = re.compile(r"(\d{4})-(\d{1,2})-(\d{1,2})(?:[t ]\d{1,2}:\d{2}(?::\d{2})?)?\b")
 AROUND_CHARS = 24
-NEAR_DAYS = (("yesterday", -1), ("today", 0), ("tomorrow", 1))
+WEEKDAY_STEMS = tuple(day[:-3] for day in WEEKDAYS)
+# Every pattern but the dotted date needs one of these near a digit or weekday.
+DATE_HINTS = (*(name[:3] for name in MONTHS), "day", "week", "ago")
 MAX_EVENT_DAYS = 8
 MONTH_YEAR = re.compile(rf"\b({MONTH_ALTERNATION})\.?,?\s+(\d{{4}})\b", re.I)
 # The first end of a range may leave its year to the second: "between August 11 and August 15 2023".
@@ -48,8 +48,6 @@ DAYS_AGO = re.compile(r"\b(\d{1,3})\s+(days?|weeks?)\s+ago\b", re.I)
 LAST_WEEKDAY = re.compile(r"\blast\s+(" + "|".join(WEEKDAYS) + r")\b", re.I)
 RELATIVE = re.compile(r"\b(today|yesterday|(?:last|this|past)\s+(?:week|month))\b", re.I)
 MAX_RANGE_DAYS = 62
-# What date_words writes: "Friday 13 October 2023".
-DATE_WORDS = re.compile(r"\b(\d{1,2}) (" + "|".join(MONTHS) + r") (\d{4})\b", re.I)
 
 
 @dataclass
@@ -65,13 +63,6 @@ class TimeIntent:
         return any(first <= start and end <= last for first, last in self.spans)
 
 
-def date_words(moment: date | datetime | None) -> str:
-    """The words stored in the `dates` column for a unit dated *moment* ("Friday 13 October 2023")."""
-    if moment is None:
-        return ""
-    return f"{WEEKDAYS[moment.weekday()].title()} {moment.day} {MONTHS[moment.month - 1].title()} {moment.year}"
-
-
 def day_key(day: date) -> str:
     """The one-word key of a day in the `dates` column ("d20231013")."""
     return f"d{day.year:04d}{day.month:02d}{day.day:02d}"
@@ -82,26 +73,10 @@ def month_key(month: int, year: int) -> str:
     return f"m{year:04d}{month:02d}"
 
 
-def with_date_keys(dates: str) -> str:
-    """The `dates` column of a unit: its date words followed by the key of each day and month they name."""
-    keys: dict[str, None] = {}
-    for match in DATE_WORDS.finditer(dates):
-        month = month_number(match.group(2))
-        day = _valid(match.group(3), month, match.group(1))
-        if day:
-            keys[day_key(day[0])] = None
-            keys[month_key(month, day[0].year)] = None
-    return " ".join([dates, *keys]) if keys else dates
-
-
-def date_phrase(day: date) -> str:
-    """The phrase that matches the `dates` column of units from *day*."""
-    return f"{day.day} {MONTHS[day.month - 1]} {day.year}"
-
-
-def month_phrase(month: int, year: int) -> str:
-    """The phrase that matches the `dates` column of units from a month."""
-    return f"{MONTHS[month - 1]} {year}"
+@functools.lru_cache(maxsize=4096)
+def dates_column(days: tuple[date, ...]) -> str:
+    """The `dates` column of a unit dated by *days*: the key of each day, then of each month."""
+    return " ".join(dict.fromkeys([*map(day_key, days), *(month_key(day.month, day.year) for day in days)]))
 
 
 def event_days(text: str, said: date | datetime | None) -> list[date]:
@@ -109,38 +84,56 @@ def event_days(text: str, said: date | datetime | None) -> list[date]:
     its own timestamp. "next Friday", "the 10th of February", "31.12.2023", "two days ago" read from *said*."""
     lowered = text.lower() if text else ""
     now = said if isinstance(said, datetime) else datetime.combine(said, datetime.min.time()) if said else None
+    # str.find, not a regular expression: a regular expression's pass over every text cost more than the rest.
+    digit = min((at for at in map(lowered.find, "0123456789") if at >= 0), default=-1)
+    if digit < 0 and "day" not in lowered and "tomorrow" not in lowered and " week" not in lowered:
+        return []
     days: list[date] = []
     places = []
-    stamped = 0
-    for match in DIGITS.finditer(lowered):
-        if match.start() < stamped:
-            continue
-        stamp = STAMP.match(lowered, match.start()) if match.end() - match.start() == 4 else None
-        if stamp:  # an ISO date or timestamp, the commonest by far ([RAW] entries): read at once
-            days += _valid(stamp.group(1), int(stamp.group(2)), stamp.group(3))
-            stamped = stamp.end()
-        else:
-            places.append(match.span())
-    for day in WEEKDAYS:
-        at = lowered.find(day)
-        while at >= 0:
-            places.append((at, at + len(day)))
-            at = lowered.find(day, at + 1)
+    if digit >= 0:
+        if stamps := set(STAMP.findall(lowered, digit)):
+            # ISO dates and timestamps, the commonest by far ([RAW] entries): read at once, then out of the way.
+            days += [day for year, month, number in sorted(stamps) for day in _valid(year, int(month), number)]
+            lowered = STAMP.sub("#", lowered)
+        places = [match.span() for match in DIGITS.finditer(lowered, digit)]
+    near = _day_words(lowered, places)
     if places:
-        places.sort()
-        merged = [[max(0, places[0][0] - AROUND_CHARS), places[0][1] + AROUND_CHARS]]
-        for start, end in places[1:]:
-            if start - AROUND_CHARS <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], end + AROUND_CHARS)
-            else:
-                merged.append([start - AROUND_CHARS, end + AROUND_CHARS])
-        days += find_time(" | ".join(text[start:end] for start, end in merged), now, nearest=True).days
+        around = _around(lowered, places)
+        if any(hint in around for hint in DATE_HINTS) or DOTTED_DATE.search(around):
+            days += find_time(around, now, nearest=True).days
     if now is not None:
         today = now.date()
-        days += [today + timedelta(days=offset) for word, offset in NEAR_DAYS if word in lowered]
+        days += [today + timedelta(days=offset) for offset in near + ([1] if "tomorrow" in lowered else [])]
         if "last week" in lowered or "past week" in lowered:
             days += [today - timedelta(days=offset) for offset in range(1, 8)]
     return list(dict.fromkeys(days))[:MAX_EVENT_DAYS]
+
+
+def _day_words(lowered: str, places: list[tuple[int, int]]) -> list[int]:
+    """Weekday names, "today" and "yesterday" all end in "day": each weekday's place is added to *places*,
+    and the day offset of the others returned."""
+    near = []
+    at = lowered.find("day")
+    while at >= 0:
+        if lowered.endswith(WEEKDAY_STEMS, 0, at):
+            places.append((at - 6, at + 3))
+        elif lowered.endswith(("to", "yester"), 0, at):
+            near.append(-1 if lowered[at - 1] == "r" else 0)
+        at = lowered.find("day", at + 3)
+    return near
+
+
+def _around(lowered: str, places: list[tuple[int, int]]) -> str:
+    """The text around *places*, AROUND_CHARS on either side, the pieces joined by " | "."""
+    places.sort()
+    pieces, low, high = [], places[0][0], places[0][1]
+    for start, end in places[1:]:
+        if start - high > 2 * AROUND_CHARS:
+            pieces.append(lowered[max(0, low - AROUND_CHARS):high + AROUND_CHARS])
+            low = start
+        high = max(high, end)
+    pieces.append(lowered[max(0, low - AROUND_CHARS):high + AROUND_CHARS])
+    return " | ".join(pieces)
 
 
 def find_time(text: str, now: datetime | None = None, *, nearest: bool = False) -> TimeIntent:
@@ -158,16 +151,6 @@ def find_time(text: str, now: datetime | None = None, *, nearest: bool = False) 
     if now is not None:
         _relative(text, now, intent)
     return intent
-
-
-def named_dates(text: str, now: datetime | None = None) -> list[date]:
-    """Calendar days named in *text*: absolute dates always, relative ones ("yesterday") given *now*."""
-    return find_time(text, now).days
-
-
-def named_months(text: str) -> list[tuple[int, int]]:
-    """(month, year) pairs named without a day ("in May 2023")."""
-    return find_time(text).months
 
 
 def month_number(name: str) -> int:

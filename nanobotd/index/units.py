@@ -16,14 +16,11 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
 
-from nanobotd.index.timeintent import date_words, event_days
+from nanobotd.index.timeintent import dates_column, event_days
 from nanobotd.memory.history import parse_entry
 from nanobotd.sessions.file import iter_raw_lines
+from nanobotd.tuning import HISTORY_UNIT_CHARS, MAX_UNIT_CHARS
 
-MAX_UNIT_CHARS = 1500
-# History entries are lists of one-line facts; pieces of 2-4 facts found the most per word shown on
-# LoCoMo with fact-line history (R@10 91.1 at 697 words; 1,000-char pieces: 91.6 at 987).
-HISTORY_UNIT_CHARS = 300
 SECTION_HEADING = re.compile(r"^##(?!#)\s*\S")
 FENCE = re.compile(r"^\s*(```|~~~)")
 NOTE_NAME = re.compile(r"^(\d{4})-(\d{2})-(\d{2})\.md$")
@@ -124,17 +121,16 @@ def history_units(path: Path, known: set[str]) -> Iterator[tuple[str, Unit | Non
         moment = parse_timestamp(entry.timestamp)
         when = iso_seconds(moment) if moment else entry.timestamp
         pieces = _chunks(entry.content.splitlines(), line.number, "", HISTORY_UNIT_CHARS)
+        dates = unit_dates(entry.content, moment)  # the entry's, for each piece: read once
         for index, (_, _, chunk) in enumerate(pieces):
             key = f"{line.number}-{line.line_digest}-{index}"
-            yield key, Unit(key, "history", line.number, line.number, chunk, when, unit_dates(chunk, moment),
-                            entry.session_key)
+            yield key, Unit(key, "history", line.number, line.number, chunk, when, dates, entry.session_key)
 
 
 def unit_dates(text: str, said: date | datetime | None) -> str:
-    """The `dates` column of a piece written at *said*: that day's words, then those of each day it names."""
+    """The `dates` column of a piece written at *said*: that day, then each day it names."""
     own = [said.date() if isinstance(said, datetime) else said] if said else []
-    days = list(dict.fromkeys(own + event_days(text, said)))
-    return " ".join(date_words(day) for day in days)
+    return dates_column(tuple(own + event_days(text, said)))
 
 
 def _known_history_keys(number: int, digest: str, known: set[str]) -> Iterator[tuple[str, None]]:

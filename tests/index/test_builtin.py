@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import threading
 from datetime import datetime
 
 import pytest
 
 from nanobotd.index.builtin import BuiltinIndex
-from nanobotd.index.sessionunits import STRIDE, WINDOW
+from nanobotd.index.sessionunits import session_units
 from tests.support.workspace import conversation, make_workspace, write_session
 
 HOSTILE_QUERIES = [
@@ -77,7 +78,7 @@ def test_a_new_session_message_is_found_and_only_new_windows_are_added(index, wo
     messages = conversation(400)
     path = write_session(sessions, "telegram:42", messages)
     first = index.refresh()
-    assert first["units_added"] == len(range(0, 400 - WINDOW + 1, STRIDE))
+    assert first["units_added"] == len(list(session_units(path, "telegram:42", set())))
 
     messages.append({"role": "user", "content": "The wifi password is periwinkle-77",
                      "timestamp": "2026-11-02T10:00:00"})
@@ -91,6 +92,28 @@ def test_a_new_session_message_is_found_and_only_new_windows_are_added(index, wo
     assert hit.message_end == 400 and hit.message_start <= 400
     assert hit.path == path.relative_to(index.workspace).as_posix()
     assert hit.when.startswith("2026-11-0")
+
+
+def test_a_search_while_a_refresh_holds_the_index_answers_from_what_is_committed(index, workspace):
+    root, _ = workspace
+    write(root / "memory" / "MEMORY.md", "# Memory\n\n## Pets\n- The cat is Luna.\n")
+    index.refresh()
+    held, done = threading.Event(), threading.Event()
+
+    def refreshing():
+        with index._lock:  # what a long refresh (a first build of 100k entries) holds for seconds
+            held.set()
+            done.wait(30)
+
+    thread = threading.Thread(target=refreshing)
+    thread.start()
+    held.wait(5)
+    try:
+        hits = index.search("what is the cat called")
+    finally:
+        done.set()
+        thread.join()
+    assert hits and "Luna" in hits[0].text
 
 
 def test_an_unchanged_workspace_is_not_read_again(index):
@@ -325,7 +348,7 @@ def test_other_window_sizes_rebuild_the_session_windows(tmp_path, workspace):
     first = BuiltinIndex(root, tmp_path / "w.db", sessions)
     first.refresh()
     first.close()
-    second = BuiltinIndex(root, tmp_path / "w.db", sessions, window=2, stride=1)
+    second = BuiltinIndex(root, tmp_path / "w.db", sessions, window=200, stride=100)
     report = second.refresh()
     hit = second.search("M-5")[0]
     assert report["units_added"] == 3 + 9 and hit.message_end - hit.message_start <= 1

@@ -6,34 +6,39 @@ import json
 
 import pytest
 
-from nanobotd.index.sessionunits import session_units, tail_starts
+from nanobotd.index.sessionunits import MAX_MESSAGES, session_units
 from tests.support.workspace import conversation, write_session
 
 
-def windows(path, known=frozenset(), window=4, stride=2):
-    return list(session_units(path, "cli:t", set(known), window=window, stride=stride))
+def windows(path, known=frozenset()):
+    return list(session_units(path, "cli:t", set(known)))
 
 
-@pytest.mark.parametrize("count,expected", [
-    (0, []), (1, [(0, 0)]), (3, [(0, 2)]), (4, [(0, 3)]), (5, [(0, 3), (2, 4)]),
-    (6, [(0, 3), (2, 5)]), (7, [(0, 3), (2, 5), (4, 6)]),
-])
-def test_windows_cover_every_message_without_redundant_tails(tmp_path, count, expected):
+@pytest.mark.parametrize("count", [0, 1, 3, 4, 5, 9, 30])
+def test_windows_cover_every_message_without_redundant_tails(tmp_path, count):
     path = write_session(tmp_path, "cli:t", conversation(count))
-    assert [(unit.start, unit.end) for _, unit in windows(path)] == expected
+    spans = [(unit.start, unit.end) for _, unit in windows(path)]
+    covered = {position for start, end in spans for position in range(start, end + 1)}
+    assert covered == set(range(count))
+    pairs = zip(spans, spans[1:], strict=False)
+    assert all(later[0] <= earlier[1] + 1 and later[1] > earlier[1] for earlier, later in pairs)
 
 
-def test_tail_starts_match_the_full_layout():
-    assert tail_starts(7, 4, 2) == [4] and tail_starts(6, 4, 2) == [] and tail_starts(2, 4, 2) == [0]
+@pytest.mark.parametrize("words,messages", [(3, range(8, MAX_MESSAGES + 1)), (20, range(4, 8)), (200, range(1, 2))])
+def test_a_window_holds_about_as_many_characters_however_long_its_messages(tmp_path, words, messages):
+    path = write_session(tmp_path, "cli:t", conversation(60, words=words))
+    full = [unit for _, unit in windows(path)][:-1]
+    assert full and all(unit.end - unit.start + 1 in messages for unit in full)
 
 
 def test_after_an_append_only_the_new_windows_are_decoded(tmp_path):
     messages = conversation(41)
     path = write_session(tmp_path, "cli:t", messages)
-    known = {key for key, _ in windows(path)}
+    before = windows(path)
     write_session(tmp_path, "cli:t", messages + conversation(2, tag="n"))
-    fresh = [unit for _, unit in windows(path, known) if unit is not None]
-    assert [(unit.start, unit.end) for unit in fresh] == [(38, 41), (40, 42)]
+    fresh = [unit for _, unit in windows(path, {key for key, _ in before}) if unit is not None]
+    assert fresh and len(fresh) <= 3 and all(unit.end >= 40 for unit in fresh)
+    assert fresh[-1].end == 42
 
 
 def test_window_text_labels_messages_and_records_parts(tmp_path):
@@ -49,7 +54,7 @@ def test_window_text_labels_messages_and_records_parts(tmp_path):
     assert unit.text == "Caroline: hi\nassistant: hello\n[image]\nuser: late"
     assert unit.parts == ((0, 0, "2023-05-08T13:56:00"), (1, 13, "2023-05-08T13:56:30"), (3, 38, "2023-05-09T00:01:00"))
     assert unit.when == "2023-05-08T13:56:00"
-    assert unit.dates == "Monday 8 May 2023 Tuesday 9 May 2023"
+    assert unit.dates == "d20230508 d20230509 m202305"
 
 
 def test_corrupt_and_oversized_lines_keep_their_place_but_add_no_text(tmp_path):

@@ -56,7 +56,7 @@ def test_history_entries_are_units_and_known_ones_are_not_parsed_again(tmp_path)
 
     assert [(unit.start, unit.when, unit.session_key) for _, unit in first] == [
         (1, "2026-04-03T00:02:00", None), (3, "bad", "cli:x")]
-    assert first[0][1].dates == "Friday 3 April 2026"
+    assert first[0][1].dates == "d20260403 m202604"
     again = list(history_units(path, {key for key, _ in first}))
     assert [unit for _, unit in again] == [None, None]
 
