@@ -8,7 +8,7 @@ import os
 from datetime import datetime, time, timedelta
 
 from nanobotd import fsio
-from nanobotd.api.router import Request
+from nanobotd.api.app import Request
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.handlers.common import one_workspace
 from nanobotd.daemon.handlers.search import query_date

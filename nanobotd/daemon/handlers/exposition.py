@@ -6,7 +6,7 @@ figures are read afresh on each request into a registry of its own (no process-w
 
 from __future__ import annotations
 
-from nanobotd.api.router import Request, Response
+from nanobotd.api.app import Request, Response
 from nanobotd.daemon.core import Core
 from nanobotd.state import metrics
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from nanobotd.api.router import ApiError, Request
+from nanobotd.api.app import ApiError, Request
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.handlers.common import named_workspaces
 from nanobotd.jobs import audit, lifecycle

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from datetime import date
 
-from nanobotd.api.router import ApiError, Request
+from nanobotd.api.app import ApiError, Request
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.handlers.common import one_workspace, session_workspace
 from nanobotd.daemon.workspace import Workspace

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from nanobotd.api.router import ApiError, Request
+from nanobotd.api.app import ApiError, Request
 from nanobotd.daemon import runview
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.handlers.common import named_workspaces, session_workspace
+from nanobotd.tuning import MAX_RUN_WAIT_MS
 
 MAX_RUNS_LIMIT = 1000
-MAX_RUN_WAIT_MS = 10_000  # GET /v1/runs/{id}?wait_ms=: the longest an answer waits for the run's end
 TRUE_VALUES = ("1", "true", "yes")
 
 
@@ -17,7 +17,7 @@ def routes(core: Core) -> list:
     handlers = SessionHandlers(core)
     return [
         ("GET", "/v1/sessions", handlers.sessions),
-        ("GET", "/v1/sessions/{key}", handlers.session),
+        ("GET", "/v1/sessions/{key:path}", handlers.session),
         ("GET", "/v1/runs", handlers.runs),
         ("GET", "/v1/runs/{run_id}", handlers.run),
     ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from nanobotd import __version__
-from nanobotd.api.router import Request
+from nanobotd.api.app import Request
 from nanobotd.daemon import runs
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.handlers.common import named_workspaces

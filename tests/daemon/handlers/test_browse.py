@@ -12,7 +12,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from nanobotd.api.router import Router
 from nanobotd.api.server import ControlServer
 from nanobotd.cli.client import Client, DaemonError
 from nanobotd.config.schema import ContextSettings
@@ -71,10 +70,7 @@ def client(workspace_dir: Path, store: StateStore, socket_path: Path):
     with ThreadPoolExecutor(1) as executor:
         core = Core(config=config, store=store, executor=executor, scheduler=None, workspaces={"ws": workspace},
                     clock=NOW.timestamp)
-        router = Router()
-        for method, pattern, handler in browse.routes(core):
-            router.add(method, pattern, handler)
-        with ServerThread(ControlServer(socket_path, router)):
+        with ServerThread(ControlServer(socket_path, browse.routes(core))):
             yield Client(socket_path, timeout=10)
 
 

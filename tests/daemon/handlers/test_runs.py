@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from nanobotd.api.router import Router
 from nanobotd.api.server import ControlServer
 from nanobotd.cli import waiting
 from nanobotd.cli.client import Client, DaemonError
@@ -36,10 +35,7 @@ def daemon(tmp_path: Path):
     try:
         with ThreadPoolExecutor(1) as executor:
             core = Core(config=None, store=store, executor=executor, scheduler=None)
-            router = Router()
-            for method, pattern, handler in sessions.routes(core):
-                router.add(method, pattern, handler)
-            with ServerThread(ControlServer(socket_path, router)) as server:
+            with ServerThread(ControlServer(socket_path, sessions.routes(core))) as server:
                 core.queue = asyncio.run_coroutine_threadsafe(_make_queue(store), server.loop).result(10)
                 yield socket_path, server, core.queue, store
     finally:
