@@ -27,7 +27,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from nanobotd import fsio
 from nanobotd.api.app import Routes, build_app
 from nanobotd.api.peercred import PeerCredentials, peer_credentials, peer_groups
-from nanobotd.tuning import BACKLOG, MAX_BODY_BYTES, MAX_HEAD_BYTES, READ_TIMEOUT_SECONDS, STOP_GRACE_SECONDS
+from nanobotd.tuning import BACKLOG, MAX_HEAD_BYTES, READ_TIMEOUT_SECONDS, STOP_GRACE_SECONDS
 
 PROBE_TIMEOUT_SECONDS = 2.0
 SOCKET_MODE = 0o600
@@ -257,33 +257,16 @@ async def _probe_listener(path: Path) -> tuple[bool, int | None]:
     """Whether something answers on *path*, and its pid when it can be learned."""
     try:
         async with asyncio.timeout(PROBE_TIMEOUT_SECONDS):
-            reader, writer = await asyncio.open_unix_connection(str(path))
+            _, writer = await asyncio.open_unix_connection(str(path))
     except (ConnectionRefusedError, FileNotFoundError):
         return False, None
     except TimeoutError:
         return True, None  # a listener too busy to accept is still alive
     except OSError as exc:
         raise ControlSocketError(f"cannot check whether {path} is in use: {exc}") from None
-    try:
-        credentials = peer_credentials(writer.get_extra_info("socket"))
-        if credentials is not None and credentials.pid > 0:
-            return True, credentials.pid
-        return True, await _status_pid(reader, writer)
-    finally:
-        writer.close()
-
-
-async def _status_pid(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int | None:
-    """Ask a live nanobotd for its pid over GET /v1/status; None when it will not say."""
-    try:
-        async with asyncio.timeout(PROBE_TIMEOUT_SECONDS):
-            writer.write(b"GET /v1/status HTTP/1.1\r\nHost: nanobotd\r\nConnection: close\r\n\r\n")
-            await writer.drain()
-            reply = await reader.read(MAX_BODY_BYTES)
-        pid = json.loads(reply.partition(b"\r\n\r\n")[2]).get("pid")
-    except (OSError, TimeoutError, ValueError, AttributeError):
-        return None
-    return pid if isinstance(pid, int) else None
+    credentials = peer_credentials(writer.get_extra_info("socket"))
+    writer.close()
+    return True, credentials.pid if credentials is not None and credentials.pid > 0 else None
 
 
 def _read_pid(path: Path) -> int | None:

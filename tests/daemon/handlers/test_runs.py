@@ -20,6 +20,7 @@ from nanobotd.cli.client import Client, DaemonError
 from nanobotd.cli.invocation import Invocation
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.handlers import sessions
+from nanobotd.daemon.handlers.common import bind
 from nanobotd.daemon.jobqueue import JobQueue
 from nanobotd.state.store import StateStore
 from tests.cli.fakedaemon import ServerThread
@@ -35,7 +36,7 @@ def daemon(tmp_path: Path):
     try:
         with ThreadPoolExecutor(1) as executor:
             core = Core(config=None, store=store, executor=executor, scheduler=None)
-            with ServerThread(ControlServer(socket_path, sessions.routes(core))) as server:
+            with ServerThread(ControlServer(socket_path, bind(core, sessions.ROUTES))) as server:
                 core.queue = asyncio.run_coroutine_threadsafe(_make_queue(store), server.loop).result(10)
                 yield socket_path, server, core.queue, store
     finally:

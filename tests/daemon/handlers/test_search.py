@@ -15,6 +15,7 @@ from nanobotd.api.server import ControlServer
 from nanobotd.cli.client import Client, DaemonError
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.handlers import search
+from nanobotd.daemon.handlers.common import bind
 from tests.cli.fakedaemon import ServerThread
 
 
@@ -43,7 +44,7 @@ def client(memory: Path, socket_path: Path):
     workspace = SimpleNamespace(name="ws", env=SimpleNamespace(memory_dir=memory))
     with ThreadPoolExecutor(1) as executor:
         core = Core(config=None, store=None, executor=executor, scheduler=None, workspaces={"ws": workspace})
-        with ServerThread(ControlServer(socket_path, search.routes(core))):
+        with ServerThread(ControlServer(socket_path, bind(core, search.ROUTES))):
             yield Client(socket_path, timeout=10)
 
 
@@ -107,7 +108,7 @@ def searchable(tmp_path: Path, socket_path: Path):
         path=root, search=SearchSettings(backend="qmd"), context=ContextSettings()))
     with ThreadPoolExecutor(1) as executor:
         core = Core(config=None, store=None, executor=executor, scheduler=None, workspaces={"ws": workspace})
-        with ServerThread(ControlServer(socket_path, search.routes(core))):
+        with ServerThread(ControlServer(socket_path, bind(core, search.ROUTES))):
             yield Client(socket_path, timeout=10), workspace
     index.close()
 
