@@ -132,9 +132,9 @@ def endpoint(handler: Handler, read_timeout: float) -> Callable[[StarletteReques
 
 async def read_request(request: StarletteRequest, read_timeout: float) -> Request:
     """Our Request, its body refused before it is read when too large or chunked, and read within *read_timeout*."""
-    if request.scope["http_version"] not in ("1.0", "1.1"):
-        raise ApiError(400, "bad_request", f"unsupported protocol version HTTP/{request.scope['http_version']}")
     scope = request.scope
+    if scope["http_version"] not in ("1.0", "1.1"):
+        raise ApiError(400, "bad_request", f"unsupported protocol version HTTP/{scope['http_version']}")
     if len(scope["raw_path"]) + len(scope["query_string"]) + sum(len(n) + len(v) + 4 for n, v in scope["headers"]) \
             > MAX_HEAD_BYTES:  # h11 enforces the limit only on a head that arrives in pieces
         raise ApiError(431, "headers_too_large", f"request head over {MAX_HEAD_BYTES} bytes")
