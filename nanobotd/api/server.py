@@ -15,10 +15,13 @@ import json
 import os
 import socket
 import stat
+import struct
 import sys
 from collections.abc import Iterable
+from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 from loguru import logger
@@ -26,7 +29,6 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from nanobotd import fsio
 from nanobotd.api.app import Routes, build_app
-from nanobotd.api.peercred import PeerCredentials, peer_credentials, peer_groups
 from nanobotd.tuning import BACKLOG, MAX_HEAD_BYTES, READ_TIMEOUT_SECONDS, STOP_GRACE_SECONDS
 
 PROBE_TIMEOUT_SECONDS = 2.0
@@ -36,6 +38,50 @@ GROUP_SOCKET_MODE = 0o660  # with daemon.socket_group: the group may connect
 GROUP_DIR_MODE = 0o710  # ... and pass through the directory, not list it
 LOCK_SUFFIX = ".lock"
 OWN_ENTRY_SUFFIXES = ("", LOCK_SUFFIX)
+UCRED = struct.Struct("3i")
+
+
+@dataclass(frozen=True)
+class PeerCredentials:
+    """pid, uid and gid of the peer process."""
+
+    pid: int
+    uid: int
+    gid: int
+
+
+def peer_credentials(sock: Any) -> PeerCredentials | None:
+    """The peer's credentials as the kernel saw them at connect() (for a server: at listen()), so a peer cannot
+    fake them and they name the pid of a daemon already listening; None when the socket cannot tell."""
+    if sock is None:
+        return None
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size)
+    except (OSError, AttributeError):
+        return None
+    if len(raw) != UCRED.size:
+        return None
+    pid, uid, gid = UCRED.unpack(raw)
+    return PeerCredentials(pid=pid, uid=uid, gid=gid)
+
+
+def peer_groups(pid: int) -> set[int]:
+    """The peer process's primary and supplementary group ids (from /proc); empty when it cannot be read.
+
+    SO_PEERCRED names only the primary gid, so a peer allowed through a supplementary group is found here.
+    """
+    groups: set[int] = set()
+    try:
+        with open(f"/proc/{int(pid)}/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                name, _, value = line.partition(":")
+                if name == "Groups":
+                    groups.update(int(item) for item in value.split() if item.isdigit())
+                elif name == "Gid":
+                    groups.update(int(item) for item in value.split()[:1] if item.isdigit())
+    except (OSError, ValueError):
+        return set()
+    return groups
 
 
 class ControlSocketError(RuntimeError):
