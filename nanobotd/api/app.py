@@ -122,6 +122,8 @@ def endpoint(handler: Handler, read_timeout: float) -> Callable[[StarletteReques
             return encode(as_response(await handler(await read_request(request, read_timeout))))
         except ApiError as error:
             return encode(error.to_response())
+        except asyncio.CancelledError:  # uvicorn cancels a request only when stop() ran out of grace for it
+            return encode(ApiError(503, "stopping", "the daemon is stopping; try again when it is back").to_response())
         except Exception as exc:
             logger.exception("control handler for {} {} failed", request.method, request.url.path)
             detail = f"{type(exc).__name__}: {exc}"[:300]

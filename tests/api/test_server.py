@@ -401,6 +401,22 @@ def test_a_regular_file_at_the_socket_path_is_left_alone(socket_path: Path) -> N
     assert socket_path.read_text() == "not a socket"
 
 
+def test_stop_waits_its_grace_for_a_request_in_progress_then_answers_it_503(socket_path: Path) -> None:
+    server = ControlServer(socket_path, sample_router())
+    with ServerThread(server) as running:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.settimeout(5)
+            client.connect(str(socket_path))
+            client.sendall(b"POST /v1/consolidate HTTP/1.1\r\nHost: nanobotd\r\nContent-Length: 100\r\n\r\n{")
+            time.sleep(0.2)
+            started = time.monotonic()
+            running.call(server.stop(grace=0.5))
+            assert time.monotonic() - started < 3
+            status, _, body = parse_response(read_all(client))
+    assert (status, body["error"]["code"]) == (503, "stopping")
+    assert not socket_path.exists()
+
+
 def test_stop_removes_the_socket_and_a_restart_works(socket_path: Path) -> None:
     server = ControlServer(socket_path, sample_router())
     with ServerThread(server):
