@@ -1,8 +1,8 @@
-"""The control API server: HTTP/1.1 + JSON on a private Unix socket, served by the daemon's event loop.
+"""The control API server: uvicorn serving the starlette app over a private Unix socket, on the daemon's loop.
 
-One request per connection (`Connection: close`): nanobotctl and agents make few, small calls, and
-closing after each answer keeps the protocol state trivial. Whatever a client sends or a handler
-raises becomes a JSON error response; nothing can stop the server short of stop().
+This module owns what uvicorn does not: the socket's folder and modes, the lock and the stale-socket takeover,
+and a protocol that checks the peer's credentials, gives a stalled request head its deadline, and answers a
+request h11 refuses in the API's JSON error shape. Nothing a client sends can stop the server short of stop().
 """
 
 from __future__ import annotations
@@ -10,42 +10,78 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import json
 import os
 import socket
 import stat
+import struct
+import sys
 from collections.abc import Iterable
+from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
+from typing import Any
 
+import uvicorn
 from loguru import logger
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from nanobotd import fsio
-from nanobotd.api.peercred import PeerCredentials, peer_credentials, peer_groups
-from nanobotd.api.router import ApiError, Request, Router
-from nanobotd.api.wire import (
-    MAX_BODY_BYTES,
-    MAX_HEAD_BYTES,
-    ClientGone,
-    RequestHead,
-    as_response,
-    encode,
-    encode_error,
-    parse_json,
-    parse_query,
-    read_body,
-    read_head,
-)
+from nanobotd.api.app import Routes, build_app
+from nanobotd.tuning import BACKLOG, MAX_HEAD_BYTES, READ_TIMEOUT_SECONDS, STOP_GRACE_SECONDS
 
-READ_TIMEOUT_SECONDS = 10.0
 PROBE_TIMEOUT_SECONDS = 2.0
-STOP_GRACE_SECONDS = 2.0
-BACKLOG = 1024  # clients that come all at once wait in the queue (the kernel caps it at somaxconn)
 SOCKET_MODE = 0o600
 DIR_MODE = 0o700
 GROUP_SOCKET_MODE = 0o660  # with daemon.socket_group: the group may connect
 GROUP_DIR_MODE = 0o710  # ... and pass through the directory, not list it
 LOCK_SUFFIX = ".lock"
 OWN_ENTRY_SUFFIXES = ("", LOCK_SUFFIX)
+UCRED = struct.Struct("3i")
+
+
+@dataclass(frozen=True)
+class PeerCredentials:
+    """pid, uid and gid of the peer process."""
+
+    pid: int
+    uid: int
+    gid: int
+
+
+def peer_credentials(sock: Any) -> PeerCredentials | None:
+    """The peer's credentials as the kernel saw them at connect() (for a server: at listen()), so a peer cannot
+    fake them and they name the pid of a daemon already listening; None when the socket cannot tell."""
+    if sock is None:
+        return None
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size)
+    except (OSError, AttributeError):
+        return None
+    if len(raw) != UCRED.size:
+        return None
+    pid, uid, gid = UCRED.unpack(raw)
+    return PeerCredentials(pid=pid, uid=uid, gid=gid)
+
+
+def peer_groups(pid: int) -> set[int]:
+    """The peer process's primary and supplementary group ids (from /proc); empty when it cannot be read.
+
+    SO_PEERCRED names only the primary gid, so a peer allowed through a supplementary group is found here.
+    """
+    groups: set[int] = set()
+    try:
+        with open(f"/proc/{int(pid)}/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                name, _, value = line.partition(":")
+                if name == "Groups":
+                    groups.update(int(item) for item in value.split() if item.isdigit())
+                elif name == "Gid":
+                    groups.update(int(item) for item in value.split()[:1] if item.isdigit())
+    except (OSError, ValueError):
+        return set()
+    return groups
 
 
 class ControlSocketError(RuntimeError):
@@ -57,24 +93,23 @@ class SocketInUse(ControlSocketError):
 
 
 class ControlServer:
-    """Serves a Router on a 0600 Unix socket inside a 0700 directory, for our own uid and root only."""
+    """Serves *routes* on a 0600 Unix socket inside a 0700 directory, for our own uid and root only."""
 
-    def __init__(self, socket_path: Path, router: Router, *, allowed_uids: Iterable[int] | None = None,
+    def __init__(self, socket_path: Path, routes: Routes, *, allowed_uids: Iterable[int] | None = None,
                  socket_gid: int | None = None, read_timeout: float = READ_TIMEOUT_SECONDS) -> None:
         self.socket_path = Path(socket_path)
-        self.router = router
+        self.routes = list(routes)
         self.allowed_uids = frozenset({os.geteuid(), 0} if allowed_uids is None else allowed_uids)
         self.socket_gid = socket_gid
         self.read_timeout = read_timeout
-        self._server: asyncio.AbstractServer | None = None
+        self._server: uvicorn.Server | None = None
         self._lock = contextlib.ExitStack()
         self._socket_identity: tuple[int, int] | None = None
-        self._connections: set[asyncio.Task] = set()
 
     @property
     def listening(self) -> bool:
         """True while the socket accepts connections."""
-        return self._server is not None and self._server.is_serving()
+        return self._server is not None and all(server.is_serving() for server in self._server.servers)
 
     async def start(self) -> None:
         """Secure the directory, take over a stale socket file, bind and listen; SocketInUse if taken."""
@@ -87,7 +122,16 @@ class ControlServer:
             sock = _bind_socket(self.socket_path, group=self.socket_gid)
             info = os.stat(self.socket_path)
             self._socket_identity = (info.st_dev, info.st_ino)
-            self._server = await asyncio.start_unix_server(self._on_connection, sock=sock, limit=MAX_HEAD_BYTES)
+            config = uvicorn.Config(build_app(self.routes, read_timeout=self.read_timeout), lifespan="off",
+                                    http=functools.partial(PeerProtocol, control=self), ws="none",
+                                    log_config=None, log_level="warning", access_log=False, proxy_headers=False,
+                                    server_header=False, date_header=False, backlog=BACKLOG,
+                                    h11_max_incomplete_event_size=MAX_HEAD_BYTES)
+            config.load()
+            server = uvicorn.Server(config)
+            server.lifespan = config.lifespan_class(config)
+            await server.startup(sockets=[sock])  # not serve(): the daemon's own signal handlers stay
+            self._server = server
         except BaseException:
             self._lock.close()
             raise
@@ -98,15 +142,20 @@ class ControlServer:
         if self._server is None:
             return
         server, self._server = self._server, None
-        server.close()
-        if self._connections:
-            _, pending = await asyncio.wait(set(self._connections), timeout=grace)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-        await server.wait_closed()
+        server.config.timeout_graceful_shutdown = grace
+        await server.shutdown()
         self._remove_own_socket()
         self._lock.close()
+
+    def allowed(self, credentials: PeerCredentials | None) -> bool:
+        """The daemon's uid or root; with a socket group, also any process in it (primary or supplementary)."""
+        if credentials is None:
+            return False
+        if credentials.uid in self.allowed_uids:
+            return True
+        if self.socket_gid is None:
+            return False
+        return credentials.gid == self.socket_gid or self.socket_gid in peer_groups(credentials.pid)
 
     def _take_lock(self) -> None:
         # The lock closes the race where two daemons starting together both find the same stale socket.
@@ -145,74 +194,56 @@ class ControlServer:
         if (info.st_dev, info.st_ino) == self._socket_identity:
             os.unlink(self.socket_path)
 
-    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._connections.add(task)
-        try:
-            response = await self._respond(reader, writer)
-            if response is not None:
-                writer.write(response)
-                async with asyncio.timeout(self.read_timeout):
-                    await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError, ClientGone):
-            pass
-        except Exception:
-            logger.exception("control connection failed")
-        finally:
-            if task is not None:
-                self._connections.discard(task)
-            writer.close()
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(1.0):
-                    await writer.wait_closed()
+class PeerProtocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, plus the peer check once per connection, a deadline for a request that never
+    arrives whole, and the API's JSON error for a request h11 refuses (uvicorn answers those in plain text)."""
 
-    async def _respond(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes | None:
-        credentials = peer_credentials(writer.get_extra_info("socket"))
-        try:
-            async with asyncio.timeout(self.read_timeout):
-                head = await read_head(reader)
-                if head is None:
-                    return None
-                body = await read_body(reader, writer, head)
-        except TimeoutError:
-            return encode_error(ApiError(408, "request_timeout",
-                                         f"request not received within {self.read_timeout:g}s"))
-        except ApiError as error:
-            return encode_error(error)
-        if not self.allowed(credentials):
+    def __init__(self, *args, control: ControlServer, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.control = control
+        self.deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        credentials = peer_credentials(transport.get_extra_info("socket"))
+        if not self.control.allowed(credentials):
             logger.warning("refused a control request from uid {} (pid {})",
                            getattr(credentials, "uid", "unknown"), getattr(credentials, "pid", "unknown"))
-            who = "the daemon's own user, root" + (" and the socket group" if self.socket_gid is not None else "")
-            return encode_error(ApiError(403, "forbidden", f"only {who} may use this socket"))
-        return await self._dispatch(head, body, credentials)
+            self.app = self.forbidden
+        self.deadline = self.loop.call_later(self.control.read_timeout, self.head_overdue)
 
-    def allowed(self, credentials: PeerCredentials | None) -> bool:
-        """The daemon's uid or root; with a socket group, also any process in it (primary or supplementary)."""
-        if credentials is None:
-            return False
-        if credentials.uid in self.allowed_uids:
-            return True
-        if self.socket_gid is None:
-            return False
-        return credentials.gid == self.socket_gid or self.socket_gid in peer_groups(credentials.pid)
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+        super().connection_lost(exc)
 
-    async def _dispatch(self, head: RequestHead, body: bytes, credentials: PeerCredentials) -> bytes:
-        path, _, query_string = head.target.partition("#")[0].partition("?")
-        try:
-            handler, params = self.router.resolve(head.method, path)
-            request = Request(method=head.method, path=path, params=params, query=parse_query(query_string),
-                              body=parse_json(body), peer_uid=credentials.uid, peer_pid=credentials.pid,
-                              headers=head.headers)
-            result = await handler(request)
-            return encode(as_response(result))
-        except ApiError as error:
-            return encode_error(error)
-        except Exception as exc:
-            logger.exception("control handler for {} {} failed", head.method, path)
-            detail = f"{type(exc).__name__}: {exc}"[:300]
-            return encode_error(ApiError(500, "internal", f"internal error ({detail}); see the daemon log"))
+    def head_overdue(self) -> None:
+        """No request head yet (a body that stalls is the app's to time out)."""
+        if self.cycle is None and not self.transport.is_closing():
+            self.send_error(408, "request_timeout", f"request not received within {self.control.read_timeout:g}s")
 
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn calls this inside its `except h11.RemoteProtocolError`, whose hint says 431 for a head too large.
+        error = sys.exc_info()[1]
+        if getattr(error, "error_status_hint", 400) == 431:
+            self.send_error(431, "headers_too_large", f"request head over {MAX_HEAD_BYTES} bytes")
+        else:
+            self.send_error(400, "bad_request", f"malformed request: {error or msg}")
+
+    def send_error(self, status: int, code: str, message: str) -> None:
+        """One JSON error written straight to the transport, which then closes."""
+        body = json.dumps({"error": {"code": code, "message": message}}).encode()
+        self.transport.write(f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
+                             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+        self.transport.close()
+
+    async def forbidden(self, scope, receive, send) -> None:
+        """The ASGI app a peer that is not allowed gets: 403, its request unread."""
+        who = "the daemon's own user, root" + (" and the socket group" if self.control.socket_gid is not None else "")
+        body = json.dumps({"error": {"code": "forbidden", "message": f"only {who} may use this socket"}}).encode()
+        await send({"type": "http.response.start", "status": 403, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)), (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
 
 def ensure_private_dir(directory: Path, *, own_name: str = "", group: int | None = None) -> None:
     """Make *directory* a 0700 directory owned by us (0710 of *group*); refuse one of another uid or shared.
@@ -272,33 +303,16 @@ async def _probe_listener(path: Path) -> tuple[bool, int | None]:
     """Whether something answers on *path*, and its pid when it can be learned."""
     try:
         async with asyncio.timeout(PROBE_TIMEOUT_SECONDS):
-            reader, writer = await asyncio.open_unix_connection(str(path))
+            _, writer = await asyncio.open_unix_connection(str(path))
     except (ConnectionRefusedError, FileNotFoundError):
         return False, None
     except TimeoutError:
         return True, None  # a listener too busy to accept is still alive
     except OSError as exc:
         raise ControlSocketError(f"cannot check whether {path} is in use: {exc}") from None
-    try:
-        credentials = peer_credentials(writer.get_extra_info("socket"))
-        if credentials is not None and credentials.pid > 0:
-            return True, credentials.pid
-        return True, await _status_pid(reader, writer)
-    finally:
-        writer.close()
-
-
-async def _status_pid(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int | None:
-    """Ask a live nanobotd for its pid over GET /v1/status; None when it will not say."""
-    try:
-        async with asyncio.timeout(PROBE_TIMEOUT_SECONDS):
-            writer.write(b"GET /v1/status HTTP/1.1\r\nHost: nanobotd\r\nConnection: close\r\n\r\n")
-            await writer.drain()
-            reply = await reader.read(MAX_BODY_BYTES)
-        pid = json.loads(reply.partition(b"\r\n\r\n")[2]).get("pid")
-    except (OSError, TimeoutError, ValueError, AttributeError):
-        return None
-    return pid if isinstance(pid, int) else None
+    credentials = peer_credentials(writer.get_extra_info("socket"))
+    writer.close()
+    return True, credentials.pid if credentials is not None and credentials.pid > 0 else None
 
 
 def _read_pid(path: Path) -> int | None:

@@ -23,7 +23,7 @@ from nanobotd.config.load import Config, ConfigError, load_config, socket_group_
 from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.daemon import companion, indexing, runs, triggers
 from nanobotd.daemon.core import Core, config_timezone
-from nanobotd.daemon.handlers import build_router
+from nanobotd.daemon.handlers import all_routes
 from nanobotd.daemon.jobqueue import JobQueue
 from nanobotd.daemon.lock import DaemonLocks
 from nanobotd.daemon.scheduler import JobScheduler
@@ -77,7 +77,7 @@ class Daemon:
             core.workspaces[settings.name] = self._new_workspace(settings)
         runs.recover_interrupted_runs(core)
         group = self.config.daemon.socket_group
-        self.server = ControlServer(self.config.socket_path, build_router(core),
+        self.server = ControlServer(self.config.socket_path, all_routes(core),
                                     socket_gid=socket_group_id(group) if group else None)
         await self.server.start()
         self.notifier.ready()

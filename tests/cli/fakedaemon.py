@@ -9,7 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
-from nanobotd.api.router import ApiError, Request, Response, Router
+from nanobotd.api.app import ApiError, Request, Response
 from nanobotd.api.server import ControlServer
 from nanobotd.cli import nanobotctl
 
@@ -45,18 +45,16 @@ class FakeDaemon:
     def __init__(self) -> None:
         self.requests: list[Request] = []
         self.run_states: dict[str, list[str]] = {}
-        self.router = Router()
-        for method, path, handler in (
+        self.router = [(method, path, self.recorded(handler)) for method, path, handler in (
             ("GET", "/v1/status", self.status), ("GET", "/v1/sessions", self.sessions),
-            ("GET", "/v1/sessions/{key}", self.session), ("GET", "/v1/runs", self.runs),
+            ("GET", "/v1/sessions/{key:path}", self.session), ("GET", "/v1/runs", self.runs),
             ("GET", "/v1/runs/{run_id}", self.run), ("POST", "/v1/consolidate", self.queue),
             ("POST", "/v1/flush", self.queue), ("POST", "/v1/dream", self.dream),
             ("GET", "/v1/dream-log", self.dream_log), ("POST", "/v1/restore", self.restore),
             ("POST", "/v1/lifecycle", self.lifecycle), ("GET", "/v1/audit", self.audit),
             ("GET", "/v1/metrics", self.metrics), ("GET", "/v1/search", self.search),
             ("GET", "/v1/context", self.context), ("POST", "/v1/reindex", self.reindex),
-        ):
-            self.router.add(method, path, self.recorded(handler))
+        )]
 
     def recorded(self, handler):
         """Wrap *handler* so each request is kept in self.requests for the test to inspect."""

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nanobotd.api.router import ApiError, Request, Router
+from nanobotd.api.app import ApiError, Request
 from nanobotd.api.server import ControlServer
 from nanobotd.cli import agent_tools
 from nanobotd.cli.client import Client
@@ -22,9 +22,7 @@ class Canned:
     def __init__(self, answers: dict) -> None:
         self.answers = answers
         self.queries: list[dict] = []
-        self.router = Router()
-        for path in ("/v1/search", "/v1/context", "/v1/recall"):
-            self.router.add("GET", path, self.answer)
+        self.router = [("GET", path, self.answer) for path in ("/v1/search", "/v1/context", "/v1/recall")]
 
     async def answer(self, request: Request) -> dict:
         self.queries.append(dict(request.query))

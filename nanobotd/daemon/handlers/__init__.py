@@ -1,16 +1,15 @@
-"""Control API handlers, one module per resource; `build_router` puts every endpoint together."""
+"""Control API handlers, one module per resource, each a list of ROUTES of handler(core, request);
+`all_routes` puts every endpoint together."""
 
 from __future__ import annotations
 
-from nanobotd.api.router import Router
+from nanobotd.api.app import Routes
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.handlers import browse, exposition, memory, reports, search, sessions, status
+from nanobotd.daemon.handlers.common import bind
 
 
-def build_router(core: Core) -> Router:
-    """Every endpoint of the control API."""
-    router = Router()
-    for module in (status, sessions, memory, search, reports, browse, exposition):
-        for method, pattern, handler in module.routes(core):
-            router.add(method, pattern, handler)
-    return router
+def all_routes(core: Core) -> Routes:
+    """Every endpoint of the control API: (method, path pattern, handler)."""
+    return [*memory.routes(core), *[route for module in (status, sessions, search, reports, browse, exposition)
+                                    for route in bind(core, module.ROUTES)]]

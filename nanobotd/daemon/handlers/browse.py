@@ -3,14 +3,13 @@ daily notes there are, a page of the newest history entries, and the outcome ser
 
 from __future__ import annotations
 
-import asyncio
 import os
 from datetime import datetime, time, timedelta
 
 from nanobotd import fsio
-from nanobotd.api.router import Request
+from nanobotd.api.app import Request
 from nanobotd.daemon.core import Core
-from nanobotd.daemon.handlers.common import one_workspace
+from nanobotd.daemon.handlers.common import blocking, one_workspace
 from nanobotd.daemon.handlers.search import query_date
 from nanobotd.daemon.workspace import Workspace
 from nanobotd.jobs.common import BOOTSTRAP_FILES
@@ -23,75 +22,59 @@ DEFAULT_HISTORY_PAGE = 50
 MAX_DAILY_DAYS = 90
 
 
-def routes(core: Core) -> list:
-    """The endpoints the web page reads."""
-    handlers = BrowseHandlers(core)
-    return [
-        ("GET", "/v1/memory-files", handlers.memory_files),
-        ("GET", "/v1/history", handlers.history),
-        ("GET", "/v1/metrics/daily", handlers.daily),
-    ]
+
+async def memory_files(core: Core, request: Request) -> dict:
+    """SOUL.md, USER.md and MEMORY.md as they are (nanobot puts them whole into every prompt), each with
+    its size against context.max_chars, and the days that have a daily note (active or archived); with
+    `day=YYYY-MM-DD` (or `latest`), that day's notes too. (/v1/recall gives a day's notes with its history
+    entries, for which it reads all of history.jsonl: ~0.4 s at 100k entries, too slow for a page.)"""
+    workspace = one_workspace(core, request)
+    caps = workspace.settings.context
+    files = await blocking(core, bootstrap_files, workspace)
+    notes = await blocking(core, note_days, workspace)
+    answer = {"workspace": workspace.name, "files": files, "max_chars": caps.max_chars,
+              "total_max_chars": caps.total_max_chars, "total_chars": sum(item["chars"] for item in files),
+              "notes": notes}
+    wanted = request.query.get("day")
+    if wanted == "latest" and notes:
+        answer["day"] = notes[0]["date"]
+    elif wanted and wanted != "latest":
+        answer["day"] = query_date(request, "day").isoformat()
+    if answer.get("day"):
+        day = answer["day"]
+        answer["day_notes"] = await blocking(core, day_notes, workspace, [note for note in notes
+                                                                          if note["date"] == day])
+    return answer
 
 
-class BrowseHandlers:
-    """Read-only; file reads run on the executor, so a large file never stalls the event loop."""
+async def history(core: Core, request: Request) -> dict:
+    """The newest history entries, newest first; `before=CURSOR` gives the page after one ending there."""
+    workspace = one_workspace(core, request)
+    limit = request.query_int("limit", DEFAULT_HISTORY_PAGE, minimum=1, maximum=historypage.MAX_PAGE)
+    before = request.query_int("before", None, minimum=1)
+    entries = await blocking(core, historypage.newest_entries, workspace.env.memory_dir, limit, before)
+    return {"workspace": workspace.name, "entries": [dict(entry.to_record(), cursor=entry.cursor)
+                                                     for entry in entries],
+            "next_before": entries[-1].cursor if len(entries) == limit else None}
 
-    def __init__(self, core: Core):
-        self.core = core
 
-    async def _executor(self, function, *args):
-        return await asyncio.get_running_loop().run_in_executor(self.core.executor, function, *args)
-
-    async def memory_files(self, request: Request) -> dict:
-        """SOUL.md, USER.md and MEMORY.md as they are (nanobot puts them whole into every prompt), each with
-        its size against context.max_chars, and the days that have a daily note (active or archived); with
-        `day=YYYY-MM-DD` (or `latest`), that day's notes too. (/v1/recall gives a day's notes with its history
-        entries, for which it reads all of history.jsonl: ~0.4 s at 100k entries, too slow for a page.)"""
-        workspace = one_workspace(self.core, request)
-        caps = workspace.settings.context
-        files = await self._executor(bootstrap_files, workspace)
-        notes = await self._executor(note_days, workspace)
-        answer = {"workspace": workspace.name, "files": files, "max_chars": caps.max_chars,
-                  "total_max_chars": caps.total_max_chars, "total_chars": sum(item["chars"] for item in files),
-                  "notes": notes}
-        wanted = request.query.get("day")
-        if wanted == "latest" and notes:
-            answer["day"] = notes[0]["date"]
-        elif wanted and wanted != "latest":
-            answer["day"] = query_date(request, "day").isoformat()
-        if answer.get("day"):
-            day = answer["day"]
-            answer["day_notes"] = await self._executor(day_notes, workspace, [note for note in notes
-                                                                              if note["date"] == day])
-        return answer
-
-    async def history(self, request: Request) -> dict:
-        """The newest history entries, newest first; `before=CURSOR` gives the page after one ending there."""
-        workspace = one_workspace(self.core, request)
-        limit = request.query_int("limit", DEFAULT_HISTORY_PAGE, minimum=1, maximum=historypage.MAX_PAGE)
-        before = request.query_int("before", None, minimum=1)
-        entries = await self._executor(historypage.newest_entries, workspace.env.memory_dir, limit, before)
-        return {"workspace": workspace.name, "entries": [dict(entry.to_record(), cursor=entry.cursor)
-                                                         for entry in entries],
-                "next_before": entries[-1].cursor if len(entries) == limit else None}
-
-    async def daily(self, request: Request) -> dict:
-        """Per day of the last `days` (default 14): outcomes by kind, history entries written, and the daily
-        samples of archived twice and index size (a day the daemon did not run has none); and the newest outcome
-        of each job kind, which says how the last LLM call went."""
-        workspace = one_workspace(self.core, request)
-        days = request.query_int("days", 14, minimum=1, maximum=MAX_DAILY_DAYS)
-        now = self.core.clock()
-        first = self.core.now().date() - timedelta(days=days - 1)
-        since = datetime.combine(first, time()).timestamp()
-        return {
-            "workspace": workspace.name, "from": first.isoformat(),
-            "outcomes": metrics.daily_outcomes(self.core.store, since=since, now=now, workspace=workspace.name),
-            "history_entries": await self._executor(historypage.entries_per_day, workspace.env.memory_dir,
-                                                    first.isoformat()),
-            "last_outcomes": metrics.last_outcomes(self.core.store, workspace.name),
-            "samples": metrics.daily_samples(self.core.store, workspace.name, first.isoformat()),
-        }
+async def daily(core: Core, request: Request) -> dict:
+    """Per day of the last `days` (default 14): outcomes by kind, history entries written, and the daily
+    samples of archived twice and index size (a day the daemon did not run has none); and the newest outcome
+    of each job kind, which says how the last LLM call went."""
+    workspace = one_workspace(core, request)
+    days = request.query_int("days", 14, minimum=1, maximum=MAX_DAILY_DAYS)
+    now = core.clock()
+    first = core.now().date() - timedelta(days=days - 1)
+    since = datetime.combine(first, time()).timestamp()
+    return {
+        "workspace": workspace.name, "from": first.isoformat(),
+        "outcomes": metrics.daily_outcomes(core.store, since=since, now=now, workspace=workspace.name),
+        "history_entries": await blocking(core, historypage.entries_per_day, workspace.env.memory_dir,
+                                                first.isoformat()),
+        "last_outcomes": metrics.last_outcomes(core.store, workspace.name),
+        "samples": metrics.daily_samples(core.store, workspace.name, first.isoformat()),
+    }
 
 
 def bootstrap_files(workspace: Workspace) -> list[dict]:
@@ -138,3 +121,9 @@ def note_days(workspace: Workspace) -> list[dict]:
                 continue
     return sorted(days, key=lambda item: item["date"], reverse=True)
 
+
+ROUTES = [  # Read-only; file reads run on the executor, so a large file never stalls the event loop.
+    ("GET", "/v1/memory-files", memory_files),
+    ("GET", "/v1/history", history),
+    ("GET", "/v1/metrics/daily", daily),
+]

@@ -1,8 +1,12 @@
-"""What every handler does the same way: find the workspace(s) a request names, answer 202 for a run."""
+"""What every handler does the same way: find the workspace(s) a request names, run blocking work on the
+executor, answer 202 for a run; and `bind`, which hands the core to a module's ROUTES."""
 
 from __future__ import annotations
 
-from nanobotd.api.router import ApiError, Request, Response
+import asyncio
+import functools
+
+from nanobotd.api.app import ApiError, Request, Response, Routes
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.workspace import Workspace
 
@@ -51,3 +55,13 @@ def started(run_ids: list[str]) -> Response:
     if len(run_ids) == 1:
         return Response(202, {"run_id": run_ids[0], "status_url": f"/v1/runs/{run_ids[0]}"})
     return Response(202, {"run_ids": run_ids})
+
+
+def bind(core: Core, routes: Routes) -> Routes:
+    """(method, pattern, handler(core, request)) routes as the server takes them: handler(request)."""
+    return [(method, pattern, functools.partial(handler, core)) for method, pattern, handler in routes]
+
+
+async def blocking(core: Core, function, *args):
+    """*function* on the core's executor, so file reads and SQLite never stall the event loop."""
+    return await asyncio.get_running_loop().run_in_executor(core.executor, function, *args)

@@ -6,7 +6,7 @@ figures are read afresh on each request into a registry of its own (no process-w
 
 from __future__ import annotations
 
-from nanobotd.api.router import Request, Response
+from nanobotd.api.app import Request, Response
 from nanobotd.daemon.core import Core
 from nanobotd.state import metrics
 
@@ -20,12 +20,9 @@ WORKSPACE_GAUGES = (
 )
 
 
-def routes(core: Core) -> list:
-    """The Prometheus endpoint."""
-    async def prometheus(request: Request) -> Response:
-        return Response(200, exposition(core), content_type=PROMETHEUS_TEXT)
-
-    return [("GET", "/metrics", prometheus)]
+async def prometheus(core: Core, request: Request) -> Response:
+    """Every figure, read afresh, in the Prometheus text format."""
+    return Response(200, exposition(core), content_type=PROMETHEUS_TEXT)
 
 
 def exposition(core: Core) -> str:
@@ -59,3 +56,6 @@ def exposition(core: Core) -> str:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Figures())
     return generate_latest(registry).decode("utf-8")
+
+
+ROUTES = [("GET", "/metrics", prometheus)]

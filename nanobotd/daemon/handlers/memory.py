@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nanobotd.api.router import ApiError, Request, Response
+from nanobotd.api.app import ApiError, Request, Response
 from nanobotd.daemon import runs, triggers
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.handlers.common import named_workspaces, one_workspace, session_workspace, started

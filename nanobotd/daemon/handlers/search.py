@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 from dataclasses import dataclass
 from datetime import date
 
-from nanobotd.api.router import ApiError, Request
+from nanobotd.api.app import ApiError, Request
 from nanobotd.daemon.core import Core
-from nanobotd.daemon.handlers.common import one_workspace, session_workspace
+from nanobotd.daemon.handlers.common import blocking, one_workspace, session_workspace
 from nanobotd.daemon.workspace import Workspace
 from nanobotd.index import agent_context
 from nanobotd.index.hit import SearchBackendError
-from nanobotd.memory import recall
+from nanobotd.memory import recall as recall_notes
 
 SEARCH_MODES = ("search", "vsearch", "query")
 MAX_SEARCH_LIMIT = 100
@@ -22,101 +21,86 @@ MAX_RECALL_CHARS = 1_000_000
 DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
-def routes(core: Core) -> list:
-    """The search, context and recall endpoints."""
-    handlers = SearchHandlers(core)
-    return [
-        ("GET", "/v1/search", handlers.search),
-        ("GET", "/v1/context", handlers.context),
-        ("GET", "/v1/recall", handlers.recall),
-    ]
+async def search(core: Core, request: Request) -> dict:
+    """Hits for `q` from the configured backend, saying which answered and why a mode fell back."""
+    query = request.query.get("q", "")
+    limit = request.query_int("limit", 10, minimum=1, maximum=MAX_SEARCH_LIMIT)
+    mode = request.query.get("mode") or "search"
+    if mode not in SEARCH_MODES:
+        raise ApiError(400, "bad_param", f"mode must be one of {', '.join(SEARCH_MODES)}")
+    workspace = one_workspace(core, request)
+    min_score = query_score(request, workspace.settings.search.min_score)
+    found = await run_search(core, workspace, query, limit, mode, min_score)
+    answer = {"query": query, "mode": mode, **found.summary(), "hits": [hit.to_json() for hit in found.hits]}
+    reasons = (answer.get("fallback"), mode_fallback(workspace, mode, found.backend, found.hits))
+    fallbacks = [text for text in reasons if text]
+    if fallbacks:
+        answer["fallback"] = "; ".join(fallbacks)
+    return answer
 
 
-class SearchHandlers:
-    """Search runs on the executor; QMD is asked first when configured, the builtin index is the fallback."""
+async def run_search(core: Core, workspace: Workspace, query: str, limit: int, mode: str = "search",
+                     min_score: float | None = None) -> Found:
+    """The configured backend's hits (QMD, builtin or both fused); when QMD fails or is too slow the
+    builtin index answers and the reply names it. Every hit is scored on one scale, so *min_score*
+    (default: search.min_score) means the same whichever backend answered."""
+    min_score = workspace.settings.search.min_score if min_score is None else min_score
+    degraded = None
+    if workspace.qmd is not None:
+        try:
+            found = await workspace.qmd.search(query, limit=limit, mode=mode)
+            hits = [hit for hit in await blocking(core, workspace.index.rescore, query, found)
+                    if hit.score >= min_score]
+            if workspace.settings.search.backend == "qmd":
+                return Found(hits, "qmd")
+            builtin = await _builtin(core, workspace, query, limit, min_score)
+            return Found(fuse(hits, builtin, limit), "both")
+        except SearchBackendError as exc:
+            degraded = f"{exc}; answered by the builtin index"
+    hits = await _builtin(core, workspace, query, limit, min_score)
+    return Found(hits, "builtin", degraded, "the builtin index answered instead of QMD" if degraded else None)
 
-    def __init__(self, core: Core):
-        self.core = core
 
-    async def search(self, request: Request) -> dict:
-        query = request.query.get("q", "")
-        limit = request.query_int("limit", 10, minimum=1, maximum=MAX_SEARCH_LIMIT)
-        mode = request.query.get("mode") or "search"
-        if mode not in SEARCH_MODES:
-            raise ApiError(400, "bad_param", f"mode must be one of {', '.join(SEARCH_MODES)}")
-        workspace = one_workspace(self.core, request)
-        min_score = query_score(request, workspace.settings.search.min_score)
-        found = await self.run_search(workspace, query, limit, mode, min_score)
-        answer = {"query": query, "mode": mode, **found.summary(), "hits": [hit.to_json() for hit in found.hits]}
-        reasons = (answer.get("fallback"), mode_fallback(workspace, mode, found.backend, found.hits))
-        fallbacks = [text for text in reasons if text]
-        if fallbacks:
-            answer["fallback"] = "; ".join(fallbacks)
-        return answer
+async def _builtin(core: Core, workspace: Workspace, query: str, limit: int, min_score: float):
+    return await blocking(core, lambda: workspace.index.search(query, limit=limit, min_score=min_score))
 
-    async def run_search(self, workspace: Workspace, query: str, limit: int, mode: str = "search",
-                         min_score: float | None = None) -> Found:
-        """The configured backend's hits (QMD, builtin or both fused); when QMD fails or is too slow the
-        builtin index answers and the reply names it. Every hit is scored on one scale, so *min_score*
-        (default: search.min_score) means the same whichever backend answered."""
-        min_score = workspace.settings.search.min_score if min_score is None else min_score
-        degraded = None
-        if workspace.qmd is not None:
-            try:
-                found = await workspace.qmd.search(query, limit=limit, mode=mode)
-                hits = [hit for hit in await self._executor(workspace.index.rescore, query, found)
-                        if hit.score >= min_score]
-                if workspace.settings.search.backend == "qmd":
-                    return Found(hits, "qmd")
-                builtin = await self._builtin(workspace, query, limit, min_score)
-                return Found(fuse(hits, builtin, limit), "both")
-            except SearchBackendError as exc:
-                degraded = f"{exc}; answered by the builtin index"
-        hits = await self._builtin(workspace, query, limit, min_score)
-        return Found(hits, "builtin", degraded, "the builtin index answered instead of QMD" if degraded else None)
 
-    async def _builtin(self, workspace: Workspace, query: str, limit: int, min_score: float):
-        return await self._executor(lambda: workspace.index.search(query, limit=limit, min_score=min_score))
 
-    async def _executor(self, function, *args):
-        return await asyncio.get_running_loop().run_in_executor(self.core.executor, function, *args)
+async def context(core: Core, request: Request) -> dict:
+    """The budgeted context; its search hits come from the same search as /v1/search (backend per config).
+    An unknown session is a 404, and a context that came out empty says why."""
+    session_key = request.query.get("session") or None
+    if session_key:
+        workspace = session_workspace(core, session_key, request.query.get("workspace"))
+    else:
+        workspace = one_workspace(core, request)
+    settings = workspace.settings.context
+    budget = request.query_int("budget_tokens", settings.budget_tokens, minimum=1, maximum=2_000_000)
+    query = request.query.get("query", "")
+    found = Found([], "none")
+    if query.strip():
+        found = await run_search(core, workspace, query, agent_context.SEARCH_FETCH)
+    answer = await blocking(core, lambda: agent_context.build_context(
+        workspace.settings.path, settings=settings, budget_tokens=budget, query=query,
+        search=lambda text, limit: found.hits[:limit], session_key=session_key))
+    if not str(answer.get("text") or "").strip():
+        answer["warning"] = empty_context_warning(answer, budget)
+    return {**answer, "search": found.summary()}
 
-    async def context(self, request: Request) -> dict:
-        """The budgeted context; its search hits come from the same search as /v1/search (backend per config).
-        An unknown session is a 404, and a context that came out empty says why."""
-        session_key = request.query.get("session") or None
-        if session_key:
-            workspace = session_workspace(self.core, session_key, request.query.get("workspace"))
-        else:
-            workspace = one_workspace(self.core, request)
-        settings = workspace.settings.context
-        budget = request.query_int("budget_tokens", settings.budget_tokens, minimum=1, maximum=2_000_000)
-        query = request.query.get("query", "")
-        found = Found([], "none")
-        if query.strip():
-            found = await self.run_search(workspace, query, agent_context.SEARCH_FETCH)
-        answer = await self._executor(lambda: agent_context.build_context(
-            workspace.settings.path, settings=settings, budget_tokens=budget, query=query,
-            search=lambda text, limit: found.hits[:limit], session_key=session_key))
-        if not str(answer.get("text") or "").strip():
-            answer["warning"] = empty_context_warning(answer, budget)
-        return {**answer, "search": found.summary()}
 
-    async def recall(self, request: Request) -> dict:
-        """The daily notes and history entries of the days from..to (to defaults to from), capped."""
-        first = query_date(request, "from")
-        last = query_date(request, "to", default=first)
-        if last < first:
-            raise ApiError(400, "bad_param", "'to' must not be before 'from'")
-        if (last - first).days >= MAX_RECALL_DAYS:
-            raise ApiError(400, "bad_param", f"ask for at most {MAX_RECALL_DAYS} days at a time")
-        max_chars = request.query_int("max_chars", recall.DEFAULT_MAX_CHARS, minimum=1000, maximum=MAX_RECALL_CHARS)
-        workspace = one_workspace(self.core, request)
-        memory_dir = workspace.env.memory_dir
-        loop = asyncio.get_running_loop()
-        answer = await loop.run_in_executor(self.core.executor,
-                                            lambda: recall.collect(memory_dir, first, last, max_chars))
-        return {"workspace": workspace.name, **answer}
+async def recall(core: Core, request: Request) -> dict:
+    """The daily notes and history entries of the days from..to (to defaults to from), capped."""
+    first = query_date(request, "from")
+    last = query_date(request, "to", default=first)
+    if last < first:
+        raise ApiError(400, "bad_param", "'to' must not be before 'from'")
+    if (last - first).days >= MAX_RECALL_DAYS:
+        raise ApiError(400, "bad_param", f"ask for at most {MAX_RECALL_DAYS} days at a time")
+    max_chars = request.query_int("max_chars", recall_notes.DEFAULT_MAX_CHARS, minimum=1000, maximum=MAX_RECALL_CHARS)
+    workspace = one_workspace(core, request)
+    memory_dir = workspace.env.memory_dir
+    answer = await blocking(core, lambda: recall_notes.collect(memory_dir, first, last, max_chars))
+    return {"workspace": workspace.name, **answer}
 
 
 def mode_fallback(workspace: Workspace, mode: str, backend: str, hits: list) -> str | None:
@@ -199,3 +183,10 @@ def fuse(first: list, second: list, limit: int) -> list:
             keep.setdefault(key, hit)
     ordered = sorted(scores, key=scores.get, reverse=True)
     return [keep[key] for key in ordered[:limit]]
+
+
+ROUTES = [  # Search runs on the executor; QMD is asked first when configured, the builtin index is the fallback.
+    ("GET", "/v1/search", search),
+    ("GET", "/v1/context", context),
+    ("GET", "/v1/recall", recall),
+]

@@ -5,26 +5,23 @@ from __future__ import annotations
 import os
 
 from nanobotd import __version__
-from nanobotd.api.router import Request
+from nanobotd.api.app import Request
 from nanobotd.daemon import runs
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.handlers.common import named_workspaces
 from nanobotd.daemon.workspace import Workspace
 
 
-def routes(core: Core) -> list:
-    """The status endpoint."""
-    async def status(request: Request) -> dict:
-        queue = core.queue
-        return {
-            "version": __version__, "pid": os.getpid(), "uptime_seconds": round(core.uptime, 1),
-            "socket": str(core.config.socket_path), "state_dir": str(core.config.state_dir),
-            "jobs_running": queue.running_kinds() if queue else [],
-            "restart_needed": [f"daemon.{key}" for key in core.restart_needed],
-            "workspaces": [workspace_status(core, workspace) for workspace in named_workspaces(core, request)],
-        }
-
-    return [("GET", "/v1/status", status)]
+async def status(core: Core, request: Request) -> dict:
+    """The daemon (version, pid, uptime, paths, jobs running) and each workspace named (else all)."""
+    queue = core.queue
+    return {
+        "version": __version__, "pid": os.getpid(), "uptime_seconds": round(core.uptime, 1),
+        "socket": str(core.config.socket_path), "state_dir": str(core.config.state_dir),
+        "jobs_running": queue.running_kinds() if queue else [],
+        "restart_needed": [f"daemon.{key}" for key in core.restart_needed],
+        "workspaces": [workspace_status(core, workspace) for workspace in named_workspaces(core, request)],
+    }
 
 
 def workspace_status(core: Core, workspace: Workspace) -> dict:
@@ -40,3 +37,6 @@ def workspace_status(core: Core, workspace: Workspace) -> dict:
     }
     data["jobs"] = runs.next_runs(core, workspace) if core.queue else {}
     return data
+
+
+ROUTES = [("GET", "/v1/status", status)]

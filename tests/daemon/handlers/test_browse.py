@@ -12,12 +12,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from nanobotd.api.router import Router
 from nanobotd.api.server import ControlServer
 from nanobotd.cli.client import Client, DaemonError
 from nanobotd.config.schema import ContextSettings
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.handlers import browse
+from nanobotd.daemon.handlers.common import bind
 from nanobotd.state import metrics
 from nanobotd.state.store import StateStore
 from tests.cli.fakedaemon import ServerThread
@@ -71,10 +71,7 @@ def client(workspace_dir: Path, store: StateStore, socket_path: Path):
     with ThreadPoolExecutor(1) as executor:
         core = Core(config=config, store=store, executor=executor, scheduler=None, workspaces={"ws": workspace},
                     clock=NOW.timestamp)
-        router = Router()
-        for method, pattern, handler in browse.routes(core):
-            router.add(method, pattern, handler)
-        with ServerThread(ControlServer(socket_path, router)):
+        with ServerThread(ControlServer(socket_path, bind(core, browse.ROUTES))):
             yield Client(socket_path, timeout=10)
 
 

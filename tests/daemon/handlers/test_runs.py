@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from nanobotd.api.router import Router
 from nanobotd.api.server import ControlServer
 from nanobotd.cli import waiting
 from nanobotd.cli.client import Client, DaemonError
 from nanobotd.cli.invocation import Invocation
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.handlers import sessions
+from nanobotd.daemon.handlers.common import bind
 from nanobotd.daemon.jobqueue import JobQueue
 from nanobotd.state.store import StateStore
 from tests.cli.fakedaemon import ServerThread
@@ -36,10 +36,7 @@ def daemon(tmp_path: Path):
     try:
         with ThreadPoolExecutor(1) as executor:
             core = Core(config=None, store=store, executor=executor, scheduler=None)
-            router = Router()
-            for method, pattern, handler in sessions.routes(core):
-                router.add(method, pattern, handler)
-            with ServerThread(ControlServer(socket_path, router)) as server:
+            with ServerThread(ControlServer(socket_path, bind(core, sessions.ROUTES))) as server:
                 core.queue = asyncio.run_coroutine_threadsafe(_make_queue(store), server.loop).result(10)
                 yield socket_path, server, core.queue, store
     finally:
@@ -91,26 +88,29 @@ def test_a_wait_out_of_range_is_refused(daemon, value: str) -> None:
     assert refused.value.status == 400 and "wait_ms" in refused.value.message
 
 
-def test_a_waiting_nanobotctl_hears_of_the_end_as_it_happens(daemon, monkeypatch) -> None:
-    """nanobotctl asks with wait_ms: with answers held back a second, the run's end still reaches it within a
-    fraction of that (asking every second without the wait would hear of it up to a second late)."""
+def test_a_run_waited_for_is_answered_as_it_ends_and_nanobotctl_hears_of_it(daemon) -> None:
+    """GET /v1/runs/{id}?wait_ms= holds its answer until the run ends (not for the whole wait), and nanobotctl's
+    wait, which asks that way, hears of the end as it happens."""
     socket_path, server, queue, store = daemon
-    monkeypatch.setattr(waiting, "POLL_SECONDS", 1.0)
-    release = threading.Event()
-    run_id = start_run(server, queue, store, release)
-    ended_at: list[float] = []
+    for ask in ("api", "nanobotctl"):
+        release = threading.Event()
+        run_id = start_run(server, queue, store, release)
+        ended_at: list[float] = []
 
-    def end() -> None:
-        release.set()
-        ended_at.append(time.monotonic())
+        def end(release=release, ended_at=ended_at) -> None:
+            release.set()
+            ended_at.append(time.monotonic())
 
-    threading.Timer(0.3, end).start()
-    invocation = Invocation(Client(socket_path, timeout=30), argparse.Namespace(json=False), io.StringIO(),
-                            io.StringIO())
-    finished = waiting.wait_for_runs(invocation, [run_id])
-    heard = time.monotonic()
-    assert finished[0]["state"] == "finished"
-    assert heard - ended_at[0] < 0.5
+        threading.Timer(0.3, end).start()
+        if ask == "api":
+            state = Client(socket_path, timeout=30).get(f"/v1/runs/{run_id}", {"wait_ms": 8000})["run"]["state"]
+        else:
+            invocation = Invocation(Client(socket_path, timeout=30), argparse.Namespace(json=False), io.StringIO(),
+                                    io.StringIO())
+            state = waiting.wait_for_runs(invocation, [run_id])[0]["state"]
+        heard = time.monotonic()
+        assert state == "finished"
+        assert heard - ended_at[0] < 1.0
 
 
 def test_other_requests_are_answered_while_one_waits(daemon) -> None:

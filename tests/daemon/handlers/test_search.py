@@ -11,11 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from nanobotd.api.router import Router
 from nanobotd.api.server import ControlServer
 from nanobotd.cli.client import Client, DaemonError
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.handlers import search
+from nanobotd.daemon.handlers.common import bind
 from tests.cli.fakedaemon import ServerThread
 
 
@@ -44,10 +44,7 @@ def client(memory: Path, socket_path: Path):
     workspace = SimpleNamespace(name="ws", env=SimpleNamespace(memory_dir=memory))
     with ThreadPoolExecutor(1) as executor:
         core = Core(config=None, store=None, executor=executor, scheduler=None, workspaces={"ws": workspace})
-        router = Router()
-        for method, pattern, handler in search.routes(core):
-            router.add(method, pattern, handler)
-        with ServerThread(ControlServer(socket_path, router)):
+        with ServerThread(ControlServer(socket_path, bind(core, search.ROUTES))):
             yield Client(socket_path, timeout=10)
 
 
@@ -111,10 +108,7 @@ def searchable(tmp_path: Path, socket_path: Path):
         path=root, search=SearchSettings(backend="qmd"), context=ContextSettings()))
     with ThreadPoolExecutor(1) as executor:
         core = Core(config=None, store=None, executor=executor, scheduler=None, workspaces={"ws": workspace})
-        router = Router()
-        for method, pattern, handler in search.routes(core):
-            router.add(method, pattern, handler)
-        with ServerThread(ControlServer(socket_path, router)):
+        with ServerThread(ControlServer(socket_path, bind(core, search.ROUTES))):
             yield Client(socket_path, timeout=10), workspace
     index.close()
 
