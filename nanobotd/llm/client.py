@@ -10,8 +10,11 @@ What a reply holds lives in `llm.reply`; how a call fails and when to retry, in 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
+import weakref
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from loguru import logger
@@ -22,16 +25,14 @@ from nanobotd.llm.failures import (
     Failure,
     LLMBadResponse,
     LLMUnavailable,
+    error_name,
     final_error,
     may_retry,
     redact,
     retry_delay,
 )
-from nanobotd.llm.pool import WorkerHold
 from nanobotd.llm.process import LLMWorker, WorkerFailure
-from nanobotd.llm.protocol import error_name
 from nanobotd.llm.reply import LLMReply, parse_reply
-from nanobotd.llm.slots import LLMSlots
 
 OFFLINE_MODELS = frozenset({"", "none"})
 PLACEHOLDER_API_KEY = "sk-none"
@@ -39,9 +40,18 @@ ERROR_TEXT_LIMIT = 300
 WORKER_CLOSE_SECONDS = 5.0
 
 
+@dataclass(frozen=True)
+class LLMSlots:
+    """At most *count* LLM requests on their way at once, for every client given the same slots (the job
+    queue's, daemon-wide); the worker child keeps an asyncio.Semaphore for each *key* (`llm.worker`)."""
+
+    count: int
+    key: str = field(default_factory=lambda: secrets.token_hex(8))
+
+
 class LLMClient:
     """Sends chat completions through litellm in the worker; bounded concurrency, per-attempt timeout, our
-    retries. *worker* names the worker to use; without it the client holds the process's shared one."""
+    retries. *worker* is the daemon's, shared by its workspaces; without one the client starts its own."""
 
     def __init__(
         self,
@@ -54,11 +64,12 @@ class LLMClient:
         self.settings = settings
         self._api_key = api_key
         self._sleep = sleep
-        self._slots = LLMSlots(settings.concurrency)
-        # No process starts here: the first call starts the worker. Without one given, the client holds the
-        # process's shared worker (`llm.pool`), which embeddings use too, even offline.
-        self._hold = None if worker is not None else WorkerHold(self, settings.idle_exit_seconds)
-        self.worker = worker if worker is not None else self._hold.worker
+        self._slots = LLMSlots(max(1, settings.concurrency))
+        # No process starts here: the first call starts the worker's child.
+        self._own_worker = worker is None
+        self.worker = worker or LLMWorker(idle_exit_seconds=settings.idle_exit_seconds)
+        if self._own_worker:  # a client dropped without aclose() lets its worker's child go too
+            weakref.finalize(self, self.worker.close)
         # The last call's outcome, for status: a model configured says nothing of whether calls get through.
         self.last_call: dict[str, Any] | None = None
 
@@ -117,15 +128,15 @@ class LLMClient:
             await self._sleep(delay)
 
     async def _attempt(self, request: dict, attempt_timeout: float, attempt: int) -> LLMReply:
-        """One attempt in the worker (which sends it once more to a new worker if the first dies under it),
-        holding a slot while its request is on its way (the worker prepares it before)."""
-        answer = await self.worker.call(request, attempt_timeout, slots=self._slots)
-        return parse_reply(answer.response, latency_ms=answer.latency_ms, attempts=attempt)
+        """One attempt in the worker (sent once more to a new child if the first dies under it), holding a slot
+        while its request is on its way."""
+        answer = await self.worker.call(request, attempt_timeout, slots=(self._slots.key, self._slots.count))
+        return parse_reply(answer["response"], latency_ms=float(answer.get("latency_ms") or 0.0), attempts=attempt)
 
     async def aclose(self) -> None:
-        """Let go of the shared worker (its last holder closes it); a worker given belongs to whoever made it."""
-        if self._hold is not None:
-            await asyncio.to_thread(self._hold.release, WORKER_CLOSE_SECONDS)
+        """Close the client's own worker; a worker given belongs to whoever made it."""
+        if self._own_worker:
+            await asyncio.to_thread(self.worker.close, WORKER_CLOSE_SECONDS)
 
     def _request(
         self, messages: list[dict], tools: list[dict] | None, max_tokens: int | None, temperature: float, timeout: float

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import weakref
 from collections.abc import Coroutine
 from typing import Any
 
 from nanobotd.config.schema import LLMSettings
 from nanobotd.llm.client import PLACEHOLDER_API_KEY
-from nanobotd.llm.failures import redact
-from nanobotd.llm.pool import WorkerHold
-from nanobotd.llm.process import LLMWorker, WorkerAnswer, WorkerFailure
-from nanobotd.llm.protocol import OP_EMBED, error_name
+from nanobotd.llm.failures import error_name, redact
+from nanobotd.llm.process import LLMWorker, WorkerFailure
 
 OFF = frozenset({"", "none"})
 ERROR_TEXT_LIMIT = 300
@@ -38,9 +37,10 @@ class Embedder:
         self._api_key = api_key
         self._dimensions = dimensions
         self._timeout = timeout_seconds
-        # Without a worker given, the process's shared one (`llm.pool`; no process until the first call).
-        self._hold = None if worker is not None else WorkerHold(self, llm.idle_exit_seconds)
-        self._worker = worker if worker is not None else self._hold.worker
+        # The workspace's LLM worker; without one given, its own (no process until the first call).
+        self._worker = worker or LLMWorker(idle_exit_seconds=llm.idle_exit_seconds)
+        if worker is None:  # an embedder dropped lets its own worker's child go
+            weakref.finalize(self, self._worker.close)
 
     @property
     def enabled(self) -> bool:
@@ -63,8 +63,8 @@ class Embedder:
             # litellm refuses the parameter for models it does not know to take it; then it is dropped.
             request.update(dimensions=self._dimensions, drop_params=True)
         try:
-            answer = run_blocking(self._worker.call(request, self._timeout, op=OP_EMBED))
-            data = sorted(_field(answer.response, "data"), key=lambda item: _field(item, "index"))
+            answer = run_blocking(self._worker.call(request, self._timeout, op="embed"))
+            data = sorted(_field(answer["response"], "data"), key=lambda item: _field(item, "index"))
             vectors = [[float(value) for value in _field(item, "embedding")] for item in data]
         except WorkerFailure as exc:  # the worker names the library's error; the caller only needs "why"
             raise EmbeddingError(self._describe(exc.failure.error)) from exc
@@ -80,7 +80,7 @@ class Embedder:
         return redact(message, self._api_key)[:ERROR_TEXT_LIMIT]
 
 
-def run_blocking(call: Coroutine[Any, Any, WorkerAnswer]) -> WorkerAnswer:
+def run_blocking(call: Coroutine[Any, Any, dict]) -> dict:
     """Wait for *call* from synchronous code: on this thread's own loop, or on a helper thread when this
     thread already runs one (the worker answers any loop, so either way the answer arrives)."""
     try:

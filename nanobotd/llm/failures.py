@@ -19,6 +19,7 @@ RETRY_AFTER_CAP_SECONDS = 30.0
 BAD_RESPONSE_RETRIES = 1
 RETRYABLE_STATUSES = frozenset({408, 429})
 REDACTED = "[redacted]"
+MESSAGE_TEXT_LIMIT = 4000
 BEARER_PATTERN = re.compile(r"(?i)(bearer\s+)\S+")
 
 TIMEOUT = "timeout"
@@ -170,3 +171,30 @@ def redact(text: str, secret: str | None) -> str:
     if secret:
         text = text.replace(secret, REDACTED)
     return BEARER_PATTERN.sub(lambda match: match.group(1) + REDACTED, text)
+
+
+class RemoteError(Exception):
+    """An exception raised in the worker child, as the daemon sees it: its message and its class name."""
+
+    def __init__(self, message: str, type_name: str):
+        super().__init__(message)
+        self.type_name = type_name
+
+
+def error_name(error: BaseException) -> str:
+    """The class name of *error*, or of the worker's exception a RemoteError stands for."""
+    return getattr(error, "type_name", None) or type(error).__name__
+
+
+def failure_to_json(failure: Failure) -> dict[str, Any]:
+    """What the daemon needs of a failed attempt: its class for the retry policy and text for the logs."""
+    return {"kind": failure.kind, "status_code": failure.status_code, "retry_after": failure.retry_after,
+            "type": error_name(failure.error), "message": str(failure.error)[:MESSAGE_TEXT_LIMIT]}
+
+
+def failure_from_json(data: dict) -> Failure:
+    """The Failure a worker reported, its exception stood in for by a RemoteError."""
+    error = RemoteError(str(data.get("message") or ""), str(data.get("type") or "Exception"))
+    status_code, retry_after = data.get("status_code"), data.get("retry_after")
+    return Failure(str(data.get("kind") or "error"), error, status_code if isinstance(status_code, int) else None,
+                   float(retry_after) if isinstance(retry_after, (int, float)) else None)
