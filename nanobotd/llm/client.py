@@ -1,15 +1,14 @@
 """The LLM adapter: one async `complete` call over litellm, with our own timeout and retry policy.
 
-Callers only ever see `LLMError` subclasses (and `asyncio.CancelledError`), so a job can fall back
-(raw archive, no cursor advance) without knowing litellm. litellm costs seconds and ~190 MB to import
-and keeps that memory, so it never enters this process: calls run in a worker process started on the
-first online call and let go after `llm.idle_exit_seconds` without one (`llm.process`, `llm.worker`).
-What a reply holds lives in `llm.reply`; how a call fails and when to retry, in `llm.failures`.
+Callers only ever see `LLMError` subclasses (and `asyncio.CancelledError`), so a job can fall back (raw
+archive, no cursor advance) without knowing litellm, which never enters this process: calls run in the
+worker child (`llm.process`). What a reply holds lives in `llm.reply`; how a call fails, in `llm.failures`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import secrets
 import time
 import weakref
@@ -22,14 +21,14 @@ from loguru import logger
 from nanobotd.config.schema import LLMSettings
 from nanobotd.llm.failures import (
     BAD_RESPONSE,
+    REJECTED,
+    WORKER,
     Failure,
     LLMBadResponse,
+    LLMError,
     LLMUnavailable,
     error_name,
-    final_error,
-    may_retry,
     redact,
-    retry_delay,
 )
 from nanobotd.llm.process import LLMWorker, WorkerFailure
 from nanobotd.llm.reply import LLMReply, parse_reply
@@ -38,6 +37,10 @@ OFFLINE_MODELS = frozenset({"", "none"})
 PLACEHOLDER_API_KEY = "sk-none"
 ERROR_TEXT_LIMIT = 300
 WORKER_CLOSE_SECONDS = 5.0
+BACKOFF_BASE_SECONDS = 0.5
+BACKOFF_CAP_SECONDS = 8.0
+RETRY_AFTER_CAP_SECONDS = 30.0
+BAD_RESPONSE_RETRIES = 1  # a garbled body may be a proxy hiccup worth one more try; a second, the server's fault
 
 
 @dataclass(frozen=True)
@@ -49,24 +52,37 @@ class LLMSlots:
     key: str = field(default_factory=lambda: secrets.token_hex(8))
 
 
+def api_fields(settings: LLMSettings, api_key: str | None) -> dict[str, str]:
+    """The endpoint and key a request carries; a server of the user's own (api_base) gets a placeholder key."""
+    fields = {"api_base": settings.api_base} if settings.api_base else {}
+    api_key = api_key or (PLACEHOLDER_API_KEY if settings.api_base else None)
+    return {**fields, "api_key": api_key} if api_key else fields
+
+
+def describe(error: BaseException, api_key: str | None) -> str:
+    """The error's first line, short, with the API key and any bearer token blanked out."""
+    lines = str(error).strip().splitlines()
+    return redact(lines[0] if lines else error_name(error), api_key)[:ERROR_TEXT_LIMIT]
+
+
+def retry_delay(attempt: int, retry_after: float | None = None) -> float:
+    """Exponential backoff with jitter (about 0.5 s, 1 s, 2 s ... up to 8 s); a Retry-After wins if longer."""
+    ceiling = min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2 ** (attempt - 1))
+    delay = ceiling / 2 + random.uniform(0, ceiling / 2)
+    return max(delay, min(retry_after, RETRY_AFTER_CAP_SECONDS)) if retry_after is not None else delay
+
+
 class LLMClient:
     """Sends chat completions through litellm in the worker; bounded concurrency, per-attempt timeout, our
     retries. *worker* is the daemon's, shared by its workspaces; without one the client starts its own."""
 
-    def __init__(
-        self,
-        settings: LLMSettings,
-        api_key: str | None = None,
-        *,
-        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
-        worker: LLMWorker | None = None,
-    ):
+    def __init__(self, settings: LLMSettings, api_key: str | None = None, *,
+                 sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep, worker: LLMWorker | None = None):
         self.settings = settings
         self._api_key = api_key
         self._sleep = sleep
         self._slots = LLMSlots(max(1, settings.concurrency))
-        # No process starts here: the first call starts the worker's child.
-        self._own_worker = worker is None
+        self._own_worker = worker is None  # no process starts here: the first call starts the child
         self.worker = worker or LLMWorker(idle_exit_seconds=settings.idle_exit_seconds)
         if self._own_worker:  # a client dropped without aclose() lets its worker's child go too
             weakref.finalize(self, self.worker.close)
@@ -83,26 +99,34 @@ class LLMClient:
         """"offline" or "online", for status."""
         return "offline" if self.offline else "online"
 
-    async def complete(
-        self,
-        messages: list[dict],
-        *,
-        tools: list[dict] | None = None,
-        max_tokens: int | None = None,
-        temperature: float = 0.0,
-        timeout: float | None = None,
-    ) -> LLMReply:
-        """One completion, retried on timeouts, connection errors, 429 and 5xx; see `retry_delay`."""
+    def share_slots(self, slots: LLMSlots) -> None:
+        """Take each request's slot from *slots*, shared with other clients (the daemon's job queue); until
+        then the client has llm.concurrency slots of its own."""
+        self._slots = slots
+
+    async def aclose(self) -> None:
+        """Close the client's own worker; a worker given belongs to whoever made it."""
+        if self._own_worker:
+            await asyncio.to_thread(self.worker.close, WORKER_CLOSE_SECONDS)
+
+    async def complete(self, messages: list[dict], *, tools: list[dict] | None = None, max_tokens: int | None = None,
+                       temperature: float = 0.0, timeout: float | None = None) -> LLMReply:
+        """One completion, retried on timeouts, connection errors, 429 and 5xx (and once on a bad body);
+        never on a rejected request, nor on a call its worker child died under twice."""
         if self.offline:
             raise LLMUnavailable("offline mode", kind="offline")
-        attempt_timeout = float(timeout if timeout is not None else self.settings.timeout_seconds)
-        request = self._request(messages, tools, max_tokens, temperature, attempt_timeout)
+        timeout = float(timeout if timeout is not None else self.settings.timeout_seconds)
+        # The OpenAI SDK under litellm retries 5xx twice by default; retries are ours alone.
+        request = {"model": self.settings.model, "messages": list(messages), "timeout": timeout, "max_retries": 0,
+                   "max_tokens": max_tokens if max_tokens is not None else self.settings.max_tokens,
+                   "temperature": temperature, **({"tools": tools} if tools else {}),
+                   **api_fields(self.settings, self._api_key)}
         bad_responses = 0
-        attempt = 0
-        while True:
-            attempt += 1
+        for attempt in range(1, self.settings.max_retries + 2):
             try:
-                reply = await self._attempt(request, attempt_timeout, attempt)
+                answer = await self.worker.call(request, timeout, slots=(self._slots.key, self._slots.count))
+                reply = parse_reply(answer["response"], latency_ms=float(answer.get("latency_ms") or 0.0),
+                                    attempts=attempt)
             except LLMBadResponse as error:
                 failure = Failure(BAD_RESPONSE, error)
             except WorkerFailure as error:  # CancelledError is a BaseException and passes through
@@ -111,61 +135,23 @@ class LLMClient:
                 self.last_call = {"ok": True, "at": time.time(), "error": None}
                 return reply
             bad_responses += failure.kind == BAD_RESPONSE
-            if not may_retry(failure, attempt, self.settings.max_retries, bad_responses):
-                error = final_error(failure, attempt, self._describe(failure.error))
-                self.last_call = {"ok": False, "at": time.time(), "error": str(error)[:ERROR_TEXT_LIMIT]}
-                raise error from failure.error
+            if (attempt > self.settings.max_retries or failure.kind in (REJECTED, WORKER)
+                    or bad_responses > BAD_RESPONSE_RETRIES):
+                break
             delay = retry_delay(attempt, failure.retry_after)
-            logger.warning(
-                "LLM call failed ({} {}: {}); attempt {} of {}, retrying in {:.1f}s",
-                failure.label,
-                error_name(failure.error),
-                self._describe(failure.error),
-                attempt,
-                self.settings.max_retries + 1,
-                delay,
-            )
+            logger.warning("LLM call failed ({} {}: {}); attempt {} of {}, retrying in {:.1f}s", failure.label,
+                           error_name(failure.error), describe(failure.error, self._api_key), attempt,
+                           self.settings.max_retries + 1, delay)
             await self._sleep(delay)
+        error = self._final_error(failure, attempt)
+        self.last_call = {"ok": False, "at": time.time(), "error": str(error)[:ERROR_TEXT_LIMIT]}
+        raise error from failure.error
 
-    async def _attempt(self, request: dict, attempt_timeout: float, attempt: int) -> LLMReply:
-        """One attempt in the worker (sent once more to a new child if the first dies under it), holding a slot
-        while its request is on its way."""
-        answer = await self.worker.call(request, attempt_timeout, slots=(self._slots.key, self._slots.count))
-        return parse_reply(answer["response"], latency_ms=float(answer.get("latency_ms") or 0.0), attempts=attempt)
-
-    async def aclose(self) -> None:
-        """Close the client's own worker; a worker given belongs to whoever made it."""
-        if self._own_worker:
-            await asyncio.to_thread(self.worker.close, WORKER_CLOSE_SECONDS)
-
-    def _request(
-        self, messages: list[dict], tools: list[dict] | None, max_tokens: int | None, temperature: float, timeout: float
-    ) -> dict:
-        request: dict[str, Any] = {
-            "model": self.settings.model,
-            "messages": list(messages),
-            "timeout": timeout,
-            "max_tokens": max_tokens if max_tokens is not None else self.settings.max_tokens,
-            "temperature": temperature,
-            # The OpenAI SDK under litellm retries 5xx twice by default; retries are ours alone.
-            "max_retries": 0,
-        }
-        if tools:
-            request["tools"] = tools
-        if self.settings.api_base:
-            request["api_base"] = self.settings.api_base
-        api_key = self._api_key or (PLACEHOLDER_API_KEY if self.settings.api_base else None)
-        if api_key:
-            request["api_key"] = api_key
-        return request
-
-    def _describe(self, error: Exception) -> str:
-        """The error's first line, short, with the API key and any bearer token blanked out."""
-        lines = str(error).strip().splitlines()
-        text = lines[0] if lines else error_name(error)
-        return redact(text, self._api_key)[:ERROR_TEXT_LIMIT]
-
-    def share_slots(self, slots: LLMSlots) -> None:
-        """Take each request's slot from *slots*, shared with other clients (the daemon's job queue); until
-        then the client has llm.concurrency slots of its own."""
-        self._slots = slots
+    def _final_error(self, failure: Failure, attempts: int) -> LLMError:
+        """LLMBadResponse or LLMUnavailable once retries are spent, its text redacted."""
+        detail = describe(failure.error, self._api_key)
+        if failure.kind == BAD_RESPONSE:
+            return LLMBadResponse(f"bad LLM response: {detail}", kind=BAD_RESPONSE, attempts=attempts)
+        status = f" (HTTP {failure.status_code})" if failure.status_code else ""
+        return LLMUnavailable(f"LLM {failure.kind}{status} after {attempts} attempt(s): {detail}", kind=failure.kind,
+                              status_code=failure.status_code, attempts=attempts)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from loguru import logger
 
-from nanobotd.llm.failures import TIMEOUT, WORKER, Failure, failure_from_json, redact
+from nanobotd.llm.failures import TIMEOUT, WORKER, Failure, redact
 
 IDLE_EXIT_SECONDS = 300.0
 START_TIMEOUT_SECONDS = 60.0  # importing litellm takes seconds on an idle machine, far longer under load
@@ -116,7 +116,7 @@ class LLMWorker:
             if failure.failure.kind != WORKER:
                 raise
             logger.warning("{}; sending the call again to a new one", failure)
-            return await self._call_once(message, timeout)
+        return await self._call_once(message, timeout)
 
     async def _call_once(self, message: dict, timeout: float) -> dict:
         child = self._current()
@@ -146,11 +146,6 @@ class LLMWorker:
                 self.starts += 1
             return self._child
 
-    def _forget(self, child: WorkerChild) -> None:
-        with self._lock:
-            if self._child is child:
-                self._child = None
-
 
 class WorkerChild:
     """One child process and the three threads that write its stdin and read its stdout and stderr."""
@@ -165,7 +160,7 @@ class WorkerChild:
         self.dead: str | None = None
         self.exited = threading.Event()
         self._lock = threading.Lock()
-        self._waiting: dict[int | None, Mailbox] = {}  # by call id; None: a caller waiting for "ready"
+        self._waiting: dict[int, Mailbox] = {}  # by call id
         self._ready_boxes: list[Mailbox] = []
         self._sending: set[int] = set()  # calls holding a slot
         self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
@@ -222,7 +217,7 @@ class WorkerChild:
                 self._waiting.pop(call_id, None)
                 self._sending.discard(call_id)
         if "failure" in answer:
-            raise WorkerFailure(failure_from_json(answer["failure"]))
+            raise WorkerFailure(Failure.from_json(answer["failure"]))
         return answer
 
     def retire(self) -> None:
@@ -286,10 +281,9 @@ class WorkerChild:
         """What the child prints (a traceback, a library's warning) goes to the daemon's log, line by line."""
         for raw in self.process.stderr:
             line = raw.decode("utf-8", "replace").rstrip()
-            for secret in [None, *self.owner.secrets]:
-                line = redact(line, secret)
             if line:
-                logger.warning("LLM worker {}: {}", self.process.pid, line[:STDERR_LINE_LIMIT])
+                line = redact(line, *self.owner.secrets)[:STDERR_LINE_LIMIT]
+                logger.warning("LLM worker {}: {}", self.process.pid, line)
 
     def _exit(self) -> None:
         """stdout closed: reap the process, log why it went and fail whatever still waits on it."""
@@ -315,4 +309,6 @@ class WorkerChild:
         for box in boxes:
             box.put(crashed(reason))
         self.exited.set()
-        self.owner._forget(self)
+        with self.owner._lock:
+            if self.owner._child is self:
+                self.owner._child = None

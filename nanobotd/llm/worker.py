@@ -24,8 +24,7 @@ import threading
 import time
 from typing import Any, BinaryIO, NoReturn
 
-from nanobotd.llm.failures import BAD_RESPONSE, Failure, LLMBadResponse, classify_failure, failure_to_json, redact
-from nanobotd.llm.reply import response_dict
+from nanobotd.llm.failures import BAD_RESPONSE, Failure, LLMBadResponse, classify_failure, redact
 
 REQUEST_LINE_BYTES = 256 * 1024 * 1024  # one request line: a whole prompt, so no small stream limit
 
@@ -150,9 +149,7 @@ class Channel(logging.Handler):
             text = record.getMessage()
         except Exception:  # a library's bad format string must not kill a call
             text = str(record.msg)
-        for secret in [None, *self.secrets]:
-            text = redact(text, secret)
-        self.send({"log": {"level": record.levelname, "name": record.name, "message": text}})
+        self.send({"log": {"level": record.levelname, "name": record.name, "message": redact(text, *self.secrets)}})
 
 
 class Worker:
@@ -229,12 +226,15 @@ class Worker:
                     self.channel.send({"id": call_id, "sending": True})
             started = time.perf_counter()
             # litellm's own timeout is not always honoured by a server that accepts and then stalls.
-            data = response_dict(await asyncio.wait_for(call, timeout))
+            response = await asyncio.wait_for(call, timeout)
+            if not hasattr(response, "model_dump"):
+                raise LLMBadResponse(f"unexpected response type {type(response).__name__}", kind=BAD_RESPONSE)
+            data = response.model_dump()
             answer = {"id": call_id, "response": data, "latency_ms": (time.perf_counter() - started) * 1000}
         except LLMBadResponse as error:
-            answer = {"id": call_id, "failure": failure_to_json(Failure(BAD_RESPONSE, error))}
+            answer = {"id": call_id, "failure": Failure(BAD_RESPONSE, error).to_json()}
         except Exception as error:  # CancelledError is a BaseException: a cancelled call sends nothing
-            answer = {"id": call_id, "failure": failure_to_json(classify_failure(error))}
+            answer = {"id": call_id, "failure": classify_failure(error).to_json()}
         finally:
             if call is not None:
                 call.cancel()
