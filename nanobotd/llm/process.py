@@ -3,15 +3,14 @@
 litellm costs ~190 MB and never gives it back, so it lives only in the child: started by the first call,
 serving calls concurrently, gone after `idle_exit_seconds` without one (the child keeps that time itself).
 A call whose child dies under it is sent once more, to a new child; a child that does not answer within a
-call's timeout is killed and the call fails as a timeout. What the child writes to stderr, and its library
-log records, reach the daemon's log. One JSON object a line, each way:
+call's timeout is killed and the call fails as a timeout. What the child writes to stderr (its library
+log records too) reaches the daemon's log. One JSON object a line, each way:
 
     child -> daemon  {"ready": PID}                                 litellm is imported, calls may come
     daemon -> child  {"op": "complete" | "embed", "id": N, "request": {...}, "timeout": S, "slots": [KEY, COUNT]}
     daemon -> child  {"op": "cancel", "id": N}                      the caller gave up; drop the call
-    child -> daemon  {"id": N, "sending": true}                     the call holds its slot: its timeout runs
+    child -> daemon  {"id": N, "sending": true}                     its timeout runs (it holds its slot)
     child -> daemon  {"id": N, "response": {...}, "latency_ms": MS}  or  {"id": N, "failure": {...}}
-    child -> daemon  {"log": {"level": ..., "name": ..., "message": ...}}
 
 Threads, not an event loop, read and write the pipes, so one worker serves callers on any loop (the
 daemon's, and the executor threads that embed) and a stalled child never blocks one.
@@ -62,24 +61,18 @@ def worker_command(idle_exit_seconds: float) -> list[str]:
     return [sys.executable, "-c", bootstrap, f"{idle_exit_seconds:g}"]
 
 
-class Mailbox:
+class Mailbox(asyncio.Queue):
     """What the pipe threads deliver to one waiting caller, on the caller's own loop."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.loop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue = asyncio.Queue()
 
-    def put(self, item: object) -> None:
+    def deliver(self, item: object) -> None:
         try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+            self.loop.call_soon_threadsafe(self.put_nowait, item)
         except RuntimeError:  # the caller's loop has closed: nobody waits any more
             pass
-
-    async def get(self, timeout: float) -> dict:
-        item = await asyncio.wait_for(self.queue.get(), timeout)
-        if isinstance(item, BaseException):
-            raise item
-        return item
 
 
 class LLMWorker:
@@ -119,13 +112,13 @@ class LLMWorker:
         return await self._call_once(message, timeout)
 
     async def _call_once(self, message: dict, timeout: float) -> dict:
-        child = self._current()
-        await child.wait_ready(self.start_timeout)
-        return await child.call({**message, "id": next(self._ids)}, timeout)
+        return await self._current().call({**message, "id": next(self._ids)}, timeout, self.start_timeout)
 
     async def start(self) -> None:
         """Start a child now and wait until it is ready, so the first call does not wait for litellm."""
-        await self._current().wait_ready(self.start_timeout)
+        child = self._current()
+        if not await asyncio.to_thread(child.ready.wait, self.start_timeout):
+            child.kill(f"did not start within {self.start_timeout:g}s")
 
     def close(self, wait: float = 0.0) -> None:
         """Let the child go (it exits when its stdin closes); wait up to *wait* seconds, then kill it."""
@@ -156,59 +149,46 @@ class WorkerChild:
                                         stderr=subprocess.PIPE, close_fds=True)
         self.owner = owner
         self.idle_exit_seconds = owner.idle_exit_seconds
-        self.ready = False
+        self.ready, self.exited = threading.Event(), threading.Event()
         self.dead: str | None = None
-        self.exited = threading.Event()
         self._lock = threading.Lock()
         self._waiting: dict[int, Mailbox] = {}  # by call id
-        self._ready_boxes: list[Mailbox] = []
-        self._sending: set[int] = set()  # calls holding a slot
+        self._sending: set[int] = set()  # calls whose timeout runs
         self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._kill_reason: str | None = None
         self._retired = False
         for target, name in ((self._read, "out"), (self._write, "in"), (self._read_stderr, "err")):
             threading.Thread(target=target, name=f"llm-worker-{self.process.pid}-{name}", daemon=True).start()
 
-    async def wait_ready(self, timeout: float) -> None:
-        """Until the child has imported litellm; a crash if it dies or takes longer than *timeout*."""
-        with self._lock:
-            if self.dead:
-                raise crashed(self.dead)
-            if self.ready:
-                return
-            box = Mailbox()
-            self._ready_boxes.append(box)
-        try:
-            await box.get(timeout)
-        except TimeoutError:
-            self.kill(f"did not start within {timeout:g}s")
-            raise crashed(f"did not start within {timeout:g}s") from None
-
-    async def call(self, message: dict, timeout: float) -> dict:
-        """Send one call and wait for its answer. Its timeout (plus a grace) runs from its "sending", or at
-        once for a call without slots; a call waiting its turn behind requests on their way waits longer,
-        since those have deadlines of their own. A child silent past the deadline is killed."""
-        call_id = message["id"]
-        box = Mailbox()
+    async def call(self, message: dict, timeout: float, start_timeout: float) -> dict:
+        """Send one call and wait for its answer. The call's timeout (plus a grace) runs from its "sending";
+        before it the child may still be importing litellm (up to *start_timeout*), or the call waits its turn
+        behind requests on their way, which have deadlines of their own. A child silent past it is killed."""
+        call_id, box = message["id"], Mailbox()
         with self._lock:
             if self.dead:
                 raise crashed(self.dead)
             self._waiting[call_id] = box
         self._outbox.put(json.dumps(message, default=str, ensure_ascii=False).encode() + b"\n")
-        sending = not message["slots"]
+        sending = False
         try:
             while True:
+                starting = not self.ready.is_set()
+                limit = start_timeout if starting else timeout
                 try:
-                    answer = await box.get(timeout + HANG_GRACE_SECONDS)
+                    answer = await asyncio.wait_for(box.get(), limit + HANG_GRACE_SECONDS)
                 except TimeoutError:
-                    if not sending and self._sending:
+                    if not (sending or starting) and self._sending:
                         continue
-                    reason = f"did not answer within {timeout:g}s"
+                    reason = f"did not {'start' if starting else 'answer'} within {limit:g}s"
                     self.kill(reason)
-                    raise WorkerFailure(Failure(TIMEOUT, TimeoutError(f"LLM worker {reason}; killed"))) from None
-                if not answer.get("sending"):
+                    raise (crashed(reason) if starting else
+                           WorkerFailure(Failure(TIMEOUT, TimeoutError(f"LLM worker {reason}; killed")))) from None
+                if isinstance(answer, WorkerFailure):
+                    raise answer
+                if not answer.get("sending") and not answer.get("ready"):
                     break
-                sending = True
+                sending = sending or bool(answer.get("sending"))
         except asyncio.CancelledError:
             self._outbox.put(json.dumps({"op": "cancel", "id": call_id}).encode() + b"\n")
             raise
@@ -256,29 +236,21 @@ class WorkerChild:
                 logger.warning("LLM worker {} wrote a line that is not protocol: {!r}", pid, line[:200])
                 continue
             if "ready" in message:
-                with self._lock:
-                    self.ready = True
-                    boxes, self._ready_boxes = self._ready_boxes, []
                 logger.info("LLM worker {} started (litellm ready in {:.1f}s)", pid, time.monotonic() - self.started)
-                for box in boxes:
-                    box.put({})
-            elif "log" in message:
-                record = message["log"]
-                logger.log(str(record.get("level") or "WARNING"), "LLM worker: {}: {}", record.get("name"),
-                           record.get("message"))
-            elif call_id is not None:
-                with self._lock:
-                    box = self._waiting.get(call_id)
-                    if message.get("sending"):
-                        self._sending.add(call_id)
-                    else:
-                        self._sending.discard(call_id)
+                self.ready.set()
+            with self._lock:
+                if message.get("sending"):
+                    self._sending.add(call_id)
+                elif call_id is not None:
+                    self._sending.discard(call_id)
+                boxes = list(self._waiting.values()) if "ready" in message else [self._waiting.get(call_id)]
+            for box in boxes:  # "ready" wakes every call, whose deadline now counts from its own timeout
                 if box is not None:
-                    box.put(message)
+                    box.deliver(message)
         self._exit()
 
     def _read_stderr(self) -> None:
-        """What the child prints (a traceback, a library's warning) goes to the daemon's log, line by line."""
+        """What the child prints (a traceback, a library's log record) goes to the daemon's log, line by line."""
         for raw in self.process.stderr:
             line = raw.decode("utf-8", "replace").rstrip()
             if line:
@@ -296,9 +268,7 @@ class WorkerChild:
         reason = self._kill_reason or (f"exited with status {code}" if code >= 0 else f"was killed by signal {-code}")
         with self._lock:
             self.dead = reason
-            boxes = [*self._waiting.values(), *self._ready_boxes]
-            self._waiting.clear()
-            self._ready_boxes.clear()
+            boxes, self._waiting = list(self._waiting.values()), {}
         lived = time.monotonic() - self.started
         if boxes or code != 0 or self._kill_reason:
             logger.warning("LLM worker {} {} after {:.0f}s with {} call(s) waiting", self.process.pid, reason, lived,
@@ -307,7 +277,7 @@ class WorkerChild:
             why = "closed" if self._retired else f"idle for {self.idle_exit_seconds:g}s"
             logger.info("LLM worker {} exited ({}) after {:.0f}s", self.process.pid, why, lived)
         for box in boxes:
-            box.put(crashed(reason))
+            box.deliver(crashed(reason))
         self.exited.set()
         with self.owner._lock:
             if self.owner._child is self:

@@ -20,30 +20,28 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
+from collections.abc import Callable
 from typing import Any, BinaryIO, NoReturn
 
-from nanobotd.llm.failures import BAD_RESPONSE, Failure, LLMBadResponse, classify_failure, redact
+from nanobotd.llm.failures import BAD_RESPONSE, Failure, LLMBadResponse, classify_failure
 
 REQUEST_LINE_BYTES = 256 * 1024 * 1024  # one request line: a whole prompt, so no small stream limit
 
 
 class Slot:
-    """One call's claim on its slots' semaphore: taken at most once, given back at most once."""
+    """One call's claim on its slots' semaphore, taken at most once; *on_take* runs when it is taken."""
 
-    def __init__(self, semaphore: asyncio.Semaphore):
-        self.semaphore = semaphore
-        self.taken = asyncio.Event()
-        self.held = False
-        self.used = False  # taken already, or taken around the whole call: the transport lets requests pass
+    def __init__(self, semaphore: asyncio.Semaphore, on_take: Callable[[], None]):
+        self.semaphore, self.on_take = semaphore, on_take
+        self.held = self.used = False  # used: taken, or being taken (the transport lets further requests pass)
         self.seen = False  # a request of the call reached the transport
 
     async def take(self) -> None:
         self.used = True
         await self.semaphore.acquire()
         self.held = True
-        self.taken.set()
+        self.on_take()
 
     def give_back(self) -> None:
         if self.held:
@@ -51,13 +49,13 @@ class Slot:
             self.semaphore.release()
 
 
-# The slot of the call running in this context (None: its requests are not bounded).
+# The slot of the call running in this task (None: its requests are not bounded).
 CALL_SLOT: contextvars.ContextVar[Slot | None] = contextvars.ContextVar("llm_call_slot", default=None)
 
 
-def slot_transport() -> Any:
-    """An httpx transport that holds a call's first request until its slot is free, and frees the slot when
-    the answer's body has been read (a streamed answer: when the stream closes)."""
+def slot_client() -> Any:
+    """An httpx client for litellm whose transport holds a call's first request until its slot is free, and
+    frees the slot when the answer's body has been read (a streamed answer: when the stream closes)."""
     import httpx
     from litellm.llms.custom_httpx.http_handler import get_ssl_configuration
 
@@ -97,67 +95,32 @@ def slot_transport() -> Any:
         async def aclose(self) -> None:
             await self.inner.aclose()
 
-    return SlotTransport()
+    return httpx.AsyncClient(transport=SlotTransport(), follow_redirects=True)
 
 
 def import_litellm() -> Any:
-    """Import and quiet litellm: no network at import, no telemetry, no "Give Feedback" banners."""
-    # Without this litellm fetches its model cost map from GitHub while importing.
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    """Import and quiet litellm (no network at import, no telemetry, no banners), and what its first call
+    would import (~450 modules of the openai SDK), so no call's timeout pays for it."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # else it fetches the cost map from GitHub
     import litellm
+    import openai
 
     litellm.telemetry = False
     litellm.suppress_debug_info = True
-    # litellm attaches its own stderr handler at import; route its records through ours.
     from nanobotd.logsetup import capture_library_loggers
 
-    capture_library_loggers()
-    return litellm
-
-
-def warm_up() -> None:
-    """Import what litellm's first call would (~450 modules of the openai SDK), so no call's timeout pays
-    for it: the worker says it is ready only after this."""
-    import openai
-
+    capture_library_loggers()  # litellm attaches its own stderr handler at import; its records go through ours
     client = openai.AsyncOpenAI(api_key="sk-none", base_url="http://127.0.0.1/v1", max_retries=0)
     _ = client.chat.completions, client.embeddings  # the SDK imports a resource when it is first touched
-
-
-class Channel(logging.Handler):
-    """The worker's side of the pipe to the daemon, written from any thread; as a log handler it hands
-    library records (redacted) to the daemon's log."""
-
-    def __init__(self, stream: BinaryIO):
-        super().__init__(logging.WARNING)
-        self.stream = stream
-        self.write_lock = threading.Lock()  # litellm logs from threads of its own
-        self.secrets: set[str] = set()
-
-    def send(self, message: dict) -> None:
-        """One message; a daemon that went away ends the worker through stdin, so errors are dropped."""
-        data = json.dumps(message, default=str, ensure_ascii=False).encode() + b"\n"
-        with self.write_lock:
-            try:
-                self.stream.write(data)
-                self.stream.flush()
-            except (OSError, ValueError):
-                pass
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            text = record.getMessage()
-        except Exception:  # a library's bad format string must not kill a call
-            text = str(record.msg)
-        self.send({"log": {"level": record.levelname, "name": record.name, "message": redact(text, *self.secrets)}})
+    return litellm
 
 
 class Worker:
     """Runs the daemon's calls on one event loop, several at once, until stdin closes or it is idle."""
 
-    def __init__(self, litellm: Any, channel: Channel, idle_exit_seconds: float):
+    def __init__(self, litellm: Any, out: BinaryIO, idle_exit_seconds: float):
         self.litellm = litellm
-        self.channel = channel
+        self.out = out
         self.idle_exit_seconds = idle_exit_seconds
         self.calls: dict[int, asyncio.Task] = {}
         self.semaphores: dict[str, asyncio.Semaphore] = {}
@@ -169,7 +132,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=REQUEST_LINE_BYTES)
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), stdin)
-        self.channel.send({"ready": os.getpid()})
+        self.send({"ready": os.getpid()})
         self.wait_idle()
         while line := await reader.readline():
             try:
@@ -179,6 +142,14 @@ class Worker:
         for task in self.calls.values():
             task.cancel()
         await asyncio.gather(*self.calls.values(), return_exceptions=True)
+
+    def send(self, message: dict) -> None:
+        """One message to the daemon; one that went away ends the worker through stdin, so errors are dropped."""
+        try:
+            self.out.write(json.dumps(message, default=str, ensure_ascii=False).encode() + b"\n")
+            self.out.flush()
+        except (OSError, ValueError):
+            pass
 
     def wait_idle(self) -> None:
         """(Re)start the idle clock, or stop it while calls run."""
@@ -194,8 +165,6 @@ class Worker:
                 self.calls[call_id].cancel()
             return
         request = dict(message["request"])
-        if request.get("api_key"):
-            self.channel.secrets.add(str(request["api_key"]))
         task = asyncio.get_running_loop().create_task(
             self.run(call_id, message["op"], request, float(message["timeout"]), message.get("slots")))
         self.calls[call_id] = task
@@ -209,39 +178,41 @@ class Worker:
 
     async def run(self, call_id: int, op: str, request: dict, timeout: float, slots: list | None) -> None:
         """One litellm call, timed from when it holds its slot, answered with its result or its failure."""
-        slot = Slot(self.semaphores.setdefault(str(slots[0]), asyncio.Semaphore(int(slots[1])))) if slots else None
         model = (request.get("model"), request.get("api_base"))
-        call = None
+        slot = None
+        started = time.perf_counter()
         try:
-            if slot is not None and not self.transport_seen.get(model):
-                await slot.take()
-            CALL_SLOT.set(slot)  # this task's own context, copied into the call's task
-            function = self.litellm.acompletion if op == "complete" else self.litellm.aembedding
-            call = asyncio.ensure_future(function(**request))
-            if slot is not None:
-                taken = asyncio.ensure_future(slot.taken.wait())
-                await asyncio.wait((call, taken), return_when=asyncio.FIRST_COMPLETED)
-                taken.cancel()
-                if slot.taken.is_set():
-                    self.channel.send({"id": call_id, "sending": True})
-            started = time.perf_counter()
             # litellm's own timeout is not always honoured by a server that accepts and then stalls.
-            response = await asyncio.wait_for(call, timeout)
+            async with asyncio.timeout(None) as deadline:
+
+                def start() -> None:
+                    nonlocal started
+                    started = time.perf_counter()
+                    deadline.reschedule(asyncio.get_running_loop().time() + timeout)
+                    self.send({"id": call_id, "sending": True})
+
+                if slots:
+                    slot = Slot(self.semaphores.setdefault(str(slots[0]), asyncio.Semaphore(int(slots[1]))), start)
+                    CALL_SLOT.set(slot)  # this task's own context
+                    if not self.transport_seen.get(model):
+                        await slot.take()
+                else:
+                    start()
+                function = self.litellm.acompletion if op == "complete" else self.litellm.aembedding
+                response = await function(**request)
             if not hasattr(response, "model_dump"):
                 raise LLMBadResponse(f"unexpected response type {type(response).__name__}", kind=BAD_RESPONSE)
-            data = response.model_dump()
-            answer = {"id": call_id, "response": data, "latency_ms": (time.perf_counter() - started) * 1000}
+            answer = {"id": call_id, "response": response.model_dump(),
+                      "latency_ms": (time.perf_counter() - started) * 1000}
         except LLMBadResponse as error:
             answer = {"id": call_id, "failure": Failure(BAD_RESPONSE, error).to_json()}
         except Exception as error:  # CancelledError is a BaseException: a cancelled call sends nothing
             answer = {"id": call_id, "failure": classify_failure(error).to_json()}
         finally:
-            if call is not None:
-                call.cancel()
             if slot is not None:
                 slot.give_back()
                 self.transport_seen[model] = slot.seen
-        self.channel.send(answer)
+        self.send(answer)
 
 
 def leave() -> NoReturn:
@@ -257,13 +228,11 @@ def main() -> NoReturn:
     # whole group must not kill calls the daemon is still draining.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    channel = Channel(os.fdopen(os.dup(sys.stdout.fileno()), "wb"))
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # what a library prints goes to stderr, not the protocol
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    # What a library prints or logs goes to stderr, never into the protocol; the daemon logs it (redacted).
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     litellm = import_litellm()
-    warm_up()
-    import httpx
-
-    litellm.aclient_session = httpx.AsyncClient(transport=slot_transport(), follow_redirects=True)
-    logging.basicConfig(handlers=[channel], level=logging.WARNING, force=True)
-    asyncio.run(Worker(litellm, channel, float(sys.argv[1])).serve(sys.stdin.buffer))
+    litellm.aclient_session = slot_client()
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", force=True)
+    asyncio.run(Worker(litellm, out, float(sys.argv[1])).serve(sys.stdin.buffer))
     leave()
