@@ -34,6 +34,7 @@ from nanobotd.notify import Notifier, watchdog_interval
 from nanobotd.sessions.parsepool import processes_for
 from nanobotd.state.store import StateStore
 from nanobotd.tokenprocess import CountingProcess
+from nanobotd.tuning import LLM_CLOSE_WAIT_SECONDS
 from nanobotd.watcher import SessionWatcher
 
 TICK_SECONDS = 1.0
@@ -41,7 +42,6 @@ TICK_SECONDS = 1.0
 RESTART_KEYS = ("socket", "state_dir", "socket_group", "log_level", "timezone", "parse_processes")
 IDLE_CHECK_SECONDS = 30.0
 TOKENIZER_IDLE_SECONDS = 60.0
-LLM_WORKER_CLOSE_SECONDS = 5.0
 CACHE_IDLE_SECONDS = 300.0  # a session's in-memory caches go after this long unused (read back when needed)
 
 def idle_exit_seconds(config: Config) -> float:
@@ -148,7 +148,7 @@ class Daemon:
         for workspace in core.workspaces.values():
             companion.close(workspace)
             await workspace.close()
-        await asyncio.to_thread(self.llm_worker.close, LLM_WORKER_CLOSE_SECONDS)
+        await asyncio.to_thread(self.llm_worker.close, LLM_CLOSE_WAIT_SECONDS)
         if self.server is not None:
             await self.server.stop()
         core.executor.shutdown(wait=True, cancel_futures=True)

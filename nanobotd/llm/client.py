@@ -18,6 +18,7 @@ from typing import Any
 
 from loguru import logger
 
+from nanobotd import tuning
 from nanobotd.config.schema import LLMSettings
 from nanobotd.llm.failures import (
     BAD_RESPONSE,
@@ -27,7 +28,6 @@ from nanobotd.llm.failures import (
     LLMBadResponse,
     LLMError,
     LLMUnavailable,
-    error_name,
     redact,
 )
 from nanobotd.llm.process import LLMWorker, WorkerFailure
@@ -36,11 +36,6 @@ from nanobotd.llm.reply import LLMReply, parse_reply
 OFFLINE_MODELS = frozenset({"", "none"})
 PLACEHOLDER_API_KEY = "sk-none"
 ERROR_TEXT_LIMIT = 300
-WORKER_CLOSE_SECONDS = 5.0
-BACKOFF_BASE_SECONDS = 0.5
-BACKOFF_CAP_SECONDS = 8.0
-RETRY_AFTER_CAP_SECONDS = 30.0
-BAD_RESPONSE_RETRIES = 1  # a garbled body may be a proxy hiccup worth one more try; a second, the server's fault
 
 
 @dataclass(frozen=True)
@@ -62,14 +57,14 @@ def api_fields(settings: LLMSettings, api_key: str | None) -> dict[str, str]:
 def describe(error: BaseException, api_key: str | None) -> str:
     """The error's first line, short, with the API key and any bearer token blanked out."""
     lines = str(error).strip().splitlines()
-    return redact(lines[0] if lines else error_name(error), api_key)[:ERROR_TEXT_LIMIT]
+    return redact(lines[0] if lines else type(error).__name__, api_key)[:ERROR_TEXT_LIMIT]
 
 
 def retry_delay(attempt: int, retry_after: float | None = None) -> float:
-    """Exponential backoff with jitter (about 0.5 s, 1 s, 2 s ... up to 8 s); a Retry-After wins if longer."""
-    ceiling = min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2 ** (attempt - 1))
+    """Exponential backoff with jitter, capped; a Retry-After wins if longer (capped too)."""
+    ceiling = min(tuning.LLM_BACKOFF_CAP_SECONDS, tuning.LLM_BACKOFF_BASE_SECONDS * 2 ** (attempt - 1))
     delay = ceiling / 2 + random.uniform(0, ceiling / 2)
-    return max(delay, min(retry_after, RETRY_AFTER_CAP_SECONDS)) if retry_after is not None else delay
+    return max(delay, min(retry_after, tuning.LLM_RETRY_AFTER_CAP_SECONDS)) if retry_after is not None else delay
 
 
 class LLMClient:
@@ -107,7 +102,7 @@ class LLMClient:
     async def aclose(self) -> None:
         """Close the client's own worker; a worker given belongs to whoever made it."""
         if self._own_worker:
-            await asyncio.to_thread(self.worker.close, WORKER_CLOSE_SECONDS)
+            await asyncio.to_thread(self.worker.close, tuning.LLM_CLOSE_WAIT_SECONDS)
 
     async def complete(self, messages: list[dict], *, tools: list[dict] | None = None, max_tokens: int | None = None,
                        temperature: float = 0.0, timeout: float | None = None) -> LLMReply:
@@ -136,11 +131,11 @@ class LLMClient:
                 return reply
             bad_responses += failure.kind == BAD_RESPONSE
             if (attempt > self.settings.max_retries or failure.kind in (REJECTED, WORKER)
-                    or bad_responses > BAD_RESPONSE_RETRIES):
+                    or bad_responses > tuning.LLM_BAD_RESPONSE_RETRIES):
                 break
             delay = retry_delay(attempt, failure.retry_after)
             logger.warning("LLM call failed ({} {}: {}); attempt {} of {}, retrying in {:.1f}s", failure.label,
-                           error_name(failure.error), describe(failure.error, self._api_key), attempt,
+                           type(failure.error).__name__, describe(failure.error, self._api_key), attempt,
                            self.settings.max_retries + 1, delay)
             await self._sleep(delay)
         error = self._final_error(failure, attempt)

@@ -38,14 +38,6 @@ class LLMBadResponse(LLMError):
     """The server answered, but not with a completion we can use (garbage body, no choices, bad tool args)."""
 
 
-class RemoteError(Exception):
-    """An exception raised in the worker child, as the daemon sees it: its message and its class name."""
-
-    def __init__(self, message: str, type_name: str):
-        super().__init__(message)
-        self.type_name = type_name
-
-
 @dataclass(frozen=True)
 class Failure:
     """One failed attempt, classified for the retry decision."""
@@ -63,13 +55,14 @@ class Failure:
     def to_json(self) -> dict[str, Any]:
         """What the daemon needs of it (`llm.process`): its class for the retry policy, text for the logs."""
         return {"kind": self.kind, "status_code": self.status_code, "retry_after": self.retry_after,
-                "type": error_name(self.error), "message": str(self.error)[:MESSAGE_TEXT_LIMIT]}
+                "type": type(self.error).__name__, "message": str(self.error)[:MESSAGE_TEXT_LIMIT]}
 
     @classmethod
     def from_json(cls, data: dict) -> Failure:
-        """The Failure a worker child reported, its exception stood in for by a RemoteError."""
+        """The Failure a worker child reported, its exception stood in for by one of the same class name."""
         status_code, retry_after = data.get("status_code"), data.get("retry_after")
-        return cls(str(data.get("kind") or "error"), RemoteError(str(data.get("message") or ""), str(data.get("type"))),
+        error = type(str(data.get("type") or "Exception"), (Exception,), {})(str(data.get("message") or ""))
+        return cls(str(data.get("kind") or "error"), error,
                    status_code if isinstance(status_code, int) else None,
                    float(retry_after) if isinstance(retry_after, (int, float)) else None)
 
@@ -122,11 +115,6 @@ def retry_after_seconds(headers: Any) -> float | None:
         return max(email.utils.parsedate_to_datetime(headers.get("retry-after")).timestamp() - time.time(), 0.0)
     except (TypeError, ValueError):
         return None
-
-
-def error_name(error: BaseException) -> str:
-    """The class name of *error*, or of the worker's exception a RemoteError stands for."""
-    return getattr(error, "type_name", None) or type(error).__name__
 
 
 def redact(text: str, *secrets: str | None) -> str:

@@ -1,6 +1,6 @@
 """The daemon's side of the LLM worker child (`llm.worker`): where it starts, how it is talked to, how it ends.
 
-litellm costs ~190 MB and never gives it back, so it lives only in the child: started by the first call,
+litellm is big and never gives its memory back, so it lives only in the child: started by the first call,
 serving calls concurrently, gone after `idle_exit_seconds` without one (the child keeps that time itself).
 A call whose child dies under it is sent once more, to a new child; a child that does not answer within a
 call's timeout is killed and the call fails as a timeout. What the child writes to stderr (its library
@@ -30,14 +30,9 @@ from pathlib import Path
 
 from loguru import logger
 
+from nanobotd import tuning
 from nanobotd.llm.failures import TIMEOUT, WORKER, Failure, redact
 
-IDLE_EXIT_SECONDS = 300.0
-START_TIMEOUT_SECONDS = 60.0  # importing litellm takes seconds on an idle machine, far longer under load
-# The child enforces a call's timeout itself and reports it; the daemon allows this much more before it
-# decides the child is stuck and kills it.
-HANG_GRACE_SECONDS = 1.0
-EXIT_WAIT_SECONDS = 5.0
 STDERR_LINE_LIMIT = 2000
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -79,8 +74,8 @@ class LLMWorker:
     """Starts, feeds and lets go of worker children, one at a time, shared by every call through it.
     *idle_exit_seconds* may change: the next child started keeps the new time."""
 
-    def __init__(self, *, idle_exit_seconds: float = IDLE_EXIT_SECONDS,
-                 start_timeout: float = START_TIMEOUT_SECONDS, command: list[str] | None = None):
+    def __init__(self, *, idle_exit_seconds: float = 300.0,
+                 start_timeout: float = tuning.LLM_START_TIMEOUT_SECONDS, command: list[str] | None = None):
         self.idle_exit_seconds = max(float(idle_exit_seconds), 0.01)
         self.start_timeout = start_timeout
         self.command = command
@@ -176,7 +171,7 @@ class WorkerChild:
                 starting = not self.ready.is_set()
                 limit = start_timeout if starting else timeout
                 try:
-                    answer = await asyncio.wait_for(box.get(), limit + HANG_GRACE_SECONDS)
+                    answer = await asyncio.wait_for(box.get(), limit + tuning.LLM_HANG_GRACE_SECONDS)
                 except TimeoutError:
                     if not (sending or starting) and self._sending:
                         continue
@@ -260,7 +255,7 @@ class WorkerChild:
     def _exit(self) -> None:
         """stdout closed: reap the process, log why it went and fail whatever still waits on it."""
         try:
-            code = self.process.wait(timeout=EXIT_WAIT_SECONDS)
+            code = self.process.wait(timeout=tuning.LLM_EXIT_WAIT_SECONDS)
         except subprocess.TimeoutExpired:
             self.process.kill()
             code = self.process.wait()

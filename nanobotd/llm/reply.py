@@ -7,7 +7,7 @@ content and tool calls whose arguments are a JSON object.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from nanobotd.llm.failures import BAD_RESPONSE, LLMBadResponse
@@ -74,9 +74,7 @@ class UsageMeter:
 
     def to_json(self) -> dict:
         """A JSON-ready summary."""
-        return {"calls": self.calls, "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "latencies_ms": [round(latency, 1) for latency in self.latencies_ms], "errors": self.errors,
-                "retries": self.retries, "error_types": dict(self.error_types)}
+        return {**asdict(self), "latencies_ms": [round(latency, 1) for latency in self.latencies_ms]}
 
 
 def parse_reply(data: dict, *, latency_ms: float, attempts: int) -> LLMReply:

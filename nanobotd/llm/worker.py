@@ -24,9 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any, BinaryIO, NoReturn
 
+from nanobotd import tuning
 from nanobotd.llm.failures import BAD_RESPONSE, Failure, LLMBadResponse, classify_failure
-
-REQUEST_LINE_BYTES = 256 * 1024 * 1024  # one request line: a whole prompt, so no small stream limit
 
 
 class Slot:
@@ -100,7 +99,7 @@ def slot_client() -> Any:
 
 def import_litellm() -> Any:
     """Import and quiet litellm (no network at import, no telemetry, no banners), and what its first call
-    would import (~450 modules of the openai SDK), so no call's timeout pays for it."""
+    would import (the openai SDK's resources), so no call's timeout pays for it."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # else it fetches the cost map from GitHub
     import litellm
     import openai
@@ -130,7 +129,7 @@ class Worker:
     async def serve(self, stdin: BinaryIO) -> None:
         """Announce readiness, then dispatch calls and cancels; on end of input, drop what is left."""
         loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=REQUEST_LINE_BYTES)
+        reader = asyncio.StreamReader(limit=tuning.LLM_REQUEST_LINE_BYTES)
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), stdin)
         self.send({"ready": os.getpid()})
         self.wait_idle()
@@ -217,7 +216,7 @@ class Worker:
 
 def leave() -> NoReturn:
     """Exit at once: nothing is left to save, and an interpreter tearing litellm down takes seconds while
-    it holds its ~190 MB."""
+    it holds all its memory."""
     sys.stderr.flush()
     os._exit(0)
 
