@@ -62,9 +62,8 @@ def slot_client() -> Any:
         def __init__(self, stream: Any, slot: Slot):
             self.stream, self.slot = stream, slot
 
-        async def __aiter__(self):
-            async for chunk in self.stream:
-                yield chunk
+        def __aiter__(self) -> Any:
+            return self.stream.__aiter__()
 
         async def aclose(self) -> None:
             await self.stream.aclose()
@@ -72,29 +71,19 @@ def slot_client() -> Any:
                 self.slot.give_back()
                 await asyncio.sleep(0)  # the call the slot went to sends its request before this answer is parsed
 
-    class SlotTransport(httpx.AsyncBaseTransport):
-        def __init__(self) -> None:
-            self.inner = httpx.AsyncHTTPTransport(verify=get_ssl_configuration())
-
+    class SlotTransport(httpx.AsyncHTTPTransport):
         async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
             slot = CALL_SLOT.get()
             if slot is not None:
                 slot.seen = True
-            if slot is None or slot.used:
-                return await self.inner.handle_async_request(request)
+            if slot is None or slot.used:  # not bounded, or its slot is taken already (a further request passes)
+                return await super().handle_async_request(request)
             await slot.take()
-            try:
-                response = await self.inner.handle_async_request(request)
-            except BaseException:
-                slot.give_back()
-                raise
-            return httpx.Response(response.status_code, headers=response.headers, extensions=response.extensions,
-                                  stream=SlotStream(response.stream, slot))
+            response = await super().handle_async_request(request)  # on an error, the call gives its slot back
+            response.stream = SlotStream(response.stream, slot)
+            return response
 
-        async def aclose(self) -> None:
-            await self.inner.aclose()
-
-    return httpx.AsyncClient(transport=SlotTransport(), follow_redirects=True)
+    return httpx.AsyncClient(transport=SlotTransport(verify=get_ssl_configuration()), follow_redirects=True)
 
 
 def import_litellm() -> Any:
@@ -127,7 +116,8 @@ class Worker:
         self.idle: asyncio.TimerHandle | None = None
 
     async def serve(self, stdin: BinaryIO) -> None:
-        """Announce readiness, then dispatch calls and cancels; on end of input, drop what is left."""
+        """Announce readiness, then dispatch calls and cancels until the end of input (what still runs is
+        dropped as the worker leaves)."""
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=tuning.LLM_REQUEST_LINE_BYTES)
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), stdin)
@@ -138,9 +128,6 @@ class Worker:
                 self.dispatch(json.loads(line))
             except (ValueError, KeyError, TypeError) as error:
                 logging.getLogger(__name__).warning("LLM worker: unreadable message dropped: %s", error)
-        for task in self.calls.values():
-            task.cancel()
-        await asyncio.gather(*self.calls.values(), return_exceptions=True)
 
     def send(self, message: dict) -> None:
         """One message to the daemon; one that went away ends the worker through stdin, so errors are dropped."""
