@@ -174,8 +174,9 @@ class Worker:
                 def start() -> None:
                     nonlocal started
                     started = time.perf_counter()
-                    deadline.reschedule(asyncio.get_running_loop().time() + timeout)
-                    self.send({"id": call_id, "sending": True})
+                    loop = asyncio.get_running_loop()
+                    deadline.reschedule(loop.time() + timeout)
+                    loop.call_soon(self.send, {"id": call_id, "sending": True})  # once the request is on its way
 
                 if slots:
                     slot = Slot(self.semaphores.setdefault(str(slots[0]), asyncio.Semaphore(int(slots[1]))), start)
