@@ -20,22 +20,12 @@ from loguru import logger
 
 from nanobotd import tuning
 from nanobotd.config.schema import LLMSettings
-from nanobotd.llm.failures import (
-    BAD_RESPONSE,
-    REJECTED,
-    WORKER,
-    Failure,
-    LLMBadResponse,
-    LLMError,
-    LLMUnavailable,
-    redact,
-)
+from nanobotd.llm.failures import BAD_RESPONSE, ERROR_TEXT_LIMIT, Failure, LLMBadResponse, LLMUnavailable, describe
 from nanobotd.llm.process import LLMWorker, WorkerFailure
 from nanobotd.llm.reply import LLMReply, parse_reply
 
 OFFLINE_MODELS = frozenset({"", "none"})
 PLACEHOLDER_API_KEY = "sk-none"
-ERROR_TEXT_LIMIT = 300
 
 
 @dataclass(frozen=True)
@@ -52,12 +42,6 @@ def api_fields(settings: LLMSettings, api_key: str | None) -> dict[str, str]:
     fields = {"api_base": settings.api_base} if settings.api_base else {}
     api_key = api_key or (PLACEHOLDER_API_KEY if settings.api_base else None)
     return {**fields, "api_key": api_key} if api_key else fields
-
-
-def describe(error: BaseException, api_key: str | None) -> str:
-    """The error's first line, short, with the API key and any bearer token blanked out."""
-    lines = str(error).strip().splitlines()
-    return redact(lines[0] if lines else type(error).__name__, api_key)[:ERROR_TEXT_LIMIT]
 
 
 def retry_delay(attempt: int, retry_after: float | None = None) -> float:
@@ -130,7 +114,7 @@ class LLMClient:
                 self.last_call = {"ok": True, "at": time.time(), "error": None}
                 return reply
             bad_responses += failure.kind == BAD_RESPONSE
-            if (attempt > self.settings.max_retries or failure.kind in (REJECTED, WORKER)
+            if (attempt > self.settings.max_retries or not failure.retryable
                     or bad_responses > tuning.LLM_BAD_RESPONSE_RETRIES):
                 break
             delay = retry_delay(attempt, failure.retry_after)
@@ -138,15 +122,6 @@ class LLMClient:
                            type(failure.error).__name__, describe(failure.error, self._api_key), attempt,
                            self.settings.max_retries + 1, delay)
             await self._sleep(delay)
-        error = self._final_error(failure, attempt)
+        error = failure.final_error(attempt, describe(failure.error, self._api_key))
         self.last_call = {"ok": False, "at": time.time(), "error": str(error)[:ERROR_TEXT_LIMIT]}
         raise error from failure.error
-
-    def _final_error(self, failure: Failure, attempts: int) -> LLMError:
-        """LLMBadResponse or LLMUnavailable once retries are spent, its text redacted."""
-        detail = describe(failure.error, self._api_key)
-        if failure.kind == BAD_RESPONSE:
-            return LLMBadResponse(f"bad LLM response: {detail}", kind=BAD_RESPONSE, attempts=attempts)
-        status = f" (HTTP {failure.status_code})" if failure.status_code else ""
-        return LLMUnavailable(f"LLM {failure.kind}{status} after {attempts} attempt(s): {detail}", kind=failure.kind,
-                              status_code=failure.status_code, attempts=attempts)

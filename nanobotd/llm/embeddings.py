@@ -14,7 +14,8 @@ import weakref
 from typing import Any
 
 from nanobotd.config.schema import LLMSettings
-from nanobotd.llm.client import OFFLINE_MODELS, api_fields, describe
+from nanobotd.llm.client import OFFLINE_MODELS, api_fields
+from nanobotd.llm.failures import describe
 from nanobotd.llm.process import LLMWorker, WorkerFailure
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 RETRYABLE_STATUSES = frozenset({408, 429})
 MESSAGE_TEXT_LIMIT = 4000
+ERROR_TEXT_LIMIT = 300  # an error's text in log lines, status and raised errors
 BEARER_PATTERN = re.compile(r"(?i)(bearer\s+)\S+")
 # Failure kinds
 TIMEOUT, CONNECTION, HTTP_STATUS, REJECTED, BAD_RESPONSE = "timeout", "connection", "http", "rejected", "bad_response"
@@ -48,6 +49,12 @@ class Failure:
     retry_after: float | None = None
 
     @property
+    def retryable(self) -> bool:
+        """A rejected request fails the same way every time; a call its worker child died under twice would
+        kill the next one too."""
+        return self.kind not in (REJECTED, WORKER)
+
+    @property
     def label(self) -> str:
         """"timeout", "http 503", ... for log lines."""
         return f"{self.kind} {self.status_code}" if self.status_code else self.kind
@@ -56,6 +63,14 @@ class Failure:
         """What the daemon needs of it (`llm.process`): its class for the retry policy, text for the logs."""
         return {"kind": self.kind, "status_code": self.status_code, "retry_after": self.retry_after,
                 "type": type(self.error).__name__, "message": str(self.error)[:MESSAGE_TEXT_LIMIT]}
+
+    def final_error(self, attempts: int, detail: str) -> LLMError:
+        """What the caller sees once retries are spent: LLMBadResponse or LLMUnavailable, *detail* redacted."""
+        if self.kind == BAD_RESPONSE:
+            return LLMBadResponse(f"bad LLM response: {detail}", kind=BAD_RESPONSE, attempts=attempts)
+        status = f" (HTTP {self.status_code})" if self.status_code else ""
+        return LLMUnavailable(f"LLM {self.kind}{status} after {attempts} attempt(s): {detail}", kind=self.kind,
+                              status_code=self.status_code, attempts=attempts)
 
     @classmethod
     def from_json(cls, data: dict) -> Failure:
@@ -115,6 +130,12 @@ def retry_after_seconds(headers: Any) -> float | None:
         return max(email.utils.parsedate_to_datetime(headers.get("retry-after")).timestamp() - time.time(), 0.0)
     except (TypeError, ValueError):
         return None
+
+
+def describe(error: BaseException, api_key: str | None) -> str:
+    """The error's first line, short, with the API key and any bearer token blanked out."""
+    lines = str(error).strip().splitlines()
+    return redact(lines[0] if lines else type(error).__name__, api_key)[:ERROR_TEXT_LIMIT]
 
 
 def redact(text: str, *secrets: str | None) -> str:
