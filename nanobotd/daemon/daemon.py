@@ -44,6 +44,7 @@ IDLE_CHECK_SECONDS = 30.0
 TOKENIZER_IDLE_SECONDS = 60.0
 CACHE_IDLE_SECONDS = 300.0  # a session's in-memory caches go after this long unused (read back when needed)
 
+
 def idle_exit_seconds(config: Config) -> float:
     """The LLM worker's idle time: the longest any workspace asks for."""
     return max((ws.llm.idle_exit_seconds for ws in config.workspaces), default=300.0)
