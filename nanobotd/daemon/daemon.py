@@ -29,10 +29,12 @@ from nanobotd.daemon.lock import DaemonLocks
 from nanobotd.daemon.scheduler import JobScheduler
 from nanobotd.daemon.workspace import Workspace
 from nanobotd.faults import FaultPoints
+from nanobotd.llm.process import LLMWorker
 from nanobotd.notify import Notifier, watchdog_interval
 from nanobotd.sessions.parsepool import processes_for
 from nanobotd.state.store import StateStore
 from nanobotd.tokenprocess import CountingProcess
+from nanobotd.tuning import LLM_CLOSE_WAIT_SECONDS
 from nanobotd.watcher import SessionWatcher
 
 TICK_SECONDS = 1.0
@@ -41,6 +43,12 @@ RESTART_KEYS = ("socket", "state_dir", "socket_group", "log_level", "timezone", 
 IDLE_CHECK_SECONDS = 30.0
 TOKENIZER_IDLE_SECONDS = 60.0
 CACHE_IDLE_SECONDS = 300.0  # a session's in-memory caches go after this long unused (read back when needed)
+
+
+def idle_exit_seconds(config: Config) -> float:
+    """The LLM worker's idle time: the longest any workspace asks for."""
+    return max((ws.llm.idle_exit_seconds for ws in config.workspaces), default=300.0)
+
 
 class Daemon:
     """nanobotd's process: wiring, lifecycle, signals, reload and the tick loop."""
@@ -59,6 +67,8 @@ class Daemon:
         self._stop = asyncio.Event()
         self._reload_requested = False
         self._tasks: list[asyncio.Task] = []
+        # One LLM worker for every workspace (one litellm in memory); it stays as long as the longest idle time.
+        self.llm_worker = LLMWorker(idle_exit_seconds=idle_exit_seconds(config))
 
     # -- start / run / stop ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -114,7 +124,7 @@ class Daemon:
         return Workspace(settings, self.core.store, state_dir=self.config.state_dir, environ=self.config.environ,
                          home=home, now=self.core.now, clock=self.core.clock,
                          parse_processes=processes_for(os.cpu_count(), self.config.daemon.parse_processes),
-                         counting=self._counting.pop(settings.name, None))
+                         counting=self._counting.pop(settings.name, None), llm_worker=self.llm_worker)
 
     async def run(self) -> int:
         """Serve until SIGTERM/SIGINT; returns the exit status."""
@@ -139,6 +149,7 @@ class Daemon:
         for workspace in core.workspaces.values():
             companion.close(workspace)
             await workspace.close()
+        await asyncio.to_thread(self.llm_worker.close, LLM_CLOSE_WAIT_SECONDS)
         if self.server is not None:
             await self.server.stop()
         core.executor.shutdown(wait=True, cancel_futures=True)
@@ -242,6 +253,7 @@ class Daemon:
             return
         self._apply_daemon_settings(new_config)
         self.config = self.core.config = new_config
+        self.llm_worker.idle_exit_seconds = idle_exit_seconds(new_config)
         await self._swap_workspaces(new_config.workspaces)
         self.core.scheduler.remove_all()
         runs.schedule_jobs(self.core)

@@ -4,7 +4,7 @@
 (shared with every workspace's LLM client) for its own duration only. A job's work between its requests
 (journal, history append, archive marks, its next prompt) holds no slot, so LLM jobs are let run up to
 JOBS_PER_LLM_SLOT x concurrency at once: while one does its local work, another's request is already
-waiting for the slot, prepared by the LLM worker, and is sent the moment a slot is freed (`llm.slots`), so
+waiting for the slot, prepared by the LLM worker, and is sent the moment a slot is freed (`llm.worker`), so
 the slots stay busy through a burst of sessions.
 
 Submitting a job that is already queued for the same target returns the queued run (coalescing), so a
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from loguru import logger
 
 from nanobotd.daemon import runview
-from nanobotd.llm.slots import LLMSlots
+from nanobotd.llm.client import LLMSlots
 from nanobotd.state.store import StateStore
 
 JobBody = Callable[[str], Awaitable[object]]

@@ -30,6 +30,7 @@ from nanobotd.jobs.common import JobEnv
 from nanobotd.jobs.registry import JOB_KINDS
 from nanobotd.llm.client import LLMClient
 from nanobotd.llm.embeddings import Embedder
+from nanobotd.llm.process import LLMWorker
 from nanobotd.memory import history
 from nanobotd.sessions import discovery
 from nanobotd.sessions.agent_config import AgentSettings, find_agent_config, read_agent_settings
@@ -49,7 +50,7 @@ class Workspace:
 
     def __init__(self, settings: WorkspaceSettings, store: StateStore, *, state_dir: Path, environ,
                  home: Path | None, now: Callable[[], datetime], clock=time.time, parse_processes: int = 0,
-                 counting: CountingProcess | None = None):
+                 counting: CountingProcess | None = None, llm_worker: LLMWorker | None = None):
         self.settings = settings
         self.store = store
         self.home = home
@@ -62,7 +63,7 @@ class Workspace:
         self.agent = AgentSettings(path=None)
         self.agent_base_tokens = settings.consolidation.agent_base_tokens  # learned at each agent compaction
         self.agent_archive = None  # companion mode's state (daemon.companion), made on first use
-        self.llm = LLMClient(settings.llm, settings.api_key)
+        self.llm = LLMClient(settings.llm, settings.api_key, worker=llm_worker)  # the daemon's worker, shared
         self.git = GitStore(settings.path)
         self.env = JobEnv(settings, store, self.tracker, self.llm, now, git=self.git, clock=clock, kinds=JOB_KINDS,
                           faults=FaultPoints.from_environ(environ))

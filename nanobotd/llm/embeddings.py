@@ -1,8 +1,8 @@
 """Embeddings through the user's provider (litellm), for the optional vector half of search.
 
 Synchronous on purpose: the index embeds its units and queries on the daemon's executor threads, where a
-blocking call is what the caller wants. The call runs in the LLM worker process (`llm.process`), the
-workspace's LLM client's when one is given, so litellm never enters the daemon. Every failure becomes an
+blocking call is what the caller wants. The call runs in the LLM worker child (`llm.process`), the
+workspace's when one is given, so litellm never enters the daemon. Every failure becomes an
 `EmbeddingError`, so search falls back to BM25 alone without knowing litellm.
 """
 
@@ -10,18 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Coroutine
+import weakref
 from typing import Any
 
 from nanobotd.config.schema import LLMSettings
-from nanobotd.llm.client import PLACEHOLDER_API_KEY
-from nanobotd.llm.failures import redact
-from nanobotd.llm.pool import WorkerHold
-from nanobotd.llm.process import LLMWorker, WorkerAnswer, WorkerFailure
-from nanobotd.llm.protocol import OP_EMBED, error_name
-
-OFF = frozenset({"", "none"})
-ERROR_TEXT_LIMIT = 300
+from nanobotd.llm.client import OFFLINE_MODELS, api_fields
+from nanobotd.llm.failures import describe
+from nanobotd.llm.process import LLMWorker, WorkerFailure
 
 
 class EmbeddingError(RuntimeError):
@@ -34,18 +29,20 @@ class Embedder:
     def __init__(self, model: str, llm: LLMSettings, api_key: str | None = None, *, dimensions: int = 0,
                  timeout_seconds: float = 10.0, worker: LLMWorker | None = None):
         self.model = model.strip()
-        self._llm = llm
+        self._request: dict[str, Any] = {"model": self.model, "timeout": timeout_seconds, **api_fields(llm, api_key)}
+        if dimensions > 0:
+            # litellm refuses the parameter for models it does not know to take it; then it is dropped.
+            self._request.update(dimensions=dimensions, drop_params=True)
         self._api_key = api_key
-        self._dimensions = dimensions
         self._timeout = timeout_seconds
-        # Without a worker given, the process's shared one (`llm.pool`; no process until the first call).
-        self._hold = None if worker is not None else WorkerHold(self, llm.idle_exit_seconds)
-        self._worker = worker if worker is not None else self._hold.worker
+        self._worker = worker or LLMWorker(idle_exit_seconds=llm.idle_exit_seconds)
+        if worker is None:  # an embedder dropped lets its own worker's child go
+            weakref.finalize(self, self._worker.close)
 
     @property
     def enabled(self) -> bool:
         """False for `search.embeddings = "none"`."""
-        return self.model.lower() not in OFF
+        return self.model.lower() not in OFFLINE_MODELS
 
     def embed(self, texts: list[str]) -> list[list[float]]:
         """One vector per text, in order; EmbeddingError when the model cannot give them."""
@@ -53,44 +50,22 @@ class Embedder:
             raise EmbeddingError("embeddings are off (search.embeddings = \"none\")")
         if not texts:
             return []
-        request: dict[str, Any] = {"model": self.model, "input": texts, "timeout": self._timeout}
-        if self._llm.api_base:
-            request["api_base"] = self._llm.api_base
-        api_key = self._api_key or (PLACEHOLDER_API_KEY if self._llm.api_base else None)
-        if api_key:
-            request["api_key"] = api_key
-        if self._dimensions > 0:
-            # litellm refuses the parameter for models it does not know to take it; then it is dropped.
-            request.update(dimensions=self._dimensions, drop_params=True)
+        call = self._worker.call({**self._request, "input": texts}, self._timeout, op="embed")
         try:
-            answer = run_blocking(self._worker.call(request, self._timeout, op=OP_EMBED))
-            data = sorted(_field(answer.response, "data"), key=lambda item: _field(item, "index"))
-            vectors = [[float(value) for value in _field(item, "embedding")] for item in data]
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:  # the usual case: an executor thread
+                answer = asyncio.run(call)
+            else:  # a thread that runs a loop waits for one of its own on a helper thread
+                with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embed") as helper:
+                    answer = helper.submit(asyncio.run, call).result()
+            data = sorted(answer["response"]["data"], key=lambda item: item["index"])
+            vectors = [[float(value) for value in item["embedding"]] for item in data]
         except WorkerFailure as exc:  # the worker names the library's error; the caller only needs "why"
-            raise EmbeddingError(self._describe(exc.failure.error)) from exc
+            raise EmbeddingError(describe(exc.failure.error, self._api_key)) from exc
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise EmbeddingError(f"{self.model} gave an answer of the wrong shape: {self._describe(exc)}") from exc
+            raise EmbeddingError(f"{self.model} gave an answer of the wrong shape: "
+                                 f"{describe(exc, self._api_key)}") from exc
         if len(vectors) != len(texts) or any(not vector for vector in vectors):
             raise EmbeddingError(f"{self.model} gave {len(vectors)} vectors for {len(texts)} texts")
         return vectors
-
-    def _describe(self, error: BaseException) -> str:
-        text = str(error).strip()
-        message = text.splitlines()[0] if text else error_name(error)
-        return redact(message, self._api_key)[:ERROR_TEXT_LIMIT]
-
-
-def run_blocking(call: Coroutine[Any, Any, WorkerAnswer]) -> WorkerAnswer:
-    """Wait for *call* from synchronous code: on this thread's own loop, or on a helper thread when this
-    thread already runs one (the worker answers any loop, so either way the answer arrives)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(call)
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embed") as helper:
-        return helper.submit(asyncio.run, call).result()
-
-
-def _field(item: Any, name: str) -> Any:
-    """A field of a litellm response object or of a plain dict."""
-    return item[name] if isinstance(item, dict) else getattr(item, name)

@@ -1,32 +1,26 @@
-"""How an LLM call fails: our error types, the sorting of library errors, and the retry policy.
+"""How an LLM call fails: our error types, and the sorting of library errors (done in the worker child,
+where litellm's exceptions live) into the few kinds the retry policy (`llm.client`) decides on.
 
-litellm wraps most failures in the same few exception types, so the truth is read from the exception
-chain here, once, and the client only asks "retry, after how long, and what do we raise at the end".
+litellm reports a refused connection, a non-JSON body and a body without choices all as
+InternalServerError 500, so the truth is read from the exception chain: an httpx status error means the
+server answered with that status; a timeout or transport error means it did not answer.
 """
 
 from __future__ import annotations
 
 import email.utils
-import random
 import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
-BACKOFF_BASE_SECONDS = 0.5
-BACKOFF_CAP_SECONDS = 8.0
-RETRY_AFTER_CAP_SECONDS = 30.0
-BAD_RESPONSE_RETRIES = 1
 RETRYABLE_STATUSES = frozenset({408, 429})
-REDACTED = "[redacted]"
+MESSAGE_TEXT_LIMIT = 4000
+ERROR_TEXT_LIMIT = 300  # an error's text in log lines, status and raised errors
 BEARER_PATTERN = re.compile(r"(?i)(bearer\s+)\S+")
-
-TIMEOUT = "timeout"
-CONNECTION = "connection"
-HTTP_STATUS = "http"
-REJECTED = "rejected"
-BAD_RESPONSE = "bad_response"
-WORKER = "worker"  # the LLM worker process died twice on one attempt (see llm.process)
+# Failure kinds
+TIMEOUT, CONNECTION, HTTP_STATUS, REJECTED, BAD_RESPONSE = "timeout", "connection", "http", "rejected", "bad_response"
+WORKER = "worker"  # the LLM worker child died twice on one attempt (llm.process)
 
 
 class LLMError(Exception):
@@ -34,9 +28,7 @@ class LLMError(Exception):
 
     def __init__(self, message: str, *, kind: str = "error", status_code: int | None = None, attempts: int = 0):
         super().__init__(message)
-        self.kind = kind
-        self.status_code = status_code
-        self.attempts = attempts
+        self.kind, self.status_code, self.attempts = kind, status_code, attempts
 
 
 class LLMUnavailable(LLMError):
@@ -58,8 +50,8 @@ class Failure:
 
     @property
     def retryable(self) -> bool:
-        """A rejected request fails the same way every time, and a worker that died twice on one call
-        (after a restart) will die again; everything else may pass on a retry."""
+        """A rejected request fails the same way every time; a call its worker child died under twice would
+        kill the next one too."""
         return self.kind not in (REJECTED, WORKER)
 
     @property
@@ -67,18 +59,39 @@ class Failure:
         """"timeout", "http 503", ... for log lines."""
         return f"{self.kind} {self.status_code}" if self.status_code else self.kind
 
+    def to_json(self) -> dict[str, Any]:
+        """What the daemon needs of it (`llm.process`): its class for the retry policy, text for the logs."""
+        return {"kind": self.kind, "status_code": self.status_code, "retry_after": self.retry_after,
+                "type": type(self.error).__name__, "message": str(self.error)[:MESSAGE_TEXT_LIMIT]}
+
+    def final_error(self, attempts: int, detail: str) -> LLMError:
+        """What the caller sees once retries are spent: LLMBadResponse or LLMUnavailable, *detail* redacted."""
+        if self.kind == BAD_RESPONSE:
+            return LLMBadResponse(f"bad LLM response: {detail}", kind=BAD_RESPONSE, attempts=attempts)
+        status = f" (HTTP {self.status_code})" if self.status_code else ""
+        return LLMUnavailable(f"LLM {self.kind}{status} after {attempts} attempt(s): {detail}", kind=self.kind,
+                              status_code=self.status_code, attempts=attempts)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Failure:
+        """The Failure a worker child reported, its exception stood in for by one of the same class name."""
+        status_code, retry_after = data.get("status_code"), data.get("retry_after")
+        error = type(str(data.get("type") or "Exception"), (Exception,), {})(str(data.get("message") or ""))
+        return cls(str(data.get("kind") or "error"), error,
+                   status_code if isinstance(status_code, int) else None,
+                   float(retry_after) if isinstance(retry_after, (int, float)) else None)
+
 
 def classify_failure(error: BaseException) -> Failure:
-    """Sort a library error into timeout / connection / HTTP status / rejected / bad response.
-
-    litellm reports a refused connection, a non-JSON body and a body without choices all as
-    InternalServerError 500, so the truth is read from the exception chain: an httpx status error means
-    the server answered with that status; a timeout or transport error means it did not answer.
-    """
+    """Sort a library error into timeout / connection / HTTP status / rejected / bad response."""
     import httpx
     import openai
 
-    links = exception_chain(error)
+    links: list[BaseException] = []  # the error and everything it was raised from or while handling
+    link: BaseException | None = error
+    while link is not None and link not in links:
+        links.append(link)
+        link = link.__cause__ or link.__context__
     for link in links:
         if isinstance(link, httpx.HTTPStatusError):
             return http_failure(error, link.response.status_code, link.response.headers)
@@ -105,68 +118,29 @@ def http_failure(error: BaseException, status_code: int, headers: Any) -> Failur
     return Failure(REJECTED, error, status_code)
 
 
-def exception_chain(error: BaseException) -> list[BaseException]:
-    """*error* and everything it was raised from or while handling, outermost first."""
-    links: list[BaseException] = []
-    current: BaseException | None = error
-    while current is not None and current not in links:
-        links.append(current)
-        current = current.__cause__ or current.__context__
-    return links
-
-
 def retry_after_seconds(headers: Any) -> float | None:
     """The server's Retry-After (seconds or HTTP date; OpenAI's retry-after-ms too), or None."""
-    if not headers:
-        return None
-    milliseconds = headers.get("retry-after-ms")
-    if milliseconds:
+    headers = headers or {}
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
         try:
-            return max(float(milliseconds) / 1000, 0.0)
-        except ValueError:
+            return max(float(headers.get(name)) / scale, 0.0)
+        except (TypeError, ValueError):
             pass
-    value = headers.get("retry-after")
-    if not value:
-        return None
     try:
-        return max(float(value), 0.0)
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
+        return max(email.utils.parsedate_to_datetime(headers.get("retry-after")).timestamp() - time.time(), 0.0)
     except (TypeError, ValueError):
         return None
-    return max(when.timestamp() - time.time(), 0.0)
 
 
-def may_retry(failure: Failure, attempt: int, max_retries: int, bad_responses: int) -> bool:
-    """Whether attempt number *attempt* may be followed by another, given the failures so far."""
-    if not failure.retryable or attempt > max_retries:
-        return False
-    # A garbled body may be a proxy hiccup worth one more try; a second one means the server is at fault.
-    return failure.kind != BAD_RESPONSE or bad_responses <= BAD_RESPONSE_RETRIES
+def describe(error: BaseException, api_key: str | None) -> str:
+    """The error's first line, short, with the API key and any bearer token blanked out."""
+    lines = str(error).strip().splitlines()
+    return redact(lines[0] if lines else type(error).__name__, api_key)[:ERROR_TEXT_LIMIT]
 
 
-def retry_delay(attempt: int, retry_after: float | None = None) -> float:
-    """Exponential backoff with jitter (about 0.5 s, 1 s, 2 s ... up to 8 s); a Retry-After wins if longer."""
-    ceiling = min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2 ** (attempt - 1))
-    delay = ceiling / 2 + random.uniform(0, ceiling / 2)
-    if retry_after is not None:
-        delay = max(delay, min(retry_after, RETRY_AFTER_CAP_SECONDS))
-    return delay
-
-
-def final_error(failure: Failure, attempts: int, detail: str) -> LLMError:
-    """The error a caller sees once retries are spent: LLMBadResponse or LLMUnavailable, *detail* redacted."""
-    if failure.kind == BAD_RESPONSE:
-        return LLMBadResponse(f"bad LLM response: {detail}", kind=BAD_RESPONSE, attempts=attempts)
-    status = f" (HTTP {failure.status_code})" if failure.status_code else ""
-    message = f"LLM {failure.kind}{status} after {attempts} attempt(s): {detail}"
-    return LLMUnavailable(message, kind=failure.kind, status_code=failure.status_code, attempts=attempts)
-
-
-def redact(text: str, secret: str | None) -> str:
-    """*text* with *secret* and bearer tokens replaced, for log lines and error messages."""
-    if secret:
-        text = text.replace(secret, REDACTED)
-    return BEARER_PATTERN.sub(lambda match: match.group(1) + REDACTED, text)
+def redact(text: str, *secrets: str | None) -> str:
+    """*text* with each secret and any bearer token blanked out, for log lines and error messages."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "[redacted]")
+    return BEARER_PATTERN.sub(lambda match: match.group(1) + "[redacted]", text)

@@ -7,7 +7,7 @@ content and tool calls whose arguments are a JSON object.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from nanobotd.llm.failures import BAD_RESPONSE, LLMBadResponse
@@ -39,14 +39,10 @@ class LLMReply:
         """The OpenAI-format assistant message to append to the conversation before tool results."""
         if not self.tool_calls:
             return {"role": "assistant", "content": self.content}
-        return {
-            "role": "assistant",
-            "content": self.content or None,
-            "tool_calls": [
-                {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.raw_arguments}}
-                for call in self.tool_calls
-            ],
-        }
+        return {"role": "assistant", "content": self.content or None,
+                "tool_calls": [{"id": call.id, "type": "function",
+                                "function": {"name": call.name, "arguments": call.raw_arguments}}
+                               for call in self.tool_calls]}
 
 
 @dataclass
@@ -78,25 +74,7 @@ class UsageMeter:
 
     def to_json(self) -> dict:
         """A JSON-ready summary."""
-        return {
-            "calls": self.calls,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "latencies_ms": [round(latency, 1) for latency in self.latencies_ms],
-            "errors": self.errors,
-            "retries": self.retries,
-            "error_types": dict(self.error_types),
-        }
-
-
-def response_dict(response: Any) -> dict:
-    """litellm's ModelResponse as a plain dict."""
-    if isinstance(response, dict):
-        return response
-    dump = getattr(response, "model_dump", None)
-    if dump is None:
-        raise LLMBadResponse(f"unexpected response type {type(response).__name__}", kind=BAD_RESPONSE)
-    return dump()
+        return {**asdict(self), "latencies_ms": [round(latency, 1) for latency in self.latencies_ms]}
 
 
 def parse_reply(data: dict, *, latency_ms: float, attempts: int) -> LLMReply:
@@ -104,31 +82,21 @@ def parse_reply(data: dict, *, latency_ms: float, attempts: int) -> LLMReply:
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise LLMBadResponse("response has no choices", kind=BAD_RESPONSE)
-    choice = choices[0]
-    message = choice.get("message") or {}
+    message = choices[0].get("message") or {}
     if not isinstance(message, dict):
         raise LLMBadResponse("response message is not an object", kind=BAD_RESPONSE)
+    content = message.get("content")
+    if isinstance(content, list):  # content parts
+        content = "".join(part.get("text") or "" for part in content if isinstance(part, dict))
+    elif not isinstance(content, (str, type(None))):
+        raise LLMBadResponse(f"message content of type {type(content).__name__}", kind=BAD_RESPONSE)
     usage = data.get("usage") or {}
-    return LLMReply(
-        content=message_text(message.get("content")),
-        tool_calls=tuple(parse_tool_call(call, index) for index, call in enumerate(message.get("tool_calls") or ())),
-        finish_reason=str(choice.get("finish_reason") or ""),
-        prompt_tokens=int(usage.get("prompt_tokens") or 0),
-        completion_tokens=int(usage.get("completion_tokens") or 0),
-        latency_ms=latency_ms,
-        attempts=attempts,
-    )
-
-
-def message_text(content: Any) -> str:
-    """Message content as text: None is "", a list of content parts is joined."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(part.get("text") or "" for part in content if isinstance(part, dict))
-    raise LLMBadResponse(f"message content of type {type(content).__name__}", kind=BAD_RESPONSE)
+    return LLMReply(content=content or "", finish_reason=str(choices[0].get("finish_reason") or ""),
+                    tool_calls=tuple(parse_tool_call(call, index)
+                                     for index, call in enumerate(message.get("tool_calls") or ())),
+                    prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                    completion_tokens=int(usage.get("completion_tokens") or 0), latency_ms=latency_ms,
+                    attempts=attempts)
 
 
 def parse_tool_call(call: Any, index: int) -> ToolCall:
@@ -137,14 +105,12 @@ def parse_tool_call(call: Any, index: int) -> ToolCall:
     name = function.get("name") if isinstance(function, dict) else None
     if not name:
         raise LLMBadResponse(f"tool call {index} has no function name", kind=BAD_RESPONSE)
-    raw_arguments = function.get("arguments")
-    if isinstance(raw_arguments, dict):
-        raw_arguments = json.dumps(raw_arguments)
-    raw_arguments = raw_arguments if isinstance(raw_arguments, str) else ""
+    raw = function.get("arguments")
+    raw = json.dumps(raw) if isinstance(raw, dict) else raw if isinstance(raw, str) else ""
     try:
-        arguments = json.loads(raw_arguments) if raw_arguments.strip() else {}
+        arguments = json.loads(raw) if raw.strip() else {}
     except ValueError as error:
         raise LLMBadResponse(f"tool call {name!r} arguments are not valid JSON: {error}", kind=BAD_RESPONSE) from error
     if not isinstance(arguments, dict):
         raise LLMBadResponse(f"tool call {name!r} arguments are not a JSON object", kind=BAD_RESPONSE)
-    return ToolCall(id=call.get("id") or f"call_{index}", name=name, arguments=arguments, raw_arguments=raw_arguments)
+    return ToolCall(id=call.get("id") or f"call_{index}", name=name, arguments=arguments, raw_arguments=raw)

@@ -1,271 +1,225 @@
-"""The LLM worker process: the only place litellm is ever imported.
+"""The LLM worker child: the only place litellm is ever imported (`llm.process` starts and feeds it).
 
-litellm costs seconds and ~190 MB to import and never gives that memory back, so the daemon runs its
-LLM calls here, in a child it starts on demand and lets go when idle (`llm.process`). The worker reads
-calls from stdin, runs them concurrently with litellm, classifies failures where litellm's exceptions
-live, and answers on stdout (`llm.protocol`). It lives exactly as long as its stdin: the daemon closing
-it, or dying, ends the worker.
+It reads calls from stdin, runs them concurrently with litellm, classifies failures where litellm's
+exceptions live, and answers on stdout, one JSON object a line. It lives as long as its stdin (the daemon
+closing it, or dying, ends it) and leaves by itself after its idle time (argv[1] seconds) without a call.
+
+A call with slots ([KEY, COUNT]) holds one of COUNT (an asyncio.Semaphore per KEY) only while its HTTP
+request is on its way: litellm builds the request before it takes a slot, and the slot is given back as
+soon as the answer's body is read, before litellm parses it, so the next call's request goes out at once.
+That happens in the HTTP transport every litellm request through the OpenAI SDK passes
+(`litellm.aclient_session`); a model whose requests are not seen there holds its slot for the whole call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import json
 import logging
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, BinaryIO, NoReturn
 
-from nanobotd.llm.failures import BAD_RESPONSE, Failure, LLMBadResponse, classify_failure, redact
-from nanobotd.llm.protocol import OP_CANCEL, OP_COMPLETE, OP_EMBED, OP_GO, decode, encode, failure_to_json
-from nanobotd.llm.reply import response_dict
-
-MAX_LINE_BYTES = 256 * 1024 * 1024  # one request line: a whole prompt, so no small stream limit
+from nanobotd import tuning
+from nanobotd.llm.failures import BAD_RESPONSE, Failure, LLMBadResponse, classify_failure
 
 
-@dataclass
-class Gate:
-    """A gated call's hold on its HTTP request: opened by the daemon's "go" (or by a call of the same
-    *slots* whose request is answered); *released* runs the moment the request has its answer (or failed),
-    so its slot is free while litellm still reads the answer."""
+class Slot:
+    """One call's claim on its slots' semaphore, taken at most once; *on_take* runs when it is taken."""
 
-    call_id: int
-    slots: object  # which of the daemon's slot sets the call waits on
-    released: Callable[[Gate], None]
-    opened: asyncio.Event = field(default_factory=asyncio.Event)
-    used: bool = False
+    def __init__(self, semaphore: asyncio.Semaphore, on_take: Callable[[], None]):
+        self.semaphore, self.on_take = semaphore, on_take
+        self.held = self.used = False  # used: taken, or being taken (the transport lets further requests pass)
+        self.seen = False  # a request of the call reached the transport
+
+    async def take(self) -> None:
+        self.used = True
+        await self.semaphore.acquire()
+        self.held = True
+        self.on_take()
+
+    def give_back(self) -> None:
+        if self.held:
+            self.held = False
+            self.semaphore.release()
 
 
-# The gate of the call running in this context (None: the call sends at once).
-CALL_GATE: contextvars.ContextVar[Gate | None] = contextvars.ContextVar("llm_call_gate", default=None)
+# The slot of the call running in this task (None: its requests are not bounded).
+CALL_SLOT: contextvars.ContextVar[Slot | None] = contextvars.ContextVar("llm_call_slot", default=None)
+
+
+def slot_client() -> Any:
+    """An httpx client for litellm whose transport holds a call's first request until its slot is free, and
+    frees the slot when the answer's body has been read (a streamed answer: when the stream closes)."""
+    import httpx
+    from litellm.llms.custom_httpx.http_handler import get_ssl_configuration
+
+    class SlotStream(httpx.AsyncByteStream):
+        def __init__(self, stream: Any, slot: Slot):
+            self.stream, self.slot = stream, slot
+
+        def __aiter__(self) -> Any:
+            return self.stream.__aiter__()
+
+        async def aclose(self) -> None:
+            await self.stream.aclose()
+            if self.slot.held:
+                self.slot.give_back()
+                await asyncio.sleep(0)  # the call the slot went to sends its request before this answer is parsed
+
+    class SlotTransport(httpx.AsyncHTTPTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            slot = CALL_SLOT.get()
+            if slot is not None:
+                slot.seen = True
+            if slot is None or slot.used:  # not bounded, or its slot is taken already (a further request passes)
+                return await super().handle_async_request(request)
+            await slot.take()
+            response = await super().handle_async_request(request)  # on an error, the call gives its slot back
+            response.stream = SlotStream(response.stream, slot)
+            return response
+
+    return httpx.AsyncClient(transport=SlotTransport(verify=get_ssl_configuration()), follow_redirects=True)
 
 
 def import_litellm() -> Any:
-    """Import and quiet litellm: no network at import, no telemetry, no "Give Feedback" banners."""
-    # Without this litellm fetches its model cost map from GitHub while importing.
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    """Import and quiet litellm (no network at import, no telemetry, no banners), and what its first call
+    would import (the openai SDK's resources), so no call's timeout pays for it."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # else it fetches the cost map from GitHub
     import litellm
+    import openai
 
     litellm.telemetry = False
     litellm.suppress_debug_info = True
-    # litellm attaches its own stderr handler at import; route its records through ours.
     from nanobotd.logsetup import capture_library_loggers
 
-    capture_library_loggers()
+    capture_library_loggers()  # litellm attaches its own stderr handler at import; its records go through ours
+    client = openai.AsyncOpenAI(api_key="sk-none", base_url="http://127.0.0.1/v1", max_retries=0)
+    _ = client.chat.completions, client.embeddings  # the SDK imports a resource when it is first touched
     return litellm
 
 
-def gate_http_sends() -> None:
-    """Hold the HTTP request of a gated call until its "go", and free its slot as soon as it is answered
-    (`llm.protocol`).
-
-    Every async provider in litellm (the OpenAI SDK and litellm's own handler alike) sends through
-    httpx.AsyncClient.send, so the gate sits there: litellm does all its work on a call up to the request
-    itself, then waits. A call's first request is the one gated; any further one (an auth refresh) passes.
-    A streamed answer is still arriving when send returns, so its slot is freed with the call's answer.
-    """
-    import httpx
-
-    send = httpx.AsyncClient.send
-    if getattr(send, "gated", False):
-        return
-
-    async def gated_send(client: httpx.AsyncClient, request: httpx.Request, **kwargs: Any) -> httpx.Response:
-        gate = CALL_GATE.get()
-        if gate is None or gate.used:
-            return await send(client, request, **kwargs)
-        gate.used = True
-        await gate.opened.wait()
-        try:
-            response = await send(client, request, **kwargs)
-        finally:
-            if not kwargs.get("stream"):
-                gate.released(gate)
-        # Let a call this one's slot was handed to send its request before litellm reads this answer.
-        await asyncio.sleep(0)
-        return response
-
-    gated_send.gated = True  # type: ignore[attr-defined]
-    httpx.AsyncClient.send = gated_send  # type: ignore[method-assign]
-
-
-def warm_up() -> None:
-    """Import what litellm's first call would (~450 modules of the openai SDK, a second or more on a busy
-    machine), so no call's timeout pays for it: the worker announces itself ready only after this."""
-    import openai
-
-    client = openai.AsyncOpenAI(api_key="sk-none", base_url="http://127.0.0.1/v1", max_retries=0)
-    _ = client.chat.completions, client.embeddings  # the SDK imports a resource when it is first touched
-
-
-class Channel:
-    """The worker's side of the pipe to the daemon: one JSON line per message, from any thread."""
-
-    def __init__(self, stream: BinaryIO):
-        self._stream = stream
-        self._lock = threading.Lock()
-        self.secrets: set[str] = set()
-
-    def send(self, message: dict) -> None:
-        """Write one message; a daemon that went away ends the worker through stdin, so errors are dropped."""
-        data = encode(message)
-        with self._lock:
-            try:
-                self._stream.write(data)
-                self._stream.flush()
-            except (BrokenPipeError, ValueError, OSError):
-                pass
-
-    def redact(self, text: str) -> str:
-        """*text* with every API key a call brought, and bearer tokens, blanked out."""
-        for secret in self.secrets:
-            text = redact(text, secret)
-        return redact(text, None)
-
-
-class ForwardingHandler(logging.Handler):
-    """Hands library log records to the daemon, whose log sink formats and masks them like its own."""
-
-    def __init__(self, channel: Channel):
-        super().__init__(logging.WARNING)
-        self.channel = channel
-
-    def emit(self, record: logging.LogRecord) -> None:
-        """Send the record's level, logger name and (redacted) message up the pipe."""
-        try:
-            message = self.channel.redact(record.getMessage())
-        except Exception:  # a library's bad format string must not kill a call
-            message = str(record.msg)
-        self.channel.send({"log": {"level": record.levelname, "name": record.name, "message": message}})
-
-
 class Worker:
-    """Runs the daemon's calls on one event loop, several at once, until stdin closes."""
+    """Runs the daemon's calls on one event loop, several at once, until stdin closes or it is idle."""
 
-    def __init__(self, litellm: Any, channel: Channel):
+    def __init__(self, litellm: Any, out: BinaryIO, idle_exit_seconds: float):
         self.litellm = litellm
-        self.channel = channel
+        self.out = out
+        self.idle_exit_seconds = idle_exit_seconds
         self.calls: dict[int, asyncio.Task] = {}
-        self.gates: dict[int, Gate] = {}  # gated calls still waiting for their "go"
+        self.semaphores: dict[str, asyncio.Semaphore] = {}
+        self.transport_seen: dict[tuple, bool] = {}  # (model, api_base) -> its requests pass our transport
+        self.idle: asyncio.TimerHandle | None = None
 
     async def serve(self, stdin: BinaryIO) -> None:
-        """Announce readiness, then dispatch calls and cancels; on end of input, drop what is left."""
+        """Announce readiness, then dispatch calls and cancels until the end of input (what still runs is
+        dropped as the worker leaves)."""
         loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
+        reader = asyncio.StreamReader(limit=tuning.LLM_REQUEST_LINE_BYTES)
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), stdin)
-        self.channel.send({"ready": os.getpid()})
+        self.send({"ready": os.getpid()})
+        self.wait_idle()
         while line := await reader.readline():
             try:
-                self.dispatch(decode(line))
+                self.dispatch(json.loads(line))
             except (ValueError, KeyError, TypeError) as error:
                 logging.getLogger(__name__).warning("LLM worker: unreadable message dropped: %s", error)
-        for task in self.calls.values():
-            task.cancel()
-        await asyncio.gather(*self.calls.values(), return_exceptions=True)
+
+    def send(self, message: dict) -> None:
+        """One message to the daemon; one that went away ends the worker through stdin, so errors are dropped."""
+        try:
+            self.out.write(json.dumps(message, default=str, ensure_ascii=False).encode() + b"\n")
+            self.out.flush()
+        except (OSError, ValueError):
+            pass
+
+    def wait_idle(self) -> None:
+        """(Re)start the idle clock, or stop it while calls run."""
+        if self.idle is not None:
+            self.idle.cancel()
+        self.idle = None if self.calls else asyncio.get_running_loop().call_later(self.idle_exit_seconds, leave)
 
     def dispatch(self, message: dict) -> None:
-        """Start a call, let a gated one send, or cancel one the daemon no longer waits for."""
+        """Start a call, or cancel one the daemon no longer waits for."""
         call_id = int(message["id"])
-        op = message.get("op")
-        if op == OP_CANCEL:
-            task = self.calls.get(call_id)
-            if task is not None:
-                task.cancel()
-        elif op == OP_GO:
-            gate = self.gates.pop(call_id, None)
-            if gate is not None:
-                gate.opened.set()
-        elif op in (OP_COMPLETE, OP_EMBED):
-            request = dict(message["request"])
-            if request.get("api_key"):
-                self.channel.secrets.add(str(request["api_key"]))
-            function = self.litellm.acompletion if op == OP_COMPLETE else self.litellm.aembedding
-            gate = None
-            if message.get("gated"):
-                gate = self.gates[call_id] = Gate(call_id, message.get("slots"), self.hand_on)
-            task = asyncio.get_running_loop().create_task(self.run(call_id, function, request,
-                                                                   float(message["timeout"]), gate))
-            self.calls[call_id] = task
-            task.add_done_callback(lambda _done: self.forget(call_id))
-
-    def hand_on(self, freed: Gate) -> None:
-        """A gated call's request is answered: its slot goes straight to this worker's longest-waiting call on
-        the same slots, if any, and the daemon hears of both in one message."""
-        message: dict[str, Any] = {"id": freed.call_id, "released": True}
-        for call_id, gate in self.gates.items():
-            if gate.slots == freed.slots:
-                del self.gates[call_id]
-                gate.opened.set()
-                message["handed_to"] = call_id
-                break
-        self.channel.send(message)
-
-    def forget(self, call_id: int) -> None:
-        """A call ended (answered, failed or cancelled)."""
-        self.calls.pop(call_id, None)
-        self.gates.pop(call_id, None)
-
-    async def run(self, call_id: int, function: Any, request: dict, timeout: float,
-                  gate: Gate | None = None) -> None:
-        """One litellm call under *timeout* (from its "go", when gated), answered with its result or the
-        classified failure."""
-        try:
-            response, started = await self.call(function, request, timeout, gate)
-            data = response_dict(response)
-            latency_ms = (time.perf_counter() - started) * 1000
-        except LLMBadResponse as error:
-            failure = Failure(BAD_RESPONSE, error)
-        except Exception as error:  # CancelledError is a BaseException: a cancelled call sends nothing
-            failure = classify_failure(error)
-        else:
-            self.channel.send({"id": call_id, "response": data, "latency_ms": latency_ms})
+        if message["op"] == "cancel":
+            if call_id in self.calls:
+                self.calls[call_id].cancel()
             return
-        self.channel.send({"id": call_id, "failure": failure_to_json(failure)})
+        request = dict(message["request"])
+        task = asyncio.get_running_loop().create_task(
+            self.run(call_id, message["op"], request, float(message["timeout"]), message.get("slots")))
+        self.calls[call_id] = task
+        self.wait_idle()
 
-    @staticmethod
-    async def call(function: Any, request: dict, timeout: float, gate: Gate | None) -> tuple[Any, float]:
-        """litellm's response and when its timeout started: at once, or for a gated call when its gate opened
-        (litellm prepares the request meanwhile and holds it at the gate)."""
-        CALL_GATE.set(gate)  # this call's own task and context
-        if gate is None:
-            started = time.perf_counter()
-            # litellm's own timeout is not always honoured by a server that accepts and then stalls.
-            return await asyncio.wait_for(function(**request), timeout), started
-        call = asyncio.ensure_future(function(**request))
-        opened = asyncio.ensure_future(gate.opened.wait())
+        def forget(_task: asyncio.Task) -> None:
+            self.calls.pop(call_id, None)
+            self.wait_idle()
+
+        task.add_done_callback(forget)
+
+    async def run(self, call_id: int, op: str, request: dict, timeout: float, slots: list | None) -> None:
+        """One litellm call, timed from when it holds its slot, answered with its result or its failure."""
+        model = (request.get("model"), request.get("api_base"))
+        slot = None
+        started = time.perf_counter()
         try:
-            await asyncio.wait((call, opened), return_when=asyncio.FIRST_COMPLETED)
-            started = time.perf_counter()
-            return await asyncio.wait_for(call, timeout), started
+            # litellm's own timeout is not always honoured by a server that accepts and then stalls.
+            async with asyncio.timeout(None) as deadline:
+
+                def start() -> None:
+                    nonlocal started
+                    started = time.perf_counter()
+                    loop = asyncio.get_running_loop()
+                    deadline.reschedule(loop.time() + timeout)
+                    loop.call_soon(self.send, {"id": call_id, "sending": True})  # once the request is on its way
+
+                if slots:
+                    slot = Slot(self.semaphores.setdefault(str(slots[0]), asyncio.Semaphore(int(slots[1]))), start)
+                    CALL_SLOT.set(slot)  # this task's own context
+                    if not self.transport_seen.get(model):
+                        await slot.take()
+                else:
+                    start()
+                function = self.litellm.acompletion if op == "complete" else self.litellm.aembedding
+                response = await function(**request)
+            if not hasattr(response, "model_dump"):
+                raise LLMBadResponse(f"unexpected response type {type(response).__name__}", kind=BAD_RESPONSE)
+            answer = {"id": call_id, "response": response.model_dump(),
+                      "latency_ms": (time.perf_counter() - started) * 1000}
+        except LLMBadResponse as error:
+            answer = {"id": call_id, "failure": Failure(BAD_RESPONSE, error).to_json()}
+        except Exception as error:  # CancelledError is a BaseException: a cancelled call sends nothing
+            answer = {"id": call_id, "failure": classify_failure(error).to_json()}
         finally:
-            opened.cancel()
-            call.cancel()
+            if slot is not None:
+                slot.give_back()
+                self.transport_seen[model] = slot.seen
+        self.send(answer)
 
 
-def main() -> NoReturn:
-    """Serve the daemon on stdin/stdout until stdin closes, then exit."""
-    # The daemon decides when the worker ends (it closes stdin, or dies): a terminal's Ctrl-C or a service
-    # manager's SIGTERM to the whole group must not kill calls the daemon is still draining.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    channel = Channel(os.fdopen(os.dup(sys.stdout.fileno()), "wb"))
-    # Anything a library prints goes to stderr, never into the protocol.
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    litellm = import_litellm()
-    warm_up()
-    gate_http_sends()
-    logging.basicConfig(handlers=[ForwardingHandler(channel)], level=logging.WARNING, force=True)
-    asyncio.run(Worker(litellm, channel).serve(sys.stdin.buffer))
-    # Nothing is left to save, and an interpreter tearing litellm down takes seconds (longer on a busy
-    # machine) while holding its ~190 MB: leave at once.
+def leave() -> NoReturn:
+    """Exit at once: nothing is left to save, and an interpreter tearing litellm down takes seconds while
+    it holds all its memory."""
     sys.stderr.flush()
     os._exit(0)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def main() -> NoReturn:
+    """Serve the daemon on stdin/stdout until stdin closes or the worker is idle, then exit."""
+    # The daemon decides when the worker ends: a terminal's Ctrl-C or a service manager's SIGTERM to the
+    # whole group must not kill calls the daemon is still draining.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    # What a library prints or logs goes to stderr, never into the protocol; the daemon logs it (redacted).
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    litellm = import_litellm()
+    litellm.aclient_session = slot_client()
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", force=True)
+    asyncio.run(Worker(litellm, out, float(sys.argv[1])).serve(sys.stdin.buffer))
+    leave()

@@ -7,6 +7,7 @@ import asyncio
 from nanobotd.config.schema import LLMSettings
 from nanobotd.daemon.jobqueue import JOBS_PER_LLM_SLOT, JobQueue
 from nanobotd.llm.client import LLMClient
+from nanobotd.llm.process import LLMWorker
 from nanobotd.state.store import StateStore
 from tests.support.fakellm import FakeLLM, Responder, Text
 
@@ -51,7 +52,7 @@ def test_llm_requests_share_the_queue_slots_across_clients_and_jobs_overlap_thei
     async def scenario(fake):
         queue = JobQueue(store, llm_concurrency=2)
         settings = LLMSettings(model=fake.model, api_base=fake.base_url, concurrency=2)
-        clients = [LLMClient(settings), LLMClient(settings)]
+        clients = [LLMClient(settings, worker=worker), LLMClient(settings, worker=worker)]  # the daemon's one worker
         for client in clients:
             client.share_slots(queue.llm_slots)
 
@@ -69,8 +70,12 @@ def test_llm_requests_share_the_queue_slots_across_clients_and_jobs_overlap_thei
         await queue.wait_idle()
         return queue, ids
 
+    worker = LLMWorker()
     with FakeLLM(latency=0.2, default=Responder(answer)) as fake:
-        queue, ids = asyncio.run(scenario(fake))
+        try:
+            queue, ids = asyncio.run(scenario(fake))
+        finally:
+            worker.close(wait=5)
         assert len(fake.requests) == 12
         assert fake.max_in_flight == 2, "llm.concurrency bounds requests daemon-wide, over both clients"
     assert all(store.get_run(run_id).state == "finished" for run_id in ids)

@@ -9,7 +9,6 @@ import os
 import signal
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -281,24 +280,22 @@ def test_embeddings_run_in_the_worker_too(fake, worker):
     assert worker.pid not in (None, os.getpid())
 
 
-def test_clients_without_a_worker_share_one_and_the_last_to_close_ends_it(fake):
+def test_a_client_without_a_worker_starts_its_own_and_closing_the_client_ends_it(fake):
     settings = LLMSettings(model=fake.model, api_base=fake.base_url, idle_exit_seconds=123)
-    first, second = LLMClient(settings, api_key="sk-a"), LLMClient(settings, api_key="sk-b")
-    embedder = Embedder("openai/fake-embed", settings)
-    assert first.worker is second.worker is embedder._worker
-    assert LLMClient(replace(settings, idle_exit_seconds=124)).worker is not first.worker
+    client = LLMClient(settings, api_key="sk-a")
+    given = LLMClient(settings, api_key="sk-b", worker=client.worker)
 
-    async def both_then_close_one():
-        await asyncio.gather(first.complete(USER_TURN), second.complete(USER_TURN))
-        pid = first.worker.pid
-        await first.aclose()
-        await first.aclose()  # twice lets go once
-        return pid, await second.complete(USER_TURN)
+    async def call_then_close():
+        await asyncio.gather(client.complete(USER_TURN), given.complete(USER_TURN))
+        pid = client.worker.pid
+        await given.aclose()  # a worker given belongs to whoever made it
+        reply = await client.complete(USER_TURN)
+        assert client.worker.pid == pid
+        await client.aclose()
+        return pid, reply
 
-    pid, reply = asyncio.run(both_then_close_one())
-    assert reply.content == "(nothing)" and second.worker.pid == pid
-    assert first.worker.starts == 1
-    del embedder
-    asyncio.run(second.aclose())
+    pid, reply = asyncio.run(call_then_close())
+    assert reply.content == "(nothing)"
+    assert client.worker.starts == 1 and client.worker.idle_exit_seconds == 123
     wait_until(lambda: not Path(f"/proc/{pid}").exists())
-    assert second.worker.pid is None
+    assert client.worker.pid is None
