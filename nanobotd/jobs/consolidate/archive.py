@@ -16,8 +16,9 @@ from pathlib import Path
 
 from loguru import logger
 
+from nanobotd import fsio
 from nanobotd.jobs.common import RESTORE_STEP_KEY, JobEnv, RestoreRefused, note_progress
-from nanobotd.jobs.consolidate.chunks import Chunk, ChunkLoads, early_reader, plan_run
+from nanobotd.jobs.consolidate.chunks import Chunk, ChunkLoads, plan_run
 from nanobotd.jobs.consolidate.prompt import NOTHING, archive_messages, parse_summary
 from nanobotd.llm.failures import LLMError
 from nanobotd.llm.reply import UsageMeter
@@ -45,14 +46,13 @@ GROWING_KEYS = (STEPS_KEY, "cursors")  # journalled as steps (chunks) or made fr
 
 
 async def summarize_chunk(ctx: JobEnv, chunk: Chunk, session_key: str,
-                          usage: UsageMeter) -> tuple[str, list[str] | list[PreparedEntry], str]:
-    """(outcome, entry contents, reason): summarized | nothing | raw_fallback, with why it fell back. A chunk
-    archived raw may have its entries prepared already (read by the chunk-reading process)."""
+                          usage: UsageMeter) -> tuple[str, list[str], str]:
+    """(outcome, entry contents, reason): summarized | nothing | raw_fallback, with why it fell back."""
     settings = ctx.settings.consolidation
     if chunk.oversized:
-        return "raw_fallback", chunk.raw_entries(settings.raw_max_chars), OVERSIZED_REASON
+        return "raw_fallback", raw_entries(chunk.messages, settings.raw_max_chars), OVERSIZED_REASON
     if ctx.llm.offline:
-        return "raw_fallback", chunk.raw_entries(settings.raw_max_chars), OFFLINE_REASON
+        return "raw_fallback", raw_entries(chunk.messages, settings.raw_max_chars), OFFLINE_REASON
     try:
         reply = await ctx.llm.complete(archive_messages(transcript(chunk.messages), session_key),
                                        max_tokens=min(ctx.settings.llm.max_tokens, 4096))
@@ -81,20 +81,12 @@ def backup_path(ctx: JobEnv, run_id: str, number: int) -> Path:
 async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, reason: str,
                               vanished_only: bool = False) -> dict:
     """Archive a session's unarchived messages (all of them, or down to the target for "budget")."""
-    started = early_reader(ctx, session_key, reason, vanished_only=vanished_only)  # starts while the run plans
-    try:
-        chunks = plan_run(ctx, session_key, reason, vanished_only=vanished_only)
-    except BaseException:
-        if started is not None:
-            started.close()
-        raise
+    chunks = plan_run(ctx, session_key, reason, vanished_only=vanished_only)
     manifest: dict = {"session": session_key, "reason": reason, "chunks": [], "cursors": []}
     if vanished_only:
         manifest["vanished_only"] = True
     usage = UsageMeter()
     if not chunks:
-        if started is not None:
-            started.close()
         ctx.store.finish_run(run_id, state="finished", outcome="no_change", manifest=manifest)
         # counted as a pass, so the metrics see the runs `nanobotctl runs` hides
         ctx.store.record_outcome("consolidate", ctx.settings.name, "no_change", run_id=run_id,
@@ -102,8 +94,9 @@ async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, rea
         return manifest
     outcomes = []
     marks = PendingMarks(ctx, session_key, run_id, manifest)
-    raw_backups = (lambda number: backup_path(ctx, run_id, number)) if ctx.llm.offline else None
-    loads = ChunkLoads(ctx, session_key, chunks, raw_backups=raw_backups, started=started)
+    offline = ctx.llm.offline  # every chunk archived raw as read: read (and backed up) a group ahead
+    loads = ChunkLoads(ctx, session_key, chunks, ahead=APPEND_GROUP_CHUNKS if offline else 1,
+                       backups=(lambda number: backup_path(ctx, run_id, number)) if offline else None)
     try:
         number = 0
         while number < len(chunks):
@@ -131,12 +124,9 @@ async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, rea
     return manifest
 
 
-def prepared_entries(contents: list[str] | list[PreparedEntry]) -> list[PreparedEntry]:
-    """Entry contents ready for history (prepared already by the chunk-reading process, or here); one left empty
-    once cleaned is not appended."""
-    prepared = (content if isinstance(content, PreparedEntry) else history.prepare_entry(content)
-                for content in contents)
-    return [entry for entry in prepared if entry is not None]
+def prepared_entries(contents: list[str]) -> list[PreparedEntry]:
+    """Entry contents ready for history; one left empty once cleaned is not appended."""
+    return [entry for entry in map(history.prepare_entry, contents) if entry is not None]
 
 
 def manifest_head(manifest: dict) -> dict:
@@ -216,8 +206,6 @@ async def archive_chunks(ctx: JobEnv, session_key: str, run_id: str, group: list
     for number, chunk in group:
         outcome, contents, reason = await summarize_chunk(ctx, chunk, session_key, usage)
         digests, seqs, backup = chunk.digests, chunk.seqs, backup_path(ctx, run_id, number)
-        if not chunk.backed_up:  # a thread only to write it (a hop each for 170 chunks of a long run: ~0.15 s)
-            await asyncio.to_thread(chunk.back_up, backup)
         record = {
             "seq": [seqs[0], seqs[-1]], "count": len(digests),
             "first_digest": digests[0], "last_digest": digests[-1],
@@ -234,6 +222,9 @@ async def archive_chunks(ctx: JobEnv, session_key: str, run_id: str, group: list
     # cursors (before the append), or with done (no entry to append), not on its own before.
 
     def append() -> list[int]:
+        for _, record, _, _, chunk in records:
+            chunk.back_up(Path(record["backup"]))
+        fsio.fsync_dir(ctx.store.run_dir(run_id))  # the backups' names, durable before the journal names them
         prepared = [prepared_entries(contents) for contents, _ in parts]
         written = [(entry, span) for entries, (_, span) in zip(prepared, parts, strict=True) for entry in entries]
 
@@ -245,8 +236,12 @@ async def archive_chunks(ctx: JobEnv, session_key: str, run_id: str, group: list
                     record["hashes"] = [entry.hash for entry in entries]
                     steps.append((number, record))
             ctx.store.journal_steps(run_id, steps, manifest_head(manifest))
+            ctx.faults.reach("consolidate.journalled")
 
-        return history.append_prepared(ctx.memory_dir, written, session_key, ctx.now(), before_write=journal_cursors)
+        cursors = history.append_prepared(ctx.memory_dir, written, session_key, ctx.now(),
+                                          before_write=journal_cursors)
+        ctx.faults.reach("consolidate.appended")
+        return cursors
 
     await asyncio.to_thread(append)
     outcomes = []

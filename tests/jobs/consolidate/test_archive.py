@@ -11,11 +11,10 @@ from datetime import datetime
 import pytest
 
 from nanobotd.config.schema import ConsolidationSettings, LLMSettings, WorkspaceSettings
+from nanobotd.faults import FaultPoints
 from nanobotd.jobs.common import JobEnv
 from nanobotd.jobs.consolidate import archive as consolidate
-from nanobotd.jobs.consolidate import chunks
 from nanobotd.llm.client import LLMClient
-from nanobotd.memory import history
 from nanobotd.sessions.tracker import SessionTracker
 from nanobotd.state.store import StateStore
 from tests.support.fakellm import Empty, FakeLLM, Garbage, Hang, HttpError, Text, ToolCalls
@@ -120,8 +119,7 @@ class LoadsSeen(SessionTracker):
         return super().spooled_messages(key, seqs)
 
 
-def test_chunks_are_read_one_ahead_off_the_event_loop_and_reach_history_in_order(tmp_path, monkeypatch):
-    monkeypatch.setattr(chunks, "READER_MIN_CHUNKS", 10**6)  # read in the daemon (test_reader: in a process)
+def test_chunks_are_read_one_ahead_off_the_event_loop_and_reach_history_in_order(tmp_path):
     workspace, sessions = make_workspace(tmp_path)
     settings = WorkspaceSettings(path=workspace, name="ws", llm=LLMSettings(model="none", context_window=8000))
     store = StateStore(tmp_path / "state").open()
@@ -213,22 +211,12 @@ def test_messages_below_the_agents_mark_are_never_archived_again(tmp_path):
 
 def test_crash_after_cursor_journal_is_rolled_back_or_finished(tmp_path):
     ctx, sessions = make_context(tmp_path, LLMSettings(model="none"))
+    ctx.faults = FaultPoints({"consolidate.journalled": "enospc"})  # cursors journalled, history not written
     ctx.tracker.scan(write_session(sessions, "cli:a", conversation(4)))
     run_id = ctx.store.create_run("consolidate", "ws", session_key="cli:a")
-    real_append = history.append_prepared
-
-    def crash_before_write(memory_dir, prepared, key, now, before_write=None):
-        def journal_then_die(cursors):
-            before_write(cursors)
-            raise KeyboardInterrupt("simulated kill")
-        return real_append(memory_dir, prepared, key, now, before_write=journal_then_die)
-
-    consolidate.history.append_prepared = crash_before_write
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            asyncio.run(consolidate.consolidate_session(ctx, "cli:a", run_id, reason="manual"))
-    finally:
-        consolidate.history.append_prepared = real_append
+    with pytest.raises(OSError):
+        asyncio.run(consolidate.consolidate_session(ctx, "cli:a", run_id, reason="manual"))
+    ctx.faults = FaultPoints()
     outcome = consolidate.recover_consolidation(ctx, ctx.store.get_run(run_id))
     assert outcome == "rolled_back"
     assert len(ctx.tracker.pending("cli:a")) == 4
@@ -295,22 +283,18 @@ def test_a_run_cut_short_after_its_entries_reached_history_is_recovered_and_rest
     ctx, sessions = make_context(tmp_path, LLMSettings(model="none", context_window=8000, max_tokens=1000))
     ctx.tracker.scan(write_session(sessions, "cli:a", conversation(30, words=100)))
     run_id = ctx.store.create_run("consolidate", "ws", session_key="cli:a")
-    real_mark = ctx.tracker.mark_archived
-
-    def die_before_marking(*args, **kwargs):
-        raise KeyboardInterrupt("simulated kill")
-
-    ctx.tracker.mark_archived = die_before_marking  # every chunk reached history; none is marked archived
-    with pytest.raises(KeyboardInterrupt):
+    ctx.faults = FaultPoints({"consolidate.appended": "enospc"})  # chunks reached history, none marked archived
+    with pytest.raises(OSError):
         asyncio.run(consolidate.consolidate_session(ctx, "cli:a", run_id, reason="manual"))
-    ctx.tracker.mark_archived = real_mark
+    ctx.faults = FaultPoints()
     interrupted = ctx.store.get_run(run_id)
     written = [entry["cursor"] for entry in history_entries(ctx.settings.path)]
-    assert len(interrupted.manifest["chunks"]) >= 3 and len(written) >= 3
+    assert len(interrupted.manifest["chunks"]) >= 1 and len(written) >= 1
     assert consolidate.recover_consolidation(ctx, interrupted) == "recovered"
     recovered = ctx.store.get_run(run_id)
     assert recovered.manifest["cursors"] == written
-    assert ctx.tracker.sessions["cli:a"].unarchived_messages == 0
+    finished = sum(chunk["count"] for chunk in recovered.manifest["chunks"] if chunk.get("done"))
+    assert finished and ctx.tracker.sessions["cli:a"].unarchived_messages == 30 - finished
     consolidate.restore_consolidation(ctx, recovered, dry_run=False)
     assert history_entries(ctx.settings.path) == []
     assert len(ctx.tracker.pending("cli:a")) == 30
@@ -346,3 +330,15 @@ def test_archived_twice_counts_messages_two_runs_of_nanobotd_archived_not_a_run_
     assert ctx.tracker.totals()["archived_twice"] == 0
     ctx.tracker.mark_archived("cli:a", digests[:4], "r-20261122-103000-consolidate-0a0a0a")  # a second archive
     assert ctx.tracker.totals()["archived_twice"] == 4
+
+
+def test_a_run_that_fails_midway_leaves_only_the_backups_it_journalled(tmp_path):
+    ctx, sessions = make_context(tmp_path, LLMSettings(model="none", context_window=8000, max_tokens=1000))
+    ctx.tracker.scan(write_session(sessions, "cli:a", conversation(120, words=100)))
+    ctx.faults = FaultPoints({"consolidate.journalled": "enospc"})
+    run_id = ctx.store.create_run("consolidate", "ws", session_key="cli:a")
+    with pytest.raises(OSError):
+        asyncio.run(consolidate.consolidate_session(ctx, "cli:a", run_id, reason="manual"))
+    journalled = {chunk["backup"] for chunk in ctx.store.get_run(run_id).manifest["chunks"]}
+    left = {str(path) for path in ctx.store.run_dir(run_id).iterdir()}
+    assert journalled and left == journalled
