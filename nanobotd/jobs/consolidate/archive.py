@@ -18,7 +18,7 @@ from loguru import logger
 
 from nanobotd import fsio
 from nanobotd.jobs.common import RESTORE_STEP_KEY, JobEnv, RestoreRefused, note_progress
-from nanobotd.jobs.consolidate.chunks import Chunk, ChunkLoads, plan_run
+from nanobotd.jobs.consolidate.chunks import PROMPT_OVERHEAD_TOKENS, Chunk, ChunkLoads, plan_run
 from nanobotd.jobs.consolidate.prompt import NOTHING, archive_messages, parse_summary
 from nanobotd.llm.failures import LLMError
 from nanobotd.llm.reply import UsageMeter
@@ -28,6 +28,7 @@ from nanobotd.memory.transcript import raw_entries, transcript
 from nanobotd.sessions.session import digests_in
 from nanobotd.state.runsteps import STEPS_KEY, write_steps
 from nanobotd.state.store import RunRecord
+from nanobotd.tokens import count_tokens, encoding_name_for
 
 # Archive marks of chunks that reached history are committed together, up to this many chunks or this long
 # after the first of them (one commit per chunk rewrote the same index pages hundreds of times); a crash in
@@ -42,6 +43,7 @@ APPEND_GROUP_TOKENS = 400_000
 OFFLINE_REASON = "offline mode: no LLM configured"
 NOTHING_LEFT_REASON = "nothing unarchived to archive"
 OVERSIZED_REASON = "a message over half the context window is never sent to the LLM"
+OVER_WINDOW_REASON = "the chunk, counted exactly, does not fit one request"
 GROWING_KEYS = (STEPS_KEY, "cursors")  # journalled as steps (chunks) or made from them (cursors), not in the head
 
 
@@ -53,9 +55,13 @@ async def summarize_chunk(ctx: JobEnv, chunk: Chunk, session_key: str,
         return "raw_fallback", raw_entries(chunk.messages, settings.raw_max_chars), OVERSIZED_REASON
     if ctx.llm.offline:
         return "raw_fallback", raw_entries(chunk.messages, settings.raw_max_chars), OFFLINE_REASON
+    # the plan's sizes are the tracker's estimates: a chunk an LLM must receive is counted exactly, once
+    text, max_tokens = transcript(chunk.messages), min(ctx.settings.llm.max_tokens, 4096)
+    chunk.counted = await asyncio.to_thread(count_tokens, text, encoding_name_for(ctx.settings.llm.model))
+    if chunk.counted > ctx.settings.llm.context_window - max_tokens - PROMPT_OVERHEAD_TOKENS:
+        return "raw_fallback", raw_entries(chunk.messages, settings.raw_max_chars), OVER_WINDOW_REASON
     try:
-        reply = await ctx.llm.complete(archive_messages(transcript(chunk.messages), session_key),
-                                       max_tokens=min(ctx.settings.llm.max_tokens, 4096))
+        reply = await ctx.llm.complete(archive_messages(text, session_key), max_tokens=max_tokens)
         usage.add(reply)
     except LLMError as exc:
         usage.add_error(exc)
@@ -187,12 +193,12 @@ async def _take_group(ctx: JobEnv, loads: ChunkLoads, chunks: list[Chunk],
     if not await loads.take(number):
         return [], number + 1
     group = [(number, chunks[number])]
-    tokens, following = chunks[number].tokens, number + 1
+    tokens, following = chunks[number].planned_tokens, number + 1
     while (ctx.llm.offline and len(group) < APPEND_GROUP_CHUNKS and loads.ready(following)
            and tokens + chunks[following].planned_tokens <= APPEND_GROUP_TOKENS):
         if await loads.take(following):
             group.append((following, chunks[following]))
-            tokens += chunks[following].tokens
+            tokens += chunks[following].planned_tokens
         following += 1
     return group, following
 

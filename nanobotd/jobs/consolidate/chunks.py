@@ -1,7 +1,9 @@
 """Which spooled messages a consolidation run archives, in which chunks, and reading their records.
 
-A run is planned from the spool's (seq, role, tokens) alone; each chunk's records are read from the spool
-only when it is archived, one chunk ahead, so a long session's records are never all in memory.
+A run is planned from the spool's (seq, role, tokens) alone, its sizes being what the tracker gives (an estimate:
+a raw archive needs no exact count; a chunk sent to an LLM is counted exactly when it is sent); each chunk's
+records are read from the spool only when it is archived, a few ahead, so a long session's records are never all
+in memory.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class Chunk:
     oversized: bool = False
     loaded: list[tuple[int, PendingMessage, str]] = field(default_factory=list)
     backed_up: bool = False
+    counted: int | None = None  # its exact tokens, counted only when it is sent to an LLM
 
     @property
     def messages(self) -> list[PendingMessage]:
@@ -50,9 +53,8 @@ class Chunk:
 
     @property
     def tokens(self) -> int:
-        if self.loaded:
-            return sum(message.tokens for _, message, _ in self.loaded)
-        return self.planned_tokens
+        """Its exact tokens when counted, else the tracker's sizes it was planned with (an estimate)."""
+        return self.planned_tokens if self.counted is None else self.counted
 
     def back_up(self, path: Path) -> None:
         """The chunk's messages in its new backup file *path* (`archive.backup_path`), synced; its folder is

@@ -342,3 +342,21 @@ def test_a_run_that_fails_midway_leaves_only_the_backups_it_journalled(tmp_path)
     journalled = {chunk["backup"] for chunk in ctx.store.get_run(run_id).manifest["chunks"]}
     left = {str(path) for path in ctx.store.run_dir(run_id).iterdir()}
     assert journalled and left == journalled
+
+
+def test_a_chunk_sent_to_the_llm_records_its_exact_count_and_a_raw_one_the_planned_size(tmp_path):
+    from nanobotd.memory.transcript import transcript
+    from nanobotd.tokens import count_tokens, encoding_name_for
+
+    with FakeLLM() as fake:
+        fake.push(Text("- [durable] User lives in Lyon"))
+        ctx, sessions = make_context(tmp_path / "online", online(fake))
+        ctx.tracker.scan(write_session(sessions, "cli:a", conversation(6)))
+        sent = transcript([message for _, message, _ in ctx.tracker.spooled_messages("cli:a", list(range(1, 7)))])
+        _, manifest = run_job(ctx, "cli:a")
+    assert manifest["chunks"][0]["tokens"] == count_tokens(sent, encoding_name_for(fake.model))
+    offline, sessions = make_context(tmp_path / "offline", LLMSettings(model="none"))
+    offline.tracker.scan(write_session(sessions, "cli:a", conversation(6)))
+    planned = offline.tracker.sessions["cli:a"].unarchived_tokens
+    _, manifest = run_job(offline, "cli:a")
+    assert manifest["chunks"][0]["tokens"] == planned
