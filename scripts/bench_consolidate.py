@@ -81,8 +81,8 @@ def markers_in(text: str) -> list[tuple[int, int]]:
 def offline_worker(workspace: str, sessions: str, state_dir: str, key: str, reply) -> None:
     """In a fresh process: scan the session, then archive all of it raw; send back timings and VmHWM."""
     from nanobotd.config.schema import WorkspaceSettings
-    from nanobotd.jobs.common import JobEnv
     from nanobotd.jobs.consolidate import archive as consolidate
+    from nanobotd.jobs.env import JobEnv
     from nanobotd.llm.client import LLMClient
     from nanobotd.sessions.tracker import SessionTracker
     from nanobotd.state.store import StateStore

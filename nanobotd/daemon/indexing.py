@@ -18,15 +18,15 @@ from nanobotd import heap
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.workspace import ALL_FILES, Workspace
 from nanobotd.index.sources import NOTE_DIRS
+from nanobotd.jobs.registry import JOB_KINDS
 from nanobotd.sessions.session import archived_twice_count
 from nanobotd.state import metrics
+from nanobotd.tuning import MAX_WAIT_FACTOR, TRIM_AFTER_REFRESH_SECONDS
 
-MAX_WAIT_FACTOR = 5  # changes wait at most this many debounce periods for the index
-# While one of these runs in a workspace, its index refresh waits (up to MAX_WAIT_FACTOR): the job rewrites
-# memory files all along and refreshes the index when it ends, so the watcher's events of its own writes would
-# only add refreshes.
-WRITING_KINDS = ("consolidate", "dream", "lifecycle", "restore")
-TRIM_AFTER_REFRESH_SECONDS = 1.0  # a refresh this long gives its freed memory back (heap.trim) when it ends
+# While a job whose refresh_waits runs in a workspace, its index refresh waits (up to MAX_WAIT_FACTOR): the job
+# rewrites memory files all along and refreshes the index when it ends, so the watcher's events of its own writes
+# would only add refreshes.
+WRITING_KINDS = tuple(kind for kind, job in JOB_KINDS.items() if job.refresh_waits)
 
 
 def session_changed(core: Core, workspace: Workspace, path: Path) -> None:
@@ -174,12 +174,3 @@ def _writing(core: Core, workspace: Workspace) -> bool:
         return False
     most = workspace.pending_since + workspace.settings.search.debounce_seconds * MAX_WAIT_FACTOR
     return asyncio.get_running_loop().time() < most
-
-
-async def reindex(core: Core, workspace: Workspace) -> dict:
-    """Rebuild the builtin index from scratch (and update QMD)."""
-    loop = asyncio.get_running_loop()
-    stats = await loop.run_in_executor(core.executor, workspace.index.rebuild)
-    if workspace.qmd is not None and workspace.qmd.available:
-        await workspace.qmd.update_now()
-    return stats

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nanobotd.jobs.common import JobEnv
+from nanobotd.jobs.env import JobEnv
 from nanobotd.memory.agent_history import dropped_part
 from nanobotd.memory.transcript import PendingMessage
 from nanobotd.sessions.spool import PlanWindow, SpoolPlan

@@ -18,12 +18,12 @@ from loguru import logger
 
 from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.gitstore.store import GitStore
-from nanobotd.jobs.common import cap_overruns
 from nanobotd.jobs.dream import prompts
 from nanobotd.jobs.dream.apply import ApplyStep, DreamError, describe_left
 from nanobotd.jobs.dream.inputs import Backlog, Batch, read_backlog
 from nanobotd.jobs.dream.recover import KIND
 from nanobotd.jobs.dream.tools import ALLOWED_FILES, TOOL_SCHEMAS, StagedFiles
+from nanobotd.jobs.dreamnotes import cap_overruns
 from nanobotd.llm.client import LLMClient
 from nanobotd.llm.failures import LLMError
 from nanobotd.llm.reply import LLMReply, UsageMeter
