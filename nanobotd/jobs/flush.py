@@ -39,13 +39,12 @@ from nanobotd.memory.dailynote import (
 from nanobotd.memory.transcript import PendingMessage, render_message
 from nanobotd.state.store import RunRecord, StateStore
 from nanobotd.tokens import count_tokens, encoding_name_for
+from nanobotd.tuning import CHARS_PER_TOKEN, INPUT_SHARE
 
 FLUSH_KIND = "flush"
 NO_REPLY = "NO_REPLY"
-INPUT_RATIO = 0.4
 REPLY_MAX_TOKENS = 2048
 KNOWN_BULLETS_MAX_CHARS = 4000
-CHARS_PER_TOKEN = 4
 BACKUP_NAME = "note.before.md"
 EMPTY_BULLETS = frozenset({"none", "(none)", "n/a", "nothing", "(nothing)", "-"})
 HEADING = re.compile(r"^\s*(?:#{1,6}\s*|\*\*)(?P<name>[^#*:]+?)\s*:?\s*(?:\*\*)?\s*:?\s*$")
@@ -130,7 +129,7 @@ def build_prompt(messages: list[PendingMessage], day: date, known: str, llm: LLM
     if known:
         preamble += f"\nAlready in today's note (do not repeat):\n{known}\n"
     overhead = count_tokens(FLUSH_PROMPT + preamble, encoding) + 64
-    budget = max(256, int(llm.settings.context_window * INPUT_RATIO) - overhead)
+    budget = max(256, int(llm.settings.context_window * INPUT_SHARE) - overhead)
     text, sent = fit_transcript(messages, budget, encoding)
     user = f"{preamble}\nTranscript ({sent} of {len(messages)} messages, oldest first):\n\n{text}"
     return {"messages": [{"role": "system", "content": FLUSH_PROMPT}, {"role": "user", "content": user}],

@@ -17,7 +17,7 @@ from pathlib import Path
 from loguru import logger
 
 from nanobotd import fsio
-from nanobotd.jobs.consolidate.chunks import PROMPT_OVERHEAD_TOKENS, Chunk, ChunkLoads, plan_run
+from nanobotd.jobs.consolidate.chunks import Chunk, ChunkLoads, plan_run
 from nanobotd.jobs.consolidate.prompt import NOTHING, archive_messages, parse_summary
 from nanobotd.jobs.env import JobEnv, note_progress
 from nanobotd.jobs.errors import RestoreRefused
@@ -31,17 +31,14 @@ from nanobotd.sessions.session import digests_in
 from nanobotd.state.runsteps import STEPS_KEY, write_steps
 from nanobotd.state.store import RunRecord
 from nanobotd.tokens import count_tokens, encoding_name_for
+from nanobotd.tuning import (
+    APPEND_GROUP_CHUNKS,
+    APPEND_GROUP_TOKENS,
+    MARK_BATCH_CHUNKS,
+    MARK_BATCH_SECONDS,
+    PROMPT_OVERHEAD_TOKENS,
+)
 
-# Archive marks of chunks that reached history are committed together, up to this many chunks or this long
-# after the first of them (one commit per chunk rewrote the same index pages hundreds of times); a crash in
-# between leaves chunks journalled with their cursors but not done, which recovery finishes.
-MARK_BATCH_CHUNKS = 16
-MARK_BATCH_SECONDS = 0.5
-# A run without an LLM appends the chunks whose records are read already together, up to this many and this many
-# tokens (~4 bytes each, held two or three times over while the group is written): one history lock, one .cursor
-# write and one fsync for them all (three fsyncs a chunk were a fifth of a long archive)
-APPEND_GROUP_CHUNKS = 8
-APPEND_GROUP_TOKENS = 400_000
 OFFLINE_REASON = "offline mode: no LLM configured"
 NOTHING_LEFT_REASON = "nothing unarchived to archive"
 OVERSIZED_REASON = "a message over half the context window is never sent to the LLM"
@@ -150,7 +147,8 @@ def chunk_cursors(manifest: dict) -> list[int]:
 
 class PendingMarks:
     """Chunks whose entries reached history, waiting for their archive marks: committed in one transaction
-    with the journal saying they are done (so a crash leaves both or neither)."""
+    with the journal saying they are done (so a crash leaves both or neither), a batch of chunks at a time (a
+    crash in between leaves chunks journalled with their cursors but not done, which recovery finishes)."""
 
     def __init__(self, env: JobEnv, session_key: str, run_id: str, manifest: dict):
         self.env, self.session_key, self.run_id, self.manifest = env, session_key, run_id, manifest

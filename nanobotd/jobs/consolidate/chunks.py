@@ -21,9 +21,7 @@ from nanobotd.jobs.env import JobEnv
 from nanobotd.memory.agent_history import dropped_part
 from nanobotd.memory.transcript import PendingMessage
 from nanobotd.sessions.spool import PlanWindow, SpoolPlan
-
-SAFETY_MARGIN = 1.2
-PROMPT_OVERHEAD_TOKENS = 600
+from nanobotd.tuning import PLAN_PAGE, PROMPT_OVERHEAD_TOKENS, SAFETY_MARGIN
 
 
 @dataclass
@@ -133,11 +131,10 @@ def budget_chunks(env: JobEnv, session_key: str, most: int) -> list[Chunk]:
     the target (budget x ratio), ending just before a user message (or at the very first); the vanished messages
     among them are taken whatever their size. Of the session's plan only its newest messages are read (back to
     where the selection ends) and its oldest (as far as *most* chunks go), a page at a time: a long session's
-    whole plan is not read for a few chunks (100k messages: 70 ms)."""
+    whole plan is not read for a few chunks."""
     return env.tracker.plan_window(session_key, lambda window: plan_budget(env, window, most))
 
 
-PLAN_PAGE = 1024  # messages of a plan read at a time by a budget run (each page of its oldest twice the one before)
 
 
 def plan_budget(env: JobEnv, window: PlanWindow, most: int, page_size: int = PLAN_PAGE) -> list[Chunk]:

@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nanobotd.config.schema import ConsolidationSettings, LLMSettings, WorkspaceSettings
-from nanobotd.jobs.consolidate import chunks
 from nanobotd.jobs.consolidate.chunks import chunk_ratio, plan_budget, plan_chunks, vanished_messages
 from nanobotd.sessions.spool import PlanWindow, SpoolPlan, read_plan
 from nanobotd.state.store import StateStore
+from nanobotd.tuning import PLAN_PAGE
 
 ROLES = ("user", "assistant", "tool", "system")
 
@@ -120,7 +120,7 @@ MESSAGE = st.tuples(st.sampled_from(ROLES),
 @settings(max_examples=300, deadline=None)
 @given(messages=st.lists(MESSAGE, max_size=120), window=st.sampled_from([2000, 4000, 9000, 200_000]),
        ratio=st.sampled_from([0.0, 0.1, 0.5, 1.0]), max_tokens=st.integers(0, 3000),
-       most=st.integers(1, 6), page_size=st.integers(1, 8) | st.just(chunks.PLAN_PAGE),
+       most=st.integers(1, 6), page_size=st.integers(1, 8) | st.just(PLAN_PAGE),
        first_seq=st.sampled_from([1, 7]))
 def test_a_budget_runs_chunks_read_a_page_at_a_time_are_the_walk_over_every_message(
         spools, messages, window, ratio, max_tokens, most, page_size, first_seq):
