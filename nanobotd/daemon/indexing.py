@@ -30,15 +30,17 @@ WRITING_KINDS = tuple(kind for kind, job in JOB_KINDS.items() if job.refresh_wai
 
 
 def session_changed(core: Core, workspace: Workspace, path: Path) -> None:
-    """A session file changed: the indexes refresh it (debounced)."""
-    schedule_refresh(core, workspace, {path})
-    if workspace.qmd is not None:
-        workspace.qmd.request_update()  # its markdown export of the session changes too
+    """A session file changed: the indexes refresh it (debounced; QMD's markdown export of it changes too)."""
+    _refresh_both(core, workspace, {path})
 
 
 def memory_changed(core: Core, workspace: Workspace) -> None:
     """A job changed memory files: refresh the indexes (debounced)."""
-    schedule_refresh(core, workspace, None)
+    _refresh_both(core, workspace, None)
+
+
+def _refresh_both(core: Core, workspace: Workspace, paths: set[Path] | None) -> None:
+    schedule_refresh(core, workspace, paths)
     if workspace.qmd is not None:
         workspace.qmd.request_update()
 
@@ -62,11 +64,8 @@ def is_memory_file(workspace: Workspace, path: Path) -> bool:
 
 def memory_file_changed(core: Core, workspace: Workspace, path: Path) -> None:
     """The watcher saw a memory folder change: refresh both indexes if it is a file they read (debounced)."""
-    if not is_memory_file(workspace, path):
-        return
-    schedule_refresh(core, workspace, {path})
-    if workspace.qmd is not None:
-        workspace.qmd.request_update()
+    if is_memory_file(workspace, path):
+        _refresh_both(core, workspace, {path})
 
 
 async def check_fingerprints(core: Core, workspace: Workspace) -> list[Path]:
@@ -82,9 +81,7 @@ async def check_fingerprints(core: Core, workspace: Workspace) -> list[Path]:
     shown = ", ".join(workspace.index.sources.display_path(str(path)) for path in stale[:3])
     logger.info("workspace {}: {} indexed file(s) changed unseen ({}{}); refreshing the index", workspace.name,
                 len(stale), shown, ", ..." if len(stale) > 3 else "")
-    schedule_refresh(core, workspace, set(stale))
-    if workspace.qmd is not None:
-        workspace.qmd.request_update()
+    _refresh_both(core, workspace, set(stale))
     return stale
 
 
