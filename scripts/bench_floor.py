@@ -146,8 +146,8 @@ def part_scan(path: str, state_dir: str, *, count: bool, archive: bool, workspac
 
 def _archive(store, tracker, workspace: str, sessions: str) -> dict:
     from nanobotd.config.schema import LLMSettings, WorkspaceSettings
-    from nanobotd.jobs.common import JobEnv
     from nanobotd.jobs.consolidate import archive as consolidate
+    from nanobotd.jobs.env import JobEnv
     from nanobotd.llm.client import LLMClient
 
     settings = WorkspaceSettings(path=Path(workspace), name="ws", sessions_dir=Path(sessions),

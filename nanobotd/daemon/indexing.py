@@ -18,27 +18,29 @@ from nanobotd import heap
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.workspace import ALL_FILES, Workspace
 from nanobotd.index.sources import NOTE_DIRS
+from nanobotd.jobs.registry import JOB_KINDS
 from nanobotd.sessions.session import archived_twice_count
 from nanobotd.state import metrics
+from nanobotd.tuning import MAX_WAIT_FACTOR, TRIM_AFTER_REFRESH_SECONDS
 
-MAX_WAIT_FACTOR = 5  # changes wait at most this many debounce periods for the index
-# While one of these runs in a workspace, its index refresh waits (up to MAX_WAIT_FACTOR): the job rewrites
-# memory files all along and refreshes the index when it ends, so the watcher's events of its own writes would
-# only add refreshes.
-WRITING_KINDS = ("consolidate", "dream", "lifecycle", "restore")
-TRIM_AFTER_REFRESH_SECONDS = 1.0  # a refresh this long gives its freed memory back (heap.trim) when it ends
+# While a job whose refresh_waits runs in a workspace, its index refresh waits (up to MAX_WAIT_FACTOR): the job
+# rewrites memory files all along and refreshes the index when it ends, so the watcher's events of its own writes
+# would only add refreshes.
+WRITING_KINDS = tuple(kind for kind, job in JOB_KINDS.items() if job.refresh_waits)
 
 
 def session_changed(core: Core, workspace: Workspace, path: Path) -> None:
-    """A session file changed: the indexes refresh it (debounced)."""
-    schedule_refresh(core, workspace, {path})
-    if workspace.qmd is not None:
-        workspace.qmd.request_update()  # its markdown export of the session changes too
+    """A session file changed: the indexes refresh it (debounced; QMD's markdown export of it changes too)."""
+    _refresh_both(core, workspace, {path})
 
 
 def memory_changed(core: Core, workspace: Workspace) -> None:
     """A job changed memory files: refresh the indexes (debounced)."""
-    schedule_refresh(core, workspace, None)
+    _refresh_both(core, workspace, None)
+
+
+def _refresh_both(core: Core, workspace: Workspace, paths: set[Path] | None) -> None:
+    schedule_refresh(core, workspace, paths)
     if workspace.qmd is not None:
         workspace.qmd.request_update()
 
@@ -62,11 +64,8 @@ def is_memory_file(workspace: Workspace, path: Path) -> bool:
 
 def memory_file_changed(core: Core, workspace: Workspace, path: Path) -> None:
     """The watcher saw a memory folder change: refresh both indexes if it is a file they read (debounced)."""
-    if not is_memory_file(workspace, path):
-        return
-    schedule_refresh(core, workspace, {path})
-    if workspace.qmd is not None:
-        workspace.qmd.request_update()
+    if is_memory_file(workspace, path):
+        _refresh_both(core, workspace, {path})
 
 
 async def check_fingerprints(core: Core, workspace: Workspace) -> list[Path]:
@@ -82,9 +81,7 @@ async def check_fingerprints(core: Core, workspace: Workspace) -> list[Path]:
     shown = ", ".join(workspace.index.sources.display_path(str(path)) for path in stale[:3])
     logger.info("workspace {}: {} indexed file(s) changed unseen ({}{}); refreshing the index", workspace.name,
                 len(stale), shown, ", ..." if len(stale) > 3 else "")
-    schedule_refresh(core, workspace, set(stale))
-    if workspace.qmd is not None:
-        workspace.qmd.request_update()
+    _refresh_both(core, workspace, set(stale))
     return stale
 
 
@@ -174,12 +171,3 @@ def _writing(core: Core, workspace: Workspace) -> bool:
         return False
     most = workspace.pending_since + workspace.settings.search.debounce_seconds * MAX_WAIT_FACTOR
     return asyncio.get_running_loop().time() < most
-
-
-async def reindex(core: Core, workspace: Workspace) -> dict:
-    """Rebuild the builtin index from scratch (and update QMD)."""
-    loop = asyncio.get_running_loop()
-    stats = await loop.run_in_executor(core.executor, workspace.index.rebuild)
-    if workspace.qmd is not None and workspace.qmd.available:
-        await workspace.qmd.update_now()
-    return stats

@@ -25,9 +25,9 @@ from loguru import logger
 from nanobotd.daemon import runview
 from nanobotd.llm.client import LLMSlots
 from nanobotd.state.store import StateStore
+from nanobotd.tuning import JOBS_PER_LLM_SLOT
 
 JobBody = Callable[[str], Awaitable[object]]
-JOBS_PER_LLM_SLOT = 2
 
 
 @dataclass

@@ -1,9 +1,7 @@
 """Starting runs: submission by kind through the job registry, the cron schedule, crash recovery.
 
-Every job kind is run, recovered and restored through `jobs.registry`; what differs per kind here is only
-how the queue treats it (its exclusion target, whether it needs an LLM slot, whether a running one is joined,
-how much it does). A reindex is a run too, so that it is followed like the others, but it changes no memory
-and has no job module: nothing to recover or restore.
+Every job kind is run, recovered, restored and queued through its `Job` (jobs/registry.py); nothing here
+knows one kind from another.
 """
 
 from __future__ import annotations
@@ -16,28 +14,9 @@ from loguru import logger
 from nanobotd.daemon import indexing
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.workspace import Workspace
-from nanobotd.jobs.registry import JOB_KINDS, SCHEDULED_KINDS, job_kind
+from nanobotd.jobs.registry import SCHEDULED_KINDS, job_kind
+from nanobotd.jobs.reindex import KIND as REINDEX_KIND
 from nanobotd.timestamps import iso_local
-
-REINDEX_KIND = "reindex"
-OFFLINE_DREAM = "the dream needs an LLM and this workspace runs offline (llm.model = \"none\")"
-# A budget consolidation archives only down to its target; any other reason archives everything unarchived.
-NARROW_REASONS = ("budget",)
-
-
-def _queue_policy(kind: str, workspace: Workspace, params: dict) -> dict:
-    """How the queue treats a run of *kind*: exclusion target, LLM slot, joining, first manifest."""
-    online = not workspace.llm.offline
-    if kind in ("consolidate", "flush"):
-        key = params["session_key"]
-        manifest = {"session": key, "reason": params["reason"]} if kind == "consolidate" else {"session": key}
-        scope = 0 if params.get("reason") in NARROW_REASONS or kind == "flush" else 1
-        return {"target": f"session:{key}", "session_key": key, "uses_llm": online or kind == "flush",
-                "manifest": manifest, "scope": scope}
-    if kind == "restore":
-        return {"target": f"restore:{params['target']}", "uses_llm": False,
-                "manifest": {"target": params["target"], "force": params["force"]}}
-    return {"target": kind, "uses_llm": online and kind == "dream", "join_running": True}
 
 
 def submit(core: Core, workspace: Workspace, kind: str, *, on_done: Callable[[], None] | None = None,
@@ -50,36 +29,32 @@ def submit(core: Core, workspace: Workspace, kind: str, *, on_done: Callable[[],
     workspace.llm.share_slots(core.queue.llm_slots)
 
     async def body(run_id: str) -> None:
-        await job.run(workspace.env, run_id, **params)
-        if kind in SCHEDULED_KINDS:
+        await job.run(workspace.env, run_id, params)
+        if job.scheduled:
             run = core.store.get_run(run_id)
             if run is not None and run.state == "finished":
                 core.store.set_job_success(kind, workspace.name, run_id)
-        indexing.memory_changed(core, workspace)
+        if job.writes_memory:
+            indexing.memory_changed(core, workspace)
         if on_done is not None:
             on_done()
 
-    return core.queue.submit(kind, workspace.name, body=body, **_queue_policy(kind, workspace, params))
+    policy = job.queue_policy(workspace.env, params)
+    return core.queue.submit(kind, workspace.name, target=policy.target, body=body, uses_llm=policy.uses_llm,
+                             session_key=policy.session_key, manifest=policy.manifest, scope=policy.scope,
+                             join_running=policy.join_running)
 
 
 def joinable(core: Core, workspace: Workspace, kind: str, **params) -> str | None:
     """The queued (or running) run that submitting *kind* with *params* would join, if any."""
-    policy = _queue_policy(kind, workspace, params)
-    return core.queue.joinable(kind, workspace.name, policy["target"], scope=policy.get("scope", 0),
-                               join_running=policy.get("join_running", False))
+    policy = job_kind(kind).queue_policy(workspace.env, params)
+    return core.queue.joinable(kind, workspace.name, policy.target, scope=policy.scope,
+                               join_running=policy.join_running)
 
 
 def submit_reindex(core: Core, workspace: Workspace) -> str:
     """Queue a rebuild of the workspace's search indexes as a run, joined by a reindex already under way."""
-
-    async def body(run_id: str) -> None:
-        stats = await indexing.reindex(core, workspace)
-        qmd = "updated" if workspace.qmd is not None and workspace.qmd.available else None
-        core.store.finish_run(run_id, state="finished", outcome="reindexed",
-                              manifest={"stats": stats, "qmd": qmd, "backend": workspace.settings.search.backend})
-
-    return core.queue.submit(REINDEX_KIND, workspace.name, target=REINDEX_KIND, body=body, uses_llm=False,
-                             join_running=True)
+    return submit(core, workspace, REINDEX_KIND)
 
 
 def schedule_jobs(core: Core) -> None:
@@ -89,7 +64,7 @@ def schedule_jobs(core: Core) -> None:
     for workspace in core.workspaces.values():
         for kind in SCHEDULED_KINDS:
             settings = getattr(workspace.settings, kind)
-            if not getattr(settings, "enabled", True) or (kind == "dream" and workspace.llm.offline):
+            if not getattr(settings, "enabled", True) or job_kind(kind).off_reason(workspace.env):
                 continue
             job_id = f"{kind}:{workspace.name}"
 
@@ -109,8 +84,8 @@ def next_runs(core: Core, workspace: Workspace) -> dict:
     """Last success and next run per scheduled job."""
     result = {}
     for kind in SCHEDULED_KINDS:
-        if kind == "dream" and workspace.llm.offline:
-            result[kind] = {"off": OFFLINE_DREAM, "last_success": None, "next_run": None, "running": False}
+        if off := job_kind(kind).off_reason(workspace.env):
+            result[kind] = {"off": off, "last_success": None, "next_run": None, "running": False}
             continue
         last = core.store.job_last_success(kind, workspace.name)
         last_run = core.store.job_last_run(kind, workspace.name)
@@ -128,9 +103,6 @@ def recover_interrupted_runs(core: Core) -> None:
         workspace = core.workspaces.get(run.workspace)
         if run.state == "queued" or workspace is None:
             core.store.finish_run(run.run_id, state="cancelled", outcome="cancelled")
-            continue
-        if run.kind not in JOB_KINDS:  # a reindex: nothing of memory to finish or roll back
-            core.store.finish_run(run.run_id, state="failed", outcome="interrupted")
             continue
         try:
             outcome = job_kind(run.kind).recover(workspace.env, run)

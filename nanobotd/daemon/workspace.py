@@ -26,7 +26,7 @@ from nanobotd.gitstore.store import GitStore
 from nanobotd.index.builtin import BuiltinIndex
 from nanobotd.index.qmd import QmdBackend
 from nanobotd.index.qmdexport import QmdExport
-from nanobotd.jobs.common import JobEnv
+from nanobotd.jobs.env import JobEnv
 from nanobotd.jobs.registry import JOB_KINDS
 from nanobotd.llm.client import LLMClient
 from nanobotd.llm.embeddings import Embedder
@@ -65,13 +65,13 @@ class Workspace:
         self.agent_archive = None  # companion mode's state (daemon.companion), made on first use
         self.llm = LLMClient(settings.llm, settings.api_key, worker=llm_worker)  # the daemon's worker, shared
         self.git = GitStore(settings.path)
-        self.env = JobEnv(settings, store, self.tracker, self.llm, now, git=self.git, clock=clock, kinds=JOB_KINDS,
-                          faults=FaultPoints.from_environ(environ))
         self.embedder = Embedder(settings.search.embeddings, settings.llm, settings.api_key,
                                  dimensions=settings.search.embedding_dimensions, worker=self.llm.worker)
         self.index = BuiltinIndex(settings.path, state_dir / "index" / f"{settings.name}.sqlite",
                                   embed=self.embedder.embed if self.embedder.enabled else None)
         self.qmd = self._make_qmd(state_dir, environ)
+        self.env = JobEnv(settings, store, self.tracker, self.llm, now, git=self.git, clock=clock, kinds=JOB_KINDS,
+                          faults=FaultPoints.from_environ(environ), index=self.index, qmd=self.qmd)
         self.sessions_dirs: list[Path] = []
         self.last_reconcile: float | None = None
         self.last_reconcile_seconds: float | None = None

@@ -15,14 +15,9 @@ from datetime import date, datetime, timedelta
 from pathlib import Path
 
 from nanobotd.config.schema import WorkspaceSettings
-from nanobotd.jobs.common import (
-    BOOTSTRAP_FILES,
-    cap_overruns,
-    describe_step,
-    folder_size,
-    run_backup_dir,
-    unread_note_bullets,
-)
+from nanobotd.jobs.dreamnotes import BOOTSTRAP_FILES, cap_overruns, unread_note_bullets
+from nanobotd.jobs.planlines import describe_step
+from nanobotd.jobs.runfiles import folder_size, run_backup_dir
 from nanobotd.memory import history
 from nanobotd.memory.dailynote import scan_notes
 from nanobotd.memory.history import TIMESTAMP_FORMAT

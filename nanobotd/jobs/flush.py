@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from datetime import date, datetime
 from pathlib import Path
+from typing import Any
 
 from loguru import logger
 
 from nanobotd import fsio
 from nanobotd.config.schema import WorkspaceSettings
-from nanobotd.jobs.common import JobEnv, RestoreRefused, note_progress, refuse_if_expired
+from nanobotd.jobs.env import JobEnv, note_progress
+from nanobotd.jobs.errors import RestoreRefused, refuse_if_expired
+from nanobotd.jobs.job import JobDefaults, QueuePolicy
 from nanobotd.llm.client import LLMClient
 from nanobotd.llm.failures import LLMError
 from nanobotd.llm.reply import UsageMeter
@@ -35,13 +39,12 @@ from nanobotd.memory.dailynote import (
 from nanobotd.memory.transcript import PendingMessage, render_message
 from nanobotd.state.store import RunRecord, StateStore
 from nanobotd.tokens import count_tokens, encoding_name_for
+from nanobotd.tuning import CHARS_PER_TOKEN, INPUT_SHARE
 
 FLUSH_KIND = "flush"
 NO_REPLY = "NO_REPLY"
-INPUT_RATIO = 0.4
 REPLY_MAX_TOKENS = 2048
 KNOWN_BULLETS_MAX_CHARS = 4000
-CHARS_PER_TOKEN = 4
 BACKUP_NAME = "note.before.md"
 EMPTY_BULLETS = frozenset({"none", "(none)", "n/a", "nothing", "(nothing)", "-"})
 HEADING = re.compile(r"^\s*(?:#{1,6}\s*|\*\*)(?P<name>[^#*:]+?)\s*:?\s*(?:\*\*)?\s*:?\s*$")
@@ -126,7 +129,7 @@ def build_prompt(messages: list[PendingMessage], day: date, known: str, llm: LLM
     if known:
         preamble += f"\nAlready in today's note (do not repeat):\n{known}\n"
     overhead = count_tokens(FLUSH_PROMPT + preamble, encoding) + 64
-    budget = max(256, int(llm.settings.context_window * INPUT_RATIO) - overhead)
+    budget = max(256, int(llm.settings.context_window * INPUT_SHARE) - overhead)
     text, sent = fit_transcript(messages, budget, encoding)
     user = f"{preamble}\nTranscript ({sent} of {len(messages)} messages, oldest first):\n\n{text}"
     return {"messages": [{"role": "system", "content": FLUSH_PROMPT}, {"role": "user", "content": user}],
@@ -323,35 +326,47 @@ def _note_day(note: Path) -> date | None:
         return None
 
 
-KIND = FLUSH_KIND
-
-
-async def run(env: JobEnv, run_id: str, *, session_key: str) -> dict:
-    """Flush the session's unarchived messages still in its file, once per compaction cycle. A flush whose LLM
-    call failed does not use the cycle's flush up: it may be tried again after a backoff (`retry_delay`)."""
-    messages = [message for _, message, present in env.tracker.pending(session_key) if present]
-    manifest = await flush_session(env.settings, messages, session_key=session_key, llm=env.llm, store=env.store,
-                                   run_id=run_id, now=env.now())
-    if manifest.get("llm_failed"):
-        failures = env.tracker.sessions[session_key].flush_failures + 1
-        env.tracker.flush_failed(session_key, env.clock() + retry_delay(env.settings, failures))
-    else:
-        env.tracker.set_cycle(session_key, flushed=True)
-    return manifest
-
-
 def retry_delay(ws: WorkspaceSettings, failures: int) -> float:
     """Seconds before a flush that failed *failures* times this cycle is tried again: doubled each time."""
     return ws.consolidation.flush_retry_seconds * 2 ** max(0, failures - 1)
 
 
+class Flush(JobDefaults):
+    """params: session_key."""
 
-def recover(env: JobEnv, run: RunRecord) -> str:
-    """A flush writes its note in one atomic replace: the file is whole either way, and restore can undo it."""
-    env.store.finish_run(run.run_id, state="failed", outcome="interrupted")
-    return "interrupted"
+    kind = FLUSH_KIND
+    refresh_waits = False  # one note, written once at its end
 
+    async def run(self, env: JobEnv, run_id: str, params: Mapping[str, Any]) -> dict:
+        """Flush the session's unarchived messages still in its file, once per compaction cycle. A flush whose LLM
+        call failed does not use the cycle's flush up: it may be tried again after a backoff (`retry_delay`)."""
+        session_key = params["session_key"]
+        messages = [message for _, message, present in env.tracker.pending(session_key) if present]
+        manifest = await flush_session(env.settings, messages, session_key=session_key, llm=env.llm,
+                                       store=env.store, run_id=run_id, now=env.now())
+        if manifest.get("llm_failed"):
+            failures = env.tracker.sessions[session_key].flush_failures + 1
+            env.tracker.flush_failed(session_key, env.clock() + retry_delay(env.settings, failures))
+        else:
+            env.tracker.set_cycle(session_key, flushed=True)
+        return manifest
 
-async def restore(env: JobEnv, run: RunRecord, *, restore_run_id: str | None, force: bool, dry_run: bool) -> dict:
-    """The note's previous bytes when it is unchanged since, else only the bullets the flush added."""
-    return restore_flush_run(run, store=env.store, dry_run=dry_run)
+    def recover(self, env: JobEnv, run: RunRecord) -> str:
+        """A flush writes its note in one atomic replace: the file is whole either way, and restore can undo it."""
+        env.store.finish_run(run.run_id, state="failed", outcome="interrupted")
+        return "interrupted"
+
+    async def restore(self, env: JobEnv, run: RunRecord, *, restore_run_id: str | None, force: bool,
+                      dry_run: bool) -> dict:
+        """The note's previous bytes when it is unchanged since, else only the bullets the flush added."""
+        return restore_flush_run(run, store=env.store, dry_run=dry_run)
+
+    def queue_policy(self, env: JobEnv, params: Mapping[str, Any]) -> QueuePolicy:
+        key = params["session_key"]
+        return QueuePolicy(target=f"session:{key}", session_key=key, uses_llm=True, manifest={"session": key})
+
+    def changes(self, manifest: dict) -> dict:
+        bullets = sum(len(items) for items in (manifest.get("added_bullets") or {}).values())
+        note = str(manifest.get("note") or "")
+        note = note[note.rfind("memory/"):] if "memory/" in note else note
+        return {"bullets_added": bullets, "files": [note] if bullets else []}

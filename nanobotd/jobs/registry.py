@@ -1,22 +1,25 @@
-"""The job registry: every kind of run and the module that runs, recovers and restores it.
+"""The job registry: every kind of run and the Job that runs, recovers, restores and queues it.
 
-Dispatch by kind is written here once; the daemon reads it, and restore receives it through
-`JobEnv.kinds`. Each job module exposes `KIND`, `run(env, run_id, ...)`, `recover(env, run)` and
-`restore(env, run, *, restore_run_id, force, dry_run)`.
+Dispatch by kind is written here once; the daemon reads it, and restore receives it through `JobEnv.kinds`.
 """
 
 from __future__ import annotations
 
-from types import ModuleType
+from nanobotd.jobs.consolidate import Consolidate
+from nanobotd.jobs.dream import Dream
+from nanobotd.jobs.flush import Flush
+from nanobotd.jobs.job import Job
+from nanobotd.jobs.lifecycle import Lifecycle
+from nanobotd.jobs.reindex import Reindex
+from nanobotd.jobs.restore import Restore
 
-from nanobotd.jobs import consolidate, dream, flush, lifecycle, restore
+JOB_KINDS: dict[str, Job] = {job.kind: job for job in (Consolidate(), Flush(), Dream(), Lifecycle(), Restore(),
+                                                       Reindex())}
+SCHEDULED_KINDS = tuple(kind for kind, job in JOB_KINDS.items() if job.scheduled)  # cron, caught up after downtime
 
-JOB_KINDS: dict[str, ModuleType] = {job.KIND: job for job in (consolidate, flush, dream, lifecycle, restore)}
-SCHEDULED_KINDS = (dream.KIND, lifecycle.KIND)  # cron jobs, caught up after downtime
 
-
-def job_kind(kind: str) -> ModuleType:
-    """The module of job *kind*; KeyError naming the known kinds otherwise."""
+def job_kind(kind: str) -> Job:
+    """The Job of *kind*; KeyError naming the known kinds otherwise."""
     try:
         return JOB_KINDS[kind]
     except KeyError:

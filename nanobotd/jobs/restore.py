@@ -2,40 +2,38 @@
 
 A run id names a run of any kind; a hex string names a dream commit (like nanobot's
 `/dream-restore <sha>`). Restoring a restore re-applies what it undid. The other jobs are reached
-through the registry in `JobEnv.kinds`, never imported.
+through the registry in `JobEnv.kinds` (kind -> Job), never imported.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 from nanobotd.gitstore.commits import DREAM_PREFIX
 from nanobotd.gitstore.repo import GitStoreError
-from nanobotd.jobs.common import RESTORE_STEP_KEY, JobEnv, RestoreRefused
+from nanobotd.jobs.env import JobEnv
+from nanobotd.jobs.errors import RestoreError, RestoreRefused, UnknownRun
+from nanobotd.jobs.job import HISTORY_FILE, JobDefaults, QueuePolicy
+from nanobotd.jobs.runfiles import RESTORE_STEP_KEY
 from nanobotd.state.store import RunRecord
 
 KIND = "restore"
 SHA = re.compile(r"^[0-9a-f]{4,40}$")
-RESTORABLE = ("consolidate", "flush", "dream", "lifecycle", "restore")
-
-
-class RestoreError(ValueError):
-    """The target cannot be restored; the message says why and what to do."""
-
-
-class UnknownTarget(RestoreError):
-    """No run and no dream commit has that name (a typo, another machine's id)."""
+DREAM_KIND = "dream"  # the kind whose commits a sha names
+REFUSALS = (RestoreError, RestoreRefused, GitStoreError)  # a restore that cannot go ahead (409)
 
 
 async def validate(env: JobEnv, target: str) -> None:
-    """Refuse, before anything is queued, a target that names nothing restorable: UnknownTarget for a name
+    """Refuse, before anything is queued, a target that names nothing restorable: UnknownRun for a name
     that is neither a run nor a commit, RestoreError for one that cannot be restored."""
     if resolve_target(env, target) is not None or env.git is None:
         return
     try:
         commit = await env.git.call(env.git.show, target)
     except GitStoreError:
-        raise UnknownTarget(f"no run or dream commit named {target!r} (see `nanobotctl runs`)") from None
+        raise UnknownRun(f"no run or dream commit named {target!r} (see `nanobotctl runs`)") from None
     if not commit["message"].startswith(DREAM_PREFIX):
         raise RestoreError(f"commit {target} is not a dream: commit; only dream commits are restored by sha")
 
@@ -46,10 +44,10 @@ def resolve_target(env: JobEnv, target: str) -> RunRecord | None:
     if run is None:
         if SHA.match(target.lower()):
             return None
-        raise UnknownTarget(f"no run or dream commit named {target!r} (see `nanobotctl runs`)")
+        raise UnknownRun(f"no run or dream commit named {target!r} (see `nanobotctl runs`)")
     if run.workspace != env.settings.name:
         raise RestoreError(f"run {target} belongs to workspace {run.workspace}; pass --workspace {run.workspace}")
-    if run.kind not in RESTORABLE:
+    if run.kind not in env.kinds or not env.kinds[run.kind].restorable:
         raise RestoreError(f"runs of kind {run.kind!r} change nothing that could be restored")
     if run.state in ("queued", "started"):
         raise RestoreError(f"run {target} is still {run.state}; wait for it to finish")
@@ -67,33 +65,6 @@ async def plan(env: JobEnv, target: str, *, force: bool) -> dict:
     return await _dispatch(env, target, restore_run_id=None, force=force, dry_run=True)
 
 
-async def run(env: JobEnv, run_id: str, *, target: str, force: bool) -> dict:
-    """Undo *target* as run *run_id*; the manifest records what was done (or why it was refused)."""
-    try:
-        result = await _dispatch(env, target, restore_run_id=run_id, force=force, dry_run=False)
-    except (RestoreError, RestoreRefused) as exc:
-        manifest = {"target": target, "force": force, "error": str(exc)}
-        env.store.finish_run(run_id, state="failed", outcome="refused", manifest=manifest)
-        return manifest
-    return _finish(env, run_id, target, force, result)
-
-
-def recover(env: JobEnv, run: RunRecord) -> str:
-    """A restore whose step was journalled is finished (the step is taken again to its end: history and the
-    spool never stay half changed); one interrupted before that changed nothing and is reported."""
-    step = run.manifest.get(RESTORE_STEP_KEY)
-    job = env.kinds.get(step.get("kind")) if isinstance(step, dict) else None
-    if job is None or not hasattr(job, "finish_restore"):
-        env.store.finish_run(run.run_id, state="failed", outcome="interrupted")
-        return "interrupted"
-    result = job.finish_restore(env, step)
-    target = run.manifest.get("target", "")
-    target_run = env.store.get_run(target)
-    kind = target_run.kind if target_run is not None else step.get("kind")
-    _finish(env, run.run_id, target, bool(run.manifest.get("force")), dict(result, kind=kind, recovered=True))
-    return "recovered"
-
-
 def _finish(env: JobEnv, run_id: str, target: str, force: bool, result: dict) -> dict:
     """Close the restore *run_id* of *target*: the target says it was restored by it (a restore of a restore
     clears that mark from the run it re-applied)."""
@@ -109,24 +80,68 @@ def _finish(env: JobEnv, run_id: str, target: str, force: bool, result: dict) ->
     return manifest
 
 
-async def restore(env: JobEnv, restore_run: RunRecord, *, restore_run_id: str | None, force: bool,
-                  dry_run: bool) -> dict:
-    """Restore of a restore: put back what that restore undid."""
-    original = env.store.get_run(restore_run.manifest.get("target", ""))
-    kind = restore_run.manifest.get("target_kind")
-    job = env.kinds.get(kind)
-    if job is None or not hasattr(job, "reapply") or (original is None and kind != "dream"):
-        raise RestoreError(f"re-applying a {kind} run is not supported; run the job again instead")
-    return await job.reapply(env, original, restore_run, restore_run_id=restore_run_id, force=force,
-                             dry_run=dry_run)
-
-
 async def _dispatch(env: JobEnv, target: str, *, restore_run_id: str | None, force: bool, dry_run: bool) -> dict:
     run = resolve_target(env, target)
     if run is None:
-        result = await env.kinds["dream"].restore_commit(env, target, restore_run_id=restore_run_id, force=force,
-                                                         dry_run=dry_run)
-        return dict(result, kind="dream")
-    job = env.kinds[run.kind]
-    result = await job.restore(env, run, restore_run_id=restore_run_id, force=force, dry_run=dry_run)
+        result = await env.kinds[DREAM_KIND].restore_commit(env, target, restore_run_id=restore_run_id, force=force,
+                                                            dry_run=dry_run)
+        return dict(result, kind=DREAM_KIND)
+    result = await env.kinds[run.kind].restore(env, run, restore_run_id=restore_run_id, force=force, dry_run=dry_run)
     return dict(result, kind=run.kind)
+
+
+class Restore(JobDefaults):
+    """params: target (a run id, or a dream commit's sha), force."""
+
+    kind = KIND
+
+    async def run(self, env: JobEnv, run_id: str, params: Mapping[str, Any]) -> dict:
+        """Undo the target as run *run_id*; the manifest records what was done (or why it was refused)."""
+        target, force = params["target"], params["force"]
+        try:
+            result = await _dispatch(env, target, restore_run_id=run_id, force=force, dry_run=False)
+        except REFUSALS as exc:
+            manifest = {"target": target, "force": force, "error": str(exc)}
+            env.store.finish_run(run_id, state="failed", outcome="refused", manifest=manifest)
+            return manifest
+        return _finish(env, run_id, target, force, result)
+
+    def recover(self, env: JobEnv, run: RunRecord) -> str:
+        """A restore whose step was journalled is finished (the step is taken again to its end: history and the
+        spool never stay half changed); one interrupted before that changed nothing and is reported."""
+        step = run.manifest.get(RESTORE_STEP_KEY)
+        job = env.kinds.get(step.get("kind")) if isinstance(step, dict) else None
+        result = job.finish_restore(env, step) if job is not None else None
+        if result is None:
+            env.store.finish_run(run.run_id, state="failed", outcome="interrupted")
+            return "interrupted"
+        target = run.manifest.get("target", "")
+        target_run = env.store.get_run(target)
+        kind = target_run.kind if target_run is not None else step.get("kind")
+        _finish(env, run.run_id, target, bool(run.manifest.get("force")), dict(result, kind=kind, recovered=True))
+        return "recovered"
+
+    async def restore(self, env: JobEnv, restore_run: RunRecord, *, restore_run_id: str | None, force: bool,
+                      dry_run: bool) -> dict:
+        """Restore of a restore: put back what that restore undid."""
+        original = env.store.get_run(restore_run.manifest.get("target", ""))
+        kind = restore_run.manifest.get("target_kind")
+        job = env.kinds.get(kind)
+        if job is None or (original is None and kind != DREAM_KIND):
+            raise RestoreError(f"re-applying a {kind} run is not supported; run the job again instead")
+        return await job.reapply(env, original, restore_run, restore_run_id=restore_run_id, force=force,
+                                 dry_run=dry_run)
+
+    def queue_policy(self, env: JobEnv, params: Mapping[str, Any]) -> QueuePolicy:
+        return QueuePolicy(target=f"restore:{params['target']}",
+                           manifest={"target": params["target"], "force": params["force"]})
+
+    def changes(self, manifest: dict) -> dict:
+        removed = len(manifest.get("removed_entries") or [])
+        restored = manifest.get("history_restored")
+        added = int(manifest.get("reinserted") or 0) + (len(restored) if isinstance(restored, list)
+                                                         else int(restored or 0))
+        return {"entries_added": added, "entries_removed": removed,
+                "messages_unarchived": int(manifest.get("messages") or 0),
+                "files": list(manifest.get("files") or []) + ([HISTORY_FILE] if added or removed else []),
+                "commits": [manifest.get("commit")]}

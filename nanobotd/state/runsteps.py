@@ -1,10 +1,9 @@
 """A run's journal a step at a time: the records of a long run's steps are journalled one row each.
 
-A consolidation journals before each chunk it archives. When that journal was the whole manifest, each chunk
-rewrote every earlier chunk's record with it: the bytes journalled grew with the square of the chunks (a
-100k-message session, 175 chunks: 31 MB of JSON; 1M messages: 3 GB and 22 s of encoding alone). Now each
-step's record is its own row of `run_steps` and the run's manifest holds only its head (the manifest less
-the list of steps). Reading a run puts the steps back under their list's key, and finishing it folds them
+A consolidation journals before each chunk it archives. Were that journal the whole manifest, each chunk
+would rewrite every earlier chunk's record with it: the bytes journalled would grow with the square of the
+chunks. So each step's record is its own row of `run_steps` and the run's manifest holds only its head (the
+manifest less the list of steps). Reading a run puts the steps back under their list's key, and finishing it folds them
 into its manifest, so a finished run's manifest is what it always was.
 """
 

@@ -10,7 +10,7 @@ import pytest
 
 from nanobotd.config.schema import ConsolidationSettings, ContextSettings, LLMSettings, WorkspaceSettings
 from nanobotd.jobs.audit import audit_workspace
-from nanobotd.jobs.common import mark_dream_notes, unread_note_bullets
+from nanobotd.jobs.dreamnotes import mark_dream_notes, unread_note_bullets
 from nanobotd.jobs.lifecycle.run import run_lifecycle
 from nanobotd.llm.client import LLMClient
 from nanobotd.sessions.agent_config import AgentSettings, read_agent_settings

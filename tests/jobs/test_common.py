@@ -7,13 +7,15 @@ from datetime import datetime
 from pathlib import Path
 
 from nanobotd.config.schema import ContextSettings
-from nanobotd.jobs.common import (
-    DREAM_NOTES_NAME,
+from nanobotd.jobs.compaction import (
     HISTORY_BACKUP_NAME,
-    cap_overruns,
     compact_history,
     compacted_entries_missing,
     compaction_candidates,
+)
+from nanobotd.jobs.dreamnotes import (
+    DREAM_NOTES_NAME,
+    cap_overruns,
     mark_dream_notes,
     read_dream_notes,
     unread_note_bullets,

@@ -10,7 +10,7 @@ import pytest
 
 from nanobotd import fsio
 from nanobotd.config.schema import LLMSettings, WorkspaceSettings
-from nanobotd.jobs.common import RestoreRefused
+from nanobotd.jobs.errors import RestoreRefused
 from nanobotd.jobs.flush import FlushReplyError, flush_session, parse_facts, restore_flush_run, write_facts
 from nanobotd.llm.client import LLMClient
 from nanobotd.memory.dailynote import NoteError

@@ -1,4 +1,4 @@
-"""The job registry: every kind answers run / recover / restore alike, and restore reaches kinds only through it."""
+"""The job registry: every kind answers the Job interface alike, and restore reaches kinds only through it."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import pytest
 
 from nanobotd.config.schema import LLMSettings, WorkspaceSettings
 from nanobotd.jobs import restore
-from nanobotd.jobs.common import JobEnv
+from nanobotd.jobs.env import JobEnv
 from nanobotd.jobs.flush import flush_session
+from nanobotd.jobs.job import QueuePolicy
 from nanobotd.jobs.registry import JOB_KINDS, SCHEDULED_KINDS, job_kind
 from nanobotd.llm.client import LLMClient
 from nanobotd.memory.transcript import PendingMessage
@@ -67,19 +68,24 @@ def keyword_only_names(function) -> set[str]:
 
 
 @pytest.mark.parametrize("kind", sorted(JOB_KINDS))
-def test_every_registered_kind_exposes_run_recover_and_restore_with_the_documented_signatures(kind):
+def test_every_registered_kind_answers_the_job_interface_with_the_same_arguments(kind, tmp_path, store):
     job = job_kind(kind)
-    assert job.KIND == kind
-    assert inspect.iscoroutinefunction(job.run) and positional_names(job.run) == ["env", "run_id"]
+    assert job.kind == kind
+    assert inspect.iscoroutinefunction(job.run) and positional_names(job.run) == ["env", "run_id", "params"]
     assert not inspect.iscoroutinefunction(job.recover) and positional_names(job.recover) == ["env", "run"]
     assert inspect.iscoroutinefunction(job.restore) and len(positional_names(job.restore)) == 2
     assert positional_names(job.restore)[0] == "env"
     assert keyword_only_names(job.restore) == {"restore_run_id", "force", "dry_run"}
+    assert keyword_only_names(job.reapply) == {"restore_run_id", "force", "dry_run"}
+    env = job_env(tmp_path, store, LLMClient(LLMSettings(model="none")), JOB_KINDS)
+    params = {"session_key": "cli:a", "reason": "manual", "target": "r-1", "force": False}
+    assert isinstance(job.queue_policy(env, params), QueuePolicy)
+    assert isinstance(job.changes({}), dict)
 
 
 def test_scheduled_kinds_are_registered_and_an_unknown_kind_names_the_known_ones():
-    assert set(SCHEDULED_KINDS) <= set(JOB_KINDS)
-    with pytest.raises(KeyError, match="known: consolidate, flush, dream, lifecycle, restore"):
+    assert set(SCHEDULED_KINDS) == {"dream", "lifecycle"}
+    with pytest.raises(KeyError, match="known: consolidate, flush, dream, lifecycle, restore, reindex"):
         job_kind("defragment")
 
 
@@ -91,7 +97,7 @@ def test_restoring_a_flush_run_goes_through_the_registry_in_the_job_env(tmp_path
     note = env.memory_dir / "2026-03-05.md"
     assert "- Use restic for backups." in note.read_text()
     restore_id = store.create_run("restore", "main")
-    manifest = asyncio.run(restore.run(env, restore_id, target=target, force=False))
+    manifest = asyncio.run(JOB_KINDS["restore"].run(env, restore_id, {"target": target, "force": False}))
     assert manifest["target_kind"] == "flush" and manifest["action"] == "delete"
     assert not note.exists()
     assert store.get_run(restore_id).outcome == "restored"
@@ -108,7 +114,7 @@ def test_restore_reaches_a_job_only_through_env_kinds(tmp_path, store, fake):
         calls.append((run.run_id, restore_run_id, force, dry_run))
         return {"plan": ["undo by the stand-in"]}
 
-    env = job_env(tmp_path, store, llm, {"flush": SimpleNamespace(restore=stand_in_restore)})
+    env = job_env(tmp_path, store, llm, {"flush": SimpleNamespace(restore=stand_in_restore, restorable=True)})
     plan = asyncio.run(restore.plan(env, target, force=False))
     assert plan == {"plan": ["undo by the stand-in"], "kind": "flush"}
     assert calls == [(target, None, False, True)]

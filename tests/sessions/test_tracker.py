@@ -136,8 +136,8 @@ def test_archive_marks_are_rebuilt_from_history_spans_after_the_db_is_lost(tmp_p
     from datetime import datetime
 
     from nanobotd.config.schema import LLMSettings, WorkspaceSettings
-    from nanobotd.jobs.common import JobEnv
     from nanobotd.jobs.consolidate import archive as consolidate
+    from nanobotd.jobs.env import JobEnv
     from nanobotd.llm.client import LLMClient
     from tests.support.histories import read_history
 

@@ -19,9 +19,10 @@ from types import SimpleNamespace
 from nanobotd.config.schema import LLMSettings, WorkspaceSettings
 from nanobotd.daemon.triggers import rebuild_archive_marks
 from nanobotd.jobs.audit import audit_workspace
-from nanobotd.jobs.common import JobEnv, compact_history, compaction_candidates
+from nanobotd.jobs.compaction import compact_history, compaction_candidates
 from nanobotd.jobs.consolidate import archive
 from nanobotd.jobs.dream.inputs import read_backlog
+from nanobotd.jobs.env import JobEnv
 from nanobotd.llm.client import LLMClient
 from nanobotd.memory import history
 from nanobotd.sessions.tracker import SessionTracker

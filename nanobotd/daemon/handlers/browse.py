@@ -12,7 +12,7 @@ from nanobotd.daemon.core import Core
 from nanobotd.daemon.handlers.common import blocking, one_workspace
 from nanobotd.daemon.handlers.search import query_date
 from nanobotd.daemon.workspace import Workspace
-from nanobotd.jobs.common import BOOTSTRAP_FILES
+from nanobotd.jobs.dreamnotes import BOOTSTRAP_FILES
 from nanobotd.memory import historypage
 from nanobotd.memory.dailynote import ARCHIVE_DIR_NAME, NoteError, note_date
 from nanobotd.state import metrics

@@ -88,12 +88,12 @@ class MemoryHandlers:
         if body.get("dry_run"):
             try:
                 result = await restore.plan(workspace.env, target, force=force)
-            except Exception as exc:
+            except restore.REFUSALS as exc:
                 raise ApiError(409, "cannot_restore", str(exc)) from None
             return {"plan": result.get("plan", []), "kind": result.get("kind")}
         try:
             await restore.validate(workspace.env, target)
-        except restore.UnknownTarget as exc:
+        except restore.UnknownRun as exc:
             raise ApiError(404, "cannot_restore", str(exc)) from None
         except restore.RestoreError as exc:
             raise ApiError(409, "cannot_restore", str(exc)) from None

@@ -16,9 +16,12 @@ from pathlib import Path
 
 from loguru import logger
 
-from nanobotd.jobs.common import RESTORE_STEP_KEY, JobEnv, RestoreRefused, note_progress
-from nanobotd.jobs.consolidate.chunks import Chunk, ChunkLoads, early_reader, plan_run
+from nanobotd import fsio
+from nanobotd.jobs.consolidate.chunks import Chunk, ChunkLoads, plan_run
 from nanobotd.jobs.consolidate.prompt import NOTHING, archive_messages, parse_summary
+from nanobotd.jobs.env import JobEnv, note_progress
+from nanobotd.jobs.errors import RestoreRefused
+from nanobotd.jobs.runfiles import RESTORE_STEP_KEY
 from nanobotd.llm.failures import LLMError
 from nanobotd.llm.reply import UsageMeter
 from nanobotd.memory import history
@@ -27,35 +30,37 @@ from nanobotd.memory.transcript import raw_entries, transcript
 from nanobotd.sessions.session import digests_in
 from nanobotd.state.runsteps import STEPS_KEY, write_steps
 from nanobotd.state.store import RunRecord
+from nanobotd.tokens import count_tokens, encoding_name_for
+from nanobotd.tuning import (
+    APPEND_GROUP_CHUNKS,
+    APPEND_GROUP_TOKENS,
+    MARK_BATCH_CHUNKS,
+    MARK_BATCH_SECONDS,
+    PROMPT_OVERHEAD_TOKENS,
+)
 
-# Archive marks of chunks that reached history are committed together, up to this many chunks or this long
-# after the first of them (one commit per chunk rewrote the same index pages hundreds of times); a crash in
-# between leaves chunks journalled with their cursors but not done, which recovery finishes.
-MARK_BATCH_CHUNKS = 16
-MARK_BATCH_SECONDS = 0.5
-# A run without an LLM appends the chunks whose records are read already together, up to this many and this many
-# tokens (~4 bytes each, held two or three times over while the group is written): one history lock, one .cursor
-# write and one fsync for them all (three fsyncs a chunk were a fifth of a long archive)
-APPEND_GROUP_CHUNKS = 8
-APPEND_GROUP_TOKENS = 400_000
 OFFLINE_REASON = "offline mode: no LLM configured"
 NOTHING_LEFT_REASON = "nothing unarchived to archive"
 OVERSIZED_REASON = "a message over half the context window is never sent to the LLM"
+OVER_WINDOW_REASON = "the chunk, counted exactly, does not fit one request"
 GROWING_KEYS = (STEPS_KEY, "cursors")  # journalled as steps (chunks) or made from them (cursors), not in the head
 
 
-async def summarize_chunk(ctx: JobEnv, chunk: Chunk, session_key: str,
-                          usage: UsageMeter) -> tuple[str, list[str] | list[PreparedEntry], str]:
-    """(outcome, entry contents, reason): summarized | nothing | raw_fallback, with why it fell back. A chunk
-    archived raw may have its entries prepared already (read by the chunk-reading process)."""
-    settings = ctx.settings.consolidation
+async def summarize_chunk(env: JobEnv, chunk: Chunk, session_key: str,
+                          usage: UsageMeter) -> tuple[str, list[str], str]:
+    """(outcome, entry contents, reason): summarized | nothing | raw_fallback, with why it fell back."""
+    settings = env.settings.consolidation
     if chunk.oversized:
-        return "raw_fallback", chunk.raw_entries(settings.raw_max_chars), OVERSIZED_REASON
-    if ctx.llm.offline:
-        return "raw_fallback", chunk.raw_entries(settings.raw_max_chars), OFFLINE_REASON
+        return "raw_fallback", raw_entries(chunk.messages, settings.raw_max_chars), OVERSIZED_REASON
+    if env.llm.offline:
+        return "raw_fallback", raw_entries(chunk.messages, settings.raw_max_chars), OFFLINE_REASON
+    # the plan's sizes are the tracker's estimates: a chunk an LLM must receive is counted exactly, once
+    text, max_tokens = transcript(chunk.messages), min(env.settings.llm.max_tokens, 4096)
+    chunk.counted = await asyncio.to_thread(count_tokens, text, encoding_name_for(env.settings.llm.model))
+    if chunk.counted > env.settings.llm.context_window - max_tokens - PROMPT_OVERHEAD_TOKENS:
+        return "raw_fallback", raw_entries(chunk.messages, settings.raw_max_chars), OVER_WINDOW_REASON
     try:
-        reply = await ctx.llm.complete(archive_messages(transcript(chunk.messages), session_key),
-                                       max_tokens=min(ctx.settings.llm.max_tokens, 4096))
+        reply = await env.llm.complete(archive_messages(text, session_key), max_tokens=max_tokens)
         usage.add(reply)
     except LLMError as exc:
         usage.add_error(exc)
@@ -73,48 +78,41 @@ async def summarize_chunk(ctx: JobEnv, chunk: Chunk, session_key: str,
     return "summarized", [summary], ""
 
 
-def backup_path(ctx: JobEnv, run_id: str, number: int) -> Path:
+def backup_path(env: JobEnv, run_id: str, number: int) -> Path:
     """Where a run's chunk *number* is backed up: its messages, each record as the spool holds its JSON text."""
-    return ctx.store.run_dir(run_id) / f"chunk-{number:03d}.jsonl"
+    return env.store.run_dir(run_id) / f"chunk-{number:03d}.jsonl"
 
 
-async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, reason: str,
+async def consolidate_session(env: JobEnv, session_key: str, run_id: str, *, reason: str,
                               vanished_only: bool = False) -> dict:
     """Archive a session's unarchived messages (all of them, or down to the target for "budget")."""
-    started = early_reader(ctx, session_key, reason, vanished_only=vanished_only)  # starts while the run plans
-    try:
-        chunks = plan_run(ctx, session_key, reason, vanished_only=vanished_only)
-    except BaseException:
-        if started is not None:
-            started.close()
-        raise
+    chunks = plan_run(env, session_key, reason, vanished_only=vanished_only)
     manifest: dict = {"session": session_key, "reason": reason, "chunks": [], "cursors": []}
     if vanished_only:
         manifest["vanished_only"] = True
     usage = UsageMeter()
     if not chunks:
-        if started is not None:
-            started.close()
-        ctx.store.finish_run(run_id, state="finished", outcome="no_change", manifest=manifest)
+        env.store.finish_run(run_id, state="finished", outcome="no_change", manifest=manifest)
         # counted as a pass, so the metrics see the runs `nanobotctl runs` hides
-        ctx.store.record_outcome("consolidate", ctx.settings.name, "no_change", run_id=run_id,
+        env.store.record_outcome("consolidate", env.settings.name, "no_change", run_id=run_id,
                                  reason=NOTHING_LEFT_REASON)
         return manifest
     outcomes = []
-    marks = PendingMarks(ctx, session_key, run_id, manifest)
-    raw_backups = (lambda number: backup_path(ctx, run_id, number)) if ctx.llm.offline else None
-    loads = ChunkLoads(ctx, session_key, chunks, raw_backups=raw_backups, started=started)
+    marks = PendingMarks(env, session_key, run_id, manifest)
+    offline = env.llm.offline  # every chunk archived raw as read: read (and backed up) a group ahead
+    loads = ChunkLoads(env, session_key, chunks, ahead=APPEND_GROUP_CHUNKS if offline else 1,
+                       backups=(lambda number: backup_path(env, run_id, number)) if offline else None)
     try:
         number = 0
         while number < len(chunks):
-            group, number = await _take_group(ctx, loads, chunks, number)
+            group, number = await _take_group(env, loads, chunks, number)
             if not group:
                 continue
             note_progress(manifest, "archiving", group[0][0], len(chunks))
-            if not ctx.llm.offline and not group[0][1].oversized:
+            if not env.llm.offline and not group[0][1].oversized:
                 await marks.commit()  # the LLM call takes a while: what reached history is marked first
-                ctx.store.journal(run_id, manifest_head(manifest))  # and the run says it is waiting
-            outcomes.extend(await archive_chunks(ctx, session_key, run_id, group, manifest, usage, marks))
+                env.store.journal(run_id, manifest_head(manifest))  # and the run says it is waiting
+            outcomes.extend(await archive_chunks(env, session_key, run_id, group, manifest, usage, marks))
             for _, chunk in group:
                 chunk.release()
             if marks.due():
@@ -123,20 +121,17 @@ async def consolidate_session(ctx: JobEnv, session_key: str, run_id: str, *, rea
         loads.cancel()
         marks.commit_now()  # chunks in history are marked before the run ends, however it ends
     note_progress(manifest, "archived", len(chunks), len(chunks))
-    ctx.tracker.set_cycle(session_key, next_cycle=True)
+    env.tracker.set_cycle(session_key, next_cycle=True)
     overall = ("raw_fallback" if "raw_fallback" in outcomes else "summarized" if "summarized" in outcomes
                else "nothing")
     manifest["tokens"] = usage.to_json()
-    ctx.store.finish_run(run_id, state="finished", outcome=overall, manifest=manifest)
+    env.store.finish_run(run_id, state="finished", outcome=overall, manifest=manifest)
     return manifest
 
 
-def prepared_entries(contents: list[str] | list[PreparedEntry]) -> list[PreparedEntry]:
-    """Entry contents ready for history (prepared already by the chunk-reading process, or here); one left empty
-    once cleaned is not appended."""
-    prepared = (content if isinstance(content, PreparedEntry) else history.prepare_entry(content)
-                for content in contents)
-    return [entry for entry in prepared if entry is not None]
+def prepared_entries(contents: list[str]) -> list[PreparedEntry]:
+    """Entry contents ready for history; one left empty once cleaned is not appended."""
+    return [entry for entry in map(history.prepare_entry, contents) if entry is not None]
 
 
 def manifest_head(manifest: dict) -> dict:
@@ -152,10 +147,11 @@ def chunk_cursors(manifest: dict) -> list[int]:
 
 class PendingMarks:
     """Chunks whose entries reached history, waiting for their archive marks: committed in one transaction
-    with the journal saying they are done (so a crash leaves both or neither)."""
+    with the journal saying they are done (so a crash leaves both or neither), a batch of chunks at a time (a
+    crash in between leaves chunks journalled with their cursors but not done, which recovery finishes)."""
 
-    def __init__(self, ctx: JobEnv, session_key: str, run_id: str, manifest: dict):
-        self.ctx, self.session_key, self.run_id, self.manifest = ctx, session_key, run_id, manifest
+    def __init__(self, env: JobEnv, session_key: str, run_id: str, manifest: dict):
+        self.env, self.session_key, self.run_id, self.manifest = env, session_key, run_id, manifest
         self.records: list[tuple[int, dict]] = []  # (chunk number, its record)
         self.digests: list[str] = []
         self.seqs: list[int] = []
@@ -184,12 +180,12 @@ class PendingMarks:
             record["done"] = True
         seqs = self.seqs if len(self.seqs) == len(self.digests) else None
         steps, head = self.records, manifest_head(self.manifest)
-        self.ctx.tracker.mark_archived(self.session_key, self.digests, self.run_id, seqs=seqs,
+        self.env.tracker.mark_archived(self.session_key, self.digests, self.run_id, seqs=seqs,
                                        also=lambda db: write_steps(db, self.run_id, steps, head))
         self.records, self.digests, self.seqs = [], [], []
 
 
-async def _take_group(ctx: JobEnv, loads: ChunkLoads, chunks: list[Chunk],
+async def _take_group(env: JobEnv, loads: ChunkLoads, chunks: list[Chunk],
                       number: int) -> tuple[list[tuple[int, Chunk]], int]:
     """Chunk *number* (none when none of its messages is left) and, in a run without an LLM, the chunks after it
     whose records are read already, up to APPEND_GROUP_CHUNKS and APPEND_GROUP_TOKENS: they are appended together.
@@ -197,27 +193,25 @@ async def _take_group(ctx: JobEnv, loads: ChunkLoads, chunks: list[Chunk],
     if not await loads.take(number):
         return [], number + 1
     group = [(number, chunks[number])]
-    tokens, following = chunks[number].tokens, number + 1
-    while (ctx.llm.offline and len(group) < APPEND_GROUP_CHUNKS and loads.ready(following)
+    tokens, following = chunks[number].planned_tokens, number + 1
+    while (env.llm.offline and len(group) < APPEND_GROUP_CHUNKS and loads.ready(following)
            and tokens + chunks[following].planned_tokens <= APPEND_GROUP_TOKENS):
         if await loads.take(following):
             group.append((following, chunks[following]))
-            tokens += chunks[following].tokens
+            tokens += chunks[following].planned_tokens
         following += 1
     return group, following
 
 
-async def archive_chunks(ctx: JobEnv, session_key: str, run_id: str, group: list[tuple[int, Chunk]],
+async def archive_chunks(env: JobEnv, session_key: str, run_id: str, group: list[tuple[int, Chunk]],
                          manifest: dict, usage: UsageMeter, marks: PendingMarks) -> list[str]:
     """Summarise the chunks of *group* ((number, chunk), in order) and append their entries with one append,
     journalling each chunk's backup and cursors before it, so recovery can finish or roll back every chunk a
     crash cut short; their marks wait in *marks*. Returns each chunk's outcome."""
     records, parts = [], []
     for number, chunk in group:
-        outcome, contents, reason = await summarize_chunk(ctx, chunk, session_key, usage)
-        digests, seqs, backup = chunk.digests, chunk.seqs, backup_path(ctx, run_id, number)
-        if not chunk.backed_up:  # a thread only to write it (a hop each for 170 chunks of a long run: ~0.15 s)
-            await asyncio.to_thread(chunk.back_up, backup)
+        outcome, contents, reason = await summarize_chunk(env, chunk, session_key, usage)
+        digests, seqs, backup = chunk.digests, chunk.seqs, backup_path(env, run_id, number)
         record = {
             "seq": [seqs[0], seqs[-1]], "count": len(digests),
             "first_digest": digests[0], "last_digest": digests[-1],
@@ -234,6 +228,9 @@ async def archive_chunks(ctx: JobEnv, session_key: str, run_id: str, group: list
     # cursors (before the append), or with done (no entry to append), not on its own before.
 
     def append() -> list[int]:
+        for _, record, _, _, chunk in records:
+            chunk.back_up(Path(record["backup"]))
+        fsio.fsync_dir(env.store.run_dir(run_id))  # the backups' names, durable before the journal names them
         prepared = [prepared_entries(contents) for contents, _ in parts]
         written = [(entry, span) for entries, (_, span) in zip(prepared, parts, strict=True) for entry in entries]
 
@@ -244,9 +241,13 @@ async def archive_chunks(ctx: JobEnv, session_key: str, run_id: str, group: list
                     record["cursors"] = [next(cursors) for _ in entries]
                     record["hashes"] = [entry.hash for entry in entries]
                     steps.append((number, record))
-            ctx.store.journal_steps(run_id, steps, manifest_head(manifest))
+            env.store.journal_steps(run_id, steps, manifest_head(manifest))
+            env.faults.reach("consolidate.journalled")
 
-        return history.append_prepared(ctx.memory_dir, written, session_key, ctx.now(), before_write=journal_cursors)
+        cursors = history.append_prepared(env.memory_dir, written, session_key, env.now(),
+                                          before_write=journal_cursors)
+        env.faults.reach("consolidate.appended")
+        return cursors
 
     await asyncio.to_thread(append)
     outcomes = []
@@ -255,7 +256,7 @@ async def archive_chunks(ctx: JobEnv, session_key: str, run_id: str, group: list
         manifest["cursors"].extend(record["cursors"])
         marks.add(number, record, chunk.digests, chunk.seqs)
         row = {"summarized": "written", "nothing": "no_change"}.get(outcome, outcome)
-        ctx.store.record_outcome("consolidate", ctx.settings.name, row, run_id=run_id, reason=reason,
+        env.store.record_outcome("consolidate", env.settings.name, row, run_id=run_id, reason=reason,
                                  tokens=usage.prompt_tokens + usage.completion_tokens,
                                  latency_ms=usage.latencies_ms[-1] if usage.latencies_ms else None)
         outcomes.append(outcome)
@@ -272,14 +273,14 @@ def read_chunk_backup(path: Path) -> list[tuple[str, dict, int]]:
     return result
 
 
-def recover_consolidation(ctx: JobEnv, run: RunRecord) -> str:
+def recover_consolidation(env: JobEnv, run: RunRecord) -> str:
     """Finish or roll back a consolidation run interrupted by a crash; returns the resulting outcome."""
     manifest = dict(run.manifest)
     # Only the cursors the interrupted chunks journalled matter: stream the history, keep the hashes of those.
     journalled = {cursor for chunk in manifest.get("chunks", []) if not chunk.get("done")
                   for cursor in chunk.get("cursors") or ()}
     present = {entry.cursor: history.content_hash(entry.content)
-               for entry in (history.iter_entries(ctx.memory_dir) if journalled else ()) if entry.cursor in journalled}
+               for entry in (history.iter_entries(env.memory_dir) if journalled else ()) if entry.cursor in journalled}
     finished = rolled_back = 0
     for chunk in manifest.get("chunks", []):
         if chunk.get("done"):
@@ -291,23 +292,23 @@ def recover_consolidation(ctx: JobEnv, run: RunRecord) -> str:
                  if cursor in present and present[cursor] == digest]
         digests = [digest for digest, _, _ in read_chunk_backup(Path(chunk["backup"]))]
         if len(found) == len(cursors):
-            ctx.tracker.mark_archived(run.session_key, digests, run.run_id)
+            env.tracker.mark_archived(run.session_key, digests, run.run_id)
             chunk["done"] = True
             finished += 1
         else:
             if found:
-                history.rewrite_history(ctx.memory_dir, lambda entry, gone=set(found): entry.cursor not in gone)
+                history.rewrite_history(env.memory_dir, lambda entry, gone=set(found): entry.cursor not in gone)
             chunk["rolled_back"] = True
             rolled_back += 1
     outcome = "recovered" if finished else "rolled_back"
     manifest["cursors"] = chunk_cursors(manifest)
     manifest["recovery"] = {"finished_chunks": finished, "rolled_back_chunks": rolled_back}
-    ctx.store.finish_run(run.run_id, state="finished" if finished else "rolled_back", outcome=outcome,
+    env.store.finish_run(run.run_id, state="finished" if finished else "rolled_back", outcome=outcome,
                          manifest=manifest)
     return outcome
 
 
-def restore_consolidation(ctx: JobEnv, run: RunRecord, *, dry_run: bool, restore_run_id: str | None = None) -> dict:
+def restore_consolidation(env: JobEnv, run: RunRecord, *, dry_run: bool, restore_run_id: str | None = None) -> dict:
     """Undo an archive run: remove the entries it wrote and put its messages back in the spool (the entries of
     every done chunk, whether or not the run lived to list them under `cursors`), as one journalled step."""
     cursors = set(run.manifest.get("cursors", [])) | set(chunk_cursors(run.manifest))
@@ -320,14 +321,14 @@ def restore_consolidation(ctx: JobEnv, run: RunRecord, *, dry_run: bool, restore
                     f"(at once: nanobotctl consolidate {run.session_key})")
     if dry_run:
         return {"plan": plan}
-    removed = [entry.to_record() for entry in history.iter_entries(ctx.memory_dir) if entry.cursor in cursors]
+    removed = [entry.to_record() for entry in history.iter_entries(env.memory_dir) if entry.cursor in cursors]
     step = {"op": "unarchive", "kind": "consolidate", "session": run.session_key, "run": run.run_id,
             "cursors": sorted(cursors), "backups": [chunk["backup"] for chunk in chunks],
             "removed_entries": removed, "plan": plan}
-    return _journal_and_finish(ctx, restore_run_id, step)
+    return _journal_and_finish(env, restore_run_id, step)
 
 
-def reapply_consolidation(ctx: JobEnv, original: RunRecord, restore_run: RunRecord, *, restore_run_id: str | None,
+def reapply_consolidation(env: JobEnv, original: RunRecord, restore_run: RunRecord, *, restore_run_id: str | None,
                           dry_run: bool) -> dict:
     """Put the entries a consolidation restore removed back and mark their messages archived again, as one
     journalled step; refused when a later run archived some of those messages already (they would be in
@@ -337,8 +338,8 @@ def reapply_consolidation(ctx: JobEnv, original: RunRecord, restore_run: RunReco
     digests = [digest for backup in backups for digest, _, _ in read_chunk_backup(Path(backup))]
     plan = [f"re-insert history entries with cursors {[record.get('cursor') for record in records]}",
             f"mark {len(digests)} messages of {original.session_key} archived again"]
-    session = ctx.tracker.sessions.get(original.session_key)
-    again = digests_in(ctx.store, "archived", session.session_id, digests) if session is not None else set()
+    session = env.tracker.sessions.get(original.session_key)
+    again = digests_in(env.store, "archived", session.session_id, digests) if session is not None else set()
     if again:
         reason = (f"{len(again)} of its {len(digests)} messages were archived again since, by a later run: "
                   f"re-inserting its entries would archive them twice (restore that later run first)")
@@ -347,20 +348,20 @@ def reapply_consolidation(ctx: JobEnv, original: RunRecord, restore_run: RunReco
         return {"plan": plan}
     step = {"op": "reapply", "kind": "consolidate", "session": original.session_key, "run": original.run_id,
             "entries": records, "backups": backups, "plan": plan}
-    return _journal_and_finish(ctx, restore_run_id, step)
+    return _journal_and_finish(env, restore_run_id, step)
 
 
-def _journal_and_finish(ctx: JobEnv, restore_run_id: str | None, step: dict) -> dict:
+def _journal_and_finish(env: JobEnv, restore_run_id: str | None, step: dict) -> dict:
     """Journal *step* in the restore run before it changes anything, then take it: a crash anywhere after this
     is finished by the restore's recovery (finish_restore_step), so history and the spool never disagree."""
     if restore_run_id is not None:
-        current = ctx.store.get_run(restore_run_id)
-        ctx.store.journal(restore_run_id, dict(current.manifest if current else {}, **{RESTORE_STEP_KEY: step}))
-    ctx.faults.reach("restore.journalled")
-    return finish_restore_step(ctx, step)
+        current = env.store.get_run(restore_run_id)
+        env.store.journal(restore_run_id, dict(current.manifest if current else {}, **{RESTORE_STEP_KEY: step}))
+    env.faults.reach("restore.journalled")
+    return finish_restore_step(env, step)
 
 
-def finish_restore_step(ctx: JobEnv, step: dict) -> dict:
+def finish_restore_step(env: JobEnv, step: dict) -> dict:
     """Take a journalled restore step to its end; taking it again changes nothing more (a restart after a crash
     finishes it): history first (a cursor removed or inserted once), then the spool and archive marks."""
     records = []
@@ -369,15 +370,15 @@ def finish_restore_step(ctx: JobEnv, step: dict) -> dict:
     if step["op"] == "unarchive":
         cursors = set(step["cursors"])
         if cursors:
-            history.remove_entries(ctx.memory_dir, lambda entry: entry.cursor not in cursors)
-        ctx.faults.reach("restore.history_rewritten")
-        ctx.tracker.unarchive(step["session"], step["run"], records)
-        ctx.faults.reach("restore.spool_changed")
+            history.remove_entries(env.memory_dir, lambda entry: entry.cursor not in cursors)
+        env.faults.reach("restore.history_rewritten")
+        env.tracker.unarchive(step["session"], step["run"], records)
+        env.faults.reach("restore.spool_changed")
         return {"plan": step["plan"], "removed_entries": step["removed_entries"], "messages": len(records)}
     entries = [history.parse_entry(json.dumps(record)) for record in step["entries"]]
     entries = [entry for entry in entries if entry is not None]
-    history.insert_entries(ctx.memory_dir, entries)
-    ctx.faults.reach("restore.history_rewritten")
-    ctx.tracker.mark_archived(step["session"], [digest for digest, _, _ in records], step["run"])
-    ctx.faults.reach("restore.spool_changed")
+    history.insert_entries(env.memory_dir, entries)
+    env.faults.reach("restore.history_rewritten")
+    env.tracker.mark_archived(step["session"], [digest for digest, _, _ in records], step["run"])
+    env.faults.reach("restore.spool_changed")
     return {"plan": step["plan"], "reinserted": len(entries)}

@@ -1,39 +1,27 @@
 """Which spooled messages a consolidation run archives, in which chunks, and reading their records.
 
-A run is planned from the spool's (seq, role, tokens) alone; each chunk's records are read from the spool
-only when it is archived, one chunk ahead, so a long session's records are never all in memory.
+A run is planned from the spool's (seq, role, tokens) alone, its sizes being what the tracker gives (an estimate:
+a raw archive needs no exact count; a chunk sent to an LLM is counted exactly when it is sent); each chunk's
+records are read from the spool only when it is archived, a few ahead, so a long session's records are never all
+in memory.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
+import json
+import os
+import threading
 from array import array
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loguru import logger
-
-from nanobotd import fsio
-from nanobotd.jobs.common import JobEnv
-from nanobotd.jobs.consolidate.reader import ChunkReader
-from nanobotd.jobs.consolidate.readworker import ReadChunk, backup_text
+from nanobotd.jobs.env import JobEnv
 from nanobotd.memory.agent_history import dropped_part
-from nanobotd.memory.history import PreparedEntry
-from nanobotd.memory.transcript import PendingMessage, raw_entries
+from nanobotd.memory.transcript import PendingMessage
 from nanobotd.sessions.spool import PlanWindow, SpoolPlan
-from nanobotd.tokenprocess import counting_processes
-
-SAFETY_MARGIN = 1.2
-PROMPT_OVERHEAD_TOKENS = 600
-READER_MIN_CHUNKS = 8  # fewer chunks are read in the daemon: the process's start (~0.15 s) would not pay
-# chunks asked of the reading process beyond the next: enough that it always has one queued while the run appends a
-# group (up to APPEND_GROUP_CHUNKS, 8) and commits a batch of marks (their loads wait meanwhile); 6 left it waiting
-# ~0.4 s of a 100k-message run once its backups were written beside its reading. Each in a thread of the run's own
-# (READER_AHEAD + 1 threads)
-READER_AHEAD = 12
+from nanobotd.tuning import PLAN_PAGE, PROMPT_OVERHEAD_TOKENS, SAFETY_MARGIN
 
 
 @dataclass
@@ -46,7 +34,8 @@ class Chunk:
     planned_tokens: int
     oversized: bool = False
     loaded: list[tuple[int, PendingMessage, str]] = field(default_factory=list)
-    read: ReadChunk | None = None  # or read by the chunk-reading process (a run without an LLM: no messages)
+    backed_up: bool = False
+    counted: int | None = None  # its exact tokens, counted only when it is sent to an LLM
 
     @property
     def messages(self) -> list[PendingMessage]:
@@ -54,52 +43,33 @@ class Chunk:
 
     @property
     def seqs(self) -> list[int]:
-        if self.read is not None:
-            return self.read.seqs
         return [seq for seq, _, _ in self.loaded] if self.loaded else list(self.planned)
 
     @property
     def digests(self) -> list[str]:
-        return self.read.digests if self.read is not None else [message.digest for _, message, _ in self.loaded]
+        return [message.digest for _, message, _ in self.loaded]
 
     @property
     def tokens(self) -> int:
-        if self.read is not None:
-            return sum(self.read.tokens)
-        if self.loaded:
-            return sum(message.tokens for _, message, _ in self.loaded)
-        return self.planned_tokens
+        """Its exact tokens when counted, else the tracker's sizes it was planned with (an estimate)."""
+        return self.planned_tokens if self.counted is None else self.counted
 
-    def raw_entries(self, max_chars: int) -> list[str] | list[PreparedEntry]:
-        """The chunk's [RAW] history entries (prepared already, when the chunk-reading process read it)."""
-        return self.read.entries if self.read is not None else raw_entries(self.messages, max_chars)
+    def back_up(self, path: Path) -> None:
+        """The chunk's messages in its new backup file *path* (`archive.backup_path`), synced; its folder is
+        synced by the caller, once for the chunks appended together, before the journal names the file."""
+        if self.backed_up:
+            return
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(fd, "wb") as handle:
+            handle.write(backup_text(self.loaded).encode("utf-8"))
+            handle.flush()
+            os.fsync(fd)
+        self.backed_up = True
 
-    @property
-    def backed_up(self) -> bool:
-        """Its backup is written already (by the reading process, which read it)."""
-        return self.read is not None
-
-    def back_up(self, path: Path) -> Path:
-        """The chunk's messages in its backup file *path* (`archive.backup_path`: where the reading process wrote
-        them already, when it read the chunk)."""
-        if not self.backed_up:
-            fsio.atomic_write(path, backup_text(self.loaded))
-        return path
-
-    def load(self, ctx: JobEnv, session_key: str, reader: ChunkReader | None = None,
-             backup: Path | None = None) -> bool:
-        """Read the chunk's records from the spool (by *reader*, when given and it can, which also backs them
-        up to *backup*); False when none is left there (archived meanwhile)."""
-        if reader is not None and reader.closed:  # the run ended before this read began: it is never used
-            return False
-        agent_held = ctx.tracker.agent_held.get(session_key)
-        if reader is not None and backup is not None and not agent_held:
-            rows, held, shift = ctx.tracker.spooled_rows(session_key, list(self.planned))
-            if rows:
-                self.read = reader.read(held, shift, rows, ctx.settings.consolidation.raw_max_chars, backup)
-                if self.read is not None:
-                    return bool(self.read.seqs)
-        self.loaded = ctx.tracker.spooled_messages(session_key, list(self.planned))
+    def load(self, env: JobEnv, session_key: str) -> bool:
+        """Read the chunk's records from the spool; False when none is left there (archived meanwhile)."""
+        agent_held = env.tracker.agent_held.get(session_key)
+        self.loaded = env.tracker.spooled_messages(session_key, list(self.planned))
         if agent_held:  # a message the agent's cut [RAW] entry holds the start of: only the rest is archived
             self.loaded = [(seq, dropped_part(message, agent_held.get(message.digest, 0)), line)
                            for seq, message, line in self.loaded]
@@ -107,59 +77,44 @@ class Chunk:
 
     def release(self) -> None:
         """Archived: its records are let go."""
-        self.loaded, self.read = [], None
+        self.loaded = []
 
 
-def chunk_ratio(ctx: JobEnv, total: int, count: int) -> float:
+def backup_text(loaded: list[tuple[int, PendingMessage, str]]) -> str:
+    """A chunk's backup file: each message's record as the spool holds its JSON text (not re-encoded)."""
+    lines = [f'{{"digest":{json.dumps(message.digest)},"tokens":{int(message.tokens)},"record":{raw}}}'
+             for _, message, raw in loaded]
+    return "\n".join(lines) + "\n"
+
+
+def chunk_ratio(env: JobEnv, total: int, count: int) -> float:
     """0.4 of the window for ordinary messages (*count* of *total* tokens), falling toward 0.15 as the average
     message grows."""
-    settings = ctx.settings.consolidation
+    settings = env.settings.consolidation
     if not count:
         return settings.chunk_ratio_max
     average = total / count * SAFETY_MARGIN
-    pressure = min(1.0, average / (ctx.settings.llm.context_window * 0.05))
+    pressure = min(1.0, average / (env.settings.llm.context_window * 0.05))
     return settings.chunk_ratio_max - (settings.chunk_ratio_max - settings.chunk_ratio_min) * pressure
 
 
-def chunk_limit(ctx: JobEnv, total: int, count: int) -> int:
+def chunk_limit(env: JobEnv, total: int, count: int) -> int:
     """The tokens a chunk may hold, for a selection of *count* messages of *total* tokens."""
-    window = ctx.settings.llm.context_window
-    return max(1000, int(window * chunk_ratio(ctx, total, count) / SAFETY_MARGIN) - PROMPT_OVERHEAD_TOKENS)
+    window = env.settings.llm.context_window
+    return max(1000, int(window * chunk_ratio(env, total, count) / SAFETY_MARGIN) - PROMPT_OVERHEAD_TOKENS)
 
 
-def early_reader(ctx: JobEnv, session_key: str, reason: str, *, vanished_only: bool = False) -> ChunkReader | None:
-    """A chunk-reading process started before the run is planned (reading the plan of a long session takes about
-    as long as the process's start), when the run surely wants one: it has no LLM, archives every unarchived
-    message, and their tokens fill READER_MIN_CHUNKS chunks or more (no chunk holds more than chunk_limit). None
-    otherwise, or with a counting process alive (see ChunkLoads)."""
-    session = ctx.tracker.sessions.get(session_key)
-    if (session is None or not ctx.llm.offline or vanished_only or reason == "budget" or counting_processes()
-            or session.unarchived_tokens < READER_MIN_CHUNKS * chunk_limit(ctx, session.unarchived_tokens,
-                                                                           session.unarchived_messages)):
-        return None
-    return _new_reader()
-
-
-def _new_reader() -> ChunkReader | None:
-    """A chunk-reading process; None when it cannot start (the daemon reads the chunks)."""
-    try:
-        return ChunkReader()
-    except OSError as exc:
-        logger.warning("cannot start a chunk-reading process: {}; chunks are read in the daemon", exc)
-        return None
-
-
-def plan_run(ctx: JobEnv, session_key: str, reason: str, *, vanished_only: bool = False) -> list[Chunk]:
+def plan_run(env: JobEnv, session_key: str, reason: str, *, vanished_only: bool = False) -> list[Chunk]:
     """The chunks a run archives: every spooled message; a budget run, the oldest until the tail fits the target
     (`budget_chunks`); *vanished_only* (beside an agent that archives by itself), only the messages no longer in
     the session file."""
     if vanished_only:
-        plan = vanished_messages(ctx.tracker.spool_plan(session_key))
+        plan = vanished_messages(env.tracker.spool_plan(session_key))
     elif reason == "budget":
-        return budget_chunks(ctx, session_key, ctx.settings.consolidation.max_rounds)
+        return budget_chunks(env, session_key, env.settings.consolidation.max_rounds)
     else:
-        plan = ctx.tracker.spool_plan(session_key)
-    return plan_chunks(ctx, plan)
+        plan = env.tracker.spool_plan(session_key)
+    return plan_chunks(env, plan)
 
 
 def vanished_messages(pending: SpoolPlan) -> SpoolPlan:
@@ -171,35 +126,34 @@ def vanished_messages(pending: SpoolPlan) -> SpoolPlan:
     return selected
 
 
-def budget_chunks(ctx: JobEnv, session_key: str, most: int) -> list[Chunk]:
+def budget_chunks(env: JobEnv, session_key: str, most: int) -> list[Chunk]:
     """A budget run's first *most* chunks. It selects the oldest messages until the tail still in the file fits
     the target (budget x ratio), ending just before a user message (or at the very first); the vanished messages
     among them are taken whatever their size. Of the session's plan only its newest messages are read (back to
     where the selection ends) and its oldest (as far as *most* chunks go), a page at a time: a long session's
-    whole plan is not read for a few chunks (100k messages: 70 ms)."""
-    return ctx.tracker.plan_window(session_key, lambda window: plan_budget(ctx, window, most))
+    whole plan is not read for a few chunks."""
+    return env.tracker.plan_window(session_key, lambda window: plan_budget(env, window, most))
 
 
-PLAN_PAGE = 1024  # messages of a plan read at a time by a budget run (each page of its oldest twice the one before)
 
 
-def plan_budget(ctx: JobEnv, window: PlanWindow, most: int, page_size: int = PLAN_PAGE) -> list[Chunk]:
+def plan_budget(env: JobEnv, window: PlanWindow, most: int, page_size: int = PLAN_PAGE) -> list[Chunk]:
     """`budget_chunks` of the plan *window* gives."""
-    newest, whole = _fitting_tail(window, ctx.settings.budget * ctx.settings.consolidation.ratio, page_size)
+    newest, whole = _fitting_tail(window, env.settings.budget * env.settings.consolidation.ratio, page_size)
     cut = None
     for index, (seq, role, present) in enumerate(reversed(newest)):
         if present and ((whole and index == 0) or role == "user"):  # the very first message, or a user's
             cut = seq
             break
     if cut is None:  # no user message in the tail (or no tail fits): every message is selected
-        return plan_chunks(ctx, window.oldest(), most=most)
+        return plan_chunks(env, window.oldest(), most=most)
     count, tokens = window.totals(cut)
-    limit = chunk_limit(ctx, tokens, count)
+    limit = chunk_limit(env, tokens, count)
     head, size = SpoolPlan(), page_size
     while True:
         head.extend(window.oldest(min(size, count - len(head)), after=head.seqs[-1] if head else None,
                                   before=cut))
-        chunks = plan_chunks(ctx, head, most=most, limit=limit)
+        chunks = plan_chunks(env, head, most=most, limit=limit)
         if len(head) >= count or (len(chunks) == most and chunks[-1].planned[-1] < head.seqs[-1]):
             return chunks  # every selected message read, or the last chunk ends before the last one read
         size *= 2
@@ -222,13 +176,13 @@ def _fitting_tail(window: PlanWindow, target: float, page_size: int) -> tuple[li
         before = page.seqs[-1]
 
 
-def plan_chunks(ctx: JobEnv, selected: SpoolPlan, *, most: int | None = None,
+def plan_chunks(env: JobEnv, selected: SpoolPlan, *, most: int | None = None,
                 limit: int | None = None) -> list[Chunk]:
     """Split into chunks that fit one request and end just before a user message: all of them, or the first
     *most* (a chunk is final once the next one begins, so the rest are never planned). *limit*: the tokens a chunk
     may hold, when *selected* is only the start of the selection (its chunk_limit otherwise)."""
-    window = ctx.settings.llm.context_window
-    limit = chunk_limit(ctx, sum(selected.tokens), len(selected)) if limit is None else limit
+    window = env.settings.llm.context_window
+    limit = chunk_limit(env, sum(selected.tokens), len(selected)) if limit is None else limit
     seqs, roles, tokens = selected.seqs, selected.roles, selected.tokens
     most = len(selected) if most is None else most
     chunks: list[Chunk] = []
@@ -259,50 +213,27 @@ def plan_chunks(ctx: JobEnv, selected: SpoolPlan, *, most: int | None = None,
 
 
 class ChunkLoads:
-    """The chunks' records read ahead, in threads: the next chunk is read while the current one is archived (its
-    backup, history append and marks spend much of their time in fsync and SQLite, without the GIL), and the
-    event loop never reads records itself. At most two chunks' records are in memory (with a reading process,
-    READER_AHEAD more chunks' entries and backup lines).
+    """The chunks' records read ahead, one chunk after another in an executor thread, while the current ones are
+    archived (their history append and marks spend much of their time in fsync and SQLite, without the GIL); the
+    event loop never reads records itself. At most *ahead* + 1 chunks' records are in memory.
 
-    A run that renders every chunk raw (no LLM) of READER_MIN_CHUNKS chunks or more has them read and backed up
-    by a chunk-reading process (`reader`), on another core, from the second chunk on (the first is read here
-    while the process starts; with a counting process alive, from the first chunk after it went),
-    READER_AHEAD chunks ahead (its backups' fsyncs wait in that process, not in the
-    run), in threads of the run's own (the loads wait there for the process's answers, in the order asked, and
-    would otherwise hold the threads the run appends and marks in). The backups of chunks read ahead that the run
-    never reached (it failed or was cancelled first) go when it ends; only a chunk it took and failed to journal
-    leaves its backup in the run folder, unlisted in the run's manifest.
+    With *backups* (a run without an LLM: each chunk is archived as read), a chunk read ahead is backed up there
+    too, its fsync beside the run's appends; the backups of chunks read ahead that the run never took (it failed
+    or was cancelled first) go when it ends.
     """
 
-    def __init__(self, ctx: JobEnv, session_key: str, chunks: list[Chunk], *,
-                 raw_backups: Callable[[int], Path] | None = None, started: ChunkReader | None = None):
-        """*started*: a process started already (`early_reader`), used when the run wants one, let go if not."""
-        self.ctx, self.session_key, self.chunks = ctx, session_key, chunks
+    def __init__(self, env: JobEnv, session_key: str, chunks: list[Chunk], *, ahead: int = 1,
+                 backups: Callable[[int], Path] | None = None):
+        self.env, self.session_key, self.chunks, self.ahead, self.backups = env, session_key, chunks, ahead, backups
         self.pending: dict[int, asyncio.Future[bool]] = {}
-        self.reader: ChunkReader | None = None
-        self.backups = raw_backups
-        self._threads: ThreadPoolExecutor | None = None  # the loads' threads, while the process reads
-        self._reader_wanted = raw_backups is not None and len(chunks) >= READER_MIN_CHUNKS
+        self._last: asyncio.Future[bool] | None = None
+        self._ended = False
+        self._ending = threading.Lock()  # a backup is written whole before the run's end, or not at all
         self._start(0)
-        self._start_reader(started)
-
-    def _start_reader(self, started: ChunkReader | None = None) -> None:
-        """The chunk-reading process (*started*, or one started now), when the run wants one and no counting process
-        is alive (a scan's, ~57 MB: the two together would hold more than the run is allowed; until it goes,
-        chunks are read here)."""
-        if not self._reader_wanted or counting_processes():
-            if started is not None:
-                started.close()
-            return
-        self._reader_wanted = False
-        self.reader = started or _new_reader()
-        if self.reader is not None:
-            self._threads = ThreadPoolExecutor(READER_AHEAD + 1, thread_name_prefix="chunk-load")
 
     async def take(self, number: int) -> bool:
         """Chunk *number* loaded (False: none of its messages is left in the spool); the next ones start."""
         loaded = await self.pending.pop(number)
-        self._start_reader()
         self._start(number + 1)
         return loaded
 
@@ -312,30 +243,31 @@ class ChunkLoads:
         return pending is not None and pending.done()
 
     def cancel(self) -> None:
-        """The run ends: reads still going are left to finish in their threads, their records unused; the
-        chunk-reading process goes, and with it the backups it wrote (or began) for chunks never taken: the run
-        never journalled them."""
+        """The run ends: a read still going is left to finish in its thread, its records unused, and the backups
+        of the chunks never taken go."""
         for pending in self.pending.values():
             pending.cancel()
-        untaken, self.pending = list(self.pending), {}
-        if self.reader is not None:
-            self.reader.close()
-            for number in untaken:
-                _drop_backup(self.backups(number))
-        if self._threads is not None:
-            self._threads.shutdown(wait=False)
+        with self._ending:
+            self._ended = True
+        for number in self.pending if self.backups is not None else ():
+            self.backups(number).unlink(missing_ok=True)
+        self.pending = {}
 
     def _start(self, number: int) -> None:
-        """Chunk *number* and, with a reading process, the READER_AHEAD after it are being read."""
-        last = number + (READER_AHEAD if self.reader is not None and not self.reader.failed else 0)
-        for ahead in range(number, min(last + 1, len(self.chunks))):
+        for ahead in range(number, min(number + self.ahead + 1, len(self.chunks))):
             if ahead not in self.pending:
-                backup = self.backups(ahead) if self.reader is not None else None
-                load = functools.partial(self.chunks[ahead].load, self.ctx, self.session_key, self.reader, backup)
-                self.pending[ahead] = asyncio.get_running_loop().run_in_executor(self._threads, load)
+                self._last = self.pending[ahead] = asyncio.ensure_future(self._load(ahead, self._last))
 
+    async def _load(self, number: int, previous: asyncio.Future[bool] | None) -> bool:
+        if previous is not None:
+            await asyncio.wait([previous])  # read in order, one at a time
+        return await asyncio.to_thread(self._read, number)
 
-def _drop_backup(path: Path) -> None:
-    """A chunk's backup (and a temp file of it a killed process left) that its run never journalled."""
-    for leftover in (path, *fsio.temp_files(path)):
-        leftover.unlink(missing_ok=True)
+    def _read(self, number: int) -> bool:
+        chunk = self.chunks[number]
+        loaded = chunk.load(self.env, self.session_key)
+        if loaded and self.backups is not None:
+            with self._ending:
+                if not self._ended:
+                    chunk.back_up(self.backups(number))
+        return loaded

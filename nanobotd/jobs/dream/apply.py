@@ -16,10 +16,11 @@ from loguru import logger
 from nanobotd import fsio
 from nanobotd.gitstore.repo import GitStoreError
 from nanobotd.gitstore.store import CURSOR_FILE
-from nanobotd.jobs.common import DREAM_NOTES_NAME, compact_history, compaction_candidates, mark_dream_notes
+from nanobotd.jobs.compaction import compact_history, compaction_candidates
 from nanobotd.jobs.dream.prompts import SKIP_LINE
 from nanobotd.jobs.dream.restore import BACKUP_DIR, digest, line_counts, roll_back, save_backup
 from nanobotd.jobs.dream.tools import ToolRefused
+from nanobotd.jobs.dreamnotes import DREAM_NOTES_NAME, mark_dream_notes
 from nanobotd.memory.history import DREAM_CURSOR_NAME, read_dream_cursor
 
 UNDO_SUFFIX = ".undo.tmp"

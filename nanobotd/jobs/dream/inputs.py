@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 
-from nanobotd.jobs.common import unread_note_bullets
+from nanobotd.jobs.dreamnotes import unread_note_bullets
 from nanobotd.memory.dailynote import NoteBullet
 from nanobotd.memory.history import HistoryEntry, iter_entries
 

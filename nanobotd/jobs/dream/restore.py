@@ -22,7 +22,9 @@ from nanobotd import fsio
 from nanobotd.gitstore.commits import DREAM_PREFIX
 from nanobotd.gitstore.repo import GitConflict, GitStoreError
 from nanobotd.gitstore.store import CURSOR_FILE, SHORT_SHA, GitStore
-from nanobotd.jobs.common import RestoreRefused, compacted_entries_missing, mark_dream_notes
+from nanobotd.jobs.compaction import compacted_entries_missing
+from nanobotd.jobs.dreamnotes import mark_dream_notes
+from nanobotd.jobs.errors import RestoreRefused
 from nanobotd.memory.history import insert_entries, read_dream_cursor
 from nanobotd.state.store import RunRecord, StateStore
 

@@ -18,22 +18,21 @@ from loguru import logger
 
 from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.gitstore.store import GitStore
-from nanobotd.jobs.common import cap_overruns
 from nanobotd.jobs.dream import prompts
 from nanobotd.jobs.dream.apply import ApplyStep, DreamError, describe_left
 from nanobotd.jobs.dream.inputs import Backlog, Batch, read_backlog
 from nanobotd.jobs.dream.recover import KIND
 from nanobotd.jobs.dream.tools import ALLOWED_FILES, TOOL_SCHEMAS, StagedFiles
+from nanobotd.jobs.dreamnotes import cap_overruns
 from nanobotd.llm.client import LLMClient
 from nanobotd.llm.failures import LLMError
 from nanobotd.llm.reply import LLMReply, UsageMeter
 from nanobotd.memory.history import read_dream_cursor
 from nanobotd.state.store import StateStore
+from nanobotd.tuning import CHARS_PER_TOKEN, INPUT_SHARE
 
 __all__ = ["KIND", "DreamError", "DreamResult", "DreamRun", "dream_workspace"]
 
-CHARS_PER_TOKEN = 4
-BATCH_CONTEXT_SHARE = 0.4
 ITERATION_BOUND = "iteration bound"
 TOKEN_BUDGET = "token budget"
 NEXT_BATCH_WOULD_NOT_FIT = "token budget: the next batch would not fit"
@@ -150,7 +149,7 @@ class DreamRun(ApplyStep):
     async def drain(self, backlog: Backlog) -> None:
         """Dream batch after batch; a failed batch is discarded and ends the run (failed if it was the first)."""
         settings = self.workspace.dream
-        char_budget = int(self.workspace.llm.context_window * CHARS_PER_TOKEN * BATCH_CONTEXT_SHARE)
+        char_budget = int(self.workspace.llm.context_window * CHARS_PER_TOKEN * INPUT_SHARE)
         while backlog:
             stop = self.budget_stop()
             if stop:

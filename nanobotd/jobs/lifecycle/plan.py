@@ -10,7 +10,8 @@ from datetime import datetime
 from pathlib import Path
 
 from nanobotd.config.schema import WorkspaceSettings
-from nanobotd.jobs.common import compaction_candidates, folder_size, run_backup_dir
+from nanobotd.jobs.compaction import compaction_candidates
+from nanobotd.jobs.runfiles import folder_size, run_backup_dir
 from nanobotd.memory.dailynote import ARCHIVE_DIR_NAME, scan_notes
 from nanobotd.state.store import OPEN_RUN_STATES, StateStore
 

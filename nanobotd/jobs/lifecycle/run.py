@@ -16,9 +16,12 @@ from loguru import logger
 
 from nanobotd import fsio
 from nanobotd.config.schema import WorkspaceSettings
-from nanobotd.jobs.common import EXPIRED, compact_history, describe_step, note_progress
+from nanobotd.jobs.compaction import compact_history
+from nanobotd.jobs.env import note_progress
+from nanobotd.jobs.errors import EXPIRED
 from nanobotd.jobs.lifecycle.plan import plan_lifecycle
 from nanobotd.jobs.lifecycle.summary import summarise_notes
+from nanobotd.jobs.planlines import describe_step
 from nanobotd.llm.client import LLMClient
 from nanobotd.llm.reply import UsageMeter
 from nanobotd.memory import history

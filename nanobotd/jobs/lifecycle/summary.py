@@ -14,8 +14,8 @@ from nanobotd.llm.reply import UsageMeter
 from nanobotd.memory import history
 from nanobotd.memory.transcript import PendingMessage, raw_entries
 from nanobotd.tokens import count_tokens, encoding_name_for
+from nanobotd.tuning import INPUT_SHARE
 
-SUMMARY_INPUT_RATIO = 0.4
 SUMMARY_MAX_TOKENS = 4096
 NOTHING = "(nothing)"
 RAW_ENTRY_MARGIN = 400
@@ -37,7 +37,7 @@ async def summarise_notes(notes: list[tuple[str, bytes]], *, llm: LLMClient, met
         summary.update(raw_notes=len(texts), reason="offline")
         return raw_note_entries(texts, raw_max_chars), summary
     encoding = encoding_name_for(llm.settings.model)
-    budget = int(llm.settings.context_window * SUMMARY_INPUT_RATIO) - count_tokens(SUMMARY_PROMPT, encoding) - 64
+    budget = int(llm.settings.context_window * INPUT_SHARE) - count_tokens(SUMMARY_PROMPT, encoding) - 64
     contents: list[str] = []
     for batch, fits in note_batches(texts, budget, encoding):
         facts = await _summarise_batch(batch, llm, meter, summary) if fits else None

@@ -10,7 +10,8 @@ import os
 from pathlib import Path
 
 from nanobotd import fsio
-from nanobotd.jobs.common import RestoreRefused, compacted_entries_missing, refuse_if_expired
+from nanobotd.jobs.compaction import compacted_entries_missing
+from nanobotd.jobs.errors import RestoreRefused, refuse_if_expired
 from nanobotd.jobs.lifecycle.run import LIFECYCLE_KIND
 from nanobotd.memory import history
 from nanobotd.memory.dailynote import ARCHIVE_DIR_NAME

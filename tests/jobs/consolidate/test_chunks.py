@@ -16,11 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nanobotd.config.schema import ConsolidationSettings, LLMSettings, WorkspaceSettings
-from nanobotd.jobs.consolidate import chunks
 from nanobotd.jobs.consolidate.chunks import chunk_ratio, plan_budget, plan_chunks, vanished_messages
-from nanobotd.sessions import spool
 from nanobotd.sessions.spool import PlanWindow, SpoolPlan, read_plan
 from nanobotd.state.store import StateStore
+from nanobotd.tuning import PLAN_PAGE
 
 ROLES = ("user", "assistant", "tool", "system")
 
@@ -69,8 +68,8 @@ def reference_chunks(window: int, limit: int, selected: list[tuple]) -> list[tup
     return chunks
 
 
-def reference_limit(window: int, ctx, selected: list[tuple]) -> int:
-    return max(1000, int(window * chunk_ratio(ctx, sum(row[2] for row in selected), len(selected)) / 1.2) - 600)
+def reference_limit(window: int, env, selected: list[tuple]) -> int:
+    return max(1000, int(window * chunk_ratio(env, sum(row[2] for row in selected), len(selected)) / 1.2) - 600)
 
 
 def _context(window: int, ratio: float, max_tokens: int) -> types.SimpleNamespace:
@@ -121,15 +120,15 @@ MESSAGE = st.tuples(st.sampled_from(ROLES),
 @settings(max_examples=300, deadline=None)
 @given(messages=st.lists(MESSAGE, max_size=120), window=st.sampled_from([2000, 4000, 9000, 200_000]),
        ratio=st.sampled_from([0.0, 0.1, 0.5, 1.0]), max_tokens=st.integers(0, 3000),
-       most=st.integers(1, 6), page_size=st.integers(1, 8) | st.just(chunks.PLAN_PAGE),
+       most=st.integers(1, 6), page_size=st.integers(1, 8) | st.just(PLAN_PAGE),
        first_seq=st.sampled_from([1, 7]))
 def test_a_budget_runs_chunks_read_a_page_at_a_time_are_the_walk_over_every_message(
         spools, messages, window, ratio, max_tokens, most, page_size, first_seq):
-    ctx = _context(window, ratio, max_tokens)
+    env = _context(window, ratio, max_tokens)
     session_id, gone, rows = spools.session(messages, first_seq)
-    expected = reference_selection(ctx.settings.budget * ratio, rows)
-    planned = reference_chunks(window, reference_limit(window, ctx, expected), expected) if expected else []
-    got = plan_budget(ctx, PlanWindow(spools.store, session_id, gone), most, page_size)
+    expected = reference_selection(env.settings.budget * ratio, rows)
+    planned = reference_chunks(window, reference_limit(window, env, expected), expected) if expected else []
+    got = plan_budget(env, PlanWindow(spools.store, session_id, gone), most, page_size)
     assert _as_tuples(got) == planned[:most]
 
 
@@ -137,35 +136,46 @@ def test_a_budget_runs_chunks_read_a_page_at_a_time_are_the_walk_over_every_mess
 @given(messages=st.lists(MESSAGE, max_size=120), window=st.sampled_from([2000, 4000, 9000, 200_000]),
        most=st.integers(1, 6) | st.none())
 def test_chunks_planned_on_the_plans_arrays_are_the_walk_over_every_message(messages, window, most):
-    ctx = _context(window, 0.5, 1000)
+    env = _context(window, 0.5, 1000)
     plan = SpoolPlan()
     rows = []
     for seq, (role, tokens, present) in enumerate(messages, start=1):
         plan.add(seq, role, tokens, present)
         rows.append((seq, role, tokens, present))
-    planned = reference_chunks(window, reference_limit(window, ctx, rows), rows)
-    assert _as_tuples(plan_chunks(ctx, plan, most=most)) == (planned if most is None else planned[:most])
+    planned = reference_chunks(window, reference_limit(window, env, rows), rows)
+    assert _as_tuples(plan_chunks(env, plan, most=most)) == (planned if most is None else planned[:most])
     assert list(vanished_messages(plan)) == [row for row in rows if not row[3]]
 
 
-def test_a_budget_run_of_a_long_session_reads_its_tail_and_the_start_of_its_plan_only(spools, monkeypatch):
+class CountedWindow(PlanWindow):
+    """A plan window that notes how many messages each page it reads holds."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.read: list[int] = []
+
+    def newest(self, *args, **kwargs):
+        page = super().newest(*args, **kwargs)
+        self.read.append(len(page))
+        return page
+
+    def oldest(self, *args, **kwargs):
+        page = super().oldest(*args, **kwargs)
+        self.read.append(len(page))
+        return page
+
+
+def test_a_budget_run_of_a_long_session_reads_its_tail_and_the_start_of_its_plan_only(spools):
     """100,000 messages of 40 tokens and a target of 197.6: the selection is every message but the last 4; the run
     reads the tail's page and the first pages as far as its 5 chunks go, not the rest."""
-    ctx = _context(4000, 0.1, 1000)
+    env = _context(4000, 0.1, 1000)
     session_id, gone, rows = spools.session([(ROLES[index % 3], 40, True) for index in range(100_000)])
-    read: list[int] = []
-
-    def counted(*args, **kwargs):
-        plan = read_plan(*args, **kwargs)
-        read.append(len(plan))
-        return plan
-
-    monkeypatch.setattr(spool, "read_plan", counted)
-    got = plan_budget(ctx, PlanWindow(spools.store, session_id, gone), 5)
-    expected = reference_selection(ctx.settings.budget * 0.1, rows)
+    window = CountedWindow(spools.store, session_id, gone)
+    got = plan_budget(env, window, 5)
+    expected = reference_selection(env.settings.budget * 0.1, rows)
     assert len(expected) == 99_996 and rows[99_996][1] == "user"  # the 4 that fit begin with a user's
-    assert _as_tuples(got) == reference_chunks(4000, reference_limit(4000, ctx, expected), expected)[:5]
-    assert sum(read) < 5_000, f"read {read} of 100,000"
+    assert _as_tuples(got) == reference_chunks(4000, reference_limit(4000, env, expected), expected)[:5]
+    assert 0 < sum(window.read) < 5_000, f"read {window.read} of 100,000"
 
 
 def test_the_plan_read_from_the_spool_marks_the_vanished_messages_and_reads_windows(spools):

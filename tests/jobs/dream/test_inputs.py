@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from nanobotd.jobs.common import mark_dream_notes
 from nanobotd.jobs.dream.inputs import NOTE_ITEM_CHARS, read_backlog
+from nanobotd.jobs.dreamnotes import mark_dream_notes
 
 
 def write_memory(tmp_path: Path, stamps: list[str], notes: dict[str, str]) -> Path:

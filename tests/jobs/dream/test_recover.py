@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from nanobotd.gitstore.store import GitStore
-from nanobotd.jobs.common import unread_note_bullets
 from nanobotd.jobs.dream.recover import recover_dream_run
+from nanobotd.jobs.dreamnotes import unread_note_bullets
 from nanobotd.memory.history import read_dream_cursor
 from tests.jobs.dream.scenario import (
     EDIT_TWO_FILES,

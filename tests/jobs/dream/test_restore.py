@@ -7,8 +7,9 @@ import subprocess
 
 import pytest
 
-from nanobotd.jobs.common import RestoreRefused, unread_note_bullets
 from nanobotd.jobs.dream.restore import dream_log, restore_dream_commit, restore_dream_run
+from nanobotd.jobs.dreamnotes import unread_note_bullets
+from nanobotd.jobs.errors import RestoreRefused
 from nanobotd.memory.history import read_dream_cursor
 from tests.jobs.dream.scenario import (
     EDIT_MEMORY,

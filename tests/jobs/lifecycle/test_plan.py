@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-from nanobotd.jobs.common import describe_step
+from nanobotd.jobs.planlines import describe_step
 from tests.jobs.lifecycle.scenario import (
     NOW,
     lifecycle,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from nanobotd import fsio
-from nanobotd.jobs.common import RestoreRefused
+from nanobotd.jobs.errors import RestoreRefused
 from nanobotd.jobs.lifecycle.plan import plan_lifecycle
 from nanobotd.jobs.lifecycle.run import _StepExecutor
 from nanobotd.jobs.lifecycle.undo import restore_lifecycle_run

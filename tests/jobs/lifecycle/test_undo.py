@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nanobotd.jobs.common import RestoreRefused
+from nanobotd.jobs.errors import RestoreRefused
 from nanobotd.jobs.lifecycle.undo import restore_lifecycle_run
 from tests.jobs.lifecycle.scenario import (
     lifecycle,

@@ -1,0 +1,98 @@
+"""The one interface every job kind answers: how it runs, recovers, restores, re-applies, queues and reads.
+
+The daemon holds only `Job` objects (jobs/registry.py) and asks them; nothing outside jobs/ branches on a kind.
+Every entry point takes the same arguments: `run(env, run_id, params)`, the kind's params a mapping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+from nanobotd.jobs.env import JobEnv
+from nanobotd.jobs.errors import RestoreError
+from nanobotd.state.store import RunRecord
+
+HISTORY_FILE = "memory/history.jsonl"  # as a run's changes name it
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """How the queue treats a run: what it excludes (one run per target at a time), whether it needs an LLM slot,
+    whether a running one is joined, the manifest it is queued with, and how much it does (a queued run of smaller
+    *scope* is not joined by one that must do more)."""
+
+    target: str
+    uses_llm: bool = False
+    session_key: str | None = None
+    manifest: dict | None = None
+    scope: int = 0
+    join_running: bool = False
+
+
+class Job(Protocol):
+    """A job kind. *scheduled*: a cron job, caught up after downtime; *restorable*: its runs change what a restore
+    can undo; *writes_memory*: the indexes refresh after each run; *refresh_waits*: while one runs, the index
+    refresh waits for its end (it rewrites memory all along); *trigger_key*: the manifest key saying why it ran,
+    shown as the run's trigger."""
+
+    kind: ClassVar[str]
+    scheduled: ClassVar[bool]
+    restorable: ClassVar[bool]
+    writes_memory: ClassVar[bool]
+    refresh_waits: ClassVar[bool]
+    trigger_key: ClassVar[str | None]
+
+    async def run(self, env: JobEnv, run_id: str, params: Mapping[str, Any]) -> dict:
+        """Do the work as run *run_id* (created queued in the ledger); returns its manifest."""
+
+    def recover(self, env: JobEnv, run: RunRecord) -> str:
+        """Finish or roll back a run a crash interrupted; returns the outcome."""
+
+    async def restore(self, env: JobEnv, run: RunRecord, *, restore_run_id: str | None, force: bool,
+                      dry_run: bool) -> dict:
+        """Undo what *run* changed (its plan only, with *dry_run*)."""
+
+    async def reapply(self, env: JobEnv, original: RunRecord | None, restore_run: RunRecord, *,
+                      restore_run_id: str | None, force: bool, dry_run: bool) -> dict:
+        """Undo the restore *restore_run* of *original*."""
+
+    def finish_restore(self, env: JobEnv, step: dict) -> dict | None:
+        """Finish a journalled restore step a crash cut short; None when the kind journals none."""
+
+    def queue_policy(self, env: JobEnv, params: Mapping[str, Any]) -> QueuePolicy:
+        """How the queue treats a run of this kind with *params*."""
+
+    def off_reason(self, env: JobEnv) -> str | None:
+        """Why the job cannot run in this workspace (it is then never scheduled), or None."""
+
+    def changes(self, manifest: dict) -> dict:
+        """What a run changed, read from its manifest: counts, "files", "commits" (runview shows them)."""
+
+
+class JobDefaults:
+    """What most kinds answer alike; each kind overrides what it does differently."""
+
+    kind: ClassVar[str] = ""
+    scheduled: ClassVar[bool] = False
+    restorable: ClassVar[bool] = True
+    writes_memory: ClassVar[bool] = True
+    refresh_waits: ClassVar[bool] = True
+    trigger_key: ClassVar[str | None] = None
+
+    async def reapply(self, env: JobEnv, original: RunRecord | None, restore_run: RunRecord, *,
+                      restore_run_id: str | None, force: bool, dry_run: bool) -> dict:
+        raise RestoreError(f"re-applying a {self.kind} run is not supported; run the job again instead")
+
+    def finish_restore(self, env: JobEnv, step: dict) -> dict | None:
+        return None
+
+    def queue_policy(self, env: JobEnv, params: Mapping[str, Any]) -> QueuePolicy:
+        return QueuePolicy(target=self.kind, join_running=True)
+
+    def off_reason(self, env: JobEnv) -> str | None:
+        return None
+
+    def changes(self, manifest: dict) -> dict:
+        return {}
