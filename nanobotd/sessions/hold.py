@@ -18,8 +18,7 @@ from __future__ import annotations
 import errno
 import json
 import os
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -46,32 +45,7 @@ class Holds:
 
     def __init__(self, state_dir: Path):
         self.folder = Path(state_dir) / HELD_DIR
-        # inside together() (called under the tracker's lock, as every hold is): the copies made, open, their
-        # syncs to come; and whether the folder has a new link or copy to sync
-        self._unsynced: list[int] | None = None
-        self._folder_unsynced = False
         self._no_links: set[int] = set()  # the filesystems (st_dev) of session files a link from failed with EXDEV
-
-    @contextmanager
-    def together(self) -> Iterator[None]:
-        """Sync the versions held inside it together as it ends (before the database refers to them: the caller
-        commits after it): each copy's writeback starts as it is made, then one sync each and one of the folder.
-        A first start holds a copy of every session file, and a copy synced with its folder one at a time
-        costs ~0.7 ms (two journal commits), ~0.25 ms in a group."""
-        if self._unsynced is not None:  # already inside one: its end syncs these too
-            yield
-            return
-        self._unsynced, self._folder_unsynced = [], False
-        try:
-            yield
-            for fd in self._unsynced:
-                os.fsync(fd)
-            if self._folder_unsynced:
-                fsio.fsync_dir(self.folder)
-        finally:
-            unsynced, self._unsynced = self._unsynced, None
-            for fd in unsynced:
-                os.close(fd)
 
     def path(self, session_id: int, generation: int) -> Path:
         return self.folder / f"{session_id}.{generation}"
@@ -118,13 +92,8 @@ class Holds:
         return True
 
     def _settle(self, target: Path, fd: int | None = None) -> None:
-        """A new version in the folder, and the open descriptor of its copy when it is one: synced now (a copy
-        that cannot be is removed), or at together()'s end."""
-        if self._unsynced is not None:
-            if fd is not None:
-                self._unsynced.append(fd)
-            self._folder_unsynced = True
-            return
+        """A new version in the folder, and the open descriptor of its copy when it is one: synced before the spool
+        refers to it (a copy that cannot be is removed)."""
         if fd is not None:
             try:
                 os.fsync(fd)

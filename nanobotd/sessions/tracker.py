@@ -6,8 +6,8 @@ agent has not archived and nanobotd has not archived is copied into the spool, s
 drops it (`/new`, fork, truncation) cannot lose it: vanished spool rows are handed to the rescue.
 Parsing lives in `sessions.scan`, the per-session record and its database row in `sessions.session`,
 the spool's rows in `sessions.spool`, the archive marks in `sessions.marks`, the held rows' moves in
-`sessions.holding`, scanning many files in a row in `sessions.pipeline` and the jobs' reads of the spool in
-`sessions.spoolreads`.
+`sessions.holding` and the jobs' reads of the spool in `sessions.spoolreads`. Tokens are estimates
+(`tokens.estimate_tokens`); `count_tail` counts a session's tail exactly when a decision is near a threshold.
 """
 
 from __future__ import annotations
@@ -16,22 +16,21 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from loguru import logger
 
 from nanobotd import fsio
+from nanobotd.faults import FaultPoints
 from nanobotd.sessions import file as sessionfile
 from nanobotd.sessions import spool as spooldb
 from nanobotd.sessions.hold import Holds
 from nanobotd.sessions.holding import SpoolHolding
 from nanobotd.sessions.marks import ArchiveMarks
 from nanobotd.sessions.messages import MessageList
-from nanobotd.sessions.parsepool import Answer
-from nanobotd.sessions.pipeline import ReadFile, ScanPipeline
-from nanobotd.sessions.scan import LINE_NEW, Counter, ParseResult, parse_session
-from nanobotd.sessions.scanrows import ROWS_AHEAD_BYTES, ScanRows
+from nanobotd.sessions.scan import LINE_NEW, ParseResult, parse_session
 from nanobotd.sessions.session import (
     ScanResult,
     SessionState,
@@ -49,12 +48,8 @@ from nanobotd.sessions.spoolreads import SpoolReads
 from nanobotd.state import bulk
 from nanobotd.state.metrics import FLUSH_KIND, MISSED_OUTCOME
 from nanobotd.state.store import StateStore
-
-CACHED_MESSAGES = 50_000  # message infos kept in memory for the sessions used last (a big one stays alone)
-# A file with this much not read yet is counted in the counting process (the tracker's counter) even alone: its
-# counting outweighs the process's start (~0.3 s), and beside a parse busy in Python the counting threads wait for
-# the GIL (a first scan of 100k messages, 65 MB: 5.4 s with the threads, 3.7 s with the process).
-PROCESS_SCAN_BYTES = 8 << 20
+from nanobotd.tokens import count_tokens
+from nanobotd.tuning import CACHED_MESSAGES, SCAN_SLICE_SECONDS
 
 
 def fingerprint_of(stat: os.stat_result) -> tuple[int, int, int]:
@@ -62,27 +57,17 @@ def fingerprint_of(stat: os.stat_result) -> tuple[int, int, int]:
     return stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
-def unread_bytes(stat: os.stat_result, known: SessionState | None) -> int:
-    """How much of a file its last scan did not read: past the message region it hashed (all of a new file)."""
-    if known is None or known.tail is None:
-        return stat.st_size
-    return max(0, stat.st_size - known.tail.start - known.tail.length)
-
-
-class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
+class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads):
     """Tracks every session file of one workspace; thread-safe (scans run on an executor)."""
 
     def __init__(self, workspace_name: str, store: StateStore, *, encoding: str = "o200k_base", clock=time.time,
-                 counter: Counter | None = None, process_scan_bytes: int = PROCESS_SCAN_BYTES,
-                 parse_processes: int = 0):
+                 cached_messages: int = CACHED_MESSAGES, faults: FaultPoints | None = None):
         self.workspace_name = workspace_name
         self.store = store
-        self.encoding = encoding
-        # counts the batches when scan_many reads several files (see sessions.pipeline), or a long unread stretch
-        self.counter = counter
-        self.process_scan_bytes = process_scan_bytes
-        self.parse_processes = parse_processes  # scan_many parses many new files in this many processes (parsepool)
+        self.encoding = encoding  # what count_tail counts in
         self.clock = clock
+        self.cached_messages = cached_messages
+        self.faults = faults or FaultPoints()  # "scan.apply": reached before a scan writes what it read
         # Copy-on-write: a scan on the executor replaces the dict instead of growing it, so a reader on the
         # loop iterating `sessions` (GET /v1/sessions, status) always walks a consistent snapshot.
         self.sessions: dict[str, SessionState] = {}
@@ -132,11 +117,11 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
             return session.messages
 
     def _trim_caches(self, keep: SessionState) -> None:
-        """Keep the message caches of the sessions used last, up to CACHED_MESSAGES messages (and always
+        """Keep the message caches of the sessions used last, up to cached_messages messages (and always
         *keep*'s, used last): the ones used longest ago go first, and are read again from the database when
         next needed. Only what goes is looked at (a start-up reconcile of thousands of small sessions trims
         after every one of them)."""
-        while self._cached_total > CACHED_MESSAGES and self._cached:
+        while self._cached_total > self.cached_messages and self._cached:
             oldest = next(iter(self._cached))
             if oldest == keep.key:
                 break
@@ -170,15 +155,29 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
     def scan(self, path: Path, *, force: bool = False) -> ScanResult | None:
         """Bring one session file's accounting up to date; None when *path* is not a session file."""
         with self._lock:
-            begun = self._begin_scan(Path(path), force=force)
-            return self._finish_scan(begun) if isinstance(begun, ReadFile) else begun
+            return self._scan(Path(path), force=force)
 
-    def _begin_scan(self, path: Path, *, force: bool = False, defer_counts: bool = False,
-                    counter: Counter | None = None, ahead: Answer | None = None) -> ReadFile | ScanResult | None:
-        """Read the file when it changed (call under the lock): a ReadFile to finish, or scan()'s answer when
-        there is nothing to apply. *defer_counts*: the last tokens are still being counted (see parse_session);
-        *counter*: where the batches are counted (default: the counting threads); *ahead*: a parse process's
-        parse of the file and the version it read, used when the file is new and that version is the one open."""
+    def scan_many(self, paths: Iterable[Path]) -> Iterator[tuple[Path, ScanResult | None | Exception]]:
+        """scan() of each of *paths* in order (a reconcile): yields (path, what scan() returns, or the Exception it
+        raised). The lock is held a slice of SCAN_SLICE_SECONDS at a time, so archive marks wait no longer."""
+        paths = iter([Path(path) for path in paths])
+        more = True
+        while more:
+            done, more = [], False
+            until = time.perf_counter() + SCAN_SLICE_SECONDS
+            with self._lock:
+                for path in paths:
+                    try:
+                        done.append((path, self._scan(path)))
+                    except Exception as exc:  # reported with this path, in its turn
+                        done.append((path, exc))
+                    if time.perf_counter() >= until:
+                        more = True
+                        break
+            yield from done
+
+    def _scan(self, path: Path, *, force: bool = False) -> ScanResult | None:
+        """Read the file when it changed and apply what is new (under the lock)."""
         started = time.perf_counter()
         try:
             stat = os.stat(path)
@@ -192,45 +191,20 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
         except OSError as exc:
             logger.warning("cannot read session file {}: {}", path, exc)
             return None
-        try:
+        with handle:
             # the open file is what is read (twice: the parse, then the new lines for the spool), so a rename
             # over the path meanwhile cannot mix two versions
             stat = os.fstat(handle.fileno())
             cached = self._cached_messages(known) if known is not None else None
-            if counter is None and unread_bytes(stat, known) >= self.process_scan_bytes:
-                counter = self.counter
-            rows = None
-            if known is None and ahead is not None and ahead[0] == fingerprint_of(stat):
-                parsed = ahead[1]
-            else:
-                if counter is not None and counter is self.counter and unread_bytes(stat, known) >= ROWS_AHEAD_BYTES:
-                    rows = ScanRows(self.store)
-                parsed = self._parse(path, known, cached, handle, defer_counts, counter, rows)
-        except BaseException:
-            handle.close()
-            if rows is not None:
-                rows.close()
-            raise
-        read = ReadFile(path, handle, fingerprint_of(stat), stat.st_mtime, known, cached, parsed, started, rows)
-        if parsed is None:
-            read.close()
-            return None
-        return read
-
-    def _finish_scan(self, begun: ReadFile) -> ScanResult:
-        """Apply what _begin_scan read (under the lock) and close the file."""
-        try:
-            parsed, known, path = begun.parsed, begun.known, begun.path
-            parsed.wait_counts()
-            if known is not None and known.messages is None:  # let go meanwhile (_trim_caches): as it was read
-                known.messages = begun.cached
+            parsed = self._parse(path, known, cached, handle)
+            if parsed is None:
+                return None
             session = self._session_for(parsed.key, path)
+            self.faults.reach("scan.apply")
             mark_before = session.agent_archived
-            tail_before = session.unarchived_tokens + 4 * session.unarchived_messages
-            vanished = self._apply(session, parsed, begun.fingerprint, begun.mtime,
-                                   appended=parsed.fast and known is session, handle=begun.handle, rows=begun.rows)
-        finally:
-            begun.close()
+            tail_before = session.tail_tokens + 4 * session.unarchived_messages
+            vanished = self._apply(session, parsed, fingerprint_of(stat), stat.st_mtime,
+                                   appended=parsed.fast and known is session, handle=handle)
         mark_moved = known is session and session.agent_archived > mark_before
         session.corrupt_lines = corrupt = parsed.corrupt
         session.tail = parsed.tail
@@ -246,42 +220,49 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
             self.large_messages += parsed.large
             logger.warning("session {}: {} message(s) over {} MiB read whole; they are archived raw, in parts",
                            key, parsed.large, sessionfile.MAX_LINE_BYTES >> 20)
-        return ScanResult(key, True, parsed.new_count, vanished, corrupt, time.perf_counter() - begun.started,
+        return ScanResult(key, True, parsed.new_count, vanished, corrupt, time.perf_counter() - started,
                           mark_moved, tail_before)
 
-    def _stale(self, path: Path) -> bool:
-        """A scan of *path* would read it: it changed since its last scan, or was never scanned."""
-        try:
-            stat = os.stat(path)
-        except OSError:
-            return False
-        known = self._session_by_path(path)
-        return known is None or known.fingerprint != fingerprint_of(stat)
+    def count_tail(self, key: str) -> int:
+        """The unarchived tail's exact tokens (the messages still in the file), for a decision near a threshold:
+        each message is counted once (kept by digest), its text read back from the spool."""
+        session = self.sessions.get(key)
+        if session is None:
+            return 0
+        with self._lock:
+            spool, gone = self._spool_map(session), self._gone(session)
+            exact = {digest: tokens for digest, tokens in (session.exact or {}).items() if digest in spool}
+            wanted = {digest for digest in spool if digest not in gone and digest not in exact}
+            if wanted:
+                seqs = self.store.query_with("SELECT seq, digest FROM spool WHERE session_id=?", (session.session_id,),
+                                             lambda rows: [seq for seq, digest in rows if digest in wanted])
+                for _, message, _ in self.spooled_messages(key, seqs):
+                    text = sessionfile.message_text_for_tokens(message.record, message.text)
+                    exact[message.digest] = count_tokens(text, self.encoding)
+            session.exact = exact
+            total = sum(exact.get(digest, tokens) for digest, tokens in spool.items() if digest not in gone)
+            session.exact_tail = (session.unarchived_messages, session.unarchived_tokens, total)
+            return total
 
     def _session_by_path(self, path: Path) -> SessionState | None:
         key = self._keys_by_path.get(path)
         return self.sessions.get(key) if key is not None else None
 
-    def _parse(self, path: Path, known: SessionState | None, cached: MessageList | None, handle: BinaryIO,
-               defer_counts: bool, counter: Counter | None, rows: ScanRows | None = None):
-        """Read the file; only new messages are decoded and counted (see sessionscan); *rows*: the messages'
-        rows are written there as they get their counts."""
-        ready = rows.add if rows is not None else None
+    def _parse(self, path: Path, known: SessionState | None, cached: MessageList | None, handle: BinaryIO):
+        """Read the file; only new messages are decoded (see sessions.scan)."""
         try:
             if known is None:
-                result = parse_session(path, self.encoding, handle=handle, defer_counts=defer_counts,
-                                       counter=counter, ready=ready)
+                result = parse_session(path, handle=handle)
             else:
-                result = parse_session(path, self.encoding, cached=cached, tail=known.tail,
-                                       corrupt_before=known.corrupt_lines, handle=handle, defer_counts=defer_counts,
-                                       counter=counter, ready=ready)
+                result = parse_session(path, cached=cached, tail=known.tail, corrupt_before=known.corrupt_lines,
+                                       handle=handle)
         except OSError as exc:
             logger.warning("cannot read session file {}: {}", path, exc)
             return None
         return result
 
     def _apply(self, session: SessionState, parsed: ParseResult, fingerprint, mtime: float, *, appended: bool = False,
-               handle: BinaryIO, rows: ScanRows | None = None) -> int:
+               handle: BinaryIO) -> int:
         """Update counters, the spool and the message cache; return how many spooled messages vanished.
 
         *appended*: the old messages are an unchanged prefix of the parsed ones (the fast path), so only the
@@ -314,7 +295,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
             self._count_overlap(session, list(messages.digests(0, agent_archived)))
         session.agent_marked = header.marked
         self._write_spool(session, parsed, to_spool, agent_done, old, known_prefix=len(old) if appended else 0,
-                          handle=handle, hold=hold, rows=rows)
+                          handle=handle, hold=hold)
         session.total_tokens = (session.total_tokens if appended else 0) + messages.total_tokens(first_fresh)
         session.messages = messages
         session.gone = gone
@@ -347,27 +328,21 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
         return [index for index in wanted if messages.digest(index) not in archived] if archived else wanted
 
     def _write_spool(self, session: SessionState, parsed: ParseResult, to_spool: list[int], agent_done: list[str],
-                     old: MessageList, *, known_prefix: int, handle: BinaryIO, hold,
-                     rows: ScanRows | None = None) -> None:
+                     old: MessageList, *, known_prefix: int, handle: BinaryIO, hold) -> None:
         """Spool the messages numbered *to_spool*, drop those the agent archived, move the held rows (*hold*, a
         HoldPlan), store the message cache: one transaction.
 
         New rows are held (their lines stay in the held version of the file, open in *handle*) or, when the
-        session cannot be held, copied from *handle* a batch at a time, as their lines are. Held rows and the
-        message cache are copied from *rows* when it has them (written while the scan read the file).
+        session cannot be held, copied from *handle* a batch at a time, as their lines are.
         """
         now, messages = self.clock(), parsed.messages
         before = (session.hold_generation, session.hold_shift, session.hold_links, session.hold_of)
         try:
             with self.store.transaction() as db:
                 self._apply_hold(db, session, hold)
-                if rows is not None and hold.shift is not None and to_spool and rows.has(to_spool[0], to_spool[-1] + 1):
-                    rows.copy_spool(db, session.session_id, to_spool, now, hold.shift)
-                else:
-                    spooldb.insert_rows(db, session.session_id, parsed.spool_rows(to_spool), handle, now,
-                                        shift=hold.shift)
+                spooldb.insert_rows(db, session.session_id, parsed.spool_rows(to_spool), handle, now, shift=hold.shift)
                 bulk.delete_in(db, "spool", "digest", agent_done, where={"session_id": session.session_id})
-                store_message_cache(db, session.session_id, old, messages, known_prefix=known_prefix, rows=rows)
+                store_message_cache(db, session.session_id, old, messages, known_prefix=known_prefix)
         except BaseException:
             self._undo_hold(session, hold, before)
             raise

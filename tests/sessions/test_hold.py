@@ -340,7 +340,7 @@ def test_held_lines_read_by_spans_are_read_as_line_by_line(data, sizes, shift):
                 assert hold.read_held_lines(path, shift, wanted) == expected
 
 
-def test_after_a_restart_a_long_held_link_is_checked_a_batch_of_rows_at_a_time(tmp_path, monkeypatch):
+def test_after_a_restart_a_long_held_link_is_checked_a_batch_of_rows_at_a_time(tmp_path):
     """A restarted tracker reads a held link whole (grown in place: its lines are checked where they were held): its
     held rows are read a batch at a time, never all at once, and, rows many batches long, every one is checked and
     still reads back."""
@@ -360,53 +360,9 @@ def test_after_a_restart_a_long_held_link_is_checked_a_batch_of_rows_at_a_time(t
     assert spooled_texts(restarted) == by_marker(messages)
     # the parse itself is most of it; the held rows read all at once made it 589 bytes a message
     assert peak / len(messages) < 540, f"{peak / len(messages):.0f} bytes a message"
-    monkeypatch.setattr(spooldb, "BATCH", 7)  # rows many batches long: each batch is checked
     again = SessionTracker("ws", store)
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(line(conversation(1, tag="z")[0]) + "\n")
     again.scan(path)
     assert again.sessions[KEY].hold_links
     assert spooled_texts(again) == by_marker(messages + conversation(1, tag="z"))
-
-
-def _open_descriptors() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
-def test_versions_held_together_are_synced_as_the_group_ends_and_leave_no_descriptor_open(tmp_path, monkeypatch):
-    """Inside together() a copy is not synced as it is made: each one, and the folder once, as it ends."""
-    _, sessions = make_workspace(tmp_path)
-    sources = [write_session(sessions, f"cli:{name}", conversation(5, tag=name)) for name in "abc"]
-    holds = hold.Holds(tmp_path / "state")
-    synced: list[int] = []
-    folders: list[Path] = []
-    real_fsync = os.fsync
-    monkeypatch.setattr(hold.os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
-    monkeypatch.setattr(hold.fsio, "fsync_dir", folders.append)
-    before = _open_descriptors()
-    with holds.together():
-        for number, source in enumerate(sources, start=1):
-            with open(source, "rb") as handle:
-                assert holds.hold(source, handle, number, 1, link=False) is True
-        assert synced == [] and folders == []  # nothing yet: the caller commits after the group
-        assert _open_descriptors() == before + 3  # the copies, open until their syncs
-    assert len(synced) == 3 and folders == [holds.folder]
-    assert _open_descriptors() == before
-    assert [holds.path(number, 1).read_bytes() for number in (1, 2, 3)] == [path.read_bytes() for path in sources]
-
-
-def test_a_group_that_fails_closes_its_copies_without_syncing_them(tmp_path, monkeypatch):
-    _, sessions = make_workspace(tmp_path)
-    source = write_session(sessions, KEY, conversation(5))
-    holds = hold.Holds(tmp_path / "state")
-    folders: list[Path] = []
-    monkeypatch.setattr(hold.fsio, "fsync_dir", folders.append)
-    before = _open_descriptors()
-    with pytest.raises(RuntimeError), holds.together():
-        with open(source, "rb") as handle:
-            holds.hold(source, handle, 1, 1, link=False)
-        raise RuntimeError("the group failed")
-    assert _open_descriptors() == before and folders == []
-    with open(source, "rb") as handle:  # outside a group again: synced at once, folder and all
-        holds.hold(source, handle, 1, 2, link=False)
-    assert folders == [holds.folder]

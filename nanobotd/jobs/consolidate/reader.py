@@ -14,8 +14,7 @@ from pathlib import Path
 from loguru import logger
 
 from nanobotd.jobs.consolidate.readworker import ReadChunk
-from nanobotd.sessions.parseworker import encode, read_item
-from nanobotd.tokenprocess import reap, worker_command
+from nanobotd.tokenprocess import encode, read_item, reap, worker_command
 
 WORKER_MODULE = "nanobotd.jobs.consolidate.readworker"
 READ_TIMEOUT_SECONDS = 60.0  # a chunk fits one LLM request (or is one message): read in milliseconds

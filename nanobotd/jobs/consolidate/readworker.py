@@ -8,7 +8,7 @@ lock), journals, appends and marks.
 It exits when stdin closes, as it does when the daemon dies.
 
 A request: (the held version's path, its shift, the chunk's spool rows, the [RAW] entry size, where its backup
-goes), as `parseworker.encode` frames it. The answer: a ReadChunk once its backup is written (synced), or why
+goes), as `tokenprocess.encode` frames it. The answer: a ReadChunk once its backup is written (synced), or why
 it could not read every record (a held line gone or changed): the daemon then reads that chunk itself, and
 says what it could not read.
 """
@@ -29,7 +29,7 @@ from nanobotd.memory.history import PreparedEntry, prepare_entry
 from nanobotd.memory.transcript import PendingMessage, raw_entries
 from nanobotd.sessions import spool as spooldb
 from nanobotd.sessions.hold import read_held_lines
-from nanobotd.sessions.parseworker import encode, read_item
+from nanobotd.tokenprocess import encode, read_item
 
 
 @dataclass

@@ -29,7 +29,7 @@ from nanobotd.memory.transcript import raw_entries
 from nanobotd.sessions import spool as spooldb
 from nanobotd.sessions.tracker import SessionTracker
 from nanobotd.state.store import StateStore
-from nanobotd.tokenprocess import CountingProcess, worker_command
+from nanobotd.tokenprocess import worker_command
 from tests.jobs.consolidate.test_archive import NOW, raw_messages_in
 from tests.support.fakellm import FakeLLM, Text
 from tests.support.observe import pid_exists
@@ -283,33 +283,6 @@ def test_chunks_left_empty_meanwhile_are_skipped_wherever_they_fall_in_a_group(t
     skipped = {seq for number in empty for seq in planned[number].planned}
     assert len(manifest["chunks"]) == 26 and archived.isdisjoint(skipped) and len(archived | skipped) == 60
     assert sorted(ctx.tracker.spool_plan("cli:a").seqs.tolist()) == sorted(skipped)
-    ctx.store.close()
-
-
-def test_no_process_starts_beside_a_counting_process_and_one_starts_once_it_went(tmp_path, monkeypatch):
-    counting = CountingProcess(after_texts=1)
-    counting.submit(["warm up"], "o200k_base").result()
-    monkeypatch.setattr(chunks, "counting_processes", lambda: int(counting.running))  # this one, not others'
-    went_at: list[int] = []
-    load = chunks.Chunk.load
-
-    def loading(chunk, ctx, key, reader=None, backup=None):
-        went_at.append(reader is not None)
-        if len(went_at) == 10:
-            counting.close()  # a scan's counting process goes mid-run
-        return load(chunk, ctx, key, reader, backup)
-
-    monkeypatch.setattr(chunks.Chunk, "load", loading)
-    spy = _Spy(monkeypatch)
-    ctx, sessions = _context(tmp_path)
-    try:
-        _, manifest = _archive(ctx, sessions)
-    finally:
-        counting.close()
-    assert len(spy.pids) == 1 and 0 < spy.read < 29 and spy.read == sum(went_at)
-    assert went_at[:10] == [False] * 10, "read in the daemon while the counting process held its encoding"
-    assert not pid_exists(spy.pids[0])
-    _every_message_once(ctx)
     ctx.store.close()
 
 
