@@ -354,7 +354,7 @@ def test_after_a_restart_a_long_held_link_is_checked_a_batch_of_rows_at_a_time(t
     restarted = SessionTracker("ws", store)
     with open(path, "a", encoding="utf-8") as handle:  # grown in place: the held link is the file itself
         handle.write("\n".join(line(message) for message in messages[4_000:]) + "\n")
-    restarted._cached_messages(restarted.sessions[KEY])  # loaded before the scan, as a scan loads it
+    restarted.caches.messages(restarted.sessions[KEY])  # loaded before the scan, as a scan loads it
     peak = scan_peak(restarted, path)
     assert restarted.sessions[KEY].hold_links  # its lines were all where they were held: still a link
     assert spooled_texts(restarted) == by_marker(messages)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 
 from nanobotd.sessions.file import filename_for_key
@@ -233,7 +234,8 @@ def test_the_message_caches_kept_are_those_used_last_within_the_limit(tmp_path):
     caches go keeps it so."""
     _, sessions = make_workspace(tmp_path)
     store = StateStore(tmp_path / "state").open()
-    tracker = SessionTracker("ws", store, cached_messages=20)
+    now = [1_000.0]
+    tracker = SessionTracker("ws", store, cached_messages=20, clock=lambda: now[0])
     sizes = [6, 9, 4, 25, 3, 7, 7, 1, 12, 5]
     paths = [write_session(sessions, f"cli:t{number}", conversation(size, tag=f"t{number}"))
              for number, size in enumerate(sizes)]
@@ -250,11 +252,11 @@ def test_the_message_caches_kept_are_those_used_last_within_the_limit(tmp_path):
             expected.append(other)
             total += size
         assert sorted(cached) == sorted(expected)
-        assert tracker._cached_total == sum(len(tracker.sessions[other].messages) for other in cached)
-        assert tracker._cached_total <= 20 or cached == [key]
-    tracker.clock = lambda: 10 ** 10
+        assert tracker.caches.total == sum(len(tracker.sessions[other].messages) for other in cached)
+        assert tracker.caches.total <= 20 or cached == [key]
+    now[0] = 10 ** 10
     tracker.release_idle_caches(1.0)
-    assert tracker._cached_total == 0 and all(session.messages is None for session in tracker.sessions.values())
+    assert tracker.caches.total == 0 and all(session.messages is None for session in tracker.sessions.values())
     store.close()
 
 
@@ -499,3 +501,31 @@ def test_idle_sessions_let_their_caches_go_and_read_them_back_with_the_same_acco
     assert _accounting(store, tracker) == _accounting(kept_store, kept)
     store.close()
     kept_store.close()
+
+
+def test_new_files_are_applied_together_and_a_group_whose_copies_cannot_sync_is_read_again(tmp_path):
+    """Files never seen, in a row, are applied in one transaction with their held copies synced together. A group
+    whose copies cannot be synced (the fault point armed as a full disk) is rolled back whole: its files are
+    reported with the error, their sessions and copies are gone, and the next reconcile reads them as never seen."""
+    from nanobotd.faults import FaultPoints
+
+    _, sessions = make_workspace(tmp_path / "ws")
+    paths = [write_session(sessions, f"cli:g{number}", conversation(20 + number, tag=f"g{number}"))
+             for number in range(8)]
+    store = StateStore(tmp_path / "state").open()
+    failing = SessionTracker("ws", store, faults=FaultPoints({"holds.sync": "enospc"}))
+    results = list(failing.scan_many(paths))
+    assert [path for path, _ in results] == paths
+    assert all(isinstance(result, OSError) for _, result in results)
+    assert failing.sessions == {} and store.query("SELECT count(*) FROM sessions")[0][0] == 0
+    assert os.listdir(store.state_dir / "held") == []
+    tracker = SessionTracker("ws", store)
+    assert all(result.changed for _, result in tracker.scan_many(paths))
+    held = sorted(os.listdir(store.state_dir / "held"))
+    assert held == sorted(f"{session.session_id}.1" for session in tracker.sessions.values())
+    one_store, one = make_tracker(tmp_path / "one")
+    for path in paths:
+        one.scan(path)
+    assert sorted(_accounting(store, tracker).values()) == sorted(_accounting(one_store, one).values())
+    store.close()
+    one_store.close()
