@@ -85,7 +85,7 @@ def get_encoding(name: str = DEFAULT_ENCODING):
 
 
 class _Usage:
-    """When an encoding was last used (a loaded encoding costs ~70 MB; idle daemons give it back)."""
+    """When an encoding was last used (a loaded encoding is large; idle daemons give it back)."""
 
     last_used = 0.0
 

@@ -30,14 +30,13 @@ from nanobotd.daemon.workspace import Workspace
 from nanobotd.faults import FaultPoints
 from nanobotd.notify import Notifier, watchdog_interval
 from nanobotd.state.store import StateStore
-from nanobotd.tuning import TOKENIZER_IDLE_SECONDS
+from nanobotd.tuning import CACHE_IDLE_SECONDS, TOKENIZER_IDLE_SECONDS
 from nanobotd.watcher import SessionWatcher
 
 TICK_SECONDS = 1.0
 # [daemon] keys a reload cannot apply to a running process: status names them until the next restart.
 RESTART_KEYS = ("socket", "state_dir", "socket_group", "log_level", "timezone")
 IDLE_CHECK_SECONDS = 30.0
-CACHE_IDLE_SECONDS = 300.0  # a session's in-memory caches go after this long unused (read back when needed)
 
 class Daemon:
     """nanobotd's process: wiring, lifecycle, signals, reload and the tick loop."""

@@ -30,11 +30,9 @@ from nanobotd.faults import FaultPoints
 from nanobotd.memory.transcript import record_json
 from nanobotd.sessions import file as sessionfile
 from nanobotd.sessions.scan import LineRef
+from nanobotd.tuning import HELD_READ_GAP, HELD_READ_SPAN, STREAM_BLOCK
 
 HELD_DIR = "held"
-HELD_READ_SPAN = 4 << 20  # held lines next to each other are read with one read of up to this many bytes
-HELD_READ_GAP = 64 << 10  # (with at most this many bytes between two of them)
-STREAM_BLOCK = 1 << 20  # a copy the kernel will not make between two filesystems is streamed in blocks this long
 NO_KERNEL_COPY = frozenset({errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS})
 
 
@@ -169,13 +167,14 @@ class Holds:
         return removed
 
 
-def read_held_lines(path: Path, shift: int, lines: list[LineRef | None]) -> list[str | None]:
+def read_held_lines(path: Path, shift: int, lines: list[LineRef | None], *, span_bytes: int = HELD_READ_SPAN,
+                    gap_bytes: int = HELD_READ_GAP) -> list[str | None]:
     """The text of each line of the held version at *path* (None for a line that is not held, or whose bytes
     are no longer there); OSError when the file cannot be opened. Lines that follow each other in the file (a
-    chunk's usually all do) are read with one read a span of them."""
+    chunk's usually all do) are read with one read a span of them (*span_bytes* at most, gaps of *gap_bytes*)."""
     texts: list[str | None] = [None] * len(lines)
     with fsio.open_regular(path) as handle:
-        for span in _spans(lines):
+        for span in _spans(lines, span_bytes, gap_bytes):
             first = lines[span[0]].start
             handle.seek(first + shift)
             block = handle.read(lines[span[-1]].end - first)
@@ -186,16 +185,16 @@ def read_held_lines(path: Path, shift: int, lines: list[LineRef | None]) -> list
     return texts
 
 
-def _spans(lines: list[LineRef | None]) -> list[list[int]]:
-    """The indexes of *lines* in groups read at once: lines in file order, each group at most HELD_READ_SPAN
-    bytes from the start of its first line to the end of its last, with gaps of at most HELD_READ_GAP bytes."""
+def _spans(lines: list[LineRef | None], span_bytes: int, gap_bytes: int) -> list[list[int]]:
+    """The indexes of *lines* in groups read at once: lines in file order, each group at most *span_bytes* from
+    the start of its first line to the end of its last, with gaps of at most *gap_bytes*."""
     spans: list[list[int]] = []
     start = end = 0
     for index, line in enumerate(lines):
         if line is None:
             continue
-        if (not spans or line.start < end or line.start - end > HELD_READ_GAP
-                or line.end - start > HELD_READ_SPAN):
+        if (not spans or line.start < end or line.start - end > gap_bytes
+                or line.end - start > span_bytes):
             spans.append([])
             start = line.start
         spans[-1].append(index)

@@ -24,12 +24,11 @@ from nanobotd import fsio
 from nanobotd.sessions import file as sessionfile
 from nanobotd.sessions.messages import MessageInfo, MessageList, digest_key
 from nanobotd.tokens import estimate_tokens
+from nanobotd.tuning import HASH_BLOCK, SEARCHED_LOOKUPS
 
 FLAG_COMMAND = 1
 FLAG_HIDDEN = 2
 LINE_NONE, LINE_NEW, LINE_KNOWN = 0, 1, 2  # a message's line: not kept, parsed in this scan, parse reused
-HASH_BLOCK = 1024 * 1024
-SEARCHED_LOOKUPS = 64  # digests looked up in a known message list's column before its digests make a set
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +52,7 @@ class LineRef(NamedTuple):
 @dataclass
 class MessageLines:
     """Where the counted messages' lines are, from message number *first* on: a few bytes a message in
-    arrays (a dict of LineRef objects cost ~200 bytes a message, and a first scan has every message new)."""
+    arrays, not a LineRef object each (a first scan has every message new)."""
 
     first: int = 0
     starts: array = field(default_factory=lambda: array("q"))
@@ -125,8 +124,8 @@ class ParseResult:
 
 class LineFinder:
     """Where a parse found its counted messages' lines, looked up by digest: their 16-byte digests map to their
-    message numbers (~120 bytes a message, where a dict of LineRef by hex digest costs ~300: a full re-parse
-    of a long session looks up every held row), and a LineRef is made when one is found."""
+    message numbers (not hex digests to LineRef objects: a full re-parse of a long session looks up every held
+    row), and a LineRef is made when one is found."""
 
     def __init__(self, parsed: ParseResult, kinds: tuple[int, ...]) -> None:
         self._lines, self._messages = lines, messages = parsed.lines, parsed.messages

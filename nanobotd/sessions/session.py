@@ -14,6 +14,7 @@ from nanobotd.sessions.messages import MessageList
 from nanobotd.sessions.scan import Tail
 from nanobotd.state.store import StateStore
 from nanobotd.timestamps import iso_local
+from nanobotd.tuning import DIGEST_LOOKUP
 
 SKIPPED_PREFIXES = ("dream:",)
 SESSION_COLUMNS = ("id, key, path, inode, size, mtime_ns, agent_archived, messages, corrupt_lines, total_tokens,"
@@ -188,7 +189,6 @@ def store_message_cache(db, session_id: int, old: MessageList, new: MessageList,
 # the spool rows of a session (?) with no message in its message cache: their messages left the file
 _VANISHED = ("FROM spool s WHERE s.session_id=? AND NOT EXISTS"
              " (SELECT 1 FROM messages m WHERE m.session_id=s.session_id AND m.digest=s.digest)")
-DIGEST_LOOKUP = 500  # digests looked up per query
 
 
 def vanished_in_spool(store: StateStore, session_id: int) -> int:

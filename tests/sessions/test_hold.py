@@ -8,7 +8,6 @@ import random
 import tempfile
 import tracemalloc
 from pathlib import Path
-from unittest.mock import patch
 
 import pytest
 from hypothesis import given, settings
@@ -16,11 +15,11 @@ from hypothesis import strategies as st
 from loguru import logger
 
 from nanobotd.sessions import hold
-from nanobotd.sessions import spool as spooldb
 from nanobotd.sessions.file import line_digest
 from nanobotd.sessions.scan import LineRef, read_line
 from nanobotd.sessions.tracker import SessionTracker
 from nanobotd.state.store import StateStore
+from nanobotd.tuning import SPOOL_BATCH
 from tests.support.mounts import tmpfs
 from tests.support.workspace import conversation, make_workspace, write_session
 
@@ -269,22 +268,22 @@ def test_a_private_copy_goes_once_no_row_is_held_in_it_and_a_link_to_the_live_fi
 
 
 def test_the_held_rows_of_a_long_session_follow_a_full_rewrite_batch_by_batch(tmp_path):
-    """More held rows than a batch (spool.BATCH): a checkpoint inserted mid-file moves every held row, and the
+    """More held rows than a batch (tuning.SPOOL_BATCH): a checkpoint inserted mid-file moves every held row, and the
     first messages leaving the file are copied out, across the batch boundaries."""
     _, sessions = make_workspace(tmp_path)
     store, tracker = make_tracker(tmp_path)
-    messages = conversation(2 * spooldb.BATCH + 500, words=4)
+    messages = conversation(2 * SPOOL_BATCH + 500, words=4)
     tracker.scan(write_session(sessions, KEY, messages[:10]))
     tracker.scan(write_session(sessions, KEY, messages))  # a rename: held by a link from now on
     checkpoint = {"role": "assistant", "content": "CHECKPOINT summary", "timestamp": "2026-11-02T00:00:00",
                   "_hidden_history": True}
-    kept = messages[spooldb.BATCH + 200:]
+    kept = messages[SPOOL_BATCH + 200:]
     path = write_session(sessions, KEY, kept[:300] + [checkpoint] + kept[300:])
     result = tracker.scan(path)
-    assert not tracker.sessions[KEY].hold_links or result.vanished == spooldb.BATCH + 200
+    assert not tracker.sessions[KEY].hold_links or result.vanished == SPOOL_BATCH + 200
     copied = store.query("SELECT count(*) FROM spool WHERE record != ''")[0][0]
     held = store.query("SELECT count(*) FROM spool WHERE record = '' AND line_digest IS NOT NULL")[0][0]
-    assert (copied, held) == (spooldb.BATCH + 200, len(kept))
+    assert (copied, held) == (SPOOL_BATCH + 200, len(kept))
     assert spooled_texts(tracker) == by_marker(messages)
     assert tracker.sessions[KEY].unarchived_messages == len(kept)
 
@@ -335,9 +334,8 @@ def test_held_lines_read_by_spans_are_read_as_line_by_line(data, sizes, shift):
             expected = [None if ref is None else read_line(handle, LineRef(ref.start + shift, ref.end + shift,
                                                                             ref.line_digest)) for ref in wanted]
         expected = [None if data is None else data.decode() for data in expected]
-        for span, gap in ((hold.HELD_READ_SPAN, hold.HELD_READ_GAP), (400, 10)):
-            with patch.object(hold, "HELD_READ_SPAN", span), patch.object(hold, "HELD_READ_GAP", gap):
-                assert hold.read_held_lines(path, shift, wanted) == expected
+        assert hold.read_held_lines(path, shift, wanted) == expected
+        assert hold.read_held_lines(path, shift, wanted, span_bytes=400, gap_bytes=10) == expected
 
 
 def test_after_a_restart_a_long_held_link_is_checked_a_batch_of_rows_at_a_time(tmp_path):
