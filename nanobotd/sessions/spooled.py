@@ -61,6 +61,12 @@ class Spool:
         for digest, tokens in spooled:
             rows[digest] = tokens
 
+    def discard(self, session: SessionState, digests: Iterable[str]) -> None:
+        """*digests* left the spool in a scan, which recounts the totals itself."""
+        rows = self.rows(session)
+        for digest in digests:
+            rows.pop(digest, None)
+
     def drop(self, session: SessionState, digests: Iterable[str]) -> None:
         """*digests* left the spool: the live ones leave the running totals."""
         rows, gone = self.rows(session), self.gone(session)

@@ -324,8 +324,7 @@ class SessionTracker:
             raise
         self.spool.drop(session, self.holding.finish(session, hold))
         self.spool.add(session, ((messages.digest(index), messages.tokens(index)) for index in to_spool))
-        for digest in agent_done:
-            session.spool.pop(digest, None)
+        self.spool.discard(session, agent_done)
 
     def _save_session(self, session: SessionState) -> None:
         with self.store.transaction() as db:
