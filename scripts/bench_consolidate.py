@@ -90,18 +90,11 @@ def offline_worker(workspace: str, sessions: str, state_dir: str, key: str, repl
     settings = WorkspaceSettings(path=Path(workspace), name="ws", sessions_dir=Path(sessions),
                                  llm=LLMSettings(model="none"))
     store = StateStore(Path(state_dir)).open()
-    try:  # as the daemon's workspace has one, while the tree still has a counting process
-        from nanobotd.tokenprocess import CountingProcess
-        counting = CountingProcess()
-        tracker = SessionTracker("ws", store, counter=counting.submit)
-    except ImportError:
-        counting, tracker = None, SessionTracker("ws", store)
+    tracker = SessionTracker("ws", store)
     context = JobEnv(settings, store, tracker, LLMClient(settings.llm), datetime.now)
     started = time.perf_counter()
     tracker.scan(Path(sessions) / sessionfile.filename_for_key(key))
     counting_hwm = children_hwm_mb(os.getpid())
-    if counting is not None:
-        counting.stop_if_idle(0.0)  # as the daemon's workspace lets it go once the scan is done
     scan_seconds = time.perf_counter() - started
     scan_memory = memory_mb()
     pending = tracker.sessions[key].unarchived_messages

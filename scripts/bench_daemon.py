@@ -132,7 +132,7 @@ def listed_children(pid: int) -> list[int]:
 
 
 def children_hwm_mb(pid: int) -> float:
-    """The peak RSS (VmHWM) of *pid*'s children alive now, summed: what a scan's counting process costs
+    """The peak RSS (VmHWM) of *pid*'s children alive now, summed: what a daemon's children cost
     beside the daemon (its own VmHWM leaves it out)."""
     return round(sum(memory_mb(child)["VmHWM"] for child in child_pids(pid)), 1)
 

@@ -63,6 +63,9 @@ def config_warnings(config) -> list[str]:
     """What a valid config still gets wrong: a workspace folder that does not exist, an LLM configured whose
     API key variable is not set (a server on this machine, as llm.api_base, usually needs none)."""
     warnings = []
+    if config.daemon.parse_processes:
+        warnings.append("daemon.parse_processes is deprecated and ignored: a scan no longer counts tokens, so no"
+                        " parse processes start; remove the key")
     for workspace in config.workspaces:
         if not workspace.path.is_dir():
             warnings.append(f"workspace {workspace.name}: folder {workspace.path} does not exist: nothing there is "
@@ -85,7 +88,6 @@ def run_daemon(config, *, polling: bool = False) -> int:
 
     secrets = [workspace.api_key for workspace in config.workspaces if workspace.api_key]
     configure_logging(config.daemon.log_level, under_systemd=config.under_systemd, secrets=secrets)
-    counting = start_counting_early(config)  # before the daemon's own imports, which take ~0.17 s
 
     from nanobotd.api.server import ControlSocketError
     from nanobotd.daemon.daemon import Daemon
@@ -95,7 +97,7 @@ def run_daemon(config, *, polling: bool = False) -> int:
     logger.info("{}", config.origin)
     for warning in config_warnings(config):
         logger.warning("{}", warning)
-    daemon = Daemon(config, notifier=Notifier(dict(os.environ)), polling=polling, counting=counting)
+    daemon = Daemon(config, notifier=Notifier(dict(os.environ)), polling=polling)
     try:
         return run_loop(daemon.run())
     except (ControlSocketError, AlreadyRunning) as exc:
@@ -104,29 +106,6 @@ def run_daemon(config, *, polling: bool = False) -> int:
     except Exception as exc:  # noqa: BLE001 - the message is the point
         logger.opt(exception=exc).critical("nanobotd stopped: {}", exc)
         return 1
-
-
-def start_counting_early(config) -> dict:
-    """A first start (no state database yet) reads every session file it finds, counting their tokens in the
-    counting process: the first workspace's is started now, and loads its encoding while the daemon starts (it
-    is let go after the start-up reconcile, as ever, when that finds nothing to count). Not with parse processes
-    (daemon.parse_processes), which count those files themselves."""
-    from nanobotd.state.store import DB_NAME
-    from nanobotd.tokenprocess import CountingProcess
-    from nanobotd.tokens import workspace_encoding
-
-    if not config.workspaces or (config.state_dir / DB_NAME).exists():
-        return {}
-    if config.daemon.parse_processes:  # the parse processes count a first start's new files themselves
-        from nanobotd.sessions.parsepool import processes_for
-
-        if processes_for(os.cpu_count(), config.daemon.parse_processes):
-            return {}
-    settings = config.workspaces[0]
-    counting = CountingProcess()
-    if not counting.start_now(workspace_encoding(settings.consolidation.mode, settings.llm.model)):
-        return {}
-    return {settings.name: counting}
 
 
 def run_loop(main_task) -> int:

@@ -20,8 +20,6 @@ from nanobotd.daemon.workspace import Workspace
 from nanobotd.memory.agent_history import HistoryFollower, is_agent_entry, is_truncated_raw, kept_of_cut
 from nanobotd.memory.history import HistoryEntry, history_path, largest_cursor_in_file
 
-RESCUE_MEMORY_SECONDS = 3600.0  # how long a rescue is remembered, to count a late agent entry as twice
-
 
 @dataclass
 class AgentArchive:

@@ -9,7 +9,6 @@ The daemon builds a small `Core` and hands it down; nothing below holds the daem
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,18 +30,14 @@ from nanobotd.daemon.workspace import Workspace
 from nanobotd.faults import FaultPoints
 from nanobotd.llm.process import LLMWorker
 from nanobotd.notify import Notifier, watchdog_interval
-from nanobotd.sessions.parsepool import processes_for
 from nanobotd.state.store import StateStore
-from nanobotd.tokenprocess import CountingProcess
-from nanobotd.tuning import LLM_CLOSE_WAIT_SECONDS
+from nanobotd.tuning import CACHE_IDLE_SECONDS, LLM_CLOSE_WAIT_SECONDS, TOKENIZER_IDLE_SECONDS
 from nanobotd.watcher import SessionWatcher
 
 TICK_SECONDS = 1.0
 # [daemon] keys a reload cannot apply to a running process: status names them until the next restart.
-RESTART_KEYS = ("socket", "state_dir", "socket_group", "log_level", "timezone", "parse_processes")
+RESTART_KEYS = ("socket", "state_dir", "socket_group", "log_level", "timezone")
 IDLE_CHECK_SECONDS = 30.0
-TOKENIZER_IDLE_SECONDS = 60.0
-CACHE_IDLE_SECONDS = 300.0  # a session's in-memory caches go after this long unused (read back when needed)
 
 
 def idle_exit_seconds(config: Config) -> float:
@@ -53,10 +48,8 @@ def idle_exit_seconds(config: Config) -> float:
 class Daemon:
     """nanobotd's process: wiring, lifecycle, signals, reload and the tick loop."""
 
-    def __init__(self, config: Config, *, notifier: Notifier, clock=time.time, polling: bool = False,
-                 counting: dict[str, CountingProcess] | None = None):
+    def __init__(self, config: Config, *, notifier: Notifier, clock=time.time, polling: bool = False):
         self.config = config
-        self._counting = dict(counting or {})  # counting processes started before the daemon, by workspace
         self._started_config = config
         self.notifier = notifier
         self.polling = polling
@@ -122,9 +115,7 @@ class Daemon:
     def _new_workspace(self, settings: WorkspaceSettings) -> Workspace:
         home = Path(self.config.environ.get("HOME", "~")).expanduser()
         return Workspace(settings, self.core.store, state_dir=self.config.state_dir, environ=self.config.environ,
-                         home=home, now=self.core.now, clock=self.core.clock,
-                         parse_processes=processes_for(os.cpu_count(), self.config.daemon.parse_processes),
-                         counting=self._counting.pop(settings.name, None), llm_worker=self.llm_worker)
+                         home=home, now=self.core.now, clock=self.core.clock, llm_worker=self.llm_worker)
 
     async def run(self) -> int:
         """Serve until SIGTERM/SIGINT; returns the exit status."""
@@ -208,9 +199,6 @@ class Daemon:
                     triggers.trigger_idle(self.core)
                     if tokens.release_if_idle(TOKENIZER_IDLE_SECONDS):
                         logger.debug("released the idle tokenizer")
-                    for workspace in self.core.workspaces.values():
-                        if workspace.counting.stop_if_idle(TOKENIZER_IDLE_SECONDS):
-                            logger.debug("workspace {}: let the idle token counting process go", workspace.name)
                     released = await asyncio.get_running_loop().run_in_executor(self.core.executor,
                                                                                 self._release_idle_caches)
                     if released:

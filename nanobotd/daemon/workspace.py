@@ -38,8 +38,8 @@ from nanobotd.sessions.file import is_session_file
 from nanobotd.sessions.tracker import ScanResult, SessionTracker
 from nanobotd.state.store import StateStore
 from nanobotd.timestamps import iso_local
-from nanobotd.tokenprocess import CountingProcess
 from nanobotd.tokens import workspace_encoding
+from nanobotd.tuning import EXACT_BAND_HIGH, EXACT_BAND_LOW
 
 ALL_FILES = Path("*")  # a pending index change that means "check every file"
 AGENT_TOKENS_PER_MESSAGE = 4  # nanobot adds this per message to its estimate
@@ -49,17 +49,15 @@ class Workspace:
     """Everything the daemon keeps for one configured workspace."""
 
     def __init__(self, settings: WorkspaceSettings, store: StateStore, *, state_dir: Path, environ,
-                 home: Path | None, now: Callable[[], datetime], clock=time.time, parse_processes: int = 0,
-                 counting: CountingProcess | None = None, llm_worker: LLMWorker | None = None):
+                 home: Path | None, now: Callable[[], datetime], clock=time.time,
+                 llm_worker: LLMWorker | None = None):
         self.settings = settings
         self.store = store
         self.home = home
         self.clock = clock
         encoding = workspace_encoding(settings.consolidation.mode, settings.llm.model)
-        # a reconcile of several files, or a long one, counts in a child process (started already at a first start)
-        self.counting = counting or CountingProcess()
-        self.tracker = SessionTracker(settings.name, store, encoding=encoding, clock=clock,
-                                      counter=self.counting.submit, parse_processes=parse_processes)
+        faults = FaultPoints.from_environ(environ)
+        self.tracker = SessionTracker(settings.name, store, encoding=encoding, clock=clock, faults=faults)
         self.agent = AgentSettings(path=None)
         self.agent_base_tokens = settings.consolidation.agent_base_tokens  # learned at each agent compaction
         self.agent_archive = None  # companion mode's state (daemon.companion), made on first use
@@ -71,7 +69,7 @@ class Workspace:
                                   embed=self.embedder.embed if self.embedder.enabled else None)
         self.qmd = self._make_qmd(state_dir, environ)
         self.env = JobEnv(settings, store, self.tracker, self.llm, now, git=self.git, clock=clock, kinds=JOB_KINDS,
-                          faults=FaultPoints.from_environ(environ), index=self.index, qmd=self.qmd)
+                          faults=faults, index=self.index, qmd=self.qmd)
         self.sessions_dirs: list[Path] = []
         self.last_reconcile: float | None = None
         self.last_reconcile_seconds: float | None = None
@@ -145,14 +143,12 @@ class Workspace:
                            moved, history.HISTORY_NAME, fsio.TORN_SUFFIX)
 
     async def close(self) -> None:
-        """Release what the workspace holds: refresh timer, QMD child, LLM worker, counting process, index and
-        git thread."""
+        """Release what the workspace holds: refresh timer, QMD child, LLM worker, index and git thread."""
         if self.refresh_handle is not None:
             self.refresh_handle.cancel()
         if self.qmd is not None:
             await self.qmd.close()
         await self.llm.aclose()
-        self.counting.close()
         self.index.close()
         self.git.close()
 
@@ -173,10 +169,25 @@ class Workspace:
     def scan_path(self, path: Path) -> ScanResult | None:
         """Scan one file (runs on an executor thread); errors are logged and counted, never raised."""
         try:
-            with self.counting.in_use():  # a long new file is counted there, and it is let go once done
-                return self.tracker.scan(path)
+            result = self.tracker.scan(path)
+            if result is not None and result.changed:
+                self.count_if_near(result.key)
+            return result
         except Exception as exc:  # one bad file must never stop the daemon
             return self._scan_failed(path, exc)
+
+    def count_if_near(self, key: str) -> None:
+        """Count a session's tail exactly when its estimate is near a threshold that decides a job (on the executor:
+        the decision on the loop then reads the exact figure); far from every threshold the estimate decides."""
+        session = self.tracker.sessions.get(key)
+        if session is None or session.skipped or not session.unarchived_messages:
+            return
+        if self.mode == "companion":
+            estimate, thresholds = self.agent_prompt_tokens(key), [self.agent_flush_threshold()]
+        else:
+            estimate, thresholds = session.unarchived_tokens, [self.settings.flush_threshold, self.settings.budget]
+        if any(EXACT_BAND_LOW * threshold <= estimate <= EXACT_BAND_HIGH * threshold for threshold in thresholds):
+            self.tracker.count_tail(key)
 
     def _scan_failed(self, path: Path, exc: Exception) -> None:
         self.scan_errors += 1
@@ -196,17 +207,22 @@ class Workspace:
                 continue
             files = [path for path in entries if is_session_file(path) and path.is_file()]
             seen.update(files)
-            with self.counting.in_use():
-                for path, result in self.tracker.scan_many(files):  # one bad file must never stop the daemon
-                    if isinstance(result, Exception):
-                        self._scan_failed(path, result)
-                    elif result is not None:
-                        results.append(result)
+            for path, result in self.tracker.scan_many(files):  # one bad file must never stop the daemon
+                if isinstance(result, Exception):
+                    self._scan_failed(path, result)
+                elif result is not None:
+                    results.append(result)
         for session in list(self.tracker.sessions.values()):
             if session.state != "deleted" and session.path not in seen and session.path.parent in self.sessions_dirs:
                 result = self.tracker.forget_path(session.path)
                 if result is not None:
                     results.append(result)
+        for result in results:
+            if result.changed:
+                try:
+                    self.count_if_near(result.key)
+                except Exception as exc:
+                    self._scan_failed(self.tracker.sessions[result.key].path, exc)
         self.last_reconcile = self.clock()
         self.last_reconcile_seconds = time.perf_counter() - started
         return results
@@ -227,7 +243,7 @@ class Workspace:
         jobs = []
         if vanished:
             jobs.append(("consolidate", "rescue"))
-        tokens = session.unarchived_tokens
+        tokens = session.tail_tokens
         if tokens >= self.settings.flush_threshold and self._may_flush(session):
             jobs.append(("flush", "threshold"))
         if tokens >= self.settings.budget:
@@ -254,7 +270,7 @@ class Workspace:
     def agent_tail_tokens(self, key: str) -> int:
         """The unarchived tail as the agent counts it (cl100k tokens plus a few per message)."""
         session = self.tracker.sessions[key]
-        return session.unarchived_tokens + AGENT_TOKENS_PER_MESSAGE * session.unarchived_messages
+        return session.tail_tokens + AGENT_TOKENS_PER_MESSAGE * session.unarchived_messages
 
     def agent_flush_threshold(self) -> int:
         """Flush when the agent's prompt is this large: short of its budget by soft_threshold, or by half the

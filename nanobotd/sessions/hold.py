@@ -26,14 +26,13 @@ from typing import BinaryIO
 from loguru import logger
 
 from nanobotd import fsio
+from nanobotd.faults import FaultPoints
 from nanobotd.memory.transcript import record_json
 from nanobotd.sessions import file as sessionfile
 from nanobotd.sessions.scan import LineRef
+from nanobotd.tuning import HELD_READ_GAP, HELD_READ_SPAN, STREAM_BLOCK
 
 HELD_DIR = "held"
-HELD_READ_SPAN = 4 << 20  # held lines next to each other are read with one read of up to this many bytes
-HELD_READ_GAP = 64 << 10  # (with at most this many bytes between two of them)
-STREAM_BLOCK = 1 << 20  # a copy the kernel will not make between two filesystems is streamed in blocks this long
 NO_KERNEL_COPY = frozenset({errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS})
 
 
@@ -44,26 +43,26 @@ class LinkUnsupported(OSError):
 class Holds:
     """The held session files in one state folder."""
 
-    def __init__(self, state_dir: Path):
+    def __init__(self, state_dir: Path, faults: FaultPoints | None = None):
         self.folder = Path(state_dir) / HELD_DIR
-        # inside together() (called under the tracker's lock, as every hold is): the copies made, open, their
-        # syncs to come; and whether the folder has a new link or copy to sync
+        self.faults = faults or FaultPoints()  # "holds.sync": reached as a group's versions are synced
+        # inside together(): the copies made, open, their syncs to come; and whether the folder has a new entry
         self._unsynced: list[int] | None = None
         self._folder_unsynced = False
         self._no_links: set[int] = set()  # the filesystems (st_dev) of session files a link from failed with EXDEV
 
     @contextmanager
     def together(self) -> Iterator[None]:
-        """Sync the versions held inside it together as it ends (before the database refers to them: the caller
-        commits after it): each copy's writeback starts as it is made, then one sync each and one of the folder.
-        A first start holds a copy of every session file, and a copy synced with its folder one at a time
-        costs ~0.7 ms (two journal commits), ~0.25 ms in a group."""
+        """Sync the versions held inside it together as it ends (the caller commits the rows that refer to them
+        after it): each copy's writeback starts as it is made, then one sync each and one of the folder, instead
+        of a folder sync (a journal commit) for every file of a first start."""
         if self._unsynced is not None:  # already inside one: its end syncs these too
             yield
             return
         self._unsynced, self._folder_unsynced = [], False
         try:
             yield
+            self.faults.reach("holds.sync")
             for fd in self._unsynced:
                 os.fsync(fd)
             if self._folder_unsynced:
@@ -118,8 +117,8 @@ class Holds:
         return True
 
     def _settle(self, target: Path, fd: int | None = None) -> None:
-        """A new version in the folder, and the open descriptor of its copy when it is one: synced now (a copy
-        that cannot be is removed), or at together()'s end."""
+        """A new version in the folder, and the open descriptor of its copy when it is one: synced before the spool
+        refers to it (a copy that cannot be is removed), now or at together()'s end."""
         if self._unsynced is not None:
             if fd is not None:
                 self._unsynced.append(fd)
@@ -168,13 +167,14 @@ class Holds:
         return removed
 
 
-def read_held_lines(path: Path, shift: int, lines: list[LineRef | None]) -> list[str | None]:
+def read_held_lines(path: Path, shift: int, lines: list[LineRef | None], *, span_bytes: int = HELD_READ_SPAN,
+                    gap_bytes: int = HELD_READ_GAP) -> list[str | None]:
     """The text of each line of the held version at *path* (None for a line that is not held, or whose bytes
     are no longer there); OSError when the file cannot be opened. Lines that follow each other in the file (a
-    chunk's usually all do) are read with one read a span of them."""
+    chunk's usually all do) are read with one read a span of them (*span_bytes* at most, gaps of *gap_bytes*)."""
     texts: list[str | None] = [None] * len(lines)
     with fsio.open_regular(path) as handle:
-        for span in _spans(lines):
+        for span in _spans(lines, span_bytes, gap_bytes):
             first = lines[span[0]].start
             handle.seek(first + shift)
             block = handle.read(lines[span[-1]].end - first)
@@ -185,16 +185,16 @@ def read_held_lines(path: Path, shift: int, lines: list[LineRef | None]) -> list
     return texts
 
 
-def _spans(lines: list[LineRef | None]) -> list[list[int]]:
-    """The indexes of *lines* in groups read at once: lines in file order, each group at most HELD_READ_SPAN
-    bytes from the start of its first line to the end of its last, with gaps of at most HELD_READ_GAP bytes."""
+def _spans(lines: list[LineRef | None], span_bytes: int, gap_bytes: int) -> list[list[int]]:
+    """The indexes of *lines* in groups read at once: lines in file order, each group at most *span_bytes* from
+    the start of its first line to the end of its last, with gaps of at most *gap_bytes*."""
     spans: list[list[int]] = []
     start = end = 0
     for index, line in enumerate(lines):
         if line is None:
             continue
-        if (not spans or line.start < end or line.start - end > HELD_READ_GAP
-                or line.end - start > HELD_READ_SPAN):
+        if (not spans or line.start < end or line.start - end > gap_bytes
+                or line.end - start > span_bytes):
             spans.append([])
             start = line.start
         spans[-1].append(index)

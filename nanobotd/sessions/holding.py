@@ -1,7 +1,10 @@
-"""Moving a session's held rows along with its file, for the session tracker.
+"""The held versions of session files: the one job of keeping, for each session, the version of its file the
+spool's held rows point into (`sessions.hold` keeps the files themselves), and moving the rows along.
 
-`SessionTracker` mixes this in. At each scan that writes the spool, `_plan_hold` decides (before the
-transaction) where the held rows will be after it, holding the new version of the file when it has to:
+Spool rows of messages still in the file keep only where their line is: nanobot saves by writing a new file and
+renaming it over the old, so the old version must be kept (a hard link, no byte copied) for as long as rows point
+into it. At each scan that writes the spool, `plan` decides (before the transaction) where the held rows will be
+after it, holding the new version of the file when it has to:
 
 - the held version is the file itself (a link), grown in place or untouched: nothing moves;
 - a private copy and no new row to hold: the copy still has every held line, nothing moves;
@@ -13,27 +16,32 @@ transaction) where the held rows will be after it, holding the new version of th
 
 A file seen replaced by a rename is held by hard links from then on; the file itself rewritten in place
 under a link (the held lines changed) is held by private copies again, and the lines it took are reported.
-`_apply_hold` writes the plan inside the scan's transaction; `_finish_hold` drops the old version after it.
+`apply` writes the plan inside the scan's transaction; `finish` drops the old version after it.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import BinaryIO
 
 from loguru import logger
 
+from nanobotd.faults import FaultPoints
 from nanobotd.sessions import spool as spooldb
-from nanobotd.sessions.hold import LinkUnsupported
+from nanobotd.sessions.hold import Holds, LinkUnsupported
 from nanobotd.sessions.scan import LINE_KNOWN, LINE_NEW, LineFinder, LineRef, ParseResult, read_line
 from nanobotd.sessions.session import SessionState, save_hold
 from nanobotd.state import bulk
+from nanobotd.state.store import StateStore
 
 
 @dataclass
 class HeldCarry:
-    """How the held rows follow the file into the version just held (see SpoolHolding._carry_held)."""
+    """How the held rows follow the file into the version just held (see Holding._carry_held)."""
 
     where: LineFinder  # the lines the scan parsed, by digest
     handle: BinaryIO  # the new version, to check a known line where the fast path says it is
@@ -54,16 +62,39 @@ class HoldPlan:
     carry: HeldCarry | None = None  # the held rows follow the file in the transaction, a batch at a time
 
 
-class SpoolHolding:
-    """The tracker's held versions (the tracker's attributes and helpers are used as is)."""
+class Holding:
+    """Each session's held version; its lock is the tracker's (a held row and its version are read as one)."""
 
-    def _plan_hold(self, session: SessionState, parsed: ParseResult, handle: BinaryIO, *, fast: bool,
+    def __init__(self, store: StateStore, lock: threading.RLock, faults: FaultPoints | None = None) -> None:
+        self.store, self.lock = store, lock
+        self.files = Holds(store.state_dir, faults)
+
+    def sweep(self, sessions: Iterable[SessionState]) -> None:
+        """At start: remove the held versions a crash between a link and its commit left behind."""
+        swept = self.files.sweep({session.session_id: session.hold_generation for session in sessions})
+        if swept:
+            logger.info("removed {} held session file version(s) an interrupted scan left behind", swept)
+
+    def resolver(self, session: SessionState) -> spooldb.Resolve:
+        """Reads held lines from the session's held version as it is now (call under the lock)."""
+        generation, shift = session.hold_generation, session.hold_shift
+        return lambda lines: self.files.read(session.session_id, generation, shift, lines)
+
+    def where(self, session: SessionState) -> tuple[Path, int]:
+        """The held version's path and shift (call under the lock)."""
+        return self.files.path(session.session_id, session.hold_generation), session.hold_shift
+
+    def forget(self, session: SessionState) -> None:
+        """A session rolled back before its first commit: its held version goes."""
+        self.files.drop(session.session_id, session.hold_generation)
+
+    def plan(self, session: SessionState, parsed: ParseResult, handle: BinaryIO, *, fast: bool,
                    fingerprint: tuple[int, int, int], tail_start: int | None, new_rows: bool) -> HoldPlan:
         generation, shift, previous = session.hold_generation, session.hold_shift, session.fingerprint
         inode = fingerprint[0]
         link = session.hold_links or (previous is not None and previous[0] != inode)
         keep = HoldPlan(shift, generation, session.hold_links, session.hold_of)
-        if generation and session.hold_links and self.holds.inode(session.session_id, generation) == inode:
+        if generation and session.hold_links and self.files.inode(session.session_id, generation) == inode:
             # the held version is this file: grown in place (or read whole after a restart) and unchanged
             if not fast:
                 return self._check_in_place(session, parsed, handle, fingerprint)
@@ -94,13 +125,13 @@ class SpoolHolding:
 
     def _hold_version(self, session: SessionState, handle: BinaryIO, generation: int, link: bool) -> bool | None:
         """Hold the version open in *handle*: True as a link, False as a copy, None when it was replaced."""
-        if link and self.holds.can_link(handle):
+        if link and self.files.can_link(handle):
             try:
-                linked = self.holds.hold(session.path, handle, session.session_id, generation, link=True)
+                linked = self.files.hold(session.path, handle, session.session_id, generation, link=True)
                 return True if linked else None
             except LinkUnsupported as exc:
                 logger.warning("session {}: {}; its held versions are copies", session.key, exc)
-        self.holds.hold(session.path, handle, session.session_id, generation, link=False)
+        self.files.hold(session.path, handle, session.session_id, generation, link=False)
         return False
 
     def _check_in_place(self, session: SessionState, parsed: ParseResult, handle: BinaryIO,
@@ -109,7 +140,7 @@ class SpoolHolding:
         still where they were, nothing moves; otherwise it was rewritten in place, and from now on the
         session is held by copies (the lines the rewrite took are reported lost)."""
         generation, shift = session.hold_generation, session.hold_shift
-        if all(None not in self.holds.read(session.session_id, generation, shift, [line for _, line in rows])
+        if all(None not in self.files.read(session.session_id, generation, shift, [line for _, line in rows])
                for rows in spooldb.held_row_batches(self.store, session.session_id)):  # a batch in memory at a time
             return HoldPlan(shift, generation, True, fingerprint)
         logger.error("session {}: its file was rewritten in place (not replaced by a rename), changing the version"
@@ -156,7 +187,7 @@ class SpoolHolding:
         """(digest, text) of *rows*, read from the session's current held version; an unreadable one is *lost*."""
         if not rows:
             return []
-        texts = self.holds.read(session.session_id, session.hold_generation, session.hold_shift,
+        texts = self.files.read(session.session_id, session.hold_generation, session.hold_shift,
                                 [line for _, line in rows])
         copies = []
         for (digest, _), text in zip(rows, texts, strict=True):
@@ -166,7 +197,7 @@ class SpoolHolding:
                 copies.append((digest, text))
         return copies
 
-    def _apply_hold(self, db: sqlite3.Connection, session: SessionState, plan: HoldPlan) -> None:
+    def apply(self, db: sqlite3.Connection, session: SessionState, plan: HoldPlan) -> None:
         """Inside the scan's transaction: the held rows moved, copied or dropped, the session's held version."""
         if plan.carry is not None:
             self._carry_held(db, session, plan)
@@ -178,16 +209,16 @@ class SpoolHolding:
         session.hold_of = plan.held_of
         save_hold(db, session)
 
-    def _finish_hold(self, session: SessionState, plan: HoldPlan) -> None:
-        """After the transaction committed: the old version goes, the lost rows leave the running totals."""
+    def finish(self, session: SessionState, plan: HoldPlan) -> list[str]:
+        """After the transaction committed: the old version goes; returns the rows lost (out of the spool)."""
         if plan.drop and plan.drop != plan.generation:
-            self.holds.drop(session.session_id, plan.drop)
-        self._unspool(session, plan.lost)
+            self.files.drop(session.session_id, plan.drop)
+        return plan.lost
 
-    def _release_hold(self, session: SessionState) -> None:
+    def release(self, session: SessionState) -> None:
         """No held row left: a private copy, or a link to a file that is gone, is not kept (a link to the
         live file costs nothing and is kept for the next rows)."""
-        with self._lock:
+        with self.lock:
             generation = session.hold_generation
             if not generation or (session.hold_links and session.state != "deleted"):
                 return
@@ -196,10 +227,10 @@ class SpoolHolding:
             with self.store.transaction() as db:
                 session.hold_generation, session.hold_shift, session.hold_of = 0, 0, None
                 save_hold(db, session)
-            self.holds.drop(session.session_id, generation)
+            self.files.drop(session.session_id, generation)
 
-    def _undo_hold(self, session: SessionState, plan: HoldPlan, before: tuple) -> None:
+    def undo(self, session: SessionState, plan: HoldPlan, before: tuple) -> None:
         """The transaction failed: the session keeps its held version; a version made for it goes."""
         session.hold_generation, session.hold_shift, session.hold_links, session.hold_of = before
         if plan.generation and plan.generation != before[0]:
-            self.holds.drop(session.session_id, plan.generation)
+            self.files.drop(session.session_id, plan.generation)

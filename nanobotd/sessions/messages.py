@@ -1,9 +1,8 @@
 """What the tracker remembers of a session file's messages, kept in columns.
 
-A session's message cache lives as long as the session is in use, one entry per message in the file. As
-MessageInfo objects it cost ~340 bytes a message (the object, two 32-character hex digests, a timestamp
-string, an int): 34 MB for a 100k-message session. In columns it costs ~80: digests as their 16 bytes,
-timestamps as UTF-8 in one buffer, tokens and flags in arrays. A MessageInfo is made when one is read.
+A session's message cache lives as long as the session is in use, one entry per message in the file: kept in
+columns (digests as their 16 bytes, timestamps as UTF-8 in one buffer, tokens and flags in arrays) it costs a
+fraction of what MessageInfo objects with hex strings would. A MessageInfo is made when one is read.
 """
 
 from __future__ import annotations
@@ -12,10 +11,11 @@ from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from nanobotd.tuning import ROWS_BLOCK
+
 DIGEST_BYTES = 16  # blake2b digest_size of every message and line digest (file.line_digest, file.message_digest)
 _HEX = DIGEST_BYTES * 2
 _NO_DIGEST = bytes(DIGEST_BYTES)
-ROWS_BLOCK = 4096  # messages whose columns are turned into strings at once when many are read in a row
 
 
 def digest_key(digest: str) -> bytes | str:
@@ -42,7 +42,7 @@ class MessageInfo:
 
 
 class MessageList:
-    """A session file's MessageInfos, in file order, ~80 bytes each (a Sequence of MessageInfo).
+    """A session file's MessageInfos, in file order, in columns (a Sequence of MessageInfo).
 
     A digest that is not 32 lower-case hex digits (none the scan makes) is kept as a string beside the columns.
     """

@@ -2,8 +2,9 @@
 
 nanobot rewrites the whole file on every save, but the message lines it had are written again byte for
 byte after a metadata line that changes each time. So the bytes of the message region seen last time
-are hashed; when the file still starts with them, only the lines after them are decoded and counted
-(the fast path). Otherwise every line is read, reusing the parse of any line whose digest is known.
+are hashed; when the file still starts with them, only the lines after them are decoded (the fast path).
+Otherwise every line is read, reusing the parse of any line whose digest is known. A message's tokens are
+estimated from its size (`tokens.estimate_tokens`): no decision a scan feeds needs more.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import hashlib
 import sys
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, BinaryIO, NamedTuple
@@ -22,17 +23,12 @@ from loguru import logger
 from nanobotd import fsio
 from nanobotd.sessions import file as sessionfile
 from nanobotd.sessions.messages import MessageInfo, MessageList, digest_key
-from nanobotd.tokens import PendingCounts, count_tokens_batch, submit_tokens_batch
+from nanobotd.tokens import estimate_tokens
+from nanobotd.tuning import HASH_BLOCK, SEARCHED_LOOKUPS
 
 FLAG_COMMAND = 1
 FLAG_HIDDEN = 2
 LINE_NONE, LINE_NEW, LINE_KNOWN = 0, 1, 2  # a message's line: not kept, parsed in this scan, parse reused
-HASH_BLOCK = 1024 * 1024
-TOKEN_BATCH = 128  # messages counted together; small, so a file of a few hundred messages is counted as it is read
-SEARCHED_LOOKUPS = 64  # digests looked up in a known message list's column before its digests make a set
-BATCHES_IN_FLIGHT = 8  # batches being counted while the scan reads on (~1,000 messages, ~0.5 MB of text): the
-# parse and the counting process, each as fast as the other on the whole, run at uneven paces; with 2 in flight
-# each waited on the other's slow stretches (a 100k-message scan took 8 % longer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +52,7 @@ class LineRef(NamedTuple):
 @dataclass
 class MessageLines:
     """Where the counted messages' lines are, from message number *first* on: a few bytes a message in
-    arrays (a dict of LineRef objects cost ~200 bytes a message, and a first scan has every message new)."""
+    arrays, not a LineRef object each (a first scan has every message new)."""
 
     first: int = 0
     starts: array = field(default_factory=lambda: array("q"))
@@ -90,14 +86,6 @@ class ParseResult:
     fast: bool = False
     large: int = 0  # new messages over sessionfile.MAX_LINE_BYTES (read whole, archived raw in parts)
     region_start: int = 0  # where the message lines start (after the leading metadata)
-    counting: _Reading | None = field(default=None, repr=False)  # the counts still being counted (defer_counts)
-
-    def wait_counts(self) -> None:
-        """Every new message has its token count after this (a parse made with defer_counts leaves the
-        counting threads counting them); raises what counting raised."""
-        if self.counting is not None:
-            counting, self.counting = self.counting, None
-            counting.count()
 
     def new_line(self, index: int) -> LineRef | None:
         """Where message *index* is, when it is a counted message parsed in this scan (not reused)."""
@@ -136,8 +124,8 @@ class ParseResult:
 
 class LineFinder:
     """Where a parse found its counted messages' lines, looked up by digest: their 16-byte digests map to their
-    message numbers (~120 bytes a message, where a dict of LineRef by hex digest costs ~300: a full re-parse
-    of a long session looks up every held row), and a LineRef is made when one is found."""
+    message numbers (not hex digests to LineRef objects: a full re-parse of a long session looks up every held
+    row), and a LineRef is made when one is found."""
 
     def __init__(self, parsed: ParseResult, kinds: tuple[int, ...]) -> None:
         self._lines, self._messages = lines, messages = parsed.lines, parsed.messages
@@ -155,34 +143,19 @@ class LineFinder:
             yield self._messages.digest(index), self._lines.ref(index, self._messages.line_digest(index))
 
 
-def parse_session(path: Path, encoding: str, *, cached: Sequence[MessageInfo] | None = None,
-                  tail: Tail | None = None, corrupt_before: int = 0, handle: BinaryIO | None = None,
-                  defer_counts: bool = False, counter: Counter | None = None,
-                  ready: Ready | None = None) -> ParseResult:
+def parse_session(path: Path, *, cached: Sequence[MessageInfo] | None = None, tail: Tail | None = None,
+                  corrupt_before: int = 0, handle: BinaryIO | None = None) -> ParseResult:
     """Parse *path*; with the previous scan's *cached* messages and *tail*, decode only what is new.
 
     *handle*: the file already open (the caller reads the new messages' lines from it again afterwards).
-    *defer_counts*: return as soon as the lines are read, the counting threads still counting the last new
-    messages' tokens; `wait_counts()` on the result finishes them (the caller reads another file meanwhile).
-    *counter*: counts a batch of texts while the parse goes on (default: the counting threads).
-    *ready*: told, as the parse goes on, of the messages (from the first parsed in this scan) that have their
-    counts: (messages, lines, start, stop), in order; the last once the counts are waited for. A fast path that
-    gives up for a full parse has told some already: the full parse tells again from 0.
     """
     if handle is None:
         with fsio.open_regular(path) as opened:
-            return parse_session(path, encoding, cached=cached, tail=tail, corrupt_before=corrupt_before,
-                                 handle=opened, defer_counts=defer_counts, counter=counter, ready=ready)
+            return parse_session(path, cached=cached, tail=tail, corrupt_before=corrupt_before, handle=opened)
     result = None
     if cached is not None and tail is not None:
-        result = _parse_appended(path, handle, encoding, cached, tail, corrupt_before, counter, ready)
-    if result is None:
-        result = _parse_all(path, handle, encoding, cached or [], counter, ready)
-    if defer_counts:
-        result.counting.hand_over()
-    else:
-        result.wait_counts()
-    return result
+        result = _parse_appended(path, handle, cached, tail, corrupt_before)
+    return result if result is not None else _parse_all(path, handle, cached or [])
 
 
 def read_line(handle: BinaryIO, ref: LineRef) -> bytes | None:
@@ -193,18 +166,6 @@ def read_line(handle: BinaryIO, ref: LineRef) -> bytes | None:
 
 
 _Fields = tuple[str, str, str, str]  # a MessageInfo's line_digest, digest, role and timestamp
-Counter = Callable[[list[str], str], Any]  # (texts, encoding name) -> pending counts, whose result() gives them
-Ready = Callable[["MessageList", "MessageLines", int, int], None]  # messages start..stop have their counts
-READY_BATCH = 1024  # messages told to *ready* together (the last ones, however few, once all are counted)
-
-
-class _Uncounted(NamedTuple):
-    """A parsed message whose tokens are still to count, and its place in messages."""
-
-    index: int
-    text: str
-
-
 class _Taken:
     """The digests of the messages read so far, to number a copy of one (digest#1, ...).
 
@@ -251,12 +212,6 @@ class _Reading:
     lines: MessageLines = field(default_factory=MessageLines)
     cached: MessageList | None = None  # the previous scan's messages, whose parse a line reuses
     cache: dict[str, int | deque[int]] = field(default_factory=dict)  # line digest -> its parse(s) in cached
-    encoding: str = ""
-    counter: Counter | None = None  # where batches are counted (default: the counting threads)
-    uncounted: list[_Uncounted] = field(default_factory=list)  # the next batch to count
-    counting: deque[tuple[list[_Uncounted], PendingCounts]] = field(default_factory=deque)
-    ready: Ready | None = None  # told of the messages that have their counts (see parse_session)
-    told: int = -1  # the messages before this one were told to *ready* (-1: from lines.first, none yet)
 
     def reuse(self, line: sessionfile.RawLine) -> bool:
         """Take the cached parse of *line* when there is one; a line may repeat (same bytes twice), so
@@ -281,65 +236,18 @@ class _Reading:
         return True
 
     def take(self, fields: _Fields, flags: int, text: str | None, line: sessionfile.RawLine) -> None:
-        """A newly parsed message, its *text* to count (None: it counts none); one over MAX_LINE_BYTES is
-        counted as large (it will be archived raw). A message with text to count gets its count once counted;
-        a full batch is handed over to be counted while the next lines are parsed."""
+        """A newly parsed message, its *text* to estimate tokens of (None: it counts none); one over
+        MAX_LINE_BYTES is counted as large (it will be archived raw)."""
         self.lines.add(LINE_NONE if flags else LINE_NEW, line)
         line_digest, digest, role, timestamp = fields  # blake2b hexdigests, packed as they are
-        self.messages.add_packed(bytes.fromhex(line_digest), bytes.fromhex(digest), role, timestamp, 0, flags)
-        if text:
-            self.uncounted.append(_Uncounted(len(self.messages) - 1, text))
-            if len(self.uncounted) >= TOKEN_BATCH:
-                if len(self.counting) >= BATCHES_IN_FLIGHT:
-                    self._collect()
-                self.hand_over()
-                self._tell(READY_BATCH)  # while the batches handed over are counted
+        self.messages.add_packed(bytes.fromhex(line_digest), bytes.fromhex(digest), role, timestamp,
+                                 estimate_tokens(text) if text else 0, flags)
         if len(line.data) > sessionfile.MAX_LINE_BYTES:
             self.large += 1
 
-    def hand_over(self) -> None:
-        """Let the counting threads count the rest too (count() collects it)."""
-        if self.uncounted:
-            submit = self.counter or submit_tokens_batch
-            self.counting.append((self.uncounted, submit([m.text for m in self.uncounted], self.encoding)))
-            self.uncounted = []
 
-    def count(self) -> None:
-        """Count the rest and wait for the batches being counted: every message has its count after this."""
-        if self.uncounted and self.counter is not None:  # the counter's process has the encoding: load none here
-            self.hand_over()
-        if self.uncounted:
-            self._place(self.uncounted, count_tokens_batch([m.text for m in self.uncounted], self.encoding))
-            self.uncounted = []
-        while self.counting:
-            self._collect()
-        self._tell(1)
-
-    def _tell(self, least: int) -> None:
-        """Tell *ready* of the messages that have their counts now, when at least *least* of them are new."""
-        if self.ready is None:
-            return
-        start = self.lines.first if self.told < 0 else self.told
-        stop = (self.counting[0][0][0].index if self.counting else
-                self.uncounted[0].index if self.uncounted else len(self.messages))
-        if stop - start >= least:
-            self.ready(self.messages, self.lines, start, stop)
-            self.told = stop
-
-    def _collect(self) -> None:
-        """Finish counting the oldest batch handed over and give its messages their counts."""
-        batch, counted = self.counting.popleft()
-        self._place(batch, counted.result())  # raises what counting raised
-
-    def _place(self, batch: list[_Uncounted], counts: list[int]) -> None:
-        for message, tokens in zip(batch, counts, strict=True):
-            self.messages.set_tokens(message.index, tokens)
-
-
-def _parse_all(path: Path, handle: BinaryIO, encoding: str, cached: Sequence[MessageInfo],
-               counter: Counter | None, ready: Ready | None = None) -> ParseResult:
-    reading = _Reading(sessionfile.SessionHeader(), MessageList(), _Taken(), encoding=encoding, counter=counter,
-                       ready=ready)
+def _parse_all(path: Path, handle: BinaryIO, cached: Sequence[MessageInfo]) -> ParseResult:
+    reading = _Reading(sessionfile.SessionHeader(), MessageList(), _Taken())
     reading.cached = cached if isinstance(cached, MessageList) else MessageList(cached)
     for index, line_digest in enumerate(reading.cached.line_digests()):
         known = reading.cache.setdefault(line_digest, index)
@@ -353,11 +261,11 @@ def _parse_all(path: Path, handle: BinaryIO, encoding: str, cached: Sequence[Mes
         length = reading.region_end - reading.region_start
         tail = Tail(length, _hash_range(handle, reading.region_start, length), reading.region_start)
     return ParseResult(_key(path, reading.header), reading.header, reading.messages, reading.corrupt,
-                       reading.lines, tail, large=reading.large, region_start=reading.region_start, counting=reading)
+                       reading.lines, tail, large=reading.large, region_start=reading.region_start)
 
 
-def _parse_appended(path: Path, handle: BinaryIO, encoding: str, cached: Sequence[MessageInfo], tail: Tail,
-                    corrupt_before: int, counter: Counter | None, ready: Ready | None = None) -> ParseResult | None:
+def _parse_appended(path: Path, handle: BinaryIO, cached: Sequence[MessageInfo], tail: Tail,
+                    corrupt_before: int) -> ParseResult | None:
     """The fast path: None when the file no longer starts (after its metadata) with the known bytes."""
     header = sessionfile.SessionHeader()
     known = _known_region(handle, tail, header)
@@ -367,8 +275,8 @@ def _parse_appended(path: Path, handle: BinaryIO, encoding: str, cached: Sequenc
     known_end = region_start + tail.length
     messages = MessageList.of(cached)
     reading = _Reading(header, messages, _Taken(messages), corrupt=corrupt_before,
-                       region_start=region_start, region_end=known_end, leading=False, encoding=encoding,
-                       lines=MessageLines(first=len(cached)), counter=counter, ready=ready)
+                       region_start=region_start, region_end=known_end, leading=False,
+                       lines=MessageLines(first=len(cached)))
     if not _read_lines(path, handle, reading, offset=known_end, appending=True):
         return None
     new_tail = None
@@ -377,7 +285,7 @@ def _parse_appended(path: Path, handle: BinaryIO, encoding: str, cached: Sequenc
         _update_hash(digest, handle, known_end, reading.region_end - known_end)
         new_tail = Tail(reading.region_end - region_start, digest.hexdigest(), region_start)
     return ParseResult(_key(path, header), header, reading.messages, reading.corrupt, reading.lines,
-                       new_tail, fast=True, large=reading.large, region_start=region_start, counting=reading)
+                       new_tail, fast=True, large=reading.large, region_start=region_start)
 
 
 def _read_lines(path: Path, handle: BinaryIO, reading: _Reading, *, offset: int = 0, appending: bool = False) -> bool:
@@ -424,8 +332,8 @@ def _count_corrupt(path: Path, line: sessionfile.RawLine, reading: _Reading) -> 
 
 
 def _message_info(line_digest: str, record: dict, taken: _Taken) -> tuple[_Fields, int, str | None] | None:
-    """Parse one message: its MessageInfo fields but tokens and flags, its flags, and the text to count its
-    tokens in (None: it counts none); a digest already taken in this file gets a numbered variant (#1, ...)."""
+    """Parse one message: its MessageInfo fields but tokens and flags, its flags, and the text its tokens are
+    estimated from (None: it counts none); a digest already taken in this file gets a numbered variant (#1, ...)."""
     fields = sessionfile.message_fields(record)
     if fields is None:
         return None

@@ -12,9 +12,9 @@ from pathlib import Path
 from nanobotd.memory.transcript import record_json
 from nanobotd.sessions.messages import MessageList
 from nanobotd.sessions.scan import Tail
-from nanobotd.sessions.scanrows import ScanRows
 from nanobotd.state.store import StateStore
 from nanobotd.timestamps import iso_local
+from nanobotd.tuning import DIGEST_LOOKUP
 
 SKIPPED_PREFIXES = ("dream:",)
 SESSION_COLUMNS = ("id, key, path, inode, size, mtime_ns, agent_archived, messages, corrupt_lines, total_tokens,"
@@ -53,6 +53,18 @@ class SessionState:
     # this cycle's flushes whose LLM call failed, and when the next may be tried (not kept across restarts)
     flush_failures: int = 0
     flush_retry_at: float = 0.0
+    # exact token counts of tail messages, by digest, and the tail's exact total as of (messages, estimate) then
+    exact: dict[str, int] | None = None
+    exact_tail: tuple[int, int, int] | None = None
+
+    @property
+    def tail_tokens(self) -> int:
+        """The unarchived tail's tokens: counted exactly when it was last near a threshold and has not changed
+        since, estimated otherwise."""
+        exact = self.exact_tail
+        if exact is not None and exact[:2] == (self.unarchived_messages, self.unarchived_tokens):
+            return exact[2]
+        return self.unarchived_tokens
 
     @property
     def skipped(self) -> bool:
@@ -65,7 +77,7 @@ class SessionState:
             "key": self.key, "path": str(self.path), "messages": self.message_count,
             "agent_archived": self.agent_archived, "corrupt_lines": self.corrupt_lines,
             "total_tokens": self.total_tokens, "unarchived_messages": self.unarchived_messages,
-            "unarchived_tokens": self.unarchived_tokens, "state": self.state,
+            "unarchived_tokens": self.tail_tokens, "state": self.state,
             "updated_at": iso_local(self.last_write),
             "compaction_cycle": self.cycle, "flushed_cycle": self.flushed_cycle,
         }
@@ -160,18 +172,14 @@ def digests_in_spans(messages: MessageList, spans: list[dict]) -> dict[str, str]
 
 
 def store_message_cache(db, session_id: int, old: MessageList, new: MessageList, *,
-                        known_prefix: int = 0, rows: ScanRows | None = None) -> None:
-    """Keep the cached message list in step with the file: rewrite only from the first line that differs (copied
-    from *rows* when it has those messages' rows)."""
+                        known_prefix: int = 0) -> None:
+    """Keep the cached message list in step with the file: rewrite only from the first line that differs."""
     prefix = known_prefix
     limit = min(len(old), len(new))
     while prefix < limit and old.line_digest(prefix) == new.line_digest(prefix):
         prefix += 1
     if prefix < len(old):
         db.execute("DELETE FROM messages WHERE session_id=? AND seq>=?", (session_id, prefix))
-    if rows is not None and prefix < len(new) and rows.has(prefix, len(new)):
-        rows.copy_messages(db, session_id, prefix)
-        return
     db.executemany(
         "INSERT OR REPLACE INTO messages (session_id, seq, line_digest, digest, role, timestamp, tokens, flags)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -181,7 +189,6 @@ def store_message_cache(db, session_id: int, old: MessageList, new: MessageList,
 # the spool rows of a session (?) with no message in its message cache: their messages left the file
 _VANISHED = ("FROM spool s WHERE s.session_id=? AND NOT EXISTS"
              " (SELECT 1 FROM messages m WHERE m.session_id=s.session_id AND m.digest=s.digest)")
-DIGEST_LOOKUP = 500  # digests looked up per query
 
 
 def vanished_in_spool(store: StateStore, session_id: int) -> int:

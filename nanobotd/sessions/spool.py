@@ -25,8 +25,8 @@ from nanobotd.sessions.hold import line_text
 from nanobotd.sessions.messages import MessageList
 from nanobotd.sessions.scan import LineRef, read_line
 from nanobotd.state.store import StateStore
+from nanobotd.tuning import SPOOL_BATCH
 
-BATCH = 1000  # new spool rows read from the file and inserted together
 HELD = ""  # the record of a held row: its line is in the session's held version of the file
 
 # held lines -> their texts (None: unreadable), from the session's held version at the time of the query
@@ -44,7 +44,7 @@ def insert_rows(db: sqlite3.Connection, session_id: int, rows: Iterable[tuple], 
     """
     seq = db.execute("SELECT COALESCE(MAX(seq), 0) FROM spool WHERE session_id=?", (session_id,)).fetchone()[0]
     rows = iter(rows)
-    while taken := list(itertools.islice(rows, BATCH)):
+    while taken := list(itertools.islice(rows, SPOOL_BATCH)):
         batch = []
         for digest, role, stamp, tokens, ref in taken:
             seq += 1
@@ -75,7 +75,7 @@ def held_row_batches(source: sqlite3.Connection | StateStore, session_id: int,
     def query(sql: str, args: tuple) -> list:
         return source.query(sql, args) if isinstance(source, StateStore) else source.execute(sql, args).fetchall()
 
-    after, size = -(1 << 62), size or BATCH
+    after, size = -(1 << 62), size or SPOOL_BATCH
     while rows := query("SELECT seq, digest, line_start, line_end, line_digest FROM spool WHERE session_id=?"
                         " AND seq>? AND record=? AND line_digest IS NOT NULL ORDER BY seq LIMIT ?",
                         (session_id, after, HELD, size)):
@@ -147,8 +147,8 @@ def _vanished_rows(store: StateStore, session_id: int, gone: set[str]) -> list[t
 
 class SpoolPlan(Sequence[tuple[int, str, int, bool]]):
     """(seq, role, tokens, still in the file) of a session's spooled messages, in first-seen order, without
-    their records: kept in arrays, a few bytes a message (a long session's plan as tuples cost ~110 bytes a
-    message, read again by every run)."""
+    their records: kept in arrays, a few bytes a message, not a tuple each (a long session's plan is read again
+    by every run)."""
 
     def __init__(self) -> None:
         self.seqs = array("q")

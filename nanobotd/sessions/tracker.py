@@ -1,13 +1,12 @@
-"""Session tracker: incremental parsing of session files, token accounting and the spool.
+"""The session tracker: one workspace's session files, what of them is unarchived, and what reached history.
 
-A changed file is re-read line by line; a line whose bytes were seen before (same digest) reuses its
-parse and token count, so only new messages are decoded and counted. Every conversation message the
-agent has not archived and nanobotd has not archived is copied into the spool, so a rewrite that
-drops it (`/new`, fork, truncation) cannot lose it: vanished spool rows are handed to the rescue.
-Parsing lives in `sessions.scan`, the per-session record and its database row in `sessions.session`,
-the spool's rows in `sessions.spool`, the archive marks in `sessions.marks`, the held rows' moves in
-`sessions.holding`, scanning many files in a row in `sessions.pipeline` and the jobs' reads of the spool in
-`sessions.spoolreads`.
+A thin facade over composed parts, each with one reason to change: `sessions.scan` reads a file (only what is
+new) into messages; `sessions.spooled.Spool` is what is unarchived (rows in the state database, totals in memory);
+`sessions.marks.ArchiveMarks` records what reached history; `sessions.holding.Holding` keeps the version of each
+file the spool's rows point into; `sessions.caches.MessageCaches` bounds the message lists kept in memory. The
+tracker applies a scan to them, one transaction a file (a group of new files together at a first start), and
+answers the jobs and the daemon by session key. Tokens are estimates (`tokens.estimate_tokens`); `count_tail`
+counts a session's tail exactly when a decision is near a threshold.
 """
 
 from __future__ import annotations
@@ -15,46 +14,40 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 from loguru import logger
 
 from nanobotd import fsio
+from nanobotd.faults import FaultPoints
+from nanobotd.memory.transcript import PendingMessage
 from nanobotd.sessions import file as sessionfile
 from nanobotd.sessions import spool as spooldb
-from nanobotd.sessions.hold import Holds
-from nanobotd.sessions.holding import SpoolHolding
+from nanobotd.sessions.caches import MessageCaches
+from nanobotd.sessions.file import key_from_filename
+from nanobotd.sessions.holding import Holding
 from nanobotd.sessions.marks import ArchiveMarks
 from nanobotd.sessions.messages import MessageList
-from nanobotd.sessions.parsepool import Answer
-from nanobotd.sessions.pipeline import ReadFile, ScanPipeline
-from nanobotd.sessions.scan import LINE_NEW, Counter, ParseResult, parse_session
-from nanobotd.sessions.scanrows import ROWS_AHEAD_BYTES, ScanRows
+from nanobotd.sessions.scan import LINE_NEW, ParseResult, parse_session
 from nanobotd.sessions.session import (
     ScanResult,
     SessionState,
     archived_twice_count,
-    digests_in,
     insert_session,
     load_sessions,
-    record_archived_twice,
     save_session,
     store_message_cache,
-    vanished_digests,
-    vanished_in_spool,
 )
-from nanobotd.sessions.spoolreads import SpoolReads
+from nanobotd.sessions.spooled import Spool
 from nanobotd.state import bulk
 from nanobotd.state.metrics import FLUSH_KIND, MISSED_OUTCOME
 from nanobotd.state.store import StateStore
+from nanobotd.tuning import CACHED_MESSAGES, SCAN_SLICE_SECONDS
 
-CACHED_MESSAGES = 50_000  # message infos kept in memory for the sessions used last (a big one stays alone)
-# A file with this much not read yet is counted in the counting process (the tracker's counter) even alone: its
-# counting outweighs the process's start (~0.3 s), and beside a parse busy in Python the counting threads wait for
-# the GIL (a first scan of 100k messages, 65 MB: 5.4 s with the threads, 3.7 s with the process).
-PROCESS_SCAN_BYTES = 8 << 20
+T = TypeVar("T")
 
 
 def fingerprint_of(stat: os.stat_result) -> tuple[int, int, int]:
@@ -62,27 +55,16 @@ def fingerprint_of(stat: os.stat_result) -> tuple[int, int, int]:
     return stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
-def unread_bytes(stat: os.stat_result, known: SessionState | None) -> int:
-    """How much of a file its last scan did not read: past the message region it hashed (all of a new file)."""
-    if known is None or known.tail is None:
-        return stat.st_size
-    return max(0, stat.st_size - known.tail.start - known.tail.length)
-
-
-class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
+class SessionTracker:
     """Tracks every session file of one workspace; thread-safe (scans run on an executor)."""
 
     def __init__(self, workspace_name: str, store: StateStore, *, encoding: str = "o200k_base", clock=time.time,
-                 counter: Counter | None = None, process_scan_bytes: int = PROCESS_SCAN_BYTES,
-                 parse_processes: int = 0):
+                 cached_messages: int = CACHED_MESSAGES, faults: FaultPoints | None = None):
         self.workspace_name = workspace_name
         self.store = store
-        self.encoding = encoding
-        # counts the batches when scan_many reads several files (see sessions.pipeline), or a long unread stretch
-        self.counter = counter
-        self.process_scan_bytes = process_scan_bytes
-        self.parse_processes = parse_processes  # scan_many parses many new files in this many processes (parsepool)
+        self.encoding = encoding  # what count_tail counts in
         self.clock = clock
+        self.faults = faults or FaultPoints()  # "scan.apply": reached before a scan writes what it read
         # Copy-on-write: a scan on the executor replaces the dict instead of growing it, so a reader on the
         # loop iterating `sessions` (GET /v1/sessions, status) always walks a consistent snapshot.
         self.sessions: dict[str, SessionState] = {}
@@ -92,15 +74,12 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
         self.agent_held: dict[str, dict[str, int]] = {}
         self._lock = threading.RLock()
         self._keys_by_path: dict[Path, str] = {}
-        # sessions whose caches are in memory, last used last, with when (self.clock) they were last used and
-        # how many messages they had then; and the sum of those
-        self._cached: OrderedDict[str, tuple[float, int]] = OrderedDict()
-        self._cached_total = 0
-        self.holds = Holds(store.state_dir)
+        self.holding = Holding(store, self._lock, self.faults)
+        self.spool = Spool(store, self.holding, self._lock, clock)
+        self.marks = ArchiveMarks(store, self.spool, self._lock, clock)
+        self.caches = MessageCaches(store, self._lock, clock, cached_messages)
         self._load_sessions()
-        swept = self.holds.sweep({session.session_id: session.hold_generation for session in self.sessions.values()})
-        if swept:
-            logger.info("removed {} held session file version(s) an interrupted scan left behind", swept)
+        self.holding.sweep(self.sessions.values())
 
     # -- loading -----------------------------------------------------------------------------------
     def _load_sessions(self) -> None:
@@ -120,65 +99,77 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
         # published in `sessions` once its first scan is applied (a reader never sees it half counted)
         return insert_session(self.store, self.workspace_name, key, path, self.clock())
 
-    def _cached_messages(self, session: SessionState) -> MessageList:
-        """The session's message cache, read from the database when not in memory."""
-        with self._lock:
-            if session.messages is None:
-                session.messages = spooldb.read_message_cache(self.store, session.session_id)
-            size = len(session.messages)
-            _, before = self._cached.pop(session.key, (0.0, 0))
-            self._cached[session.key] = (self.clock(), size)  # last used last
-            self._cached_total += size - before
-            return session.messages
-
-    def _trim_caches(self, keep: SessionState) -> None:
-        """Keep the message caches of the sessions used last, up to CACHED_MESSAGES messages (and always
-        *keep*'s, used last): the ones used longest ago go first, and are read again from the database when
-        next needed. Only what goes is looked at (a start-up reconcile of thousands of small sessions trims
-        after every one of them)."""
-        while self._cached_total > CACHED_MESSAGES and self._cached:
-            oldest = next(iter(self._cached))
-            if oldest == keep.key:
-                break
-            self._let_go(oldest)
-
     def release_idle_caches(self, idle_seconds: float) -> int:
-        """Let go of the in-memory caches of the sessions not used for *idle_seconds*: an idle daemon keeps none
-        of a long session's ~100 bytes a message; the next scan or job reads them back from the database.
-        Returns how many entries (cached messages and spooled rows) were let go."""
-        released = 0
-        with self._lock:
-            cutoff = self.clock() - idle_seconds
-            for key, (used, _) in list(self._cached.items()):
-                if used > cutoff:
-                    break  # last used last: every session after this one was used later
-                released += self._let_go(key)
-        return released
-
-    def _let_go(self, key: str) -> int:
-        """Drop one session's caches (message list, spool map, vanished set); returns the entries they held."""
-        _, size = self._cached.pop(key)
-        self._cached_total -= size
-        session = self.sessions.get(key)
-        if session is None:
-            return 0
-        held = len(session.messages or ()) + len(session.spool or ())
-        session.messages, session.gone, session.spool = None, None, None
-        return held
+        """Let go of the in-memory caches of the sessions not used for *idle_seconds* (see MessageCaches.release);
+        returns how many entries (cached messages and spooled rows) were let go."""
+        return self.caches.release(self.sessions, idle_seconds)
 
     # -- scanning ----------------------------------------------------------------------------------
     def scan(self, path: Path, *, force: bool = False) -> ScanResult | None:
         """Bring one session file's accounting up to date; None when *path* is not a session file."""
         with self._lock:
-            begun = self._begin_scan(Path(path), force=force)
-            return self._finish_scan(begun) if isinstance(begun, ReadFile) else begun
+            return self._scan(Path(path), force=force)
 
-    def _begin_scan(self, path: Path, *, force: bool = False, defer_counts: bool = False,
-                    counter: Counter | None = None, ahead: Answer | None = None) -> ReadFile | ScanResult | None:
-        """Read the file when it changed (call under the lock): a ReadFile to finish, or scan()'s answer when
-        there is nothing to apply. *defer_counts*: the last tokens are still being counted (see parse_session);
-        *counter*: where the batches are counted (default: the counting threads); *ahead*: a parse process's
-        parse of the file and the version it read, used when the file is new and that version is the one open."""
+    def scan_many(self, paths: Iterable[Path]) -> Iterator[tuple[Path, ScanResult | None | Exception]]:
+        """scan() of each of *paths* in order (a reconcile): yields (path, what scan() returns, or the Exception it
+        raised). The lock is held a slice of SCAN_SLICE_SECONDS at a time, so archive marks wait no longer."""
+        paths = iter([Path(path) for path in paths])
+        more = True
+        while more:
+            with self._lock:
+                done, more = self._scan_slice(paths)
+            yield from done
+
+    def _scan_slice(self, paths: Iterator[Path]) -> tuple[list, bool]:
+        """Scan paths until the slice's time is up. Files never seen in a row are applied together: one transaction,
+        their held copies synced together just before it commits (a first start's thousand files)."""
+        done: list[tuple[Path, ScanResult | None | Exception]] = []
+        group: ExitStack | None = None
+        grouped: list[Path] = []
+        until = time.perf_counter() + SCAN_SLICE_SECONDS
+        more = False
+        try:
+            for path in paths:
+                if self._session_by_path(path) is None and key_from_filename(path) not in self.sessions:
+                    if group is None:
+                        group, grouped = ExitStack(), []
+                        group.enter_context(self.store.batch())
+                        group.enter_context(self.holding.files.together())
+                    grouped.append(path)
+                elif group is not None:
+                    done, group = self._commit_group(group, grouped, done), None
+                try:
+                    done.append((path, self._scan(path)))
+                except Exception as exc:  # reported with this path, in its turn
+                    done.append((path, exc))
+                if time.perf_counter() >= until:
+                    more = True
+                    break
+        except BaseException as exc:  # interrupted: the group is rolled back, its copies closed
+            if group is not None:
+                group.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        return (self._commit_group(group, grouped, done) if group is not None else done), more
+
+    def _commit_group(self, group: ExitStack, paths: list[Path], done: list) -> list:
+        """Sync a group's held copies and commit it; when that fails, its new sessions are forgotten (the next
+        reconcile reads their files as never seen) and each of its files is reported with the error."""
+        try:
+            group.close()
+        except Exception as exc:
+            failed = set(paths)
+            for path in paths:
+                session = self._session_by_path(path)
+                self._keys_by_path.pop(path, None)
+                if session is not None:
+                    self.holding.forget(session)
+                    self.sessions = {key: kept for key, kept in self.sessions.items() if kept is not session}
+                    self.caches.let_go(self.sessions, session.key)
+            return [(path, exc if path in failed else result) for path, result in done]
+        return done
+
+    def _scan(self, path: Path, *, force: bool = False) -> ScanResult | None:
+        """Read the file when it changed and apply what is new (under the lock)."""
         started = time.perf_counter()
         try:
             stat = os.stat(path)
@@ -192,45 +183,20 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
         except OSError as exc:
             logger.warning("cannot read session file {}: {}", path, exc)
             return None
-        try:
+        with handle:
             # the open file is what is read (twice: the parse, then the new lines for the spool), so a rename
             # over the path meanwhile cannot mix two versions
             stat = os.fstat(handle.fileno())
-            cached = self._cached_messages(known) if known is not None else None
-            if counter is None and unread_bytes(stat, known) >= self.process_scan_bytes:
-                counter = self.counter
-            rows = None
-            if known is None and ahead is not None and ahead[0] == fingerprint_of(stat):
-                parsed = ahead[1]
-            else:
-                if counter is not None and counter is self.counter and unread_bytes(stat, known) >= ROWS_AHEAD_BYTES:
-                    rows = ScanRows(self.store)
-                parsed = self._parse(path, known, cached, handle, defer_counts, counter, rows)
-        except BaseException:
-            handle.close()
-            if rows is not None:
-                rows.close()
-            raise
-        read = ReadFile(path, handle, fingerprint_of(stat), stat.st_mtime, known, cached, parsed, started, rows)
-        if parsed is None:
-            read.close()
-            return None
-        return read
-
-    def _finish_scan(self, begun: ReadFile) -> ScanResult:
-        """Apply what _begin_scan read (under the lock) and close the file."""
-        try:
-            parsed, known, path = begun.parsed, begun.known, begun.path
-            parsed.wait_counts()
-            if known is not None and known.messages is None:  # let go meanwhile (_trim_caches): as it was read
-                known.messages = begun.cached
+            cached = self.caches.messages(known) if known is not None else None
+            parsed = self._parse(path, known, cached, handle)
+            if parsed is None:
+                return None
             session = self._session_for(parsed.key, path)
+            self.faults.reach("scan.apply")
             mark_before = session.agent_archived
-            tail_before = session.unarchived_tokens + 4 * session.unarchived_messages
-            vanished = self._apply(session, parsed, begun.fingerprint, begun.mtime,
-                                   appended=parsed.fast and known is session, handle=begun.handle, rows=begun.rows)
-        finally:
-            begun.close()
+            tail_before = session.tail_tokens + 4 * session.unarchived_messages
+            vanished = self._apply(session, parsed, fingerprint_of(stat), stat.st_mtime,
+                                   appended=parsed.fast and known is session, handle=handle)
         mark_moved = known is session and session.agent_archived > mark_before
         session.corrupt_lines = corrupt = parsed.corrupt
         session.tail = parsed.tail
@@ -238,50 +204,41 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
         self._save_session(session)
         if self.sessions.get(key) is not session:
             self.sessions = {**self.sessions, key: session}
-        self._cached_messages(session)
-        self._trim_caches(session)
+        self.caches.messages(session)
+        self.caches.trim(self.sessions, session)
         if corrupt:
             logger.warning("session {}: skipped {} corrupt line(s)", key, corrupt)
         if parsed.large:
             self.large_messages += parsed.large
             logger.warning("session {}: {} message(s) over {} MiB read whole; they are archived raw, in parts",
                            key, parsed.large, sessionfile.MAX_LINE_BYTES >> 20)
-        return ScanResult(key, True, parsed.new_count, vanished, corrupt, time.perf_counter() - begun.started,
+        return ScanResult(key, True, parsed.new_count, vanished, corrupt, time.perf_counter() - started,
                           mark_moved, tail_before)
 
-    def _stale(self, path: Path) -> bool:
-        """A scan of *path* would read it: it changed since its last scan, or was never scanned."""
-        try:
-            stat = os.stat(path)
-        except OSError:
-            return False
-        known = self._session_by_path(path)
-        return known is None or known.fingerprint != fingerprint_of(stat)
+    def count_tail(self, key: str) -> int:
+        """The unarchived tail's exact tokens, for a decision near a threshold (see Spool.count_tail)."""
+        session = self.sessions.get(key)
+        return self.spool.count_tail(session, self.encoding) if session is not None else 0
 
     def _session_by_path(self, path: Path) -> SessionState | None:
         key = self._keys_by_path.get(path)
         return self.sessions.get(key) if key is not None else None
 
-    def _parse(self, path: Path, known: SessionState | None, cached: MessageList | None, handle: BinaryIO,
-               defer_counts: bool, counter: Counter | None, rows: ScanRows | None = None):
-        """Read the file; only new messages are decoded and counted (see sessionscan); *rows*: the messages'
-        rows are written there as they get their counts."""
-        ready = rows.add if rows is not None else None
+    def _parse(self, path: Path, known: SessionState | None, cached: MessageList | None, handle: BinaryIO):
+        """Read the file; only new messages are decoded (see sessions.scan)."""
         try:
             if known is None:
-                result = parse_session(path, self.encoding, handle=handle, defer_counts=defer_counts,
-                                       counter=counter, ready=ready)
+                result = parse_session(path, handle=handle)
             else:
-                result = parse_session(path, self.encoding, cached=cached, tail=known.tail,
-                                       corrupt_before=known.corrupt_lines, handle=handle, defer_counts=defer_counts,
-                                       counter=counter, ready=ready)
+                result = parse_session(path, cached=cached, tail=known.tail, corrupt_before=known.corrupt_lines,
+                                       handle=handle)
         except OSError as exc:
             logger.warning("cannot read session file {}: {}", path, exc)
             return None
         return result
 
     def _apply(self, session: SessionState, parsed: ParseResult, fingerprint, mtime: float, *, appended: bool = False,
-               handle: BinaryIO, rows: ScanRows | None = None) -> int:
+               handle: BinaryIO) -> int:
         """Update counters, the spool and the message cache; return how many spooled messages vanished.
 
         *appended*: the old messages are an unchanged prefix of the parsed ones (the fast path), so only the
@@ -292,10 +249,10 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
         old = session.messages if session.messages is not None else MessageList()
         same_bytes = appended  # the file still starts with the bytes read last time (where held lines are)
         appended = appended and session.messages is not None and session.agent_archived == agent_archived
-        spooled = self._spool_map(session)
+        spooled = self.spool.rows(session)
         first_fresh = len(old) if appended else 0  # the messages from here on are new to this scan's accounting
         if appended:  # nothing left the file; a message that had may be back
-            gone = self._gone(session)
+            gone = self.spool.gone(session)
             gone = gone - set(messages.digests(first_fresh)) if gone else set()
         else:
             current = set(messages.digests())
@@ -303,7 +260,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
             del current
         below = set(messages.digests(0, agent_archived)) if agent_archived and spooled else set()
         to_spool = self._spool_rows(session, first_fresh, parsed, agent_archived)
-        hold = self._plan_hold(session, parsed, handle, fast=same_bytes,
+        hold = self.holding.plan(session, parsed, handle, fast=same_bytes,
                                fingerprint=fingerprint,
                                tail_start=session.tail.start if same_bytes and session.tail else None,
                                new_rows=bool(to_spool))
@@ -311,10 +268,10 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
         agent_done_tokens = [spooled[digest] for digest in agent_done]
         vanished = 0 if appended else len(gone)
         if not appended and agent_archived:
-            self._count_overlap(session, list(messages.digests(0, agent_archived)))
+            self.marks.count_overlap(session, list(messages.digests(0, agent_archived)))
         session.agent_marked = header.marked
         self._write_spool(session, parsed, to_spool, agent_done, old, known_prefix=len(old) if appended else 0,
-                          handle=handle, hold=hold, rows=rows)
+                          handle=handle, hold=hold)
         session.total_tokens = (session.total_tokens if appended else 0) + messages.total_tokens(first_fresh)
         session.messages = messages
         session.gone = gone
@@ -328,7 +285,7 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
             session.unarchived_messages += len(to_spool) - len(agent_done)
             session.unarchived_tokens += sum(messages.tokens(index) for index in to_spool) - sum(agent_done_tokens)
         else:
-            self._recount(session)
+            self.spool.recount(session)
         return vanished
 
     def _spool_rows(self, session: SessionState, first_fresh: int, parsed: ParseResult,
@@ -336,98 +293,38 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
         """The message numbers to spool: the conversation messages from *first_fresh* on parsed in this scan
         that neither the agent nor nanobotd archived (their rows are made, and their records read, as they are
         written)."""
-        spooled = self._spool_map(session)
+        spooled = self.spool.rows(session)
         if session.skipped:
             return []
         messages = parsed.messages
         wanted = [index for index in range(max(first_fresh, agent_archived), len(messages))
                   if not (messages.flags(index) or messages.digest(index) in spooled)
                   and parsed.lines.kind(index) == LINE_NEW]
-        archived = self._archived_among(session, [messages.digest(index) for index in wanted])
+        archived = self.marks.archived_among(session, [messages.digest(index) for index in wanted])
         return [index for index in wanted if messages.digest(index) not in archived] if archived else wanted
 
     def _write_spool(self, session: SessionState, parsed: ParseResult, to_spool: list[int], agent_done: list[str],
-                     old: MessageList, *, known_prefix: int, handle: BinaryIO, hold,
-                     rows: ScanRows | None = None) -> None:
+                     old: MessageList, *, known_prefix: int, handle: BinaryIO, hold) -> None:
         """Spool the messages numbered *to_spool*, drop those the agent archived, move the held rows (*hold*, a
         HoldPlan), store the message cache: one transaction.
 
         New rows are held (their lines stay in the held version of the file, open in *handle*) or, when the
-        session cannot be held, copied from *handle* a batch at a time, as their lines are. Held rows and the
-        message cache are copied from *rows* when it has them (written while the scan read the file).
+        session cannot be held, copied from *handle* a batch at a time, as their lines are.
         """
         now, messages = self.clock(), parsed.messages
         before = (session.hold_generation, session.hold_shift, session.hold_links, session.hold_of)
         try:
             with self.store.transaction() as db:
-                self._apply_hold(db, session, hold)
-                if rows is not None and hold.shift is not None and to_spool and rows.has(to_spool[0], to_spool[-1] + 1):
-                    rows.copy_spool(db, session.session_id, to_spool, now, hold.shift)
-                else:
-                    spooldb.insert_rows(db, session.session_id, parsed.spool_rows(to_spool), handle, now,
-                                        shift=hold.shift)
+                self.holding.apply(db, session, hold)
+                spooldb.insert_rows(db, session.session_id, parsed.spool_rows(to_spool), handle, now, shift=hold.shift)
                 bulk.delete_in(db, "spool", "digest", agent_done, where={"session_id": session.session_id})
-                store_message_cache(db, session.session_id, old, messages, known_prefix=known_prefix, rows=rows)
+                store_message_cache(db, session.session_id, old, messages, known_prefix=known_prefix)
         except BaseException:
-            self._undo_hold(session, hold, before)
+            self.holding.undo(session, hold, before)
             raise
-        self._finish_hold(session, hold)
-        spooled = self._spool_map(session)
-        for index in to_spool:
-            spooled[messages.digest(index)] = messages.tokens(index)
-        for digest in agent_done:
-            spooled.pop(digest, None)
-
-    def _count_overlap(self, session: SessionState, agent_archived: list[str]) -> None:
-        """Messages under the agent's mark (*agent_archived*, their digests) that nanobotd archived too: counted
-        as archived twice."""
-        archived = self._archived_among(session, agent_archived)
-        twice = [digest for digest in agent_archived if digest in archived]
-        if twice and record_archived_twice(self.store, session.session_id, twice, self.clock()):
-            logger.warning("session {}: the agent archived {} message(s) nanobotd had archived already",
-                           session.key, len(twice))
-
-    def _archived_among(self, session: SessionState, digests: list[str]) -> set[str]:
-        """Which of *digests* nanobotd archived, looked up in the database: a session's archive marks are
-        not kept in memory (a long session's would be its every message, twice over)."""
-        return digests_in(self.store, "archived", session.session_id, digests)
-
-    def _spool_map(self, session: SessionState) -> dict[str, int]:
-        """Spooled digests and their tokens (loaded once, then kept in step with the database)."""
-        if session.spool is None:
-            rows = self.store.query("SELECT digest, tokens FROM spool WHERE session_id=?", (session.session_id,))
-            session.spool = dict(rows)
-            self._recount(session)  # the running totals start from the spool itself
-        return session.spool
-
-    def _recount(self, session: SessionState) -> None:
-        """Unarchived = spooled messages still present in the file (vanished ones wait for the rescue).
-
-        A full pass over the spool, for when the file's contents were replaced; the spool's small changes
-        in between (archived, respooled) keep the totals running with `_unspool` and `unarchive`.
-        """
-        spool, gone = self._spool_map(session), self._gone(session)
-        live = [tokens for digest, tokens in spool.items() if digest not in gone]
-        session.unarchived_messages = len(live)
-        session.unarchived_tokens = sum(live)
-
-    def _live(self, session: SessionState, digest: str) -> bool:
-        """A spooled message that counts as unarchived: still in the file."""
-        return digest not in self._gone(session)
-
-    def _unspool(self, session: SessionState, digests) -> None:
-        """Drop *digests* from the in-memory spool, taking the live ones off the running totals."""
-        spool = self._spool_map(session)
-        for digest in digests:
-            tokens = spool.pop(digest, None)
-            if tokens is not None and self._live(session, digest):
-                session.unarchived_messages -= 1
-                session.unarchived_tokens -= tokens
-
-    def vanished_count(self, key: str) -> int:
-        """Spooled messages no longer in the session file (in SQL: no message cache is loaded)."""
-        session = self.sessions.get(key)
-        return vanished_in_spool(self.store, session.session_id) if session is not None else 0
+        self.spool.drop(session, self.holding.finish(session, hold))
+        self.spool.add(session, ((messages.digest(index), messages.tokens(index)) for index in to_spool))
+        self.spool.discard(session, agent_done)
 
     def _save_session(self, session: SessionState) -> None:
         with self.store.transaction() as db:
@@ -442,25 +339,89 @@ class SessionTracker(ArchiveMarks, SpoolHolding, SpoolReads, ScanPipeline):
             session.fingerprint = None
             session.state = "deleted"
             session.messages = MessageList()
-            session.gone = set(self._spool_map(session))
+            session.gone = set(self.spool.rows(session))
             session.message_count = 0
-            self._recount(session)
+            self.spool.recount(session)
             self._save_session(session)
             with self.store.transaction() as db:
                 db.execute("DELETE FROM messages WHERE session_id=?", (session.session_id,))
             session.tail = None
-            self._release_hold(session)  # no held row left: the deleted file's bytes are not kept
-            return ScanResult(session.key, True, 0, len(self._spool_map(session)), 0)
+            self.holding.release(session)  # no held row left: the deleted file's bytes are not kept
+            return ScanResult(session.key, True, 0, len(self.spool.rows(session)), 0)
 
-    def _gone(self, session: SessionState) -> set[str]:
-        """Spooled digests no longer in the session file: kept in step by each scan, and read from the database
-        (the spool rows without a message in the message cache) when the caches were dropped. Only a spooled
-        message's presence is asked of it (a session's every digest is not kept in memory for that)."""
+    # -- the spool, as the jobs read it ----------------------------------------------------------------
+    def pending(self, key: str, *, vanished_only: bool = False) -> list[tuple[int, PendingMessage, bool]]:
+        """Spooled messages of a session in first-seen order: (seq, message, still present in the file)."""
+        session = self.sessions.get(key)
+        return self.spool.pending(session, vanished_only=vanished_only) if session is not None else []
+
+    def vanished(self, key: str) -> list[str]:
+        """The digests of a session's spooled messages no longer in its file, in first-seen order."""
+        session = self.sessions.get(key)
+        return self.spool.vanished(session) if session is not None else []
+
+    def vanished_count(self, key: str) -> int:
+        """Spooled messages no longer in the session file (in SQL: no message cache is loaded)."""
+        session = self.sessions.get(key)
+        return self.spool.vanished_count(session) if session is not None else 0
+
+    def spool_plan(self, key: str) -> spooldb.SpoolPlan:
+        """(seq, role, tokens, still present in the file) of a session's spooled messages, in first-seen order."""
+        return self.plan_window(key, spooldb.PlanWindow.oldest)
+
+    def plan_window(self, key: str, use: Callable[[spooldb.PlanWindow], T]) -> T:
+        """What *use* makes of a session's plan read a part at a time (`spool.PlanWindow`), as of one state."""
+        return self.spool.plan_window(self.sessions.get(key), use)
+
+    def spooled_messages(self, key: str, seqs: list[int]) -> list[tuple[int, PendingMessage, str]]:
+        """The spooled messages at *seqs* that are still spooled: (seq, message, its record as JSON text)."""
+        session = self.sessions.get(key)
+        return self.spool.messages(session, seqs) if session is not None else []
+
+    def spooled_rows(self, key: str, seqs: list[int]) -> tuple[list[tuple], Path, int]:
+        """The spool rows at *seqs* still spooled, and the held version's path and shift at the query."""
+        session = self.sessions.get(key)
+        return self.spool.held_rows(session, seqs) if session is not None else ([], Path(), 0)
+
+    # -- archive marks --------------------------------------------------------------------------------
+    def mark_archived(self, key: str, digests: list[str], run_id: str, *, seqs: list[int] | None = None,
+                      also: Callable | None = None) -> None:
+        """Messages reached history.jsonl: marked archived and out of the spool; *seqs*, their spool sequence
+        numbers when known; *also* runs inside the same transaction (a run's journal step)."""
+        session = self.sessions[key]
+        self.marks.record(session, {digest: run_id for digest in digests}, seqs=seqs, also=also)
+        self.holding.release(session)
+
+    def drop_agent_archived(self, key: str, digests: list[str]) -> None:
+        """Messages that left the file and that the agent archived itself: out of the spool, not archived again."""
+        session = self.sessions[key]
+        self.marks.drop_agent_archived(session, digests)
+        self.holding.release(session)
+
+    def count_archived_twice(self, key: str, digests: list[str]) -> int:
+        """The agent archived messages nanobotd had already archived (its entry came after ours)."""
+        return self.marks.count_twice(self.sessions[key], digests)
+
+    def apply_history_spans(self, key: str, spans: list[dict]) -> int:
+        """Rebuild nanobotd's archive marks from the spans its history entries carry (after a lost DB)."""
+        session = self.sessions.get(key)
+        if session is None:
+            return 0
+        marked = self.marks.from_spans(session, self.caches.messages(session), spans)
+        self.holding.release(session)
+        return marked
+
+    def unarchive(self, key: str, run_id: str, records: list[tuple[str, dict, int]]) -> int:
+        """Undo an archive run: forget its archive marks and put its messages back in the spool."""
+        session = self.sessions.get(key)
+        if session is None:
+            return 0
+        restored = self.spool.respool(session, run_id, records)
         with self._lock:
-            if session.gone is None:
-                session.gone = set(vanished_digests(self.store, session.session_id))
-            return session.gone
+            self._save_session(session)
+        return restored
 
+    # -- counters ---------------------------------------------------------------------------------------
     def set_cycle(self, key: str, *, flushed: bool = False, next_cycle: bool = False) -> None:
         """Flush once per compaction cycle: remember the cycle flushed, or start a new cycle. A cycle that ends
         with its flush tried and never done is counted (outcome `missed`, which `observe` shows)."""

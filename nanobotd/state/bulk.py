@@ -1,10 +1,9 @@
 """Many rows in one SQLite statement.
 
 Python's sqlite3 releases the GIL around each row's step of an `executemany`, and a thread that gives the
-GIL up waits to get it back (up to the 5 ms switch interval) whenever another thread is busy in Python: a
-consolidation's archive marks, written beside the event loop and the indexer, took 3 to 4 times as long in
-the daemon as alone. Here a column's values travel as one JSON array that SQLite's `json_each` unpacks inside
-a single step, so the GIL is given up once per statement. Where the SQLite library has no JSON functions,
+GIL up waits to get it back (up to the 5 ms switch interval) whenever another thread is busy in Python, as the
+event loop and the indexer often are. Here a column's values travel as one JSON array that SQLite's `json_each`
+unpacks inside a single step, so the GIL is given up once per statement. Where the SQLite library has no JSON functions,
 the rows go by `executemany`.
 """
 
@@ -16,7 +15,7 @@ import json
 import sqlite3
 from collections.abc import Iterable
 
-ROWS_PER_STATEMENT = 500  # one JSON array's rows: a long session's rows are never all in one string
+from nanobotd.tuning import ROWS_PER_STATEMENT
 
 
 @functools.cache

@@ -21,9 +21,9 @@ from typing import TypeVar
 from loguru import logger
 
 from nanobotd.state import runsteps
-from nanobotd.state.checkpoint import WAL_LIMIT_BYTES, Checkpointer
 from nanobotd.timestamps import iso_local
 from nanobotd.tuning import STATE_CACHE_KIB as CACHE_KIB
+from nanobotd.tuning import WAL_LIMIT_BYTES
 
 T = TypeVar("T")
 
@@ -215,7 +215,6 @@ class StateStore:
         self._lock = threading.RLock()
         self._db: sqlite3.Connection | None = None
         self._depth = 0  # transactions open on the connection (the lock's holder's): 1, and its savepoints
-        self._checkpointer: Checkpointer | None = None  # the WAL's checkpoints, beside the writes (while open)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def open(self) -> StateStore:
@@ -233,7 +232,6 @@ class StateStore:
             self._db = self._connect()
             self.rebuilt = True
             self.first_start = False
-        self._checkpointer = Checkpointer(self.path)
         return self
 
     def shrink_memory(self) -> None:
@@ -245,9 +243,6 @@ class StateStore:
     def close(self) -> None:
         """Close the connection (checkpointing the WAL)."""
         with self._lock:
-            if self._checkpointer is not None:
-                self._checkpointer.stop()
-                self._checkpointer = None
             if self._db is not None:
                 self._db.close()
                 self._db = None
@@ -260,7 +255,6 @@ class StateStore:
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute("PRAGMA foreign_keys=OFF")
             db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
-            db.execute("PRAGMA wal_autocheckpoint=0")  # checkpointed beside the writes (state.checkpoint)
             db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
             version = db.execute("PRAGMA user_version").fetchone()[0]
             if version > len(MIGRATIONS):
@@ -301,8 +295,6 @@ class StateStore:
             try:
                 yield db
                 db.execute("COMMIT")
-                if self._checkpointer is not None:
-                    self._checkpointer.written()
             except BaseException:
                 if db.in_transaction:  # the block raised, or the commit failed and left it open
                     db.execute("ROLLBACK")

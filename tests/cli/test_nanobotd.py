@@ -88,51 +88,11 @@ def _config(tmp_path: Path, short_dir: Path):
     return load_config(path)
 
 
-def test_a_first_start_starts_the_counting_process_before_the_daemon_and_a_later_start_does_not(
-        tmp_path: Path, short_dir: Path) -> None:
-    """No state database yet: every session file will be read, so the first workspace's counting process
-    starts before the daemon's own imports, loading that workspace's encoding (o200k for an owner on gpt-4o)."""
-    from nanobotd.state.store import StateStore
-    from nanobotd.tokenprocess import ProcessCounts
-
-    config = _config(tmp_path, short_dir)
-    early = nanobotd.start_counting_early(config)
-    try:
-        assert list(early) == ["ws"] and early["ws"].running
-        counts = early["ws"].submit(["hello world"], "o200k_base")
-        assert isinstance(counts, ProcessCounts) and counts.result() == [2]
-    finally:
-        for counting in early.values():
-            counting.close()
-    StateStore(config.state_dir).open().close()  # a state database now: not a first start
-    assert nanobotd.start_counting_early(config) == {}
-
-
-def test_a_first_start_with_parse_processes_leaves_the_counting_to_them(tmp_path: Path, short_dir: Path) -> None:
+def test_a_config_with_parse_processes_still_loads_and_is_told_the_key_is_ignored(tmp_path: Path,
+                                                                                short_dir: Path) -> None:
     import dataclasses
-    import os
 
     config = _config(tmp_path, short_dir)
+    assert not any("parse_processes" in warning for warning in nanobotd.config_warnings(config))
     config = dataclasses.replace(config, daemon=dataclasses.replace(config.daemon, parse_processes=2))
-    early = nanobotd.start_counting_early(config)
-    for counting in early.values():
-        counting.close()
-    assert early == {} if (os.cpu_count() or 1) >= 2 else list(early) == ["ws"]
-
-
-def test_the_daemon_hands_the_counting_process_started_early_to_its_workspace(tmp_path: Path,
-                                                                              short_dir: Path) -> None:
-    from nanobotd.daemon.daemon import Daemon
-    from nanobotd.notify import Notifier
-
-    config = _config(tmp_path, short_dir)
-    early = nanobotd.start_counting_early(config)
-    daemon = Daemon(config, notifier=Notifier({}), counting=early)
-    daemon.core.store.open()
-    try:
-        workspace = daemon._new_workspace(config.workspaces[0])
-        assert workspace.counting is early["ws"] and workspace.counting.running
-        assert daemon._new_workspace(config.workspaces[0]).counting is not early["ws"]  # handed over once
-    finally:
-        early["ws"].close()
-        daemon.core.store.close()
+    assert any("daemon.parse_processes is deprecated" in warning for warning in nanobotd.config_warnings(config))

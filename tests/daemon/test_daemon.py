@@ -108,29 +108,6 @@ def test_a_sighup_that_changes_the_search_debounce_reopens_the_workspace_with_it
     assert restart_needed == []
 
 
-def test_parse_processes_reach_the_trackers_and_a_change_waits_for_the_next_start(tmp_path, short_dir):
-    from nanobotd.sessions.parsepool import processes_for
-
-    workspace, qmd, config_path = one_workspace(tmp_path, short_dir, 0.3, daemon_lines="parse_processes = 0\n")
-
-    async def scenario():
-        async with running_daemon(config_path) as daemon:
-            tracked = await wait_until(lambda: daemon.core.workspaces.get("ws"))
-            await wait_until(lambda: tracked.opened)  # not stopped while its QMD check is being spawned
-            tracker = tracked.tracker
-            before = tracker.parse_processes
-            write_config(config_path, short_dir, [("ws", workspace, qmd, 0.3)], daemon_lines="parse_processes = 2\n")
-            os.kill(os.getpid(), signal.SIGHUP)
-            await wait_until(lambda: daemon.core.restart_needed)
-            return before, daemon.core.workspaces["ws"].tracker.parse_processes, list(daemon.core.restart_needed)
-
-    before, after, restart_needed = asyncio.run(scenario())
-    assert before == after == 0  # none: every file is parsed in the daemon, until the next start
-    assert restart_needed == ["parse_processes"]
-    assert [processes_for(4, most) for most in (0, 1, 2, 8)] == [0, 1, 2, 4]
-    assert processes_for(1, 8) == 0 and processes_for(None) == 0
-
-
 def test_the_idle_check_gives_the_state_databases_page_cache_back_only_while_no_job_runs(tmp_path, short_dir):
     _, _, config_path = one_workspace(tmp_path, short_dir, 0.3)
 

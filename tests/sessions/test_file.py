@@ -72,12 +72,7 @@ def expected_lines(content: bytes, limit: int) -> list[tuple]:
 def test_lines_that_cross_read_chunks_are_read_as_lines_inside_one_are(content, limit, chunk):
     """A line inside one read chunk is sliced from it, one across chunks gathered: both give the same line,
     offsets and numbering as a plain split, over or under the size cap, the last one unterminated."""
-    original = sessionfile.READ_CHUNK
-    sessionfile.READ_CHUNK = chunk
-    try:
-        lines = list(sessionfile.iter_raw_lines(write(content), max_line_bytes=limit))
-    finally:
-        sessionfile.READ_CHUNK = original
+    lines = list(sessionfile.iter_raw_lines(write(content), max_line_bytes=limit, chunk_bytes=chunk))
     assert [(line.number, line.data, line.oversized, line.start, line.end, line.terminated) for line in lines] == \
         expected_lines(content, limit)
     assert all(line.line_digest == sessionfile.line_digest(line.data) for line in lines if line.data is not None)

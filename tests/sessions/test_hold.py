@@ -8,7 +8,6 @@ import random
 import tempfile
 import tracemalloc
 from pathlib import Path
-from unittest.mock import patch
 
 import pytest
 from hypothesis import given, settings
@@ -16,11 +15,11 @@ from hypothesis import strategies as st
 from loguru import logger
 
 from nanobotd.sessions import hold
-from nanobotd.sessions import spool as spooldb
 from nanobotd.sessions.file import line_digest
 from nanobotd.sessions.scan import LineRef, read_line
 from nanobotd.sessions.tracker import SessionTracker
 from nanobotd.state.store import StateStore
+from nanobotd.tuning import SPOOL_BATCH
 from tests.support.mounts import tmpfs
 from tests.support.workspace import conversation, make_workspace, write_session
 
@@ -269,22 +268,22 @@ def test_a_private_copy_goes_once_no_row_is_held_in_it_and_a_link_to_the_live_fi
 
 
 def test_the_held_rows_of_a_long_session_follow_a_full_rewrite_batch_by_batch(tmp_path):
-    """More held rows than a batch (spool.BATCH): a checkpoint inserted mid-file moves every held row, and the
+    """More held rows than a batch (tuning.SPOOL_BATCH): a checkpoint inserted mid-file moves every held row, and the
     first messages leaving the file are copied out, across the batch boundaries."""
     _, sessions = make_workspace(tmp_path)
     store, tracker = make_tracker(tmp_path)
-    messages = conversation(2 * spooldb.BATCH + 500, words=4)
+    messages = conversation(2 * SPOOL_BATCH + 500, words=4)
     tracker.scan(write_session(sessions, KEY, messages[:10]))
     tracker.scan(write_session(sessions, KEY, messages))  # a rename: held by a link from now on
     checkpoint = {"role": "assistant", "content": "CHECKPOINT summary", "timestamp": "2026-11-02T00:00:00",
                   "_hidden_history": True}
-    kept = messages[spooldb.BATCH + 200:]
+    kept = messages[SPOOL_BATCH + 200:]
     path = write_session(sessions, KEY, kept[:300] + [checkpoint] + kept[300:])
     result = tracker.scan(path)
-    assert not tracker.sessions[KEY].hold_links or result.vanished == spooldb.BATCH + 200
+    assert not tracker.sessions[KEY].hold_links or result.vanished == SPOOL_BATCH + 200
     copied = store.query("SELECT count(*) FROM spool WHERE record != ''")[0][0]
     held = store.query("SELECT count(*) FROM spool WHERE record = '' AND line_digest IS NOT NULL")[0][0]
-    assert (copied, held) == (spooldb.BATCH + 200, len(kept))
+    assert (copied, held) == (SPOOL_BATCH + 200, len(kept))
     assert spooled_texts(tracker) == by_marker(messages)
     assert tracker.sessions[KEY].unarchived_messages == len(kept)
 
@@ -335,12 +334,11 @@ def test_held_lines_read_by_spans_are_read_as_line_by_line(data, sizes, shift):
             expected = [None if ref is None else read_line(handle, LineRef(ref.start + shift, ref.end + shift,
                                                                             ref.line_digest)) for ref in wanted]
         expected = [None if data is None else data.decode() for data in expected]
-        for span, gap in ((hold.HELD_READ_SPAN, hold.HELD_READ_GAP), (400, 10)):
-            with patch.object(hold, "HELD_READ_SPAN", span), patch.object(hold, "HELD_READ_GAP", gap):
-                assert hold.read_held_lines(path, shift, wanted) == expected
+        assert hold.read_held_lines(path, shift, wanted) == expected
+        assert hold.read_held_lines(path, shift, wanted, span_bytes=400, gap_bytes=10) == expected
 
 
-def test_after_a_restart_a_long_held_link_is_checked_a_batch_of_rows_at_a_time(tmp_path, monkeypatch):
+def test_after_a_restart_a_long_held_link_is_checked_a_batch_of_rows_at_a_time(tmp_path):
     """A restarted tracker reads a held link whole (grown in place: its lines are checked where they were held): its
     held rows are read a batch at a time, never all at once, and, rows many batches long, every one is checked and
     still reads back."""
@@ -354,59 +352,15 @@ def test_after_a_restart_a_long_held_link_is_checked_a_batch_of_rows_at_a_time(t
     restarted = SessionTracker("ws", store)
     with open(path, "a", encoding="utf-8") as handle:  # grown in place: the held link is the file itself
         handle.write("\n".join(line(message) for message in messages[4_000:]) + "\n")
-    restarted._cached_messages(restarted.sessions[KEY])  # loaded before the scan, as a scan loads it
+    restarted.caches.messages(restarted.sessions[KEY])  # loaded before the scan, as a scan loads it
     peak = scan_peak(restarted, path)
     assert restarted.sessions[KEY].hold_links  # its lines were all where they were held: still a link
     assert spooled_texts(restarted) == by_marker(messages)
     # the parse itself is most of it; the held rows read all at once made it 589 bytes a message
     assert peak / len(messages) < 540, f"{peak / len(messages):.0f} bytes a message"
-    monkeypatch.setattr(spooldb, "BATCH", 7)  # rows many batches long: each batch is checked
     again = SessionTracker("ws", store)
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(line(conversation(1, tag="z")[0]) + "\n")
     again.scan(path)
     assert again.sessions[KEY].hold_links
     assert spooled_texts(again) == by_marker(messages + conversation(1, tag="z"))
-
-
-def _open_descriptors() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
-def test_versions_held_together_are_synced_as_the_group_ends_and_leave_no_descriptor_open(tmp_path, monkeypatch):
-    """Inside together() a copy is not synced as it is made: each one, and the folder once, as it ends."""
-    _, sessions = make_workspace(tmp_path)
-    sources = [write_session(sessions, f"cli:{name}", conversation(5, tag=name)) for name in "abc"]
-    holds = hold.Holds(tmp_path / "state")
-    synced: list[int] = []
-    folders: list[Path] = []
-    real_fsync = os.fsync
-    monkeypatch.setattr(hold.os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
-    monkeypatch.setattr(hold.fsio, "fsync_dir", folders.append)
-    before = _open_descriptors()
-    with holds.together():
-        for number, source in enumerate(sources, start=1):
-            with open(source, "rb") as handle:
-                assert holds.hold(source, handle, number, 1, link=False) is True
-        assert synced == [] and folders == []  # nothing yet: the caller commits after the group
-        assert _open_descriptors() == before + 3  # the copies, open until their syncs
-    assert len(synced) == 3 and folders == [holds.folder]
-    assert _open_descriptors() == before
-    assert [holds.path(number, 1).read_bytes() for number in (1, 2, 3)] == [path.read_bytes() for path in sources]
-
-
-def test_a_group_that_fails_closes_its_copies_without_syncing_them(tmp_path, monkeypatch):
-    _, sessions = make_workspace(tmp_path)
-    source = write_session(sessions, KEY, conversation(5))
-    holds = hold.Holds(tmp_path / "state")
-    folders: list[Path] = []
-    monkeypatch.setattr(hold.fsio, "fsync_dir", folders.append)
-    before = _open_descriptors()
-    with pytest.raises(RuntimeError), holds.together():
-        with open(source, "rb") as handle:
-            holds.hold(source, handle, 1, 1, link=False)
-        raise RuntimeError("the group failed")
-    assert _open_descriptors() == before and folders == []
-    with open(source, "rb") as handle:  # outside a group again: synced at once, folder and all
-        holds.hold(source, handle, 1, 2, link=False)
-    assert folders == [holds.folder]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -12,10 +11,9 @@ from hypothesis import strategies as st
 
 from nanobotd import tokens
 from nanobotd.sessions import file as sessionfile
-from nanobotd.sessions.scan import LINE_KNOWN, LINE_NEW, SEARCHED_LOOKUPS, TOKEN_BATCH, parse_session, read_line
+from nanobotd.sessions.scan import LINE_KNOWN, LINE_NEW, SEARCHED_LOOKUPS, parse_session, read_line
 from tests.sessions.test_file import LINES
 from tests.support.workspace import conversation, make_workspace, write_session
-from tests.test_tokens import failing_encoding
 
 
 def records(parsed, *kinds: int) -> dict:
@@ -26,11 +24,11 @@ def records(parsed, *kinds: int) -> dict:
 def full_then_append(tmp_path, first, second):
     _, sessions = make_workspace(tmp_path)
     path = write_session(sessions, "cli:a", first)
-    before = parse_session(path, "o200k_base")
+    before = parse_session(path)
     write_session(sessions, "cli:a", second)
-    after = parse_session(path, "o200k_base", cached=before.messages, tail=before.tail,
+    after = parse_session(path, cached=before.messages, tail=before.tail,
                           corrupt_before=before.corrupt)
-    return before, after, parse_session(path, "o200k_base")
+    return before, after, parse_session(path)
 
 
 def test_an_appended_message_takes_the_fast_path_and_matches_a_full_parse(tmp_path):
@@ -57,7 +55,7 @@ def test_each_new_counted_message_points_at_its_own_line_and_reused_ones_do_not(
         assert after.fast and [after.new_line(index) is not None for index in range(8)] == [False] * 6 + [True] * 2
         assert [read_line(handle, after.new_line(index)) for index in (6, 7)] == lines[6:8]
     # a full parse reusing the earlier parse knows where the reused lines are, apart from the new ones
-    reparsed = parse_session(path, "o200k_base", cached=after.messages)
+    reparsed = parse_session(path, cached=after.messages)
     assert set(records(reparsed, LINE_KNOWN)) | set(records(reparsed, LINE_NEW)) == set(records(full, LINE_NEW))
     assert not records(reparsed, LINE_NEW) and len(records(reparsed, LINE_NEW, LINE_KNOWN)) == 7
 
@@ -69,7 +67,7 @@ def test_spool_rows_give_each_asked_message_its_fields_and_line_as_one_message_a
     command = {"role": "user", "content": "/status", "timestamp": "2026-11-01T09:00:30", "_command": True}
     _, sessions = make_workspace(tmp_path)
     path = write_session(sessions, "cli:a", [command] + conversation(5001, tag="b"))
-    parsed = parse_session(path, "o200k_base")
+    parsed = parse_session(path)
     expected = [(parsed.messages[index].digest, parsed.messages[index].role, parsed.messages[index].timestamp,
                  parsed.messages[index].tokens, parsed.new_line(index)) for index in numbers]
     assert list(parsed.spool_rows(numbers)) == expected
@@ -110,7 +108,7 @@ def test_a_file_without_a_final_newline_has_no_fast_path_state(tmp_path):
     _, sessions = make_workspace(tmp_path)
     path = write_session(sessions, "cli:a", conversation(3))
     path.write_bytes(path.read_bytes().rstrip(b"\n"))
-    assert parse_session(path, "o200k_base").tail is None
+    assert parse_session(path).tail is None
 
 
 def test_three_copies_of_a_line_keep_three_distinct_digests_across_rescans(tmp_path):
@@ -125,22 +123,22 @@ def test_three_copies_of_a_line_keep_three_distinct_digests_across_rescans(tmp_p
 def test_any_session_bytes_parse_to_messages_or_counted_corrupt_lines_incrementally_as_in_full(first, more):
     path = Path(tempfile.mkdtemp(prefix="nbs-")) / "c2Vzc2lvbg.jsonl"
     path.write_bytes(b"\n".join(first) + (b"\n" if first else b""))
-    before = parse_session(path, "o200k_base")
+    before = parse_session(path)
     assert isinstance(before.key, str) and before.header.last_archived >= 0
     physical_lines = b"\n".join(first).count(b"\n") + 1 if first else 0  # a generated line may hold a LF
     assert len(before.messages) + before.corrupt <= physical_lines
     with open(path, "ab") as handle:
         handle.write(b"\n".join(more) + (b"\n" if more else b""))
-    again = parse_session(path, "o200k_base", cached=before.messages, tail=before.tail, corrupt_before=before.corrupt)
-    full = parse_session(path, "o200k_base")
+    again = parse_session(path, cached=before.messages, tail=before.tail, corrupt_before=before.corrupt)
+    full = parse_session(path)
     assert [info.digest for info in again.messages] == [info.digest for info in full.messages]
     assert again.corrupt == full.corrupt
     assert sum(info.tokens for info in again.messages) == sum(info.tokens for info in full.messages)
 
 
 def mixed_corpus(count: int) -> list[dict]:
-    """Messages of every kind the counting meets: plain, empty, tool calls, special-token text, non-ASCII,
-    commands and hidden summaries (which count none), and one text longer than MAX_COUNTED_CHARS."""
+    """Messages of every kind a scan meets: plain, empty, tool calls, special-token text, non-ASCII, commands and
+    hidden summaries (which count none)."""
     messages = conversation(count, words=30)
     for index, message in enumerate(messages):
         if index % 97 == 5:
@@ -154,52 +152,34 @@ def mixed_corpus(count: int) -> list[dict]:
                                       "function": {"name": "read_file", "arguments": '{"path": "USER.md"}'}}]
         elif index % 30 == 1:
             message["content"] += " <|endoftext|> ünïcödé 日本語 🙂"
-    messages[600]["content"] = "a long paste of words " * (tokens.MAX_COUNTED_CHARS // 21)
     return messages
 
 
-def serial_counts(messages: list[dict]) -> list[int]:
-    """One text at a time, in the calling thread: the exact count of the first MAX_COUNTED_CHARS, 4 chars a
-    token past them; commands and hidden summaries count none."""
-    encoding = tokens.get_encoding("o200k_base")
+def estimates(messages: list[dict]) -> list[int]:
+    """Each message's estimate, one text at a time: commands and hidden summaries count none."""
     counts = []
     for record in messages:
-        role, text, _ = sessionfile.message_fields(record)
-        if record.get("_command") or record.get("_hidden_history"):
-            counts.append(0)
-            continue
-        text = sessionfile.message_text_for_tokens(record, text)
-        head = len(encoding.encode_ordinary(text[:tokens.MAX_COUNTED_CHARS]))
-        counts.append(head + max(0, len(text) - tokens.MAX_COUNTED_CHARS) // 4)
+        _, text, _ = sessionfile.message_fields(record)
+        hidden = record.get("_command") or record.get("_hidden_history")
+        counts.append(0 if hidden else tokens.estimate_tokens(sessionfile.message_text_for_tokens(record, text)))
     return counts
 
 
-def test_counts_over_many_batches_equal_one_text_at_a_time_in_order_fully_and_incrementally(tmp_path):
-    messages = mixed_corpus(5 * TOKEN_BATCH + 37)
-    expected = serial_counts(messages)
-    assert expected[600] > 0 and 0 in expected
+def test_each_message_gets_its_size_estimate_fully_and_incrementally_and_no_encoding_is_loaded(tmp_path):
+    tokens.get_encoding.cache_clear()
+    messages = mixed_corpus(700)
+    expected = estimates(messages)
+    assert 0 in expected and all(count >= 0 for count in expected)
     _, sessions = make_workspace(tmp_path)
-    path = write_session(sessions, "cli:a", messages[:2 * TOKEN_BATCH + 100])
-    before = parse_session(path, "o200k_base")
-    assert [info.tokens for info in before.messages] == expected[:2 * TOKEN_BATCH + 100]
+    path = write_session(sessions, "cli:a", messages[:400])
+    before = parse_session(path)
+    assert [info.tokens for info in before.messages] == expected[:400]
     write_session(sessions, "cli:a", messages)
-    after = parse_session(path, "o200k_base", cached=before.messages, tail=before.tail)
-    full = parse_session(path, "o200k_base")
+    after = parse_session(path, cached=before.messages, tail=before.tail)
+    full = parse_session(path)
     assert after.fast and after.messages == full.messages
     assert [info.tokens for info in full.messages] == expected
     assert [info.timestamp for info in full.messages] == [message["timestamp"] for message in messages]
     assert [info.counts for info in full.messages] == [
         not (message.get("_command") or message.get("_hidden_history")) for message in messages]
-
-
-def test_a_failure_inside_a_counting_thread_fails_the_scan_instead_of_hanging_or_counting_zero(tmp_path,
-                                                                                              monkeypatch):
-    messages = conversation(3 * TOKEN_BATCH)
-    messages[10]["content"] = "POISON"
-    _, sessions = make_workspace(tmp_path)
-    path = write_session(sessions, "cli:a", messages)
-    monkeypatch.setattr(tokens, "get_encoding", failing_encoding(tokens.get_encoding("o200k_base"), []))
-    with ThreadPoolExecutor(1) as scanner:  # a scan that hangs fails on the timeout instead of hanging the tests
-        scan = scanner.submit(parse_session, path, "o200k_base")
-        with pytest.raises(RuntimeError, match="the tokenizer failed"):
-            scan.result(timeout=120)
+    assert not tokens.encodings_loaded(), "a scan counts no token exactly"

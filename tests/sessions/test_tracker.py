@@ -205,12 +205,10 @@ def test_seq_ranges_group_consecutive_numbers():
     assert list(seq_ranges([])) == []
 
 
-def test_caches_read_back_from_the_database_give_the_same_counts_as_caches_kept(tmp_path, monkeypatch):
-    from nanobotd.sessions import tracker as trackermodule
-
+def test_caches_read_back_from_the_database_give_the_same_counts_as_caches_kept(tmp_path):
     _, sessions = make_workspace(tmp_path)
-    monkeypatch.setattr(trackermodule, "CACHED_MESSAGES", 10)
-    store, tracker = make_tracker(tmp_path)
+    store = StateStore(tmp_path / "state").open()
+    tracker = SessionTracker("ws", store, cached_messages=10)
     conversations = {f"cli:{name}": conversation(8, tag=name) for name in "abc"}
     paths = {key: write_session(sessions, key, messages) for key, messages in conversations.items()}
     for path in paths.values():
@@ -230,15 +228,14 @@ def test_caches_read_back_from_the_database_give_the_same_counts_as_caches_kept(
     assert (second.unarchived_messages, second.unarchived_tokens) == (0, 0)
 
 
-def test_the_message_caches_kept_are_those_used_last_within_the_limit(tmp_path, monkeypatch):
+def test_the_message_caches_kept_are_those_used_last_within_the_limit(tmp_path):
     """After every scan the caches in memory are the sessions used last that fit in CACHED_MESSAGES (the one
     just scanned always), and the running total the trim goes by is the sum of what is cached; letting idle
     caches go keeps it so."""
-    from nanobotd.sessions import tracker as trackermodule
-
-    monkeypatch.setattr(trackermodule, "CACHED_MESSAGES", 20)
     _, sessions = make_workspace(tmp_path)
-    store, tracker = make_tracker(tmp_path)
+    store = StateStore(tmp_path / "state").open()
+    now = [1_000.0]
+    tracker = SessionTracker("ws", store, cached_messages=20, clock=lambda: now[0])
     sizes = [6, 9, 4, 25, 3, 7, 7, 1, 12, 5]
     paths = [write_session(sessions, f"cli:t{number}", conversation(size, tag=f"t{number}"))
              for number, size in enumerate(sizes)]
@@ -255,11 +252,11 @@ def test_the_message_caches_kept_are_those_used_last_within_the_limit(tmp_path, 
             expected.append(other)
             total += size
         assert sorted(cached) == sorted(expected)
-        assert tracker._cached_total == sum(len(tracker.sessions[other].messages) for other in cached)
-        assert tracker._cached_total <= 20 or cached == [key]
-    tracker.clock = lambda: 10 ** 10
+        assert tracker.caches.total == sum(len(tracker.sessions[other].messages) for other in cached)
+        assert tracker.caches.total <= 20 or cached == [key]
+    now[0] = 10 ** 10
     tracker.release_idle_caches(1.0)
-    assert tracker._cached_total == 0 and all(session.messages is None for session in tracker.sessions.values())
+    assert tracker.caches.total == 0 and all(session.messages is None for session in tracker.sessions.values())
     store.close()
 
 
@@ -419,21 +416,15 @@ def _accounting(store, tracker) -> dict:
     return found
 
 
-def test_scan_many_leaves_what_one_scan_at_a_time_leaves_with_counts_in_a_child_process(tmp_path, monkeypatch):
-    """scan_many reads each file while the two before are counted (in the counting process here, with the
-    caches let go after every file, so a file read is applied to a session whose cache was dropped): each
-    session ends exactly as scanning the files one by one leaves it, cold and after changes."""
-    from nanobotd.sessions import tracker as trackermodule
-    from nanobotd.tokenprocess import CountingProcess
-
-    monkeypatch.setattr(trackermodule, "CACHED_MESSAGES", 10)
+def test_scan_many_leaves_what_one_scan_at_a_time_leaves(tmp_path):
+    """scan_many (the caches let go after every file, so a file is applied to a session whose cache was dropped)
+    leaves each session exactly as scanning the files one by one leaves it, cold and after changes."""
     one_by_one, many = tmp_path / "one", tmp_path / "many"
     _, sessions_one = make_workspace(one_by_one)
     _, sessions_many = make_workspace(many)
-    counting = CountingProcess(after_texts=1)
     store_one, store_many = StateStore(one_by_one / "state").open(), StateStore(many / "state").open()
     tracker_one = SessionTracker("ws", store_one)
-    tracker_many = SessionTracker("ws", store_many, counter=counting.submit)
+    tracker_many = SessionTracker("ws", store_many, cached_messages=10)
     try:
         for change in (_sessions_for_many, _change_for_many):
             change(sessions_one)
@@ -447,11 +438,9 @@ def test_scan_many_leaves_what_one_scan_at_a_time_leaves_with_counts_in_a_child_
             assert [path.name for path, _ in together] == [path.name for path in paths_many]
             assert [_without_time(result) for _, result in together] == [_without_time(result) for result in alone]
             assert _accounting(store_many, tracker_many) == _accounting(store_one, tracker_one)
-        assert counting.starts == 1
         assert tracker_many.sessions["cli:s3"].state == "deleted"
         assert tracker_many.sessions["cli:s1"].message_count == 238
     finally:
-        counting.close()
         store_one.close()
         store_many.close()
 
@@ -461,53 +450,22 @@ def _without_time(result):
                                         result.corrupt_lines, result.mark_moved, result.tail_before)
 
 
-def test_scan_many_reports_a_file_that_fails_and_goes_on_with_the_next(tmp_path, monkeypatch):
-    from nanobotd.sessions import pipeline
+def test_scan_many_reports_each_file_that_fails_and_goes_on_with_the_next(tmp_path):
+    """A scan that fails (the fault point before its writes, armed as a full disk) is reported with its path, in its
+    turn, and the next files are still read; nothing of theirs is applied, and a healthy reconcile reads them all."""
+    from nanobotd.faults import FaultPoints
 
-    monkeypatch.setattr(pipeline, "SCAN_SLICE_SECONDS", 0.0)  # a slice a file: the lock is let go between
     _, sessions = make_workspace(tmp_path)
     paths = [write_session(sessions, f"cli:f{number}", conversation(140, tag=f"f{number}")) for number in range(4)]
-    store, tracker = make_tracker(tmp_path)
-    failing = paths[1]
-    apply = tracker._apply
-
-    def apply_or_fail(session, parsed, *args, **kwargs):
-        if session.path == failing:
-            raise RuntimeError("disk on fire")
-        return apply(session, parsed, *args, **kwargs)
-
-    monkeypatch.setattr(tracker, "_apply", apply_or_fail)
-    results = dict(tracker.scan_many(sorted(paths)))
-    assert isinstance(results[failing], RuntimeError)
-    assert all(results[path].changed for path in paths if path != failing)
-    assert {key for key in tracker.sessions} == {"cli:f0", "cli:f2", "cli:f3"}
-    assert all(tracker.sessions[key].message_count == 140 for key in ("cli:f0", "cli:f2", "cli:f3"))
-    store.close()
-
-
-def test_scan_many_counts_in_its_counter_only_when_two_files_or_more_are_to_be_read(tmp_path):
-    """One file alone, under PROCESS_SCAN_BYTES unread, is counted by the counting threads (no process)."""
-    from nanobotd.tokens import submit_tokens_batch
-
-    _, sessions = make_workspace(tmp_path)
-    batches: list[int] = []
-
-    def counter(texts, encoding):
-        batches.append(len(texts))
-        return submit_tokens_batch(texts, encoding)
-
     store = StateStore(tmp_path / "state").open()
-    tracker = SessionTracker("ws", store, counter=counter)
-    long_one = write_session(sessions, "cli:long", conversation(600, tag="l"))
-    short_one = write_session(sessions, "cli:short", conversation(3, tag="s"))
-    tracker.scan(short_one)
-    list(tracker.scan_many([long_one, short_one]))  # only the long one is new
-    assert batches == [] and tracker.sessions["cli:long"].message_count == 600
-    write_session(sessions, "cli:long", conversation(900, tag="l"))
-    write_session(sessions, "cli:short", conversation(200, tag="s"))
-    list(tracker.scan_many([long_one, short_one]))
-    assert sum(batches) == 300 + 197  # every new message of both, and nothing else
-    assert tracker.sessions["cli:short"].unarchived_messages == 200
+    failing = SessionTracker("ws", store, faults=FaultPoints({"scan.apply": "enospc"}))
+    results = list(failing.scan_many(sorted(paths)))
+    assert [path for path, _ in results] == sorted(paths)
+    assert all(isinstance(result, OSError) and "scan.apply" in str(result) for _, result in results)
+    assert failing.sessions == {}
+    tracker = SessionTracker("ws", store)
+    assert all(result.changed for _, result in tracker.scan_many(sorted(paths)))
+    assert all(tracker.sessions[f"cli:f{number}"].message_count == 140 for number in range(4))
     store.close()
 
 
@@ -545,77 +503,26 @@ def test_idle_sessions_let_their_caches_go_and_read_them_back_with_the_same_acco
     kept_store.close()
 
 
-def test_a_long_unread_stretch_is_counted_in_the_counter_whole_and_a_short_one_by_the_threads(tmp_path):
-    """A file with process_scan_bytes or more unread is counted by the counter even alone, its last partial batch
-    too (so the scanning process loads no encoding), and ends exactly as a tracker counting in its threads leaves
-    it; an append under the limit is counted by the threads."""
-    from nanobotd.tokens import submit_tokens_batch
+def test_new_files_are_applied_together_and_a_group_whose_copies_cannot_sync_is_read_again(tmp_path):
+    """Files never seen, in a row, are applied in one transaction with their held copies synced together. A group
+    whose copies cannot be synced (the fault point armed as a full disk) is rolled back whole: its files are
+    reported with the error, their sessions and copies are gone, and the next reconcile reads them as never seen."""
+    from nanobotd.faults import FaultPoints
 
-    _, sessions = make_workspace(tmp_path / "one")
-    _, sessions_many = make_workspace(tmp_path / "many")
-    batches: list[int] = []
-
-    def counter(texts, encoding):
-        batches.append(len(texts))
-        return submit_tokens_batch(texts, encoding)
-
-    plain_store, store = StateStore(tmp_path / "plain-state").open(), StateStore(tmp_path / "state").open()
-    plain = SessionTracker("ws", plain_store)
-    tracker = SessionTracker("ws", store, counter=counter, process_scan_bytes=20_000)
-    first, more = conversation(300, tag="l"), conversation(10, tag="m")
-    path = write_session(sessions, "cli:long", first)
-    plain.scan(path)
-    tracker.scan(path)
-    assert sum(batches) == 300 and len(batches) == 3  # 128, 128 and the last 44
-    assert _accounting(store, tracker) == _accounting(plain_store, plain)
-    batches.clear()
-    write_session(sessions, "cli:long", first + more)  # an append of ~2 kB: the threads
-    plain.scan(path)
-    tracker.scan(path)
-    assert batches == [] and _accounting(store, tracker) == _accounting(plain_store, plain)
-    long_alone = write_session(sessions_many, "cli:alone", conversation(200, tag="a"))
-    list(tracker.scan_many([long_alone]))
-    assert sum(batches) == 200 and tracker.sessions["cli:alone"].message_count == 200
-    plain_store.close()
-    store.close()
-
-
-def test_scan_many_applies_new_files_in_groups_and_a_group_that_cannot_commit_is_read_again(tmp_path, monkeypatch):
-    """New files are applied a group at a time (one transaction, their copies synced together). A group whose
-    copies cannot be synced is rolled back whole: its files are reported with the error, their sessions and
-    held copies are gone, and the next reconcile reads them as if never seen."""
-    from nanobotd.sessions import hold, pipeline
-    from nanobotd.tokens import submit_tokens_batch
-
-    monkeypatch.setattr(pipeline, "GROUP_FILES", 3)
-    monkeypatch.setattr(pipeline, "SCAN_SLICE_SECONDS", 60.0)  # one slice: its groups are 3, 3 and 2 files
     _, sessions = make_workspace(tmp_path / "ws")
     paths = [write_session(sessions, f"cli:g{number}", conversation(20 + number, tag=f"g{number}"))
              for number in range(8)]
     store = StateStore(tmp_path / "state").open()
-    tracker = SessionTracker("ws", store, counter=submit_tokens_batch)
-    groups = []
-    sync_dir = hold.fsio.fsync_dir
-
-    def sync_or_fail(folder):
-        groups.append(folder)
-        if len(groups) == 2:
-            raise OSError(5, "Input/output error")
-        sync_dir(folder)
-
-    monkeypatch.setattr(hold.fsio, "fsync_dir", sync_or_fail)
-    results = list(tracker.scan_many(paths))
+    failing = SessionTracker("ws", store, faults=FaultPoints({"holds.sync": "enospc"}))
+    results = list(failing.scan_many(paths))
     assert [path for path, _ in results] == paths
-    failed = [path.name for path, result in results if isinstance(result, OSError)]
-    assert failed == [path.name for path in paths[3:6]]  # the second group of three
-    assert sorted(tracker.sessions) == ["cli:g0", "cli:g1", "cli:g2", "cli:g6", "cli:g7"]
-    assert len(groups) == 3
+    assert all(isinstance(result, OSError) for _, result in results)
+    assert failing.sessions == {} and store.query("SELECT count(*) FROM sessions")[0][0] == 0
+    assert os.listdir(store.state_dir / "held") == []
+    tracker = SessionTracker("ws", store)
+    assert all(result.changed for _, result in tracker.scan_many(paths))
     held = sorted(os.listdir(store.state_dir / "held"))
     assert held == sorted(f"{session.session_id}.1" for session in tracker.sessions.values())
-    assert store.query("SELECT count(*) FROM sessions")[0][0] == 5
-
-    again = list(tracker.scan_many(paths))
-    assert [path.name for path, result in again if result.changed] == [path.name for path in paths[3:6]]
     one_store, one = make_tracker(tmp_path / "one")
     for path in paths:
         one.scan(path)
