@@ -145,7 +145,9 @@ def test_sessions_and_status_answer_consistently_while_three_thousand_files_are_
         if not sessions["scanning"] and answers[-1] == 3000:
             break
     assert failures == []
-    assert answers[-1] == 3000 and len(answers) > 3
+    # the last answer has them all, and at least one came while the scan was still going (a scan of 3,000 small
+    # files can be over in a few answers)
+    assert answers[-1] == 3000 and len(answers) >= 2 and min(answers) < 3000
     assert answers == sorted(answers)  # each answer a snapshot: never fewer sessions than before
 
 
