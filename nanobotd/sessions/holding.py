@@ -25,7 +25,6 @@ import sqlite3
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import BinaryIO
 
 from loguru import logger
@@ -79,10 +78,6 @@ class Holding:
         """Reads held lines from the session's held version as it is now (call under the lock)."""
         generation, shift = session.hold_generation, session.hold_shift
         return lambda lines: self.files.read(session.session_id, generation, shift, lines)
-
-    def where(self, session: SessionState) -> tuple[Path, int]:
-        """The held version's path and shift (call under the lock)."""
-        return self.files.path(session.session_id, session.hold_generation), session.hold_shift
 
     def forget(self, session: SessionState) -> None:
         """A session rolled back before its first commit: its held version goes."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import TypeVar
 
 from nanobotd.memory.transcript import PendingMessage
@@ -146,12 +145,3 @@ class Spool:
             return []
         with self.lock:
             return spooldb.read_spooled(self.store, session.session_id, seqs, self.holding.resolver(session))
-
-    def held_rows(self, session: SessionState, seqs: list[int]) -> tuple[list[tuple], Path, int]:
-        """The spool rows at *seqs* still spooled, and where their held lines were at the query (the held version's
-        path and shift): a reader outside the lock keeps only lines whose bytes still match their digest."""
-        if not seqs:
-            return [], Path(), 0
-        with self.lock:
-            return (spooldb.spooled_rows(self.store, session.session_id, seqs),
-                    *self.holding.where(session))

@@ -378,11 +378,6 @@ class SessionTracker:
         session = self.sessions.get(key)
         return self.spool.messages(session, seqs) if session is not None else []
 
-    def spooled_rows(self, key: str, seqs: list[int]) -> tuple[list[tuple], Path, int]:
-        """The spool rows at *seqs* still spooled, and the held version's path and shift at the query."""
-        session = self.sessions.get(key)
-        return self.spool.held_rows(session, seqs) if session is not None else ([], Path(), 0)
-
     # -- archive marks --------------------------------------------------------------------------------
     def mark_archived(self, key: str, digests: list[str], run_id: str, *, seqs: list[int] | None = None,
                       also: Callable | None = None) -> None:

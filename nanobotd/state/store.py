@@ -334,15 +334,6 @@ class StateStore:
         with self._lock:
             return self._require().execute(sql, args).fetchall()
 
-    def execute_temp(self, sql: str, rows: Iterable[tuple] | None = None) -> None:
-        """Run *sql* (once, or for each of *rows*) on a temp table, outside any transaction: no writer waits."""
-        with self._lock:
-            db = self._require()
-            if rows is None:
-                db.execute(sql)
-            else:
-                db.executemany(sql, rows)
-
     def query_with(self, sql: str, args: tuple, use: Callable[[Iterable[tuple]], T]) -> T:
         """*use* of a read query's rows as they are fetched (under the store's lock), so a large result is never
         held both as rows and as what they become."""
