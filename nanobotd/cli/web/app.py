@@ -149,11 +149,11 @@ class Pages:
         days = views.day_range(daily["from"], HEALTH_DAYS)
         history = {day: {"entries": count} for day, count in (daily.get("history_entries") or {}).items()}
         charts = [views.day_chart("History entries per day", days, history),
-                  views.day_chart("Consolidation outcomes", days, views.outcome_series(daily["outcomes"],
-                                                                                         "consolidate")),
+                  views.day_chart("Consolidation outcomes", days,
+                                  views.day_counts(daily["outcomes"], ("consolidate",), "outcome")),
                   views.day_chart("Flushes beside consolidations (compactions)", days,
-                                  views.kind_totals(daily["outcomes"], ("flush", "consolidate"))),
-                  views.day_chart("Dream outcomes", days, views.outcome_series(daily["outcomes"], "dream"))]
+                                  views.day_counts(daily["outcomes"], ("flush", "consolidate"), "kind")),
+                  views.day_chart("Dream outcomes", days, views.day_counts(daily["outcomes"], ("dream",), "outcome"))]
         samples = daily.get("samples") or []
         megabytes = {str(row["day"]): f"{(row.get('index_db_bytes') or 0) / 1048576:,.1f} MB" for row in samples}
         charts += [views.day_chart("Archived twice (goal: 0)", days,
