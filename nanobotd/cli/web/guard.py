@@ -16,7 +16,6 @@ import threading
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-from starlette.datastructures import URL
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -45,11 +44,6 @@ class Secrets:
     def cookie_name(self) -> str:
         """Cookies are not kept apart by port, so two `nanobotctl ui` on one machine each name their own."""
         return f"nanobotd_ui_{self.port}"
-
-    @property
-    def hosts(self) -> frozenset[str]:
-        """The Host header values of the served address (and of an SSH forward of the same port)."""
-        return frozenset(f"{name}:{self.port}" for name in LOOPBACK_NAMES)
 
     def take_token(self, offered: str) -> bool:
         """True once for the right token; it logs in one browser, then is spent."""
@@ -93,7 +87,8 @@ class Guard:
 
     def refusal(self, request: Request) -> Response | None:
         """The answer that refuses *request* (another Host, no cookie), a redirect that logs it in, or None."""
-        if request.headers.get("host", "") not in self.keys.hosts:
+        # the Host names the served address (or an SSH forward of the same port)
+        if request.headers.get("host", "") not in {f"{name}:{self.keys.port}" for name in LOOPBACK_NAMES}:
             return refuse(f"this page is served as http://127.0.0.1:{self.keys.port}/ only.")
         if TOKEN_PARAM in request.query_params:
             return self.sign_in(request)
@@ -103,7 +98,7 @@ class Guard:
         """For a signed-in POST: refused unless it is of the page's own origin and carries the CSRF field."""
         if body is None:
             return refuse("a form of this page is small; this request is not.", 413)
-        if not same_origin(request, request.headers.get("host", "")):
+        if not same_origin(request):
             return refuse("a change must come from this page itself (Origin differs).")
         if not _same(parse_qs(body.decode("utf-8", "replace")).get(CSRF_FIELD, [""])[0], self.keys.csrf):
             return refuse("the form's CSRF field is missing or stale; reload the page.")
@@ -114,8 +109,7 @@ class Guard:
             return refuse(REFUSED)
         query = urlencode([(name, value) for name, value in request.query_params.multi_items()
                            if name != TOKEN_PARAM])
-        clean = URL(scope=request.scope).replace(query=query)
-        response = RedirectResponse(clean.path + (f"?{query}" if query else ""), status_code=303)
+        response = RedirectResponse(request.url.path + (f"?{query}" if query else ""), status_code=303)
         response.set_cookie(self.keys.cookie_name, self.keys.session, httponly=True, samesite="strict", path="/")
         return response
 
@@ -140,7 +134,7 @@ async def read_form(request: Request) -> bytes | None:
     return body
 
 
-def same_origin(request: Request, host: str) -> bool:
+def same_origin(request: Request) -> bool:
     """Origin, else Referer, names http://HOST where HOST is the Host this request was sent to."""
     origin = request.headers.get("origin")
     if origin is None:
@@ -149,4 +143,4 @@ def same_origin(request: Request, host: str) -> bool:
             return False
         parts = urlsplit(referer)
         origin = f"{parts.scheme}://{parts.netloc}"
-    return origin == f"http://{host}"
+    return origin == f"http://{request.headers.get('host', '')}"
