@@ -131,13 +131,11 @@ def build_config(data: dict, *, source: Path | None, workspace_args: list[str], 
         raw_workspaces, bases = _argument_workspaces(workspace_args, raw_workspaces, base)
     if not raw_workspaces:
         raise ConfigError("workspaces: no workspace configured (add a [[workspaces]] table or pass --workspace DIR)")
-    workspaces = []
-    for index, raw in enumerate(raw_workspaces):
-        workspaces.append(_make_workspace(raw, index, global_tables, environ, bases[index]))
+    workspaces = [_make_workspace(raw, index, global_tables, environ, raw_base)
+                  for index, (raw, raw_base) in enumerate(zip(raw_workspaces, bases, strict=True))]
     names = [workspace.name for workspace in workspaces]
-    for name in names:
-        if names.count(name) > 1:
-            raise ConfigError(f"workspaces.name: two workspaces are named {name!r}")
+    if twice := next((name for name in names if names.count(name) > 1), None):
+        raise ConfigError(f"workspaces.name: two workspaces are named {twice!r}")
     state_dir = (resolve_path(daemon.state_dir, "daemon.state_dir", base) if daemon.state_dir
                  else paths.default_state_dir(environ))
     _check_folder(state_dir, "daemon.state_dir")
@@ -293,10 +291,8 @@ def _make_workspace(raw: Any, index: int, global_tables: dict, environ: Mapping[
     sessions_value = raw.get("sessions_dir", "")
     if not isinstance(sessions_value, str):
         raise ConfigError(f"{prefix}.sessions_dir: expected a string")
-    sessions_dir = None
-    if sessions_value:
-        sessions_dir = resolve_path(sessions_value, f"{prefix}.sessions_dir", base)
-        _check_folder(sessions_dir, f"{prefix}.sessions_dir")
+    key = f"{prefix}.sessions_dir"
+    sessions_dir = _check_folder(resolve_path(sessions_value, key, base), key) if sessions_value else None
     name = raw.get("name") or _default_name(path)
     if not isinstance(name, str):
         raise ConfigError(f"{prefix}.name: expected a string")

@@ -29,15 +29,11 @@ class TokenBar:
 
     @property
     def percent(self) -> float:
-        return self.share(self.tokens)
+        return min(100.0, 100.0 * self.tokens / self.budget) if self.budget else 0.0
 
     @property
     def threshold_percent(self) -> float:
-        return self.share(self.flush_threshold)
-
-    def share(self, tokens: int) -> float:
-        """*tokens* as a percent of the budget, at most 100."""
-        return min(100.0, 100.0 * tokens / self.budget) if self.budget else 0.0
+        return min(100.0, 100.0 * self.flush_threshold / self.budget) if self.budget else 0.0
 
     @property
     def level(self) -> str:
