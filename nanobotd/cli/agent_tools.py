@@ -63,18 +63,17 @@ def bound_client(client: Client, arguments: Mapping[str, Any]) -> Client:
     """*client* bound to the one workspace it answers for (--workspace, else the daemon's only one: with several
     it cannot tell its agent's); ToolFailure for an argument naming another."""
     asked = text_argument(arguments, "workspace")
-    if client.workspace:
-        if asked and asked != client.workspace:
-            raise ToolFailure(f"this memory server answers only for workspace {client.workspace!r}, not {asked!r}")
-        return client
-    names = [str(workspace.get("name")) for workspace in client.get("/v1/status").get("workspaces") or []]
-    if len(names) != 1:
-        raise ToolFailure(f"nanobotd manages {len(names)} workspaces ({', '.join(names)}) and this memory server "
-                          "is bound to none; run `nanobotctl setup nanobot --apply` (it adds --workspace to the "
-                          "server's arguments) and restart nanobot")
-    if asked and asked != names[0]:
-        raise ToolFailure(f"this memory server answers only for workspace {names[0]!r}, not {asked!r}")
-    return Client(client.socket_path, client.timeout, names[0])
+    name = client.workspace
+    if not name:
+        names = [str(workspace.get("name")) for workspace in client.get("/v1/status").get("workspaces") or []]
+        if len(names) != 1:
+            raise ToolFailure(f"nanobotd manages {len(names)} workspaces ({', '.join(names)}) and this memory "
+                              "server is bound to none; run `nanobotctl setup nanobot --apply` (it adds --workspace "
+                              "to the server's arguments) and restart nanobot")
+        name = names[0]
+    if asked and asked != name:
+        raise ToolFailure(f"this memory server answers only for workspace {name!r}, not {asked!r}")
+    return client if client.workspace else Client(client.socket_path, client.timeout, name)
 
 
 def cap_text(text: str, limit: int = MAX_RESULT_CHARS) -> str:

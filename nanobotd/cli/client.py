@@ -120,30 +120,25 @@ class Client:
     def _send(self, method: str, path: str, body: Any) -> tuple[int, bytes]:
         check_socket_folder(self.socket_path)
         connection = UnixHTTPConnection(self.socket_path, self.timeout)
+        headers = {"Accept": "application/json", "Connection": "close"}
+        if body is not None:
+            body = json.dumps(body).encode("utf-8")
+            headers["Content-Type"] = "application/json"
         try:
             try:
                 connection.connect()
             except (OSError, TimeoutError) as exc:
                 raise CannotConnect(f"cannot connect to nanobotd at {self.socket_path}: {exc.strerror or exc}",
                                     PERMISSION_HINT if isinstance(exc, PermissionError) else START_HINT) from None
-            return self._exchange(connection, method, path, body)
-        finally:
-            connection.close()
-
-    def _exchange(self, connection: UnixHTTPConnection, method: str, path: str, body: Any) -> tuple[int, bytes]:
-        encoded = None if body is None else json.dumps(body).encode("utf-8")
-        headers = {"Accept": "application/json", "Connection": "close"}
-        if encoded is not None:
-            headers["Content-Type"] = "application/json"
-        try:
-            connection.request(method, path, body=encoded, headers=headers)
+            connection.request(method, path, body=body, headers=headers)
             response = connection.getresponse()
-            raw = response.read(MAX_RESPONSE_BYTES)
+            return response.status, response.read(MAX_RESPONSE_BYTES)
         except TimeoutError:
             raise DaemonError(f"nanobotd did not answer within {self.timeout:g}s (try --timeout)") from None
         except (OSError, http.client.HTTPException) as exc:
             raise DaemonError(f"connection to nanobotd lost: {exc}") from None
-        return response.status, raw
+        finally:
+            connection.close()
 
 
 def check_socket_folder(socket_path: Path) -> None:

@@ -168,9 +168,9 @@ def object_edits(text: str, start: int, old: dict, new: dict, style: Style) -> l
 def compact(text: str, start: int, end: int, old: Any) -> bool:
     """Whether a value replacing text[start:end] (which held *old*) goes on one line: a non-empty array or
     object keeps its layout, anything else takes the whole file's."""
-    if isinstance(old, (dict, list)) and old:
-        return one_line(text, start, end)
-    return one_line(text, 0, len(text.rstrip()))
+    if not (isinstance(old, (dict, list)) and old):
+        start, end = 0, len(text.rstrip())
+    return "\n" not in text[start:end] and "\r" not in text[start:end]
 
 
 def render(value: Any, indent: str, style: Style, compact: bool) -> str:
@@ -203,8 +203,3 @@ def line_indent(text: str, position: int) -> str:
     line_start = text.rfind("\n", 0, position) + 1
     line = text[line_start:position]
     return line[:len(line) - len(line.lstrip(" \t"))]
-
-
-def one_line(text: str, start: int, end: int) -> bool:
-    """Whether text[start:end] fits on one line (a compact array or object stays compact)."""
-    return "\n" not in text[start:end] and "\r" not in text[start:end]

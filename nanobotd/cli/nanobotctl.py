@@ -1,19 +1,22 @@
 """nanobotctl's argument parser and main: standard library only (nothing of nanobotd but `cli` and `config.paths`),
 so it starts in tens of milliseconds. Exit codes: 0 ok, 1 refused or a run failed, 2 cannot connect or usage,
-130 interrupted. The commands live in `nanobotd.cli.commands`."""
+130 interrupted. The commands live in `nanobotd.cli.commands`. Option values are checked here: a bad one is
+`argument --limit: must be ...` and exit 2 before the daemon is asked (whose error would speak of query
+parameters)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
 from nanobotd import __version__
-from nanobotd.cli.arguments import duration_text, positive_number, whole_number, workspace_name
 from nanobotd.cli.client import DEFAULT_TIMEOUT_SECONDS, CannotConnect, Client, DaemonError, resolve_socket
 from nanobotd.cli.commands import jobs, mcp, reports, search, sessions, setup, status, ui
 from nanobotd.cli.invocation import (
@@ -31,6 +34,7 @@ SEARCH_MODES = ("search", "vsearch", "query")
 DEFAULT_RUNS_LIMIT, MAX_RUNS_LIMIT = 50, 1000
 DEFAULT_SEARCH_LIMIT, MAX_SEARCH_LIMIT = 10, 100
 MAX_CONTEXT_BUDGET = 2_000_000
+DURATION = re.compile(r"^\d+(?:\.\d+)?\s*[smhdw]$", re.IGNORECASE)
 
 Command = Callable[[Invocation], int]
 AddCommand = Callable[[str, Command, str], argparse.ArgumentParser]
@@ -93,8 +97,10 @@ def _add_job_commands(add: AddCommand) -> None:
 
 def _add_report_commands(add: AddCommand) -> None:
     add("audit", reports.audit, "check each workspace's memory layout")
+    since = option_value("--since", "a number and a unit (s, m, h, d or w), e.g. 30m, 12h, 7d or 2w", str.strip,
+                         DURATION.match)
     add("observe", reports.observe, "job outcome metrics").add_argument(
-        "--since", default="7d", type=duration_text("--since"), metavar="PERIOD",
+        "--since", default="7d", type=since, metavar="PERIOD",
         help="how far back: a number and a unit, m h d or w, e.g. 30m, 12h, 2w (default 7d)")
     add("metrics", reports.prometheus, "the daemon's figures in the Prometheus text format (for node exporter's "
                                        "textfile collector)")
@@ -147,8 +153,9 @@ def _add_global_options(parser: argparse.ArgumentParser, *, argparse_defaults: b
                         help="workspace name or path (needed when the daemon manages several)")
     parser.add_argument("--json", action="store_true", default=default(False),
                         help="print the daemon's whole answer as JSON, for scripts")
-    parser.add_argument("--timeout", type=positive_number("--timeout"), default=default(DEFAULT_TIMEOUT_SECONDS),
-                        metavar="SECONDS",
+    seconds = option_value("--timeout", "a number of seconds above 0, e.g. 30 or 2.5", float,
+                           lambda value: 0 < value < math.inf)
+    parser.add_argument("--timeout", type=seconds, default=default(DEFAULT_TIMEOUT_SECONDS), metavar="SECONDS",
                         help=f"seconds to wait for each answer (default {DEFAULT_TIMEOUT_SECONDS:g})")
 
 
@@ -160,6 +167,36 @@ def _add_wait(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                          help="wait for the run to end and say what it changed (the default)")
     parser.set_defaults(wait=True)
     return parser
+
+
+def option_value(option: str, accepts: str, parse: Callable[[str], Any],
+                 allowed: Callable[[Any], Any]) -> Callable[[str], Any]:
+    """An argparse `type=` for *option*: *parse*'s value when *allowed*, else `must be <accepts>, not 'text'`.
+    It bears the option's name, which argparse uses in some messages."""
+
+    def convert(text: str) -> Any:
+        try:
+            value = parse(text)
+            if allowed(value):
+                return value
+        except ValueError:
+            pass
+        raise argparse.ArgumentTypeError(f"must be {accepts}, not {text!r}")
+
+    convert.__name__ = option
+    return convert
+
+
+def whole_number(option: str, low: int, high: int) -> Callable[[str], int]:
+    """Whole numbers from *low* to *high*, for --limit, --budget and --port."""
+    return option_value(option, f"a whole number from {low} to {high:,}", int, lambda value: low <= value <= high)
+
+
+def workspace_name(text: str) -> str:
+    """A workspace name as typed, or a path made absolute: the daemon runs elsewhere and matches full paths."""
+    if "/" in text or text.startswith((".", "~")):
+        return str(Path(text).expanduser().absolute())
+    return text
 
 
 def main(argv: list[str] | None = None, *, environ: Mapping[str, str] | None = None,

@@ -66,8 +66,15 @@ def format_fields(data: Mapping[str, Any], indent: str = "") -> list[str]:
             lines.append(f"{indent}{printable(str(key))}:")
             lines.extend(format_fields(value, indent + "  "))
         else:
-            lines.append(f"{indent}{printable(str(key)) + ':':<{width + 1}} {format_cell(value)}")
+            lines.extend(aligned([(printable(str(key)), format_cell(value))], indent, width=width))
     return lines
+
+
+def aligned(rows: Columns, indent: str = "", mark: str = ":", width: int | None = None) -> list[str]:
+    """`label: text` lines (`label  text` with mark " "), every text in one column *width* past the labels
+    (default: the longest label's), so a block of figures reads down its column."""
+    width = max((len(label) for label, _ in rows), default=0) if width is None else width
+    return [f"{indent}{label + mark:<{width + 1}} {text}".rstrip() for label, text in rows]
 
 
 def format_duration(seconds: Any) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from nanobotd.cli.render import format_cell, format_table
+from nanobotd.cli.render import aligned, format_cell, format_table
 
 # (key in the run's "changes", label), in the order a reader cares about.
 CHANGE_LABELS = (("entries_added", "history entries added"), ("entries_removed", "history entries removed"),
@@ -21,7 +21,7 @@ PHASES = {"queued": "queued", "started": "running", "running": "running", "waiti
 def summary_lines(run: Mapping[str, Any], extra_rows: list[tuple[str, str]] | None = None) -> list[str]:
     """What a run that just ended did: a headline, what it changed, and where to look further."""
     lines = [headline(run)]
-    lines.extend(f"  {line}" for line in _labelled(_context_rows(run) + change_rows(run) + (extra_rows or [])))
+    lines.extend(aligned(_context_rows(run) + change_rows(run) + (extra_rows or []), "  "))
     if (run.get("state") == "finished" and run.get("kind") in ("consolidate", "flush", "dream", "lifecycle")
             and change_rows(run) != [("changed", "nothing")]):
         lines.append(f"Details: nanobotctl run {run.get('run_id')}; undo: nanobotctl restore {run.get('run_id')}")
@@ -81,7 +81,7 @@ def detail_lines(run: Mapping[str, Any]) -> list[str]:
         rows.append(("progress", progress_text(run)))
     text_rows = [(label, format_cell(value)) for label, value in rows if value not in (None, "")]
     lines = [f"run {run.get('run_id')}"]
-    lines.extend(f"  {line}" for line in _labelled(text_rows + _context_rows(run) + change_rows(run)))
+    lines.extend(aligned(text_rows + _context_rows(run) + change_rows(run), "  "))
     lines.extend(_kind_details(run))
     lines.append("(--json shows the whole manifest)")
     return lines
@@ -106,11 +106,6 @@ def _context_rows(run: Mapping[str, Any]) -> list[tuple[str, str]]:
         if run.get(key):
             rows.append((key, format_cell(run[key])))
     return rows
-
-
-def _labelled(rows: list[tuple[str, str]]) -> list[str]:
-    width = max((len(label) for label, _ in rows), default=0)
-    return [f"{label + ':':<{width + 1}} {text}" for label, text in rows]
 
 
 def _kind_details(run: Mapping[str, Any]) -> list[str]:

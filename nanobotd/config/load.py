@@ -1,7 +1,8 @@
 """Load, validate and resolve nanobotd's TOML config into typed settings; the only place that reads os.environ.
 
-Every mistake raises ConfigError naming the key. Relative paths in the file are taken from the file's folder
-(so `/` under systemd changes nothing), `--workspace` arguments from the current one.
+Every mistake raises ConfigError naming the key, so `nanobotd` exits 2 at once (a NaN debounce or a state_dir
+that is a file would otherwise fail long after start). Relative paths in the file are taken from the file's
+folder (so `/` under systemd changes nothing), `--workspace` arguments from the current one.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import tomllib
 import zoneinfo
@@ -19,14 +21,6 @@ from typing import Any
 
 from nanobotd.config import paths
 from nanobotd.config.schema import WORKSPACE_TABLES, DaemonSettings, WorkspaceSettings
-from nanobotd.config.validate import (
-    ConfigError,
-    check_choice,
-    check_directory_path,
-    check_number,
-    check_text,
-    resolve_path,
-)
 
 WORKSPACE_KEYS = {"path", "sessions_dir", "name"}
 # Keys people try that do not exist, with what to write instead.
@@ -36,6 +30,10 @@ KEY_HINTS = {
 }
 
 __all__ = ["Config", "ConfigError", "build_config", "check_cron", "load_config", "socket_group_id"]
+
+
+class ConfigError(ValueError):
+    """The config is unusable; the message names the offending key."""
 
 
 def key_name(key: str) -> str:
@@ -133,21 +131,19 @@ def build_config(data: dict, *, source: Path | None, workspace_args: list[str], 
         raw_workspaces, bases = _argument_workspaces(workspace_args, raw_workspaces, base)
     if not raw_workspaces:
         raise ConfigError("workspaces: no workspace configured (add a [[workspaces]] table or pass --workspace DIR)")
-    workspaces = []
-    for index, raw in enumerate(raw_workspaces):
-        workspaces.append(_make_workspace(raw, index, global_tables, environ, bases[index]))
+    workspaces = [_make_workspace(raw, index, global_tables, environ, raw_base)
+                  for index, (raw, raw_base) in enumerate(zip(raw_workspaces, bases, strict=True))]
     names = [workspace.name for workspace in workspaces]
-    for name in names:
-        if names.count(name) > 1:
-            raise ConfigError(f"workspaces.name: two workspaces are named {name!r}")
+    if twice := next((name for name in names if names.count(name) > 1), None):
+        raise ConfigError(f"workspaces.name: two workspaces are named {twice!r}")
     state_dir = (resolve_path(daemon.state_dir, "daemon.state_dir", base) if daemon.state_dir
                  else paths.default_state_dir(environ))
-    check_directory_path(state_dir, "daemon.state_dir")
+    _check_folder(state_dir, "daemon.state_dir")
     socket_path = (resolve_path(daemon.socket, "daemon.socket", base) if daemon.socket
                    else paths.default_socket_path(environ))
     if socket_path.is_dir():
         raise ConfigError(f"daemon.socket: {socket_path} is a folder; name the socket file inside it")
-    check_directory_path(socket_path.parent, "daemon.socket")
+    _check_folder(socket_path.parent, "daemon.socket")
     return Config(
         daemon=daemon,
         workspaces=tuple(workspaces),
@@ -205,11 +201,8 @@ def _make(cls: type, values: dict, prefix: str, base: Any = None) -> Any:
         if key not in fields:
             hint = KEY_HINTS.get(key) or f"known: {', '.join(sorted(fields))}"
             raise ConfigError(f"{prefix}.{key_name(key)}: unknown key ({hint})")
-        updates[key] = _coerce(value, _field_type(fields[key], getattr(current, key)), f"{prefix}.{key}")
-        if isinstance(updates[key], (int, float)) and not isinstance(updates[key], bool):
-            check_number(updates[key], f"{prefix}.{key}", fields[key].metadata.get("bounds"))
-        if "choices" in fields[key].metadata:
-            updates[key] = check_choice(updates[key], f"{prefix}.{key}", fields[key].metadata["choices"])
+        updates[key] = _coerce(value, _field_type(fields[key], getattr(current, key)), f"{prefix}.{key}",
+                               fields[key].metadata)
     return dataclasses.replace(current, **updates)
 
 
@@ -219,7 +212,8 @@ def _field_type(field_: dataclasses.Field, current: Any) -> type:
     return {"bool": bool, "int": int, "float": float, "str": str}.get(declared, type(current))
 
 
-def _coerce(value: Any, expected: type, key: str) -> Any:
+def _coerce(value: Any, expected: type, key: str, metadata: Mapping[str, Any]) -> Any:
+    """*value* as *expected*, inside the field's bounds or one of its choices (in any case)."""
     if expected is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{key}: expected true or false, got {type(value).__name__}")
@@ -231,12 +225,55 @@ def _coerce(value: Any, expected: type, key: str) -> Any:
             raise ConfigError(f"{key}: expected a whole number, got {value}")
         if value < 0:
             raise ConfigError(f"{key}: must not be negative, got {value}")
-        return expected(value)
+        return _check_number(expected(value), key, metadata.get("bounds"))
     if expected is str:
         if not isinstance(value, str):
             raise ConfigError(f"{key}: expected a string, got {type(value).__name__}")
-        return check_text(value, key)
+        choices = metadata.get("choices")
+        _check_text(value, key)
+        match = next((name for name in choices or () if name.casefold() == value.casefold()), None)
+        if choices and match is None:
+            raise ConfigError(f"{key}: expected one of {', '.join(choices)}, got {value!r}")
+        return match or value
     return value
+
+
+def _check_number(value: float, key: str, bounds: tuple[float, bool, float] | None) -> float:
+    """A finite number inside its field's *bounds* (lowest, whether it is allowed, highest)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key}: must be a finite number, got {value}")
+    if bounds is not None:
+        low, low_allowed, high = bounds
+        if value < low or (value == low and not low_allowed) or value > high:
+            lowest = f"at least {low:g}" if low_allowed else f"more than {low:g}"
+            raise ConfigError(f"{key}: must be {lowest} and at most {high:g}, got {value}")
+    return value
+
+
+def _check_text(value: str, key: str) -> str:
+    """A string that can become a path or a command: no NUL byte (the OS would refuse it much later)."""
+    if "\x00" in value:
+        raise ConfigError(f"{key}: contains a NUL character")
+    return value
+
+
+def _check_folder(path: Path, key: str) -> Path:
+    """A folder nanobotd creates or uses: it, and every existing folder above it, must be a folder."""
+    for candidate in (path, *path.parents):
+        if candidate.exists() or candidate.is_symlink():
+            if not candidate.is_dir():
+                what = "it" if candidate == path else str(candidate)
+                raise ConfigError(f"{key}: {path} cannot be a folder: {what} is a file, not a folder")
+            break
+    return path
+
+
+def resolve_path(value: str, key: str, base: Path | None) -> Path:
+    """`~` expanded, then a relative path taken from *base* (the config file's folder), else the current one."""
+    path = Path(_check_text(value, key)).expanduser()
+    if not path.is_absolute():
+        path = (base or Path.cwd()) / path
+    return Path(*path.parts)  # normalised without resolving symlinks
 
 
 def _make_workspace(raw: Any, index: int, global_tables: dict, environ: Mapping[str, str],
@@ -250,18 +287,16 @@ def _make_workspace(raw: Any, index: int, global_tables: dict, environ: Mapping[
     path_value = raw.get("path")
     if not isinstance(path_value, str) or not path_value.strip():
         raise ConfigError(f"{prefix}.path: missing (every workspace needs a path)")
-    path = check_directory_path(resolve_path(path_value, f"{prefix}.path", base), f"{prefix}.path")
+    path = _check_folder(resolve_path(path_value, f"{prefix}.path", base), f"{prefix}.path")
     sessions_value = raw.get("sessions_dir", "")
     if not isinstance(sessions_value, str):
         raise ConfigError(f"{prefix}.sessions_dir: expected a string")
-    sessions_dir = None
-    if sessions_value:
-        sessions_dir = resolve_path(sessions_value, f"{prefix}.sessions_dir", base)
-        check_directory_path(sessions_dir, f"{prefix}.sessions_dir")
+    key = f"{prefix}.sessions_dir"
+    sessions_dir = _check_folder(resolve_path(sessions_value, key, base), key) if sessions_value else None
     name = raw.get("name") or _default_name(path)
     if not isinstance(name, str):
         raise ConfigError(f"{prefix}.name: expected a string")
-    check_text(name, f"{prefix}.name")
+    _check_text(name, f"{prefix}.name")
     tables = {}
     for table_name, cls in WORKSPACE_TABLES.items():
         settings = _make(cls, global_tables[table_name], table_name)

@@ -23,9 +23,18 @@ ALLOWED_OWN_MODULES = {"nanobotd", "nanobotd.cli", "nanobotd.cli.client", "nanob
                        "nanobotd.cli.commands.mcp", "nanobotd.cli.commands.setup",
                        "nanobotd.cli.nanobotctl", "nanobotd.cli.render", "nanobotd.cli.commands",
                        "nanobotd.cli.commands.jobs", "nanobotd.cli.commands.reports", "nanobotd.cli.commands.search",
-                       "nanobotd.cli.commands.sessions", "nanobotd.cli.commands.status", "nanobotd.cli.arguments",
+                       "nanobotd.cli.commands.sessions", "nanobotd.cli.commands.status",
                        "nanobotd.cli.commands.ui",
                        "nanobotd.cli.runtext", "nanobotd.cli.waiting", "nanobotd.config", "nanobotd.config.paths"}
+# Bad option values are refused before the daemon is asked, naming the option.
+REFUSED = [
+    (["runs", "--limit", "0"], "argument --limit: must be a whole number from 1 to 1,000, not '0'"),
+    (["runs", "--limit", "many"], "argument --limit: must be a whole number from 1 to 1,000, not 'many'"),
+    (["search", "x", "--limit", "101"], "argument --limit: must be a whole number from 1 to 100, not '101'"),
+    (["context", "k", "--budget", "-5"], "argument --budget: must be a whole number from 1 to 2,000,000, not '-5'"),
+    (["observe", "--since", "yesterday"], "argument --since: must be a number and a unit (s, m, h, d or w)"),
+    (["--timeout", "0", "status"], "argument --timeout: must be a number of seconds above 0"),
+]
 
 
 def test_json_output_is_the_raw_answer(socket_path: Path, daemon: FakeDaemon) -> None:
@@ -137,4 +146,14 @@ def test_runs_refuses_an_unknown_kind_before_asking_the_daemon(socket_path: Path
                                                                capsys: pytest.CaptureFixture) -> None:
     assert run_ctl(socket_path, "runs", "--kind", "nap")[0] == 2
     assert "invalid choice: 'nap'" in capsys.readouterr().err
+    assert daemon.requests == []
+
+
+@pytest.mark.parametrize("argv,message", REFUSED, ids=[" ".join(argv) for argv, _ in REFUSED])
+def test_a_bad_value_exits_2_naming_the_option_and_what_it_takes(socket_path: Path, daemon: FakeDaemon,
+                                                                capsys: pytest.CaptureFixture, argv: list[str],
+                                                                message: str) -> None:
+    assert run_ctl(socket_path, *argv)[0] == 2
+    err = capsys.readouterr().err
+    assert message in err and "query parameter" not in err
     assert daemon.requests == []

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nanobotd.cli.invocation import Invocation
-from nanobotd.cli.render import format_cell, format_duration
+from nanobotd.cli.render import aligned, format_cell, format_duration
 
 Rows = list[tuple[str, str]]
 
@@ -42,7 +42,7 @@ def workspace_lines(workspace: Mapping[str, Any]) -> list[str]:
         header += "  [MISSING: this folder does not exist; nothing is managed until it does]"
     if workspace.get("scanning"):
         header += "  [scanning: first scan not done yet]"
-    return [header] + _aligned(rows, "  ") + _aligned(search_details, "    ")
+    return [header] + aligned(rows, "  ", " ") + aligned(search_details, "    ", " ")
 
 
 def search_rows(search: Any) -> tuple[tuple[str, str], Rows]:
@@ -82,11 +82,6 @@ def _field_rows(data: Mapping[str, Any], prefix: str = "") -> Rows:
         else:
             rows.append((f"{prefix}{key}", format_cell(value)))
     return rows
-
-
-def _aligned(rows: Rows, indent: str) -> list[str]:
-    width = max((len(label) for label, _ in rows), default=0)
-    return [f"{indent}{label:<{width}}  {text}".rstrip() for label, text in rows]
 
 
 def _health_rows(workspace: Mapping[str, Any]) -> Rows:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
@@ -61,7 +62,7 @@ class Pages:
         """The client, the daemon's status and the chosen workspace's part of it."""
         status = self.client_for(None).get("/v1/status")
         names = [workspace["name"] for workspace in status.get("workspaces") or []]
-        chosen = request.query_params.get("workspace") or (names[0] if names else None)
+        chosen = request.query_params.get("workspace")
         if chosen not in names:
             chosen = names[0] if names else None
         workspace = next((item for item in status.get("workspaces") or [] if item["name"] == chosen), {})
@@ -103,7 +104,7 @@ class Pages:
     def run(self, request: Request, *, plan: dict | None = None, restored: dict | None = None,
             problem: str | None = None) -> Response:
         client, status, workspace = self._frame(request)
-        run = client.get(f"/v1/runs/{quote(request.path_params['run_id'])}")["run"]
+        run = client.get(f"/v1/runs/{quote(request.path_params['run_id'], safe='')}")["run"]
         commit = None
         if run.get("kind") == "dream" or (run.get("manifest") or {}).get("commit"):
             try:
@@ -135,8 +136,9 @@ class Pages:
         except DaemonError as exc:
             return self.run(request, problem=exc.message)
         restore_run: dict = {}
+        run_path = f"/v1/runs/{quote(started['run_id'], safe='')}"
         for _ in range(RESTORE_WAIT_ROUNDS):
-            restore_run = client.get(f"/v1/runs/{quote(started['run_id'])}", {"wait_ms": RESTORE_WAIT_MS})["run"]
+            restore_run = client.get(run_path, {"wait_ms": RESTORE_WAIT_MS})["run"]
             if restore_run.get("state") not in runtext.OPEN_STATES:
                 break
         restored = dict(restore_run, lines=runtext.summary_lines(restore_run))
@@ -149,11 +151,11 @@ class Pages:
         days = views.day_range(daily["from"], HEALTH_DAYS)
         history = {day: {"entries": count} for day, count in (daily.get("history_entries") or {}).items()}
         charts = [views.day_chart("History entries per day", days, history),
-                  views.day_chart("Consolidation outcomes", days, views.outcome_series(daily["outcomes"],
-                                                                                         "consolidate")),
+                  views.day_chart("Consolidation outcomes", days,
+                                  views.day_counts(daily["outcomes"], ("consolidate",), "outcome")),
                   views.day_chart("Flushes beside consolidations (compactions)", days,
-                                  views.kind_totals(daily["outcomes"], ("flush", "consolidate"))),
-                  views.day_chart("Dream outcomes", days, views.outcome_series(daily["outcomes"], "dream"))]
+                                  views.day_counts(daily["outcomes"], ("flush", "consolidate"), "kind")),
+                  views.day_chart("Dream outcomes", days, views.day_counts(daily["outcomes"], ("dream",), "outcome"))]
         samples = daily.get("samples") or []
         megabytes = {str(row["day"]): f"{(row.get('index_db_bytes') or 0) / 1048576:,.1f} MB" for row in samples}
         charts += [views.day_chart("Archived twice (goal: 0)", days,
@@ -184,13 +186,6 @@ def warnings(status: dict, workspace: dict) -> list[str]:
     if (workspace.get("agent") or {}).get("error"):
         found.append(f"the agent's config could not be read: {workspace['agent']['error']}")
     return found
-
-
-def quote(segment: str) -> str:
-    """A path segment for the control API (run ids are plain, but nothing from a URL is trusted)."""
-    from urllib.parse import quote as url_quote
-
-    return url_quote(segment, safe="")
 
 
 def build_app(client_for: ClientFactory, keys: Secrets) -> Guard:

@@ -16,7 +16,6 @@ import threading
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-from starlette.datastructures import URL
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -26,8 +25,8 @@ CSRF_FIELD = "csrf"
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 SAFE_METHODS = ("GET", "HEAD")
 MAX_FORM_BYTES = 16 * 1024
-REFUSED = ("Refused: open the address `nanobotctl ui` printed (its one-time token logs this browser in), "
-           "or run `nanobotctl ui` again for a new one.\n")
+REFUSED = ("open the address `nanobotctl ui` printed (its one-time token logs this browser in), or run "
+           "`nanobotctl ui` again for a new one.")
 
 
 @dataclass
@@ -46,26 +45,17 @@ class Secrets:
         """Cookies are not kept apart by port, so two `nanobotctl ui` on one machine each name their own."""
         return f"nanobotd_ui_{self.port}"
 
-    @property
-    def hosts(self) -> frozenset[str]:
-        """The Host header values of the served address (and of an SSH forward of the same port)."""
-        return frozenset(f"{name}:{self.port}" for name in LOOPBACK_NAMES)
-
     def take_token(self, offered: str) -> bool:
         """True once for the right token; it logs in one browser, then is spent."""
         with self._lock:
-            if self._used or not hmac.compare_digest(offered.encode(), self.token.encode()):
+            if self._used or not _same(offered, self.token):
                 return False
             self._used = True
             return True
 
     def signed_in(self, request: Request) -> bool:
         """The request carries this server's session cookie."""
-        return hmac.compare_digest(request.cookies.get(self.cookie_name, "").encode(), self.session.encode())
-
-    def csrf_ok(self, offered: str) -> bool:
-        """The form carried this server's CSRF value."""
-        return hmac.compare_digest(offered.encode(), self.csrf.encode())
+        return _same(request.cookies.get(self.cookie_name, ""), self.session)
 
 
 class Guard:
@@ -80,8 +70,8 @@ class Guard:
             await self.app(scope, receive, send)
             return
         request = Request(scope, receive)
-        refusal = self.refusal(request)
         body = b""
+        refusal = self.refusal(request)
         if refusal is None and request.method not in SAFE_METHODS:
             body = await read_form(request)
             refusal = self.change_refusal(request, body)
@@ -97,37 +87,41 @@ class Guard:
 
     def refusal(self, request: Request) -> Response | None:
         """The answer that refuses *request* (another Host, no cookie), a redirect that logs it in, or None."""
-        if request.headers.get("host", "") not in self.keys.hosts:
-            return PlainTextResponse(f"Refused: this page is served as http://127.0.0.1:{self.keys.port}/ only.\n",
-                                     status_code=403)
+        # the Host names the served address (or an SSH forward of the same port)
+        if request.headers.get("host", "") not in {f"{name}:{self.keys.port}" for name in LOOPBACK_NAMES}:
+            return refuse(f"this page is served as http://127.0.0.1:{self.keys.port}/ only.")
         if TOKEN_PARAM in request.query_params:
             return self.sign_in(request)
-        if not self.keys.signed_in(request):
-            return PlainTextResponse(REFUSED, status_code=403)
-        return None
+        return None if self.keys.signed_in(request) else refuse(REFUSED)
 
     def change_refusal(self, request: Request, body: bytes | None) -> Response | None:
         """For a signed-in POST: refused unless it is of the page's own origin and carries the CSRF field."""
         if body is None:
-            return PlainTextResponse("Refused: a form of this page is small; this request is not.\n", status_code=413)
-        if not same_origin(request, request.headers.get("host", "")):
-            return PlainTextResponse("Refused: a change must come from this page itself (Origin differs).\n",
-                                     status_code=403)
-        offered = parse_qs(body.decode("utf-8", "replace")).get(CSRF_FIELD, [""])[0]
-        if not self.keys.csrf_ok(offered):
-            return PlainTextResponse("Refused: the form's CSRF field is missing or stale; reload the page.\n",
-                                     status_code=403)
+            return refuse("a form of this page is small; this request is not.", 413)
+        if not same_origin(request):
+            return refuse("a change must come from this page itself (Origin differs).")
+        if not _same(parse_qs(body.decode("utf-8", "replace")).get(CSRF_FIELD, [""])[0], self.keys.csrf):
+            return refuse("the form's CSRF field is missing or stale; reload the page.")
         return None
 
     def sign_in(self, request: Request) -> Response:
         if not self.keys.take_token(request.query_params[TOKEN_PARAM]):
-            return PlainTextResponse(REFUSED, status_code=403)
+            return refuse(REFUSED)
         query = urlencode([(name, value) for name, value in request.query_params.multi_items()
                            if name != TOKEN_PARAM])
-        clean = URL(scope=request.scope).replace(query=query)
-        response = RedirectResponse(clean.path + (f"?{query}" if query else ""), status_code=303)
+        response = RedirectResponse(request.url.path + (f"?{query}" if query else ""), status_code=303)
         response.set_cookie(self.keys.cookie_name, self.keys.session, httponly=True, samesite="strict", path="/")
         return response
+
+
+def refuse(reason: str, status_code: int = 403) -> Response:
+    """A plain-text refusal that says why and what to do."""
+    return PlainTextResponse(f"Refused: {reason}\n", status_code=status_code)
+
+
+def _same(offered: str, secret: str) -> bool:
+    # compare_digest takes as long whatever the offered value, so its timing tells nothing of the secret
+    return hmac.compare_digest(offered.encode(), secret.encode())
 
 
 async def read_form(request: Request) -> bytes | None:
@@ -140,7 +134,7 @@ async def read_form(request: Request) -> bytes | None:
     return body
 
 
-def same_origin(request: Request, host: str) -> bool:
+def same_origin(request: Request) -> bool:
     """Origin, else Referer, names http://HOST where HOST is the Host this request was sent to."""
     origin = request.headers.get("origin")
     if origin is None:
@@ -149,4 +143,4 @@ def same_origin(request: Request, host: str) -> bool:
             return False
         parts = urlsplit(referer)
         origin = f"{parts.scheme}://{parts.netloc}"
-    return origin == f"http://{host}"
+    return origin == f"http://{request.headers.get('host', '')}"

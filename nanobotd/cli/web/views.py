@@ -12,6 +12,9 @@ from typing import Any
 
 OUTCOME_ORDER = ("written", "no_change", "raw_fallback", "guard_rejected", "error")
 CHART_WIDTH, CHART_HEIGHT = 320, 96
+# (line prefixes, class) of a unified diff's lines, the first match wins; any other line is context.
+DIFF_CLASSES = ((("diff --git", "index ", "--- ", "+++ ", "new file", "deleted file"), "d-file"), ("@@", "d-hunk"),
+                ("+", "d-add"), ("-", "d-del"))
 
 
 @dataclass(frozen=True)
@@ -127,22 +130,14 @@ def sample_series(samples: Iterable[Mapping[str, Any]], field: str, name: str) -
     return {str(row["day"]): {name: int(row.get(field) or 0)} for row in samples}
 
 
-def outcome_series(rows: Iterable[Mapping[str, Any]], kind: str) -> dict[str, dict[str, int]]:
-    """day -> outcome -> count of one job kind, from GET /v1/metrics/daily's outcome rows."""
-    values: dict[str, dict[str, int]] = {}
-    for row in rows:
-        if row.get("kind") == kind:
-            values.setdefault(str(row["day"]), {})[str(row["outcome"])] = int(row["count"])
-    return values
-
-
-def kind_totals(rows: Iterable[Mapping[str, Any]], kinds: tuple[str, ...]) -> dict[str, dict[str, int]]:
-    """day -> job kind -> runs of every outcome, for the kinds named: flushes beside consolidations."""
+def day_counts(rows: Iterable[Mapping[str, Any]], kinds: tuple[str, ...], by: str) -> dict[str, dict[str, int]]:
+    """day -> row[*by*] -> runs, of the job *kinds* named, from GET /v1/metrics/daily's outcome rows: by "outcome"
+    for one kind's outcomes, by "kind" for flushes beside consolidations."""
     values: dict[str, dict[str, int]] = {}
     for row in rows:
         if row.get("kind") in kinds:
             day = values.setdefault(str(row["day"]), {})
-            day[str(row["kind"])] = day.get(str(row["kind"]), 0) + int(row["count"])
+            day[str(row[by])] = day.get(str(row[by]), 0) + int(row["count"])
     return values
 
 
@@ -156,20 +151,8 @@ class DiffLine:
 
 def diff_lines(patch: str) -> list[DiffLine]:
     """A unified diff, line by line, classed as file header, hunk, added, removed or context."""
-    lines = []
-    for text in patch.splitlines():
-        if text.startswith(("diff --git", "index ", "--- ", "+++ ", "new file", "deleted file")):
-            css = "d-file"
-        elif text.startswith("@@"):
-            css = "d-hunk"
-        elif text.startswith("+"):
-            css = "d-add"
-        elif text.startswith("-"):
-            css = "d-del"
-        else:
-            css = "d-ctx"
-        lines.append(DiffLine(text, css))
-    return lines
+    return [DiffLine(text, next((css for prefixes, css in DIFF_CLASSES if text.startswith(prefixes)), "d-ctx"))
+            for text in patch.splitlines()]
 
 
 def markdown_renderer():

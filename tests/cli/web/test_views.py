@@ -40,12 +40,13 @@ def test_markdown_escapes_html_and_drops_script_links() -> None:
     assert "<h1>Hi</h1>" in html and "<script>" not in html and "href=\"javascript" not in html
 
 
-def test_kind_totals_put_flushes_beside_consolidations_per_day() -> None:
+def test_day_counts_put_flushes_beside_consolidations_or_one_kinds_outcomes_per_day() -> None:
     rows = [{"day": "2026-11-20", "kind": "flush", "outcome": "written", "count": 2},
             {"day": "2026-11-20", "kind": "flush", "outcome": "no_change", "count": 1},
             {"day": "2026-11-20", "kind": "consolidate", "outcome": "written", "count": 4},
             {"day": "2026-11-21", "kind": "dream", "outcome": "written", "count": 1}]
-    assert views.kind_totals(rows, ("flush", "consolidate")) == {"2026-11-20": {"flush": 3, "consolidate": 4}}
+    assert views.day_counts(rows, ("flush", "consolidate"), "kind") == {"2026-11-20": {"flush": 3, "consolidate": 4}}
+    assert views.day_counts(rows, ("flush",), "outcome") == {"2026-11-20": {"written": 2, "no_change": 1}}
 
 
 def test_a_chart_of_daily_samples_tells_a_zero_from_a_day_without_a_sample() -> None:
