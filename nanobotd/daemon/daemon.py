@@ -66,7 +66,7 @@ class Daemon:
     # -- start / run / stop ------------------------------------------------------------------------
     async def start(self) -> None:
         """Lock the state folder and the workspaces (AlreadyRunning when another daemon has one), open state,
-        recover interrupted runs, listen on the socket (READY=1), then start watching."""
+        recover interrupted runs, listen on the socket (READY=1), then open each workspace, watch and scan it."""
         core = self.core
         loop = asyncio.get_running_loop()
         self._take_locks()
@@ -96,6 +96,9 @@ class Daemon:
             loop.add_signal_handler(signum, handler)
         runs.schedule_jobs(core)
         core.scheduler.start()
+        for workspace in core.workspaces.values():
+            if workspace.exists:  # locked above: each one's git store opens beside the start-up scans
+                workspace.begin_open()
         self._tasks.append(loop.create_task(self._startup_reconcile(), name="startup-reconcile"))
         self._tasks.append(loop.create_task(self._tick(), name="tick"))
 
@@ -170,7 +173,7 @@ class Daemon:
                 indexing.memory_file_changed(self.core, workspace, path)
 
     async def _startup_reconcile(self) -> None:
-        await triggers.reconcile_all(self.core, startup=True)
+        await triggers.reconcile_all(self.core)
         self.notifier.status(self.core.status_line())
 
     async def _tick(self) -> None:
@@ -267,7 +270,8 @@ class Daemon:
             logger.warning("reload: daemon.{} changed; only a restart applies it", ", daemon.".join(sorted(pending)))
 
     async def _swap_workspaces(self, configured: tuple[WorkspaceSettings, ...]) -> None:
-        """Close workspaces the config dropped or changed; open the new and changed ones whole."""
+        """Close workspaces the config dropped or changed; add the new and changed ones (their first reconcile opens
+        them)."""
         workspaces = self.core.workspaces
         wanted = {settings.name: settings for settings in configured}
         for name, workspace in list(workspaces.items()):
@@ -282,9 +286,5 @@ class Daemon:
                                                        for kept in wanted.values()):
                 self.core.locks.release_workspace(workspace.settings.path)
         for name, settings in wanted.items():
-            if name not in workspaces:
-                workspace = self._new_workspace(settings)
-                workspaces[name] = workspace
-                if workspace.exists and triggers.claimed(self.core, workspace):
-                    workspace.discover()
-                    await triggers.open_workspace(self.core, workspace)
+            if name not in workspaces:  # opened by the reconcile that follows
+                workspaces[name] = self._new_workspace(settings)

@@ -35,7 +35,7 @@ def submit(core: Core, workspace: Workspace, kind: str, *, on_done: Callable[[],
             if run is not None and run.state == "finished":
                 core.store.set_job_success(kind, workspace.name, run_id)
         if job.writes_memory:
-            indexing.memory_changed(core, workspace)
+            indexing.changed(core, workspace)
         if on_done is not None:
             on_done()
 

@@ -1,5 +1,5 @@
-"""What every handler does the same way: find the workspace(s) a request names, run blocking work on the
-executor, answer 202 for a run; and `bind`, which hands the core to a module's ROUTES."""
+"""What every handler does the same way: find the workspace(s) a request names, wait for its git store to open,
+run blocking work on the executor, answer 202 for a run; and `bind`, which hands the core to a module's ROUTES."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import functools
 from nanobotd.api.app import ApiError, Request, Response, Routes
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.workspace import Workspace
+
+OPEN_WAIT_SECONDS = 10.0  # how long a request that needs the git store waits for a workspace still opening
 
 
 def named_workspaces(core: Core, request: Request, body: dict | None = None) -> list[Workspace]:
@@ -28,6 +30,16 @@ def one_workspace(core: Core, request: Request, body: dict | None = None) -> Wor
     if len(workspaces) != 1:
         raise ApiError(400, "workspace_required", "several workspaces are managed; pass workspace=NAME")
     return workspaces[0]
+
+
+async def git_opened(workspace: Workspace) -> None:
+    """Wait up to OPEN_WAIT_SECONDS for the workspace's git store to open; 409 not_open when it has not."""
+    opening = workspace.opening
+    if opening is not None and not opening.done():
+        await asyncio.wait({opening}, timeout=OPEN_WAIT_SECONDS)
+    if opening is None or not opening.done():
+        state = "is still opening its git store" if opening else "is not open (its folder does not exist yet)"
+        raise ApiError(409, "not_open", f"workspace {workspace.name} {state}; try again shortly")
 
 
 def session_workspace(core: Core, key: str, workspace_name: str | None) -> Workspace:
