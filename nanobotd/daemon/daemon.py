@@ -9,6 +9,7 @@ The daemon builds a small `Core` and hands it down; nothing below holds the daem
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -87,8 +88,9 @@ class Daemon:
         self.notifier.status(f"listening on {self.config.socket_path}")
         logger.info("nanobotd {} listening on {} ({} workspace(s))", __version__, self.config.socket_path,
                     len(core.workspaces))
-        core.watcher = SessionWatcher(loop, self._on_path_changed, debounce=self.config.daemon.debounce_seconds,
-                                      polling=self.polling, on_memory_change=self._on_memory_changed,
+        core.watcher = SessionWatcher(loop, functools.partial(triggers.path_changed, core), polling=self.polling,
+                                      debounce=self.config.daemon.debounce_seconds,
+                                      on_memory_change=functools.partial(indexing.memory_path_changed, core),
                                       faults=FaultPoints.from_environ(self.config.environ))
         core.watcher.start()
         for signum, handler in ((signal.SIGTERM, self.request_stop), (signal.SIGINT, self.request_stop),
@@ -160,18 +162,6 @@ class Daemon:
         """SIGHUP: only set the flag; the tick loop reloads."""
         self._reload_requested = True
 
-    # -- watching ----------------------------------------------------------------------------------
-    def _on_path_changed(self, path: Path) -> None:
-        for workspace in self.core.workspaces.values():
-            if workspace.owns(path):
-                asyncio.get_running_loop().create_task(triggers.scan_and_trigger(self.core, workspace, path))
-                return
-
-    def _on_memory_changed(self, path: Path) -> None:
-        for workspace in self.core.workspaces.values():
-            if workspace.opened and path.parent in indexing.memory_folders(workspace):
-                indexing.memory_file_changed(self.core, workspace, path)
-
     async def _startup_reconcile(self) -> None:
         await triggers.reconcile_all(self.core)
         self.notifier.status(self.core.status_line())
@@ -230,7 +220,7 @@ class Daemon:
     def healthy(self) -> bool:
         """Watchdog pings only while the watcher and the scheduler work."""
         watcher = self.core.watcher
-        return watcher is not None and watcher.observer.is_alive() and self.core.scheduler.healthy
+        return watcher is not None and watcher.observer.is_alive() and self.core.scheduler.running
 
     async def reload(self) -> None:
         """Re-read the config (SIGHUP); a bad config is logged and the old one kept."""
@@ -246,7 +236,7 @@ class Daemon:
         self.config = self.core.config = new_config
         self.llm_worker.idle_exit_seconds = idle_exit_seconds(new_config)
         await self._swap_workspaces(new_config.workspaces)
-        self.core.scheduler.remove_all()
+        self.core.scheduler.jobs.clear()
         runs.schedule_jobs(self.core)
         await triggers.reconcile_all(self.core)
         logger.info("config reloaded from {}", new_config.source or "arguments")

@@ -54,10 +54,11 @@ def is_memory_file(workspace: Workspace, path: Path) -> bool:
             and path.parent != workspace.index.sources.workspace)
 
 
-def memory_file_changed(core: Core, workspace: Workspace, path: Path) -> None:
-    """The watcher saw a memory folder change: refresh both indexes if it is a file they read (debounced)."""
-    if is_memory_file(workspace, path):
-        changed(core, workspace, {path})
+def memory_path_changed(core: Core, path: Path) -> None:
+    """The watcher saw a memory folder change: refresh the indexes of each open workspace that reads it."""
+    for workspace in core.workspaces.values():
+        if workspace.opened and path.parent in memory_folders(workspace) and is_memory_file(workspace, path):
+            changed(core, workspace, {path})
 
 
 async def check_fingerprints(core: Core, workspace: Workspace) -> list[Path]:

@@ -15,7 +15,6 @@ from nanobotd.daemon import indexing
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.workspace import Workspace
 from nanobotd.jobs.registry import SCHEDULED_KINDS, job_kind
-from nanobotd.jobs.reindex import KIND as REINDEX_KIND
 from nanobotd.timestamps import iso_local
 
 
@@ -50,11 +49,6 @@ def joinable(core: Core, workspace: Workspace, kind: str, **params) -> str | Non
     policy = job_kind(kind).queue_policy(workspace.env, params)
     return core.queue.joinable(kind, workspace.name, policy.target, scope=policy.scope,
                                join_running=policy.join_running)
-
-
-def submit_reindex(core: Core, workspace: Workspace) -> str:
-    """Queue a rebuild of the workspace's search indexes as a run, joined by a reindex already under way."""
-    return submit(core, workspace, REINDEX_KIND)
 
 
 def schedule_jobs(core: Core) -> None:

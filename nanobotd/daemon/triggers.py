@@ -16,6 +16,14 @@ from nanobotd.memory import history
 from nanobotd.sessions.session import ScanResult
 
 
+def path_changed(core: Core, path: Path) -> None:
+    """The watcher saw a session file change: scan it in the workspace it belongs to."""
+    for workspace in core.workspaces.values():
+        if workspace.owns(path):
+            asyncio.get_running_loop().create_task(scan_and_trigger(core, workspace, path))
+            return
+
+
 async def scan_and_trigger(core: Core, workspace: Workspace, path: Path) -> None:
     """A watched file changed: scan it off the loop, then start what its counters call for."""
     loop = asyncio.get_running_loop()
@@ -173,10 +181,7 @@ def trigger(core: Core, workspace: Workspace, key: str, *, vanished: int = 0) ->
     if core.queue is None or not core.queue.accepting:
         return
     for kind, reason in workspace.due_jobs(key, vanished):
-        if kind == "flush":
-            submit_flush(core, workspace, key)
-        else:
-            submit_consolidate(core, workspace, key, reason=reason)
+        submit_due(core, workspace, kind, key, reason)
 
 
 def trigger_idle(core: Core) -> None:
@@ -184,12 +189,16 @@ def trigger_idle(core: Core) -> None:
     now = core.clock()
     for workspace in core.workspaces.values():
         for kind, key in workspace.idle_sessions(now):
-            if core.queue.busy(workspace.name, f"session:{key}"):
-                continue
-            if kind == "flush":
-                submit_flush(core, workspace, key)
-            else:
-                submit_consolidate(core, workspace, key, reason="idle")
+            if not core.queue.busy(workspace.name, f"session:{key}"):
+                submit_due(core, workspace, kind, key, "idle")
+
+
+def submit_due(core: Core, workspace: Workspace, kind: str, key: str, reason: str) -> None:
+    """Queue the flush or consolidation a session's counters (or its quiet) call for."""
+    if kind == "flush":
+        submit_flush(core, workspace, key)
+    else:
+        submit_consolidate(core, workspace, key, reason=reason)
 
 
 def submit_flush(core: Core, workspace: Workspace, key: str) -> str:

@@ -104,7 +104,7 @@ def test_a_dreams_own_memory_write_and_its_end_refresh_the_index_once(tmp_path):
         core = SimpleNamespace(queue=queue, executor=ThreadPoolExecutor(1))
         workspace = _memory_workspace(tmp_path, refreshed)
         queue.running = True
-        indexing.memory_file_changed(core, workspace, tmp_path / "memory" / "MEMORY.md")  # the watcher saw it
+        indexing.changed(core, workspace, {tmp_path / "memory" / "MEMORY.md"})  # the watcher saw it
         await asyncio.sleep(0.4)  # the dream commits to git, longer than the debounce
         assert refreshed == [], "the dream's end refreshes: its own write must not refresh before"
         queue.running = False
@@ -139,7 +139,7 @@ def test_a_memory_file_written_once_is_refreshed_while_a_session_keeps_changing(
         refreshed: list = []
         core = SimpleNamespace(queue=_Running("dream"), executor=ThreadPoolExecutor(1))
         workspace = _memory_workspace(tmp_path, refreshed)  # debounce 0.1 s; changes may wait 0.5 s
-        indexing.memory_file_changed(core, workspace, tmp_path / "memory" / "MEMORY.md")
+        indexing.changed(core, workspace, {tmp_path / "memory" / "MEMORY.md"})
         saves = 0
         while not refreshed and saves < 20:  # the agent saves its session every 20 ms, 0.4 s in all
             indexing.changed(core, workspace, {tmp_path / "sessions" / "cli_a.jsonl"})

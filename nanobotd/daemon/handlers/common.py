@@ -43,23 +43,27 @@ async def git_opened(workspace: Workspace) -> None:
 
 
 def session_workspace(core: Core, key: str, workspace_name: str | None) -> Workspace:
-    """The workspace holding session *key*; 404 when none does, 403 when the named one does not but another does.
+    """The workspace holding session *key* (the named one, else any); 404 when none does, 403 when the named one does
+    not but another does.
 
     A caller bound to one workspace (an agent's memory tools) must get neither another workspace's memory
     nor a quiet answer about its own, so a session found elsewhere is refused in words.
     """
+    holders = [workspace for workspace in core.workspaces.values() if key in workspace.tracker.sessions]
+    if not workspace_name:
+        if not holders:
+            raise ApiError(404, "unknown_session", f"no session {key!r}")
+        return holders[0]
     try:
-        return core.find_session(key, workspace_name)
+        named = core.workspace(workspace_name)
     except KeyError as exc:
-        missing = str(exc.args[0])
-    if workspace_name and any(key in other.tracker.sessions for other in core.workspaces.values()):
-        try:
-            named = core.workspace(workspace_name).name
-        except KeyError:
-            raise ApiError(404, "unknown_session", missing) from None
-        raise ApiError(403, "other_workspace", f"session {key!r} belongs to another workspace, not {named!r}; "
-                                               f"this request may read only workspace {named!r}")
-    raise ApiError(404, "unknown_session", missing)
+        raise ApiError(404, "unknown_session", str(exc.args[0])) from None
+    if named in holders:
+        return named
+    if holders:
+        raise ApiError(403, "other_workspace", f"session {key!r} belongs to another workspace, not {named.name!r}; "
+                                               f"this request may read only workspace {named.name!r}")
+    raise ApiError(404, "unknown_session", f"no session {key!r} in workspace {named.name}")
 
 
 def started(run_ids: list[str]) -> Response:

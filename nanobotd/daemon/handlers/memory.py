@@ -99,9 +99,10 @@ async def restore_run(core: Core, request: Request) -> Response | dict:
 
 
 async def reindex(core: Core, request: Request) -> Response:
-    """Rebuild the search indexes of the named workspace (or all) as runs the caller can follow."""
+    """Rebuild the search indexes of the named workspace (or all) as runs the caller can follow (a reindex already
+    under way is joined)."""
     body = request.json_object()
-    return started([runs.submit_reindex(core, workspace) for workspace in named_workspaces(core, request, body)])
+    return started([runs.submit(core, workspace, "reindex") for workspace in named_workspaces(core, request, body)])
 
 
 async def lifecycle_run(core: Core, request: Request) -> Response | dict:
