@@ -250,11 +250,11 @@ class Daemon:
             logger.info("reload: watcher debounce {}s -> {}s", self.core.watcher.debounce, new.debounce_seconds)
             self.core.watcher.debounce = new.debounce_seconds
         started = self._started_config
-        pending = [key for key in RESTART_KEYS if getattr(started.daemon, key) != getattr(new, key)]
-        if new_config.socket_path != started.socket_path and "socket" not in pending:
-            pending.append("socket")
-        if new_config.state_dir != started.state_dir and "state_dir" not in pending:
-            pending.append("state_dir")
+        pending = {key for key in RESTART_KEYS if getattr(started.daemon, key) != getattr(new, key)}
+        if new_config.socket_path != started.socket_path:  # the paths they resolve to, too
+            pending.add("socket")
+        if new_config.state_dir != started.state_dir:
+            pending.add("state_dir")
         self.core.restart_needed = sorted(pending)
         if pending:
             logger.warning("reload: daemon.{} changed; only a restart applies it", ", daemon.".join(sorted(pending)))
