@@ -348,40 +348,32 @@ class Workspace:
 
     def status(self) -> dict:
         """Per-workspace figures for GET /v1/status."""
-        totals = self.tracker.totals()
-        data = {
+        return {
             "name": self.name, "path": str(self.settings.path), "exists": self.exists,
             "sessions_dir": str(self.sessions_dirs[0]) if self.sessions_dirs else None,
             "sessions_dirs": [str(folder) for folder in self.sessions_dirs],
-            **totals,
+            **self.tracker.totals(),
             "llm_mode": self.llm.mode, "llm_model": self.settings.llm.model, "llm_last_call": self.llm_last_call(),
             "consolidation_mode": self.mode, "scanning": self.last_reconcile is None,
             "agent": self.agent.to_json(),
             **self.budgets(),
             "last_reconcile": iso_local(self.last_reconcile), "last_reconcile_seconds": self.last_reconcile_seconds,
             "scan_errors": self.scan_errors, "last_scan_error": self.last_scan_error, "torn_lines": self.torn_lines,
-            "held_elsewhere": self.held_elsewhere,
+            "held_elsewhere": self.held_elsewhere, "git": self.git.health(), "search": self.search_status(),
         }
-        data["git"] = self.git.health()
-        data["search"] = self.search_status()
-        return data
 
     @property
     def refreshing(self) -> bool:
         """An index refresh is running (refreshes are single-flight)."""
         return self.refresh_started is not None
 
-    def _refresh_seconds(self) -> float:
-        """Seconds the index refreshes ran since the start, the one running included."""
-        running = self.refresh_started
-        return self.refresh_seconds + (time.monotonic() - running if running is not None else 0.0)
-
     def search_status(self) -> dict:
-        """Backends, index figures and freshness."""
+        """Backends, index figures and freshness (refresh_seconds: refreshes since the start, the running one too)."""
+        running = time.monotonic() - self.refresh_started if self.refresh_started is not None else 0.0
         search = {"backend": self.settings.search.backend, "builtin": self.index.stats(),
                   "last_refresh": self.last_refresh, "pending_changes": len(self.pending_paths),
                   "refreshing": self.refreshing, "refreshes": self.refreshes,
-                  "refresh_seconds": round(self._refresh_seconds(), 3)}
+                  "refresh_seconds": round(self.refresh_seconds + running, 3)}
         if self.qmd is not None:
             search["qmd"] = self.qmd.freshness()
         return search
