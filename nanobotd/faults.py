@@ -1,6 +1,7 @@
 """Named fault points, where a test kills the daemon or fails a write at the exact step instead of hoping a timed
 kill lands there. Armed through the environment, `NANOBOTD_FAULTS="restore.history_rewritten=kill,..."`:
-`kill` (SIGKILL), `enospc` (OSError ENOSPC), `drop` (the point's code skips its work: `drops(name)`).
+`kill` (SIGKILL), `enospc` (OSError ENOSPC), `drop` (the point's code skips its work: `drops(name)`),
+`hold:PATH` (the step waits there until PATH exists, at most HOLD_SECONDS, so a test can act in the middle of it).
 """
 
 from __future__ import annotations
@@ -8,11 +9,16 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from loguru import logger
 
 ENV_NAME = "NANOBOTD_FAULTS"
-ACTIONS = ("kill", "enospc", "drop")
+ACTIONS = ("kill", "enospc", "drop", "hold:PATH")
+HOLD_SECONDS = 120.0
 
 
 @dataclass(frozen=True)
@@ -27,7 +33,7 @@ class FaultPoints:
         armed = {}
         for item in filter(None, (part.strip() for part in environ.get(ENV_NAME, "").split(","))):
             name, _, action = item.partition("=")
-            if action not in ACTIONS:
+            if action not in ACTIONS[:3] and not action.startswith("hold:/"):
                 raise ValueError(f"{ENV_NAME}: {item!r}: the action must be one of {', '.join(ACTIONS)}")
             armed[name] = action
         return cls(armed)
@@ -39,6 +45,12 @@ class FaultPoints:
             os.kill(os.getpid(), signal.SIGKILL)
         elif action == "enospc":
             raise OSError(errno.ENOSPC, f"No space left on device (fault point {name})")
+        elif action is not None and action.startswith("hold:"):
+            until = Path(action.removeprefix("hold:"))
+            logger.warning("fault point {}: holding until {} exists", name, until)
+            deadline = time.monotonic() + HOLD_SECONDS
+            while not until.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     def drops(self, name: str) -> bool:
         """Whether point *name* is armed to skip its work (an event lost as an inotify overflow loses it)."""

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import errno
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -67,20 +66,16 @@ class SessionWatcher:
                  on_memory_change: Callable[[Path], None] | None = None, faults: FaultPoints | None = None):
         self.loop = loop
         self.on_change = on_change
-        self.on_memory_change = on_memory_change
+        self.on_memory_change = on_memory_change or (lambda path: None)
         self.debounce = debounce
         self.faults = faults or FaultPoints()
         self.mode = "polling" if polling else "inotify"
         self.observer = PollingObserver(timeout=1.0) if polling else Observer()
-        self.watches: dict[Path, tuple[object, int]] = {}
-        self.memory_watches: dict[Path, tuple[object, int]] = {}
-        self.events_seen = 0
-        self.memory_events_seen = 0
-        self.last_event: float | None = None
+        self.watches: dict[tuple[Path, bool], tuple[object, int]] = {}  # (folder, memory) -> (watch, inode)
         self._timers: dict[Path, tuple[asyncio.TimerHandle, float]] = {}
-        self._handler = _Handler(is_session_file, lambda path: self._to_loop(self.notify, path))
-        self._memory_handler = _Handler(lambda path: not self.faults.drops(DROP_MEMORY_EVENTS),
-                                        lambda path: self._to_loop(self._memory_event, path))
+        self._handlers = {False: _Handler(is_session_file, lambda path: self._to_loop(self.notify, path)),
+                          True: _Handler(lambda path: not self.faults.drops(DROP_MEMORY_EVENTS),
+                                         lambda path: self._to_loop(self.on_memory_change, path))}
         self._started = False
 
     def start(self) -> None:
@@ -101,68 +96,60 @@ class SessionWatcher:
     def watch(self, folder: Path, *, memory: bool = False) -> bool:
         """Watch sessions (or *memory*) *folder*, re-arming it when the folder was recreated; False when it does not
         exist."""
-        watches = self.memory_watches if memory else self.watches
         try:
             inode = os.stat(folder).st_ino
         except FileNotFoundError:
             self.unwatch(folder, memory=memory)
             return False
-        current = watches.get(folder)
+        current = self.watches.get((folder, memory))
         if current is not None and current[1] == inode:
             return True
         if current is not None:
             logger.info("{} folder {} was recreated; re-arming its watch", "memory" if memory else "session", folder)
             self.unwatch(folder, memory=memory)
-        handler = self._memory_handler if memory else self._handler
         try:
             # Reads (opened / closed_no_write) are not changes: nanobot, the index and our own scans read
             # these files, and counting those would keep postponing the debounce.
-            handle = self.observer.schedule(handler, str(folder), recursive=False, event_filter=CHANGE_EVENTS)
+            handle = self.observer.schedule(self._handlers[memory], str(folder), recursive=False,
+                                            event_filter=CHANGE_EVENTS)
         except OSError as exc:
             if exc.errno in INOTIFY_LIMIT_ERRORS and self.mode == "inotify":
                 logger.warning("inotify limit reached ({}); switching to the polling observer", exc)
                 self._switch_to_polling()
                 return self.watch(folder, memory=memory)
             raise
-        watches[folder] = (handle, inode)
+        self.watches[(folder, memory)] = (handle, inode)
         return True
 
     def unwatch(self, folder: Path, *, memory: bool = False) -> None:
         """Stop watching sessions (or *memory*) *folder*."""
-        current = (self.memory_watches if memory else self.watches).pop(folder, None)
+        current = self.watches.pop((folder, memory), None)
         if current is not None:
             with contextlib.suppress(KeyError, ValueError, OSError):
                 self.observer.unschedule(current[0])
 
     def _switch_to_polling(self) -> None:
-        folders = [(folder, False) for folder in self.watches] + [(folder, True) for folder in self.memory_watches]
+        folders = list(self.watches)
         self.stop()
         self.watches.clear()
-        self.memory_watches.clear()
         self.mode = "polling"
         self.observer = PollingObserver(timeout=1.0)
         self.start()
         for folder, memory in folders:
             self.watch(folder, memory=memory)
 
-    def healthy(self) -> bool:
-        """The observer thread runs and every session folder still is the one armed (a memory folder gone is no
-        fault of the daemon's: the next reconcile re-arms it)."""
-        if not self._started or not self.observer.is_alive():
+    def healthy(self, folders: list[Path]) -> bool:
+        """The observer thread runs, each of the session *folders* is watched and every session folder watched is
+        still the one armed (a memory folder gone is no fault of the daemon's: the next reconcile re-arms it)."""
+        if not self._started or not self.observer.is_alive() or any((f, False) not in self.watches for f in folders):
             return False
-        for folder, (_, inode) in self.watches.items():
+        for (folder, memory), (_, inode) in self.watches.items():
             try:
-                if os.stat(folder).st_ino != inode:
+                if not memory and os.stat(folder).st_ino != inode:
                     return False
             except FileNotFoundError:
                 return False
         return True
-
-    def health(self) -> dict:
-        """Status figures."""
-        return {"healthy": self.healthy(), "mode": self.mode, "folders": [str(folder) for folder in self.watches],
-                "memory_folders": [str(folder) for folder in self.memory_watches],
-                "events_seen": self.events_seen, "memory_events_seen": self.memory_events_seen}
 
     # -- debounce (loop side) ------------------------------------------------------------------------
     def _to_loop(self, callback: Callable[[Path], None], path: Path) -> None:
@@ -170,27 +157,14 @@ class SessionWatcher:
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(callback, path)
 
-    def _memory_event(self, path: Path) -> None:
-        if self.on_memory_change is not None:
-            self.memory_events_seen += 1
-            self.last_event = time.time()
-            self.on_memory_change(path)
-
     def notify(self, path: Path) -> None:
         """A path changed: (re)start its debounce timer, but never postpone past MAX_DEBOUNCE_FACTOR x."""
-        self.events_seen += 1
-        self.last_event = time.time()
         now = self.loop.time()
-        current = self._timers.get(path)
-        first = now
-        if current is not None:
-            current[0].cancel()
-            first = current[1]
-        delay = self.debounce
-        if now - first + delay > self.debounce * MAX_DEBOUNCE_FACTOR:
-            delay = max(0.0, self.debounce * MAX_DEBOUNCE_FACTOR - (now - first))
-        handle = self.loop.call_later(delay, self._fire, path)
-        self._timers[path] = (handle, first)
+        handle, first = self._timers.get(path, (None, now))
+        if handle is not None:
+            handle.cancel()
+        delay = max(0.0, min(self.debounce, self.debounce * MAX_DEBOUNCE_FACTOR - (now - first)))
+        self._timers[path] = (self.loop.call_later(delay, self._fire, path), first)
 
     def _fire(self, path: Path) -> None:
         self._timers.pop(path, None)

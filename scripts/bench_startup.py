@@ -114,6 +114,7 @@ def _reconcile_in_process(settings: WorkspaceSettings, state_dir: Path, *, cold:
         runtime = Workspace(settings, store, state_dir=state_dir, environ={}, home=None, now=datetime.now)
         loaded = time.perf_counter() - started
         started = time.perf_counter()
+        runtime.discover()
         results = runtime.reconcile()
         seconds = time.perf_counter() - started
         changed = sum(result.changed for result in results)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -29,3 +31,12 @@ def test_a_kill_point_ends_the_process_with_sigkill():
     code = "from nanobotd.faults import FaultPoints; FaultPoints({'x': 'kill'}).reach('x'); print('alive')"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == -9 and "alive" not in result.stdout
+
+
+def test_a_hold_point_waits_until_its_file_exists(tmp_path):
+    release = tmp_path / "go"
+    faults = FaultPoints.from_environ({ENV_NAME: f"a.step=hold:{release}"})
+    threading.Timer(0.3, release.touch).start()
+    started = time.monotonic()
+    faults.reach("a.step")
+    assert release.exists() and time.monotonic() - started >= 0.25

@@ -18,10 +18,9 @@ import stat
 import struct
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import uvicorn
 from loguru import logger
@@ -41,8 +40,7 @@ OWN_ENTRY_SUFFIXES = ("", LOCK_SUFFIX)
 UCRED = struct.Struct("3i")
 
 
-@dataclass(frozen=True)
-class PeerCredentials:
+class PeerCredentials(NamedTuple):
     """pid, uid and gid of the peer process."""
 
     pid: int
@@ -61,8 +59,7 @@ def peer_credentials(sock: Any) -> PeerCredentials | None:
         return None
     if len(raw) != UCRED.size:
         return None
-    pid, uid, gid = UCRED.unpack(raw)
-    return PeerCredentials(pid=pid, uid=uid, gid=gid)
+    return PeerCredentials(*UCRED.unpack(raw))
 
 
 def peer_groups(pid: int) -> set[int]:

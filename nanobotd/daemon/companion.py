@@ -33,12 +33,21 @@ class AgentArchive:
 
 
 def agent_archive(core: Core, workspace: Workspace) -> AgentArchive:
-    """The workspace's companion state, created on first use from the cursor remembered in the state DB."""
+    """The workspace's companion state, created on first use (before the first scan) from the cursor remembered in
+    the state DB, else from history's last cursor, saved at once: the agent's entries from then on are its own."""
     if workspace.agent_archive is None:
         rows = core.store.query("SELECT last_cursor FROM agent_history WHERE workspace=?", (workspace.name,))
         after = rows[0][0] if rows else largest_cursor_in_file(history_path(workspace.env.memory_dir))
         workspace.agent_archive = AgentArchive(HistoryFollower(workspace.env.memory_dir, after))
+        if not rows:
+            _save_cursor(core, workspace)
     return workspace.agent_archive
+
+
+def _save_cursor(core: Core, workspace: Workspace) -> None:
+    with core.store.transaction() as db:
+        db.execute("INSERT OR REPLACE INTO agent_history (workspace, last_cursor) VALUES (?, ?)",
+                   (workspace.name, workspace.agent_archive.follower.last_cursor))
 
 
 def poll_agent_history(core: Core, workspace: Workspace) -> None:
@@ -55,10 +64,8 @@ def poll_agent_history(core: Core, workspace: Workspace) -> None:
             continue
         archive.unclaimed.setdefault(key, []).append(entry)
     if entries:
-        indexing.memory_changed(core, workspace)  # the agent's entries are searchable memory too
-        with core.store.transaction() as db:
-            db.execute("INSERT OR REPLACE INTO agent_history (workspace, last_cursor) VALUES (?, ?)",
-                       (workspace.name, archive.follower.last_cursor))
+        indexing.changed(core, workspace)  # the agent's entries are searchable memory too
+        _save_cursor(core, workspace)
 
 
 def session_scanned(core: Core, workspace: Workspace, key: str, *, mark_moved: bool, vanished: int,

@@ -57,18 +57,6 @@ class Core:
             return next(iter(self.workspaces.values()))
         raise KeyError(f"several workspaces are managed; name one with --workspace ({', '.join(self.workspaces)})")
 
-    def find_session(self, key: str, workspace_name: str | None) -> Workspace:
-        """The workspace holding session *key* (in the named workspace when one is given)."""
-        if workspace_name:
-            workspace = self.workspace(workspace_name)
-            if key in workspace.tracker.sessions:
-                return workspace
-            raise KeyError(f"no session {key!r} in workspace {workspace.name}")
-        for workspace in self.workspaces.values():
-            if key in workspace.tracker.sessions:
-                return workspace
-        raise KeyError(f"no session {key!r}")
-
     def status_line(self) -> str:
         """Short ASCII summary for systemd's STATUS=."""
         workspaces = list(self.workspaces.values())

@@ -9,6 +9,7 @@ The daemon builds a small `Core` and hands it down; nothing below holds the daem
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -66,7 +67,7 @@ class Daemon:
     # -- start / run / stop ------------------------------------------------------------------------
     async def start(self) -> None:
         """Lock the state folder and the workspaces (AlreadyRunning when another daemon has one), open state,
-        recover interrupted runs, listen on the socket (READY=1), then start watching."""
+        recover interrupted runs, listen on the socket (READY=1), then open each workspace, watch and scan it."""
         core = self.core
         loop = asyncio.get_running_loop()
         self._take_locks()
@@ -87,8 +88,9 @@ class Daemon:
         self.notifier.status(f"listening on {self.config.socket_path}")
         logger.info("nanobotd {} listening on {} ({} workspace(s))", __version__, self.config.socket_path,
                     len(core.workspaces))
-        core.watcher = SessionWatcher(loop, self._on_path_changed, debounce=self.config.daemon.debounce_seconds,
-                                      polling=self.polling, on_memory_change=self._on_memory_changed,
+        core.watcher = SessionWatcher(loop, functools.partial(triggers.path_changed, core), polling=self.polling,
+                                      debounce=self.config.daemon.debounce_seconds,
+                                      on_memory_change=functools.partial(indexing.memory_path_changed, core),
                                       faults=FaultPoints.from_environ(self.config.environ))
         core.watcher.start()
         for signum, handler in ((signal.SIGTERM, self.request_stop), (signal.SIGINT, self.request_stop),
@@ -96,6 +98,9 @@ class Daemon:
             loop.add_signal_handler(signum, handler)
         runs.schedule_jobs(core)
         core.scheduler.start()
+        for workspace in core.workspaces.values():
+            if workspace.exists:  # locked above: each one's git store opens beside the start-up scans
+                workspace.begin_open()
         self._tasks.append(loop.create_task(self._startup_reconcile(), name="startup-reconcile"))
         self._tasks.append(loop.create_task(self._tick(), name="tick"))
 
@@ -157,20 +162,8 @@ class Daemon:
         """SIGHUP: only set the flag; the tick loop reloads."""
         self._reload_requested = True
 
-    # -- watching ----------------------------------------------------------------------------------
-    def _on_path_changed(self, path: Path) -> None:
-        for workspace in self.core.workspaces.values():
-            if workspace.owns(path):
-                asyncio.get_running_loop().create_task(triggers.scan_and_trigger(self.core, workspace, path))
-                return
-
-    def _on_memory_changed(self, path: Path) -> None:
-        for workspace in self.core.workspaces.values():
-            if workspace.opened and path.parent in indexing.memory_folders(workspace):
-                indexing.memory_file_changed(self.core, workspace, path)
-
     async def _startup_reconcile(self) -> None:
-        await triggers.reconcile_all(self.core, startup=True)
+        await triggers.reconcile_all(self.core)
         self.notifier.status(self.core.status_line())
 
     async def _tick(self) -> None:
@@ -227,7 +220,7 @@ class Daemon:
     def healthy(self) -> bool:
         """Watchdog pings only while the watcher and the scheduler work."""
         watcher = self.core.watcher
-        return watcher is not None and watcher.observer.is_alive() and self.core.scheduler.healthy
+        return watcher is not None and watcher.observer.is_alive() and self.core.scheduler.running
 
     async def reload(self) -> None:
         """Re-read the config (SIGHUP); a bad config is logged and the old one kept."""
@@ -243,7 +236,7 @@ class Daemon:
         self.config = self.core.config = new_config
         self.llm_worker.idle_exit_seconds = idle_exit_seconds(new_config)
         await self._swap_workspaces(new_config.workspaces)
-        self.core.scheduler.remove_all()
+        self.core.scheduler.jobs.clear()
         runs.schedule_jobs(self.core)
         await triggers.reconcile_all(self.core)
         logger.info("config reloaded from {}", new_config.source or "arguments")
@@ -257,17 +250,18 @@ class Daemon:
             logger.info("reload: watcher debounce {}s -> {}s", self.core.watcher.debounce, new.debounce_seconds)
             self.core.watcher.debounce = new.debounce_seconds
         started = self._started_config
-        pending = [key for key in RESTART_KEYS if getattr(started.daemon, key) != getattr(new, key)]
-        if new_config.socket_path != started.socket_path and "socket" not in pending:
-            pending.append("socket")
-        if new_config.state_dir != started.state_dir and "state_dir" not in pending:
-            pending.append("state_dir")
+        pending = {key for key in RESTART_KEYS if getattr(started.daemon, key) != getattr(new, key)}
+        if new_config.socket_path != started.socket_path:  # the paths they resolve to, too
+            pending.add("socket")
+        if new_config.state_dir != started.state_dir:
+            pending.add("state_dir")
         self.core.restart_needed = sorted(pending)
         if pending:
             logger.warning("reload: daemon.{} changed; only a restart applies it", ", daemon.".join(sorted(pending)))
 
     async def _swap_workspaces(self, configured: tuple[WorkspaceSettings, ...]) -> None:
-        """Close workspaces the config dropped or changed; open the new and changed ones whole."""
+        """Close workspaces the config dropped or changed; add the new and changed ones (their first reconcile opens
+        them)."""
         workspaces = self.core.workspaces
         wanted = {settings.name: settings for settings in configured}
         for name, workspace in list(workspaces.items()):
@@ -282,9 +276,5 @@ class Daemon:
                                                        for kept in wanted.values()):
                 self.core.locks.release_workspace(workspace.settings.path)
         for name, settings in wanted.items():
-            if name not in workspaces:
-                workspace = self._new_workspace(settings)
-                workspaces[name] = workspace
-                if workspace.exists and triggers.claimed(self.core, workspace):
-                    workspace.discover()
-                    await triggers.open_workspace(self.core, workspace)
+            if name not in workspaces:  # opened by the reconcile that follows
+                workspaces[name] = self._new_workspace(settings)

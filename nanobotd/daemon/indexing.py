@@ -1,6 +1,6 @@
 """Keeping the search indexes fresh: debounced, single-flight refreshes after session and memory changes.
 
-Memory files change under three hands: nanobotd's jobs (each calls memory_changed when it ends), the agent's
+Memory files change under three hands: nanobotd's jobs (each calls changed() when it ends), the agent's
 own file tools and the user's editor (seen by the watcher on the memory folders), and anything the watcher
 missed (caught at the next reconcile by comparing every indexed file's inode, size and mtime with what the
 index recorded).
@@ -29,17 +29,9 @@ from nanobotd.tuning import MAX_WAIT_FACTOR, TRIM_AFTER_REFRESH_SECONDS
 WRITING_KINDS = tuple(kind for kind, job in JOB_KINDS.items() if job.refresh_waits)
 
 
-def session_changed(core: Core, workspace: Workspace, path: Path) -> None:
-    """A session file changed: the indexes refresh it (debounced; QMD's markdown export of it changes too)."""
-    _refresh_both(core, workspace, {path})
-
-
-def memory_changed(core: Core, workspace: Workspace) -> None:
-    """A job changed memory files: refresh the indexes (debounced)."""
-    _refresh_both(core, workspace, None)
-
-
-def _refresh_both(core: Core, workspace: Workspace, paths: set[Path] | None) -> None:
+def changed(core: Core, workspace: Workspace, paths: set[Path] | None = None) -> None:
+    """Session or memory files changed (None: a job's writes, check every file): refresh the indexes (debounced; QMD's
+    markdown export of a session changes too)."""
     schedule_refresh(core, workspace, paths)
     if workspace.qmd is not None:
         workspace.qmd.request_update()
@@ -62,10 +54,11 @@ def is_memory_file(workspace: Workspace, path: Path) -> bool:
             and path.parent != workspace.index.sources.workspace)
 
 
-def memory_file_changed(core: Core, workspace: Workspace, path: Path) -> None:
-    """The watcher saw a memory folder change: refresh both indexes if it is a file they read (debounced)."""
-    if is_memory_file(workspace, path):
-        _refresh_both(core, workspace, {path})
+def memory_path_changed(core: Core, path: Path) -> None:
+    """The watcher saw a memory folder change: refresh the indexes of each open workspace that reads it."""
+    for workspace in core.workspaces.values():
+        if workspace.opened and path.parent in memory_folders(workspace) and is_memory_file(workspace, path):
+            changed(core, workspace, {path})
 
 
 async def check_fingerprints(core: Core, workspace: Workspace) -> list[Path]:
@@ -81,7 +74,7 @@ async def check_fingerprints(core: Core, workspace: Workspace) -> list[Path]:
     shown = ", ".join(workspace.index.sources.display_path(str(path)) for path in stale[:3])
     logger.info("workspace {}: {} indexed file(s) changed unseen ({}{}); refreshing the index", workspace.name,
                 len(stale), shown, ", ..." if len(stale) > 3 else "")
-    _refresh_both(core, workspace, set(stale))
+    changed(core, workspace, set(stale))
     return stale
 
 

@@ -17,6 +17,7 @@ and every run that ends gets one INFO line in the log.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -131,9 +132,7 @@ class JobQueue:
                 self._leave_queue(job, coalesce_key)
                 if job.uses_llm:
                     job.phase = "waiting_for_llm"
-                    async with self._llm_jobs:
-                        await self._execute(job)
-                else:
+                async with self._llm_jobs if job.uses_llm else contextlib.nullcontext():
                     await self._execute(job)
         except asyncio.CancelledError:
             self._leave_queue(job, coalesce_key)
@@ -160,9 +159,7 @@ class JobQueue:
             self.llm_jobs_running_max = max(self.llm_jobs_running_max, self.llm_jobs_running)
         try:
             await job.body(job.run_id)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a job's bug must not take the daemon down
+        except Exception as exc:  # a job's bug must not take the daemon down (a cancellation is no Exception)
             logger.opt(exception=exc).error("{} job {} failed: {}", job.kind, job.run_id, exc)
             run = self.store.get_run(job.run_id)
             if run is not None and run.state in ("queued", "started"):

@@ -15,7 +15,6 @@ from nanobotd.daemon import indexing
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.workspace import Workspace
 from nanobotd.jobs.registry import SCHEDULED_KINDS, job_kind
-from nanobotd.jobs.reindex import KIND as REINDEX_KIND
 from nanobotd.timestamps import iso_local
 
 
@@ -35,7 +34,7 @@ def submit(core: Core, workspace: Workspace, kind: str, *, on_done: Callable[[],
             if run is not None and run.state == "finished":
                 core.store.set_job_success(kind, workspace.name, run_id)
         if job.writes_memory:
-            indexing.memory_changed(core, workspace)
+            indexing.changed(core, workspace)
         if on_done is not None:
             on_done()
 
@@ -50,11 +49,6 @@ def joinable(core: Core, workspace: Workspace, kind: str, **params) -> str | Non
     policy = job_kind(kind).queue_policy(workspace.env, params)
     return core.queue.joinable(kind, workspace.name, policy.target, scope=policy.scope,
                                join_running=policy.join_running)
-
-
-def submit_reindex(core: Core, workspace: Workspace) -> str:
-    """Queue a rebuild of the workspace's search indexes as a run, joined by a reindex already under way."""
-    return submit(core, workspace, REINDEX_KIND)
 
 
 def schedule_jobs(core: Core) -> None:

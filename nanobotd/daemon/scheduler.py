@@ -64,7 +64,7 @@ class JobScheduler:
         self.clock = clock
         self.monotonic = monotonic
         self.jobs: dict[str, PlannedJob] = {}
-        self.running = False
+        self.running = False  # the daemon's watchdog pings only while it runs
         self._last_tick: tuple[float, float] | None = None  # (wall, monotonic) at the last tick
         self._tasks: set[asyncio.Task] = set()
 
@@ -76,10 +76,6 @@ class JobScheduler:
         trigger = make_trigger(expression, self.timezone)
         self.jobs[job_id] = PlannedJob(trigger, func, trigger.get_next_fire_time(None, self.now()))
 
-    def remove_all(self) -> None:
-        """Drop every job (before a config reload re-adds them)."""
-        self.jobs.clear()
-
     def start(self) -> None:
         """Run due jobs from now on (the daemon's tick calls tick())."""
         self.running = True
@@ -88,10 +84,6 @@ class JobScheduler:
     def shutdown(self) -> None:
         """Start no more runs (the job queue drains the running ones)."""
         self.running = False
-
-    @property
-    def healthy(self) -> bool:
-        return self.running
 
     def tick(self) -> list[str]:
         """Notice a wall clock jump, then start each job whose time has come (once, however late); the ids."""

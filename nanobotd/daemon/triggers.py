@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from pathlib import Path
 
 from loguru import logger
@@ -12,6 +13,15 @@ from nanobotd.daemon.core import Core
 from nanobotd.daemon.lock import AlreadyRunning
 from nanobotd.daemon.workspace import Workspace
 from nanobotd.memory import history
+from nanobotd.sessions.session import ScanResult
+
+
+def path_changed(core: Core, path: Path) -> None:
+    """The watcher saw a session file change: scan it in the workspace it belongs to."""
+    for workspace in core.workspaces.values():
+        if workspace.owns(path):
+            asyncio.get_running_loop().create_task(scan_and_trigger(core, workspace, path))
+            return
 
 
 async def scan_and_trigger(core: Core, workspace: Workspace, path: Path) -> None:
@@ -19,27 +29,38 @@ async def scan_and_trigger(core: Core, workspace: Workspace, path: Path) -> None
     loop = asyncio.get_running_loop()
     result = await loop.run_in_executor(core.executor, workspace.scan_path, path)
     if result is not None and result.changed:
-        scanned(core, workspace, result.key, vanished=result.vanished, mark_moved=result.mark_moved,
-                tail_before=result.tail_before)
-        indexing.session_changed(core, workspace, path)
+        scanned(core, workspace, result)
+        indexing.changed(core, workspace, {path})
 
 
-async def reconcile_all(core: Core, *, startup: bool = False, waiting_only: bool = False) -> None:
-    """Scan every workspace (catches missed events, overflow, recreated folders).
+async def reconcile_all(core: Core, *, waiting_only: bool = False) -> None:
+    """Scan every workspace (catches missed events, overflow, recreated folders); a workspace's first reconcile
+    opens it, whether it existed at start or appeared later.
 
-    *waiting_only*: only workspaces whose sessions folder has not appeared yet (checked every tick, so the
-    agent's first session is watched from its first save, not a reconcile interval later).
+    *waiting_only*: only workspaces not opened yet, or whose sessions folder has not appeared yet (checked every
+    tick, so the agent's first session is watched from its first save, not a reconcile interval later).
     """
     for workspace in list(core.workspaces.values()):
-        if waiting_only and (workspace.sessions_dirs or not workspace.exists or workspace.last_reconcile is None
-                             or not workspace.discover()):
+        if workspace.reconciling or (waiting_only and not waiting(workspace)):
             continue
         if not workspace.exists:
             logger.debug("workspace {} does not exist yet; waiting for it", workspace.settings.path)
-            continue
-        if not claimed(core, workspace):
-            continue
-        await reconcile_workspace(core, workspace, startup=startup)
+        elif claimed(core, workspace):
+            workspace.reconciling = True
+            try:
+                await reconcile_workspace(core, workspace)
+            finally:
+                workspace.reconciling = False
+
+
+def waiting(workspace: Workspace) -> bool:
+    """The tick reconciles a workspace that exists but was never opened (it appeared after the start), and one
+    whose sessions folder has just appeared."""
+    if workspace.held_elsewhere or not workspace.exists:
+        return False
+    if workspace.opening is None:
+        return True
+    return not workspace.sessions_dirs and workspace.last_reconcile is not None and bool(workspace.discover())
 
 
 def claimed(core: Core, workspace: Workspace) -> bool:
@@ -59,48 +80,59 @@ def claimed(core: Core, workspace: Workspace) -> bool:
     return True
 
 
-async def reconcile_workspace(core: Core, workspace: Workspace, *, startup: bool) -> None:
-    """Scan one workspace's session files, watch its folders, and start what the counters call for."""
+async def reconcile_workspace(core: Core, workspace: Workspace) -> None:
+    """Watch one workspace's folders, then scan its session files (a change made during the scan is rescanned, not
+    missed), and start what the counters call for. The first reconcile opens the workspace: git beside the scan,
+    the agent's history followed from before it, the rest after it."""
     loop = asyncio.get_running_loop()
-    results = await loop.run_in_executor(core.executor, workspace.reconcile)
-    if core.watcher is not None:
-        for folder in workspace.sessions_dirs:
-            core.watcher.watch(folder)
-        for folder in indexing.memory_folders(workspace):
-            core.watcher.watch(folder, memory=True)
-    counts = {}
-    if startup:
+    first = workspace.last_reconcile is None
+    if first:
+        workspace.begin_open()
+        if workspace.settings.consolidation.mode != "owner":
+            companion.agent_archive(core, workspace)  # the cursor, saved: an agent entry written during the scan counts
+    await loop.run_in_executor(core.executor, workspace.discover)
+    watch_folders(core, workspace)
+    results = await loop.run_in_executor(core.executor, functools.partial(workspace.reconcile, first=first))
+    if first:
         logger.info("workspace {}: start-up reconcile of {} session file(s) done in {:.2f} s ({} changed)",
                     workspace.name, len(results), workspace.last_reconcile_seconds or 0.0,
                     sum(result.changed for result in results))
-        unchanged = [result.key for result in results if not result.changed]
-        counts = await loop.run_in_executor(core.executor, vanished_counts, workspace, unchanged)
+        results = await loop.run_in_executor(core.executor, with_vanished, workspace, results)
     for result in results:
-        if result.changed:
-            scanned(core, workspace, result.key, vanished=result.vanished, mark_moved=result.mark_moved,
-                    tail_before=result.tail_before)
-        elif startup:
-            scanned(core, workspace, result.key, vanished=counts.get(result.key, 0))
+        if result.changed or first:
+            scanned(core, workspace, result)
     if workspace.mode == "companion":
         companion.poll_agent_history(core, workspace)
-    if startup and core.store.rebuilt:
+    if first and core.store.rebuilt:
         await loop.run_in_executor(core.executor, rebuild_archive_marks, workspace)
-    if startup:
+    if first:
         loop.create_task(open_workspace(core, workspace))
     elif workspace.opened:
         await indexing.check_fingerprints(core, workspace)
         await indexing.sample_daily(core, workspace, new_day_only=True)
 
 
+def watch_folders(core: Core, workspace: Workspace) -> None:
+    """Watch (or re-arm) the workspace's session and memory folders."""
+    if core.watcher is not None:
+        for folder in workspace.sessions_dirs:
+            core.watcher.watch(folder)
+        for folder in indexing.memory_folders(workspace):
+            core.watcher.watch(folder, memory=True)
+
+
 async def open_workspace(core: Core, workspace: Workspace) -> None:
-    """Open git, QMD and the skill file of a freshly scanned workspace, then refresh its index."""
+    """Open QMD and the skill file of a freshly scanned workspace (and see its git store open), then refresh its
+    index."""
     await workspace.open()
     indexing.schedule_refresh(core, workspace, None)
 
 
-def vanished_counts(workspace: Workspace, keys: list[str]) -> dict[str, int]:
-    """Spooled messages gone from each unchanged file (found at start: they vanished while nanobotd was down)."""
-    return {key: workspace.tracker.vanished_count(key) for key in keys}
+def with_vanished(workspace: Workspace, results: list[ScanResult]) -> list[ScanResult]:
+    """Each unchanged file's result with the spooled messages gone from it (found at start: they vanished while
+    nanobotd was down)."""
+    return [result if result.changed else ScanResult(result.key, False, vanished=workspace.tracker.vanished_count(
+        result.key)) for result in results]
 
 
 def rebuild_archive_marks(workspace: Workspace, batch: int = 1_000) -> None:
@@ -125,13 +157,12 @@ def rebuild_archive_marks(workspace: Workspace, batch: int = 1_000) -> None:
         logger.warning("workspace {}: rebuilt {} archive marks from history.jsonl", workspace.name, marked)
 
 
-def scanned(core: Core, workspace: Workspace, key: str, *, vanished: int = 0, mark_moved: bool = False,
-            tail_before: int = 0) -> None:
+def scanned(core: Core, workspace: Workspace, result: ScanResult) -> None:
     """A session's counters changed: beside an agent, attribute its archive entries first; then trigger."""
-    if workspace.mode == "companion" and (vanished or mark_moved):
-        companion.session_scanned(core, workspace, key, mark_moved=mark_moved, vanished=vanished,
-                                  tail_before=tail_before)
-    trigger(core, workspace, key, vanished=vanished)
+    if workspace.mode == "companion" and (result.vanished or result.mark_moved):
+        companion.session_scanned(core, workspace, result.key, mark_moved=result.mark_moved, vanished=result.vanished,
+                                  tail_before=result.tail_before)
+    trigger(core, workspace, result.key, vanished=result.vanished)
 
 
 def restored(core: Core, workspace: Workspace, run_id: str) -> None:
@@ -142,7 +173,7 @@ def restored(core: Core, workspace: Workspace, run_id: str) -> None:
     key = target.session_key if target is not None else None
     if run is None or not run.manifest.get("messages") or key not in workspace.tracker.sessions:
         return
-    scanned(core, workspace, key, vanished=workspace.tracker.vanished_count(key))
+    scanned(core, workspace, ScanResult(key, False, vanished=workspace.tracker.vanished_count(key)))
 
 
 def trigger(core: Core, workspace: Workspace, key: str, *, vanished: int = 0) -> None:
@@ -150,10 +181,7 @@ def trigger(core: Core, workspace: Workspace, key: str, *, vanished: int = 0) ->
     if core.queue is None or not core.queue.accepting:
         return
     for kind, reason in workspace.due_jobs(key, vanished):
-        if kind == "flush":
-            submit_flush(core, workspace, key)
-        else:
-            submit_consolidate(core, workspace, key, reason=reason)
+        submit_due(core, workspace, kind, key, reason)
 
 
 def trigger_idle(core: Core) -> None:
@@ -161,12 +189,16 @@ def trigger_idle(core: Core) -> None:
     now = core.clock()
     for workspace in core.workspaces.values():
         for kind, key in workspace.idle_sessions(now):
-            if core.queue.busy(workspace.name, f"session:{key}"):
-                continue
-            if kind == "flush":
-                submit_flush(core, workspace, key)
-            else:
-                submit_consolidate(core, workspace, key, reason="idle")
+            if not core.queue.busy(workspace.name, f"session:{key}"):
+                submit_due(core, workspace, kind, key, "idle")
+
+
+def submit_due(core: Core, workspace: Workspace, kind: str, key: str, reason: str) -> None:
+    """Queue the flush or consolidation a session's counters (or its quiet) call for."""
+    if kind == "flush":
+        submit_flush(core, workspace, key)
+    else:
+        submit_consolidate(core, workspace, key, reason=reason)
 
 
 def submit_flush(core: Core, workspace: Workspace, key: str) -> str:

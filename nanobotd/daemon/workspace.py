@@ -1,7 +1,7 @@
 """One managed workspace at run time: tracker, LLM client, git store, search indexes and the job env.
 
-A `Workspace` is opened after the start-up scan (git, QMD, skill file, first index refresh) and closed
-as a whole on stop or when a reload drops or changes it.
+Its git store opens on its own thread beside its first scan; the rest (QMD, skill file, first index refresh)
+after that scan. It is closed as a whole on stop or when a reload drops or changes it.
 
 Triggers (DESIGN.md §4): the unarchived tail reaching the budget -> consolidate; reaching the flush
 threshold -> flush, once per compaction cycle; messages vanished from a rewritten file -> rescue;
@@ -77,7 +77,9 @@ class Workspace:
         self.last_scan_error: dict | None = None  # what the last failed scan said, for status
         self.held_elsewhere: str | None = None  # another daemon holds this workspace's lock (daemon.lock)
         self.torn_lines = 0
+        self.opening: asyncio.Task | None = None  # the git store opening (begin_open), beside the first scan
         self.opened = False
+        self.reconciling = False
         self.pending_paths: dict[Path, float] = {}  # changed file -> when it last changed (loop time)
         self.pending_since = 0.0
         self.refresh_handle: asyncio.TimerHandle | None = None
@@ -117,17 +119,31 @@ class Workspace:
         return self.settings.path.is_dir()
 
     # -- open / close --------------------------------------------------------------------------------
-    async def open(self) -> None:
-        """After the start-up scan: open git, write the skill file, start QMD (the index refresh follows)."""
-        self.repair_history()
+    def begin_open(self) -> None:
+        """Mend a torn history line, then open the git store on its own thread, beside the first scan (restore and
+        dream-log wait for it); once only."""
+        if self.opening is None:
+            self.repair_history()
+            self.opening = asyncio.get_running_loop().create_task(self._open_git(), name=f"open-git-{self.name}")
+
+    async def _open_git(self) -> None:
         try:
-            await self.git.call(self.git.open)
+            await self.git.call(self._open_git_now)
         except Exception as exc:
             logger.warning("workspace {}: git store unavailable: {}", self.name, exc)
+
+    def _open_git_now(self) -> None:
+        self.env.faults.reach("workspace.opening_git")
+        self.git.open()
+
+    async def open(self) -> None:
+        """After the first scan: write the skill file, start QMD (the index refresh follows), and see git open."""
         ensure_skill_file(self.settings.path)
         if self.qmd is not None:
             await self.qmd.start()
             self.qmd.request_update()
+        self.begin_open()
+        await self.opening
         self.opened = True
 
     def repair_history(self) -> None:
@@ -194,12 +210,13 @@ class Workspace:
         self.last_scan_error = {"at": iso_local(self.clock()), "path": str(path), "error": str(exc)}
         logger.opt(exception=exc).error("workspace {}: scanning {} failed: {}", self.name, path, exc)
 
-    def reconcile(self) -> list[ScanResult]:
-        """Scan every session file (fingerprints make unchanged files free) and notice deleted ones."""
+    def reconcile(self, *, first: bool = False) -> list[ScanResult]:
+        """Scan every session file of the folders discover() found (fingerprints make unchanged files free) and
+        notice deleted ones."""
         started = time.perf_counter()
         results = []
         seen: set[Path] = set()
-        for folder in self.discover():
+        for folder in self.sessions_dirs:
             try:
                 entries = sorted(folder.iterdir())
             except OSError as exc:
@@ -223,6 +240,7 @@ class Workspace:
                     self.count_if_near(result.key)
                 except Exception as exc:
                     self._scan_failed(self.tracker.sessions[result.key].path, exc)
+        self.env.faults.reach("reconcile.startup_scanned" if first else "reconcile.scanned")
         self.last_reconcile = self.clock()
         self.last_reconcile_seconds = time.perf_counter() - started
         return results
@@ -330,40 +348,32 @@ class Workspace:
 
     def status(self) -> dict:
         """Per-workspace figures for GET /v1/status."""
-        totals = self.tracker.totals()
-        data = {
+        return {
             "name": self.name, "path": str(self.settings.path), "exists": self.exists,
             "sessions_dir": str(self.sessions_dirs[0]) if self.sessions_dirs else None,
             "sessions_dirs": [str(folder) for folder in self.sessions_dirs],
-            **totals,
+            **self.tracker.totals(),
             "llm_mode": self.llm.mode, "llm_model": self.settings.llm.model, "llm_last_call": self.llm_last_call(),
             "consolidation_mode": self.mode, "scanning": self.last_reconcile is None,
             "agent": self.agent.to_json(),
             **self.budgets(),
             "last_reconcile": iso_local(self.last_reconcile), "last_reconcile_seconds": self.last_reconcile_seconds,
             "scan_errors": self.scan_errors, "last_scan_error": self.last_scan_error, "torn_lines": self.torn_lines,
-            "held_elsewhere": self.held_elsewhere,
+            "held_elsewhere": self.held_elsewhere, "git": self.git.health(), "search": self.search_status(),
         }
-        data["git"] = self.git.health()
-        data["search"] = self.search_status()
-        return data
 
     @property
     def refreshing(self) -> bool:
         """An index refresh is running (refreshes are single-flight)."""
         return self.refresh_started is not None
 
-    def _refresh_seconds(self) -> float:
-        """Seconds the index refreshes ran since the start, the one running included."""
-        running = self.refresh_started
-        return self.refresh_seconds + (time.monotonic() - running if running is not None else 0.0)
-
     def search_status(self) -> dict:
-        """Backends, index figures and freshness."""
+        """Backends, index figures and freshness (refresh_seconds: refreshes since the start, the running one too)."""
+        running = time.monotonic() - self.refresh_started if self.refresh_started is not None else 0.0
         search = {"backend": self.settings.search.backend, "builtin": self.index.stats(),
                   "last_refresh": self.last_refresh, "pending_changes": len(self.pending_paths),
                   "refreshing": self.refreshing, "refreshes": self.refreshes,
-                  "refresh_seconds": round(self._refresh_seconds(), 3)}
+                  "refresh_seconds": round(self.refresh_seconds + running, 3)}
         if self.qmd is not None:
             search["qmd"] = self.qmd.freshness()
         return search

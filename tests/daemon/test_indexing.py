@@ -44,7 +44,7 @@ def test_a_refresh_waits_for_the_archive_run_and_at_most_as_long_as_changes_may_
         core = SimpleNamespace(queue=queue, executor=ThreadPoolExecutor(1))
         waiting = _workspace(1.0, refreshed)  # changes may wait 5 s
         queue.running = True
-        indexing.session_changed(core, waiting, Path("a.jsonl"))
+        indexing.changed(core, waiting, {Path("a.jsonl")})
         await asyncio.sleep(1.3)  # one debounce went by: the refresh found the archive running
         assert refreshed == [] and set(waiting.pending_paths) == {Path("a.jsonl")}
         ended = asyncio.get_running_loop().time()
@@ -55,7 +55,7 @@ def test_a_refresh_waits_for_the_archive_run_and_at_most_as_long_as_changes_may_
         hurried = _workspace(0.1, refreshed)  # changes may wait 0.5 s
         queue.running = True
         changed = asyncio.get_running_loop().time()
-        indexing.session_changed(core, hurried, Path("b.jsonl"))
+        indexing.changed(core, hurried, {Path("b.jsonl")})
         await _until(refreshed, 2)
         assert refreshed[1][0] - changed >= 0.5 - 0.01 and queue.running, "refreshed beside the run, once due"
         core.executor.shutdown()
@@ -71,7 +71,7 @@ def test_a_refresh_elsewhere_waits_only_its_debounce():
         other = _workspace(0.1, refreshed)
         other.name = "other"
         queue.running = True
-        indexing.session_changed(core, other, Path("c.jsonl"))
+        indexing.changed(core, other, {Path("c.jsonl")})
         armed = other.refresh_handle
         await _until(refreshed, 1)
         assert other.refresh_handle is armed, "another workspace's run holds nothing back: the first timer refreshed"
@@ -104,11 +104,11 @@ def test_a_dreams_own_memory_write_and_its_end_refresh_the_index_once(tmp_path):
         core = SimpleNamespace(queue=queue, executor=ThreadPoolExecutor(1))
         workspace = _memory_workspace(tmp_path, refreshed)
         queue.running = True
-        indexing.memory_file_changed(core, workspace, tmp_path / "memory" / "MEMORY.md")  # the watcher saw it
+        indexing.changed(core, workspace, {tmp_path / "memory" / "MEMORY.md"})  # the watcher saw it
         await asyncio.sleep(0.4)  # the dream commits to git, longer than the debounce
         assert refreshed == [], "the dream's end refreshes: its own write must not refresh before"
         queue.running = False
-        indexing.memory_changed(core, workspace)
+        indexing.changed(core, workspace)
         await _until(refreshed, 1)
         await asyncio.sleep(0.3)
         assert len(refreshed) == 1 and refreshed[0][1] is None
@@ -139,10 +139,10 @@ def test_a_memory_file_written_once_is_refreshed_while_a_session_keeps_changing(
         refreshed: list = []
         core = SimpleNamespace(queue=_Running("dream"), executor=ThreadPoolExecutor(1))
         workspace = _memory_workspace(tmp_path, refreshed)  # debounce 0.1 s; changes may wait 0.5 s
-        indexing.memory_file_changed(core, workspace, tmp_path / "memory" / "MEMORY.md")
+        indexing.changed(core, workspace, {tmp_path / "memory" / "MEMORY.md"})
         saves = 0
         while not refreshed and saves < 20:  # the agent saves its session every 20 ms, 0.4 s in all
-            indexing.session_changed(core, workspace, tmp_path / "sessions" / "cli_a.jsonl")
+            indexing.changed(core, workspace, {tmp_path / "sessions" / "cli_a.jsonl"})
             saves += 1
             await asyncio.sleep(0.02)
         assert refreshed and saves < 20, "the memory file, quiet for a debounce, did not wait for the session"

@@ -61,8 +61,8 @@ def start_with_session(daemon, key: str, count: int) -> list[dict]:
     write_session(daemon.sessions, key, messages)
     daemon.start()
     daemon.wait_for(lambda: (daemon.session(key) or {}).get("unarchived_messages") == count)
-    # the workspace opens (git) once its start-up reconcile is over, which is when the agent's history starts
-    # being followed: an agent entry written before then is taken as one from before nanobotd
+    # the agent's history is followed from before the start-up scan; an entry written before the daemon started is
+    # taken as one from before nanobotd
     daemon.wait_for(lambda: workspace_status(daemon)["git"]["available"])
     assert workspace_status(daemon)["consolidation_mode"] == "companion"
     return messages

@@ -11,5 +11,5 @@ from nanobotd.daemon.handlers.common import bind
 
 def all_routes(core: Core) -> Routes:
     """Every endpoint of the control API: (method, path pattern, handler)."""
-    return [*memory.routes(core), *[route for module in (status, sessions, search, reports, browse, exposition)
-                                    for route in bind(core, module.ROUTES)]]
+    return [route for module in (memory, status, sessions, search, reports, browse, exposition)
+            for route in bind(core, module.ROUTES)]

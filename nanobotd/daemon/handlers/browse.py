@@ -22,7 +22,6 @@ DEFAULT_HISTORY_PAGE = 50
 MAX_DAILY_DAYS = 90
 
 
-
 async def memory_files(core: Core, request: Request) -> dict:
     """SOUL.md, USER.md and MEMORY.md as they are (nanobot puts them whole into every prompt), each with
     its size against context.max_chars, and the days that have a daily note (active or archived); with

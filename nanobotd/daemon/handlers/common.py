@@ -1,5 +1,5 @@
-"""What every handler does the same way: find the workspace(s) a request names, run blocking work on the
-executor, answer 202 for a run; and `bind`, which hands the core to a module's ROUTES."""
+"""What every handler does the same way: find the workspace(s) a request names, wait for its git store to open,
+run blocking work on the executor, answer 202 for a run; and `bind`, which hands the core to a module's ROUTES."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import functools
 from nanobotd.api.app import ApiError, Request, Response, Routes
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.workspace import Workspace
+
+OPEN_WAIT_SECONDS = 10.0  # how long a request that needs the git store waits for a workspace still opening
 
 
 def named_workspaces(core: Core, request: Request, body: dict | None = None) -> list[Workspace]:
@@ -30,24 +32,38 @@ def one_workspace(core: Core, request: Request, body: dict | None = None) -> Wor
     return workspaces[0]
 
 
+async def git_opened(workspace: Workspace) -> None:
+    """Wait up to OPEN_WAIT_SECONDS for the workspace's git store to open; 409 not_open when it has not."""
+    opening = workspace.opening
+    if opening is not None and not opening.done():
+        await asyncio.wait({opening}, timeout=OPEN_WAIT_SECONDS)
+    if opening is None or not opening.done():
+        state = "is still opening its git store" if opening else "is not open (its folder does not exist yet)"
+        raise ApiError(409, "not_open", f"workspace {workspace.name} {state}; try again shortly")
+
+
 def session_workspace(core: Core, key: str, workspace_name: str | None) -> Workspace:
-    """The workspace holding session *key*; 404 when none does, 403 when the named one does not but another does.
+    """The workspace holding session *key* (the named one, else any); 404 when none does, 403 when the named one does
+    not but another does.
 
     A caller bound to one workspace (an agent's memory tools) must get neither another workspace's memory
     nor a quiet answer about its own, so a session found elsewhere is refused in words.
     """
+    holders = [workspace for workspace in core.workspaces.values() if key in workspace.tracker.sessions]
+    if not workspace_name:
+        if not holders:
+            raise ApiError(404, "unknown_session", f"no session {key!r}")
+        return holders[0]
     try:
-        return core.find_session(key, workspace_name)
+        named = core.workspace(workspace_name)
     except KeyError as exc:
-        missing = str(exc.args[0])
-    if workspace_name and any(key in other.tracker.sessions for other in core.workspaces.values()):
-        try:
-            named = core.workspace(workspace_name).name
-        except KeyError:
-            raise ApiError(404, "unknown_session", missing) from None
-        raise ApiError(403, "other_workspace", f"session {key!r} belongs to another workspace, not {named!r}; "
-                                               f"this request may read only workspace {named!r}")
-    raise ApiError(404, "unknown_session", missing)
+        raise ApiError(404, "unknown_session", str(exc.args[0])) from None
+    if named in holders:
+        return named
+    if holders:
+        raise ApiError(403, "other_workspace", f"session {key!r} belongs to another workspace, not {named.name!r}; "
+                                               f"this request may read only workspace {named.name!r}")
+    raise ApiError(404, "unknown_session", f"no session {key!r} in workspace {named.name}")
 
 
 def started(run_ids: list[str]) -> Response:

@@ -21,12 +21,7 @@ WORKSPACE_GAUGES = (
 
 
 async def prometheus(core: Core, request: Request) -> Response:
-    """Every figure, read afresh, in the Prometheus text format."""
-    return Response(200, exposition(core), content_type=PROMETHEUS_TEXT)
-
-
-def exposition(core: Core) -> str:
-    """Every figure as Prometheus text: per-workspace gauges, job outcome counters, index size, uptime."""
+    """Every figure, read afresh, as Prometheus text: per-workspace gauges, job outcome counters, index size, uptime."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -55,7 +50,7 @@ def exposition(core: Core) -> str:
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Figures())
-    return generate_latest(registry).decode("utf-8")
+    return Response(200, generate_latest(registry).decode("utf-8"), content_type=PROMETHEUS_TEXT)
 
 
 ROUTES = [("GET", "/metrics", prometheus)]

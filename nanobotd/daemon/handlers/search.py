@@ -65,7 +65,6 @@ async def _builtin(core: Core, workspace: Workspace, query: str, limit: int, min
     return await blocking(core, lambda: workspace.index.search(query, limit=limit, min_score=min_score))
 
 
-
 async def context(core: Core, request: Request) -> dict:
     """The budgeted context; its search hits come from the same search as /v1/search (backend per config).
     An unknown session is a 404, and a context that came out empty says why."""

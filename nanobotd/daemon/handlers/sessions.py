@@ -28,18 +28,14 @@ async def sessions(core: Core, request: Request) -> dict:
     return {"sessions": rows, "scanning": scanning}
 
 
-def _daemon_archived(core: Core, session_id: int) -> int:
-    return core.store.query("SELECT count(*) FROM archived WHERE session_id=?", (session_id,))[0][0]
-
-
 async def session(core: Core, request: Request) -> dict:
     """One session with its budgets, what is vanished and its last run."""
     key = request.params["key"]
     workspace = session_workspace(core, key, request.query.get("workspace"))
     settings = workspace.settings
     session = workspace.tracker.sessions[key]
-    data = dict(session.to_json(), workspace=workspace.name,
-                daemon_archived=_daemon_archived(core, session.session_id))
+    archived = core.store.query("SELECT count(*) FROM archived WHERE session_id=?", (session.session_id,))[0][0]
+    data = dict(session.to_json(), workspace=workspace.name, daemon_archived=archived)
     data.update(workspace.budgets())
     if workspace.mode == "companion":
         data["agent_prompt_tokens"] = workspace.agent_prompt_tokens(key)

@@ -28,9 +28,8 @@ def workspace_status(core: Core, workspace: Workspace) -> dict:
     """One workspace: counters, watcher health, git, search and the scheduled jobs."""
     data = workspace.status()
     watcher = core.watcher
-    folders = [str(folder) for folder in workspace.sessions_dirs]
     data["watcher"] = {
-        "healthy": bool(watcher and watcher.healthy() and all(f in watcher.health()["folders"] for f in folders)),
+        "healthy": bool(watcher and watcher.healthy(workspace.sessions_dirs)),
         "mode": watcher.mode if watcher else None,
         "last_reconcile": data["last_reconcile"],
         "waiting_for": None if workspace.sessions_dirs else str(workspace.settings.path),
