@@ -15,7 +15,7 @@ from typing import Any
 
 from nanobotd.config.schema import LLMSettings
 from nanobotd.llm.client import OFFLINE_MODELS, api_fields
-from nanobotd.llm.failures import describe
+from nanobotd.llm.failures import BAD_RESPONSE, Failure
 from nanobotd.llm.process import LLMWorker, WorkerFailure
 
 
@@ -62,10 +62,10 @@ class Embedder:
             data = sorted(answer["response"]["data"], key=lambda item: item["index"])
             vectors = [[float(value) for value in item["embedding"]] for item in data]
         except WorkerFailure as exc:  # the worker names the library's error; the caller only needs "why"
-            raise EmbeddingError(describe(exc.failure.error, self._api_key)) from exc
+            raise EmbeddingError(exc.failure.describe(self._api_key)) from exc
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise EmbeddingError(f"{self.model} gave an answer of the wrong shape: "
-                                 f"{describe(exc, self._api_key)}") from exc
+                                 f"{Failure.of(BAD_RESPONSE, exc).describe(self._api_key)}") from exc
         if len(vectors) != len(texts) or any(not vector for vector in vectors):
             raise EmbeddingError(f"{self.model} gave {len(vectors)} vectors for {len(texts)} texts")
         return vectors
