@@ -52,13 +52,9 @@ class Embedder:
             return []
         call = self._worker.call({**self._request, "input": texts}, self._timeout, op="embed")
         try:
-            try:
-                asyncio.get_running_loop()
-            except RuntimeError:  # the usual case: an executor thread
-                answer = asyncio.run(call)
-            else:  # a thread that runs a loop waits for one of its own on a helper thread
-                with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embed") as helper:
-                    answer = helper.submit(asyncio.run, call).result()
+            # a loop of its own, on a helper thread: the calling thread may run an event loop already
+            with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embed") as helper:
+                answer = helper.submit(asyncio.run, call).result()
             data = sorted(answer["response"]["data"], key=lambda item: item["index"])
             vectors = [[float(value) for value in item["embedding"]] for item in data]
         except WorkerFailure as exc:  # the worker names the library's error; the caller only needs "why"
