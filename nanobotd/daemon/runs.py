@@ -66,7 +66,7 @@ def schedule_jobs(core: Core) -> None:
                 submit(core, workspace, kind)
 
             scheduler.add(job_id, settings.schedule, fire)
-            last = core.store.job_last_success(kind, workspace.name)
+            last, _ = core.store.job_last_success(kind, workspace.name)
             if last is None:
                 # a baseline, not a success: a run missed from now on is caught up at the next start
                 core.store.set_job_success(kind, workspace.name, None, core.clock())
@@ -81,8 +81,7 @@ def next_runs(core: Core, workspace: Workspace) -> dict:
         if off := job_kind(kind).off_reason(workspace.env):
             result[kind] = {"off": off, "last_success": None, "next_run": None, "running": False}
             continue
-        last = core.store.job_last_success(kind, workspace.name)
-        last_run = core.store.job_last_run(kind, workspace.name)
+        last, last_run = core.store.job_last_success(kind, workspace.name)
         result[kind] = {
             "last_success": iso_local(last) if last_run else None, "last_run_id": last_run,
             "next_run": core.scheduler.next_run(f"{kind}:{workspace.name}"),

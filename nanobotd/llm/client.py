@@ -20,7 +20,7 @@ from loguru import logger
 
 from nanobotd import tuning
 from nanobotd.config.schema import LLMSettings
-from nanobotd.llm.failures import BAD_RESPONSE, ERROR_TEXT_LIMIT, Failure, LLMBadResponse, LLMUnavailable, describe
+from nanobotd.llm.failures import BAD_RESPONSE, ERROR_TEXT_LIMIT, Failure, LLMBadResponse, LLMUnavailable
 from nanobotd.llm.process import LLMWorker, WorkerFailure
 from nanobotd.llm.reply import LLMReply, parse_reply
 
@@ -107,7 +107,7 @@ class LLMClient:
                 reply = parse_reply(answer["response"], latency_ms=float(answer.get("latency_ms") or 0.0),
                                     attempts=attempt)
             except LLMBadResponse as error:
-                failure = Failure(BAD_RESPONSE, error)
+                failure = Failure.of(BAD_RESPONSE, error)
             except WorkerFailure as error:  # CancelledError is a BaseException and passes through
                 failure = error.failure
             else:
@@ -119,9 +119,9 @@ class LLMClient:
                 break
             delay = retry_delay(attempt, failure.retry_after)
             logger.warning("LLM call failed ({} {}: {}); attempt {} of {}, retrying in {:.1f}s", failure.label,
-                           type(failure.error).__name__, describe(failure.error, self._api_key), attempt,
+                           failure.error_type, failure.describe(self._api_key), attempt,
                            self.settings.max_retries + 1, delay)
             await self._sleep(delay)
-        error = failure.final_error(attempt, describe(failure.error, self._api_key))
+        error = failure.final_error(attempt, self._api_key)
         self.last_call = {"ok": False, "at": time.time(), "error": str(error)[:ERROR_TEXT_LIMIT]}
-        raise error from failure.error
+        raise error

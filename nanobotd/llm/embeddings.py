@@ -15,7 +15,7 @@ from typing import Any
 
 from nanobotd.config.schema import LLMSettings
 from nanobotd.llm.client import OFFLINE_MODELS, api_fields
-from nanobotd.llm.failures import describe
+from nanobotd.llm.failures import BAD_RESPONSE, Failure
 from nanobotd.llm.process import LLMWorker, WorkerFailure
 
 
@@ -52,20 +52,16 @@ class Embedder:
             return []
         call = self._worker.call({**self._request, "input": texts}, self._timeout, op="embed")
         try:
-            try:
-                asyncio.get_running_loop()
-            except RuntimeError:  # the usual case: an executor thread
-                answer = asyncio.run(call)
-            else:  # a thread that runs a loop waits for one of its own on a helper thread
-                with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embed") as helper:
-                    answer = helper.submit(asyncio.run, call).result()
+            # a loop of its own, on a helper thread: the calling thread may run an event loop already
+            with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embed") as helper:
+                answer = helper.submit(asyncio.run, call).result()
             data = sorted(answer["response"]["data"], key=lambda item: item["index"])
             vectors = [[float(value) for value in item["embedding"]] for item in data]
         except WorkerFailure as exc:  # the worker names the library's error; the caller only needs "why"
-            raise EmbeddingError(describe(exc.failure.error, self._api_key)) from exc
+            raise EmbeddingError(exc.failure.describe(self._api_key)) from exc
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise EmbeddingError(f"{self.model} gave an answer of the wrong shape: "
-                                 f"{describe(exc, self._api_key)}") from exc
+                                 f"{Failure.of(BAD_RESPONSE, exc).describe(self._api_key)}") from exc
         if len(vectors) != len(texts) or any(not vector for vector in vectors):
             raise EmbeddingError(f"{self.model} gave {len(vectors)} vectors for {len(texts)} texts")
         return vectors

@@ -41,12 +41,19 @@ class LLMBadResponse(LLMError):
 
 @dataclass(frozen=True)
 class Failure:
-    """One failed attempt, classified for the retry decision."""
+    """One failed attempt, classified for the retry decision: plain data, so it crosses the worker's pipe as is."""
 
     kind: str
-    error: Exception
+    error_type: str  # the library error's class name, for log lines
+    message: str
     status_code: int | None = None
     retry_after: float | None = None
+
+    @classmethod
+    def of(cls, kind: str, error: BaseException, status_code: int | None = None,
+           retry_after: float | None = None) -> Failure:
+        """The Failure of *error*, its text cut to MESSAGE_TEXT_LIMIT."""
+        return cls(kind, type(error).__name__, str(error)[:MESSAGE_TEXT_LIMIT], status_code, retry_after)
 
     @property
     def retryable(self) -> bool:
@@ -59,27 +66,19 @@ class Failure:
         """"timeout", "http 503", ... for log lines."""
         return f"{self.kind} {self.status_code}" if self.status_code else self.kind
 
-    def to_json(self) -> dict[str, Any]:
-        """What the daemon needs of it (`llm.process`): its class for the retry policy, text for the logs."""
-        return {"kind": self.kind, "status_code": self.status_code, "retry_after": self.retry_after,
-                "type": type(self.error).__name__, "message": str(self.error)[:MESSAGE_TEXT_LIMIT]}
+    def describe(self, api_key: str | None) -> str:
+        """The error's first line, short, with the API key and any bearer token blanked out."""
+        lines = self.message.strip().splitlines()
+        return redact(lines[0] if lines else self.error_type, api_key)[:ERROR_TEXT_LIMIT]
 
-    def final_error(self, attempts: int, detail: str) -> LLMError:
-        """What the caller sees once retries are spent: LLMBadResponse or LLMUnavailable, *detail* redacted."""
+    def final_error(self, attempts: int, api_key: str | None) -> LLMError:
+        """What the caller sees once retries are spent: LLMBadResponse or LLMUnavailable, its text redacted."""
+        detail = self.describe(api_key)
         if self.kind == BAD_RESPONSE:
             return LLMBadResponse(f"bad LLM response: {detail}", kind=BAD_RESPONSE, attempts=attempts)
         status = f" (HTTP {self.status_code})" if self.status_code else ""
         return LLMUnavailable(f"LLM {self.kind}{status} after {attempts} attempt(s): {detail}", kind=self.kind,
                               status_code=self.status_code, attempts=attempts)
-
-    @classmethod
-    def from_json(cls, data: dict) -> Failure:
-        """The Failure a worker child reported, its exception stood in for by one of the same class name."""
-        status_code, retry_after = data.get("status_code"), data.get("retry_after")
-        error = type(str(data.get("type") or "Exception"), (Exception,), {})(str(data.get("message") or ""))
-        return cls(str(data.get("kind") or "error"), error,
-                   status_code if isinstance(status_code, int) else None,
-                   float(retry_after) if isinstance(retry_after, (int, float)) else None)
 
 
 def classify_failure(error: BaseException) -> Failure:
@@ -99,23 +98,23 @@ def classify_failure(error: BaseException) -> Failure:
         if type(link).__module__.startswith("openai") and isinstance(link, openai.APIStatusError):
             return http_failure(error, link.status_code, getattr(error, "litellm_response_headers", None))
     if any(isinstance(link, (TimeoutError, httpx.TimeoutException, openai.APITimeoutError)) for link in links):
-        return Failure(TIMEOUT, error)
+        return Failure.of(TIMEOUT, error)
     if any(isinstance(link, (ConnectionError, httpx.TransportError, openai.APIConnectionError)) for link in links):
-        return Failure(CONNECTION, error)
+        return Failure.of(CONNECTION, error)
     status_code = getattr(error, "status_code", None)
     if status_code in RETRYABLE_STATUSES:
-        return Failure(HTTP_STATUS, error, status_code)
+        return Failure.of(HTTP_STATUS, error, status_code)
     if isinstance(status_code, int) and 400 <= status_code < 500:
         # litellm refused the request itself (unknown provider, unsupported parameter, missing key).
-        return Failure(REJECTED, error, status_code)
-    return Failure(BAD_RESPONSE, error)
+        return Failure.of(REJECTED, error, status_code)
+    return Failure.of(BAD_RESPONSE, error)
 
 
 def http_failure(error: BaseException, status_code: int, headers: Any) -> Failure:
     """An HTTP error status: 408, 429 and 5xx are worth retrying, other 4xx are not."""
     if status_code in RETRYABLE_STATUSES or status_code >= 500:
-        return Failure(HTTP_STATUS, error, status_code, retry_after_seconds(headers))
-    return Failure(REJECTED, error, status_code)
+        return Failure.of(HTTP_STATUS, error, status_code, retry_after_seconds(headers))
+    return Failure.of(REJECTED, error, status_code)
 
 
 def retry_after_seconds(headers: Any) -> float | None:
@@ -130,12 +129,6 @@ def retry_after_seconds(headers: Any) -> float | None:
         return max(email.utils.parsedate_to_datetime(headers.get("retry-after")).timestamp() - time.time(), 0.0)
     except (TypeError, ValueError):
         return None
-
-
-def describe(error: BaseException, api_key: str | None) -> str:
-    """The error's first line, short, with the API key and any bearer token blanked out."""
-    lines = str(error).strip().splitlines()
-    return redact(lines[0] if lines else type(error).__name__, api_key)[:ERROR_TEXT_LIMIT]
 
 
 def redact(text: str, *secrets: str | None) -> str:

@@ -41,13 +41,13 @@ class WorkerFailure(Exception):
     """A call failed in or because of the worker; *failure* is what the retry policy decides on."""
 
     def __init__(self, failure: Failure):
-        super().__init__(str(failure.error))
+        super().__init__(failure.message)
         self.failure = failure
 
 
 def crashed(reason: str) -> WorkerFailure:
     """The child died (or never became ready) before answering: sent once more to a new one."""
-    return WorkerFailure(Failure(WORKER, RuntimeError(f"LLM worker {reason}")))
+    return WorkerFailure(Failure(WORKER, "RuntimeError", f"LLM worker {reason}"))
 
 
 def worker_command(idle_exit_seconds: float) -> list[str]:
@@ -98,16 +98,13 @@ class LLMWorker:
         if request.get("api_key"):
             self.secrets.add(str(request["api_key"]))
         message = {"op": op, "request": request, "timeout": timeout, "slots": slots}
-        try:
-            return await self._call_once(message, timeout)
-        except WorkerFailure as failure:
-            if failure.failure.kind != WORKER:
-                raise
-            logger.warning("{}; sending the call again to a new one", failure)
-        return await self._call_once(message, timeout)
-
-    async def _call_once(self, message: dict, timeout: float) -> dict:
-        return await self._current().call({**message, "id": next(self._ids)}, timeout, self.start_timeout)
+        for resend in (True, False):
+            try:
+                return await self._current().call({**message, "id": next(self._ids)}, timeout, self.start_timeout)
+            except WorkerFailure as failure:
+                if failure.failure.kind != WORKER or not resend:
+                    raise
+                logger.warning("{}; sending the call again to a new one", failure)
 
     async def start(self) -> None:
         """Start a child now and wait until it is ready, so the first call does not wait for litellm."""
@@ -178,7 +175,7 @@ class WorkerChild:
                     reason = f"did not {'start' if starting else 'answer'} within {limit:g}s"
                     self.kill(reason)
                     raise (crashed(reason) if starting else
-                           WorkerFailure(Failure(TIMEOUT, TimeoutError(f"LLM worker {reason}; killed")))) from None
+                           WorkerFailure(Failure(TIMEOUT, "TimeoutError", f"LLM worker {reason}; killed"))) from None
                 if isinstance(answer, WorkerFailure):
                     raise answer
                 if not answer.get("sending") and not answer.get("ready"):
@@ -192,7 +189,7 @@ class WorkerChild:
                 self._waiting.pop(call_id, None)
                 self._sending.discard(call_id)
         if "failure" in answer:
-            raise WorkerFailure(Failure.from_json(answer["failure"]))
+            raise WorkerFailure(Failure(**answer["failure"]))
         return answer
 
     def retire(self) -> None:

@@ -22,10 +22,11 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any, BinaryIO, NoReturn
 
 from nanobotd import tuning
-from nanobotd.llm.failures import BAD_RESPONSE, Failure, LLMBadResponse, classify_failure
+from nanobotd.llm.failures import BAD_RESPONSE, LLMBadResponse, classify_failure
 
 
 class Slot:
@@ -191,10 +192,8 @@ class Worker:
                 raise LLMBadResponse(f"unexpected response type {type(response).__name__}", kind=BAD_RESPONSE)
             answer = {"id": call_id, "response": response.model_dump(),
                       "latency_ms": (time.perf_counter() - started) * 1000}
-        except LLMBadResponse as error:
-            answer = {"id": call_id, "failure": Failure(BAD_RESPONSE, error).to_json()}
         except Exception as error:  # CancelledError is a BaseException: a cancelled call sends nothing
-            answer = {"id": call_id, "failure": classify_failure(error).to_json()}
+            answer = {"id": call_id, "failure": asdict(classify_failure(error))}
         finally:
             if slot is not None:
                 slot.give_back()

@@ -42,7 +42,10 @@ class _Group:
     missed: int = 0
 
     def add(self, outcome: str, reason: str, tokens: int, latency_ms: float | None) -> None:
-        """Count one outcome row."""
+        """Count one outcome row; a "missed" one is not an attempt, but a compaction that came with no flush done."""
+        if outcome == MISSED_OUTCOME:
+            self.missed += 1
+            return
         self.counts[outcome] += 1
         self.tokens += tokens or 0
         if latency_ms is not None:
@@ -53,20 +56,15 @@ class _Group:
     def to_json(self, kind: str, workspace: str) -> dict:
         """The report row of this group."""
         total = sum(self.counts.values())
-        row = {"kind": kind, "workspace": workspace, "total": total}
-        row.update({outcome: self.counts[outcome] for outcome in OUTCOMES})
         other = total - sum(self.counts[outcome] for outcome in OUTCOMES)
-        if other:
-            row["other"] = other
-        row["rates"] = {outcome: (self.counts[outcome] / total if total else 0.0) for outcome in OUTCOMES}
-        row["tokens"] = self.tokens
         latencies = sorted(self.latencies)
-        row["latency_ms_p50"] = percentile(latencies, 0.50)
-        row["latency_ms_p95"] = percentile(latencies, 0.95)
-        row.update({key: dict(self.reasons[outcome].most_common(TOP_REASONS)) for outcome, key in REASON_KEYS.items()})
-        row["restored"] = self.restored
-        row["missed_before_compaction"] = self.missed
-        return row
+        return {"kind": kind, "workspace": workspace, "total": total,
+                **{outcome: self.counts[outcome] for outcome in OUTCOMES}, **({"other": other} if other else {}),
+                "rates": {outcome: (self.counts[outcome] / total if total else 0.0) for outcome in OUTCOMES},
+                "tokens": self.tokens, "latency_ms_p50": percentile(latencies, 0.50),
+                "latency_ms_p95": percentile(latencies, 0.95),
+                **{key: dict(self.reasons[outcome].most_common(TOP_REASONS)) for outcome, key in REASON_KEYS.items()},
+                "restored": self.restored, "missed_before_compaction": self.missed}
 
 
 def percentile(ordered: list[float], fraction: float) -> float | None:
@@ -83,17 +81,13 @@ def summarize_outcomes(store: StateStore, *, since: float, now: float) -> dict:
     """Per (kind, workspace) over since..now: counts and rates per outcome, tokens, latency p50/p95, top reasons,
     runs restored."""
     groups: dict[tuple[str, str], _Group] = {}
+    # a restore's marker row is not an update attempt: restores are counted from the runs
     rows = store.query(
         "SELECT kind, workspace, outcome, reason, tokens, latency_ms FROM outcomes"
-        " WHERE at >= ? AND at <= ? ORDER BY id",
-        (since, now),
+        " WHERE at >= ? AND at <= ? AND outcome != ? ORDER BY id",
+        (since, now, RESTORED_OUTCOME),
     )
     for kind, workspace, outcome, reason, tokens, latency_ms in rows:
-        if outcome == RESTORED_OUTCOME:
-            continue  # a restore's marker row, not an update attempt; restores are counted from the runs
-        if outcome == MISSED_OUTCOME:  # not an attempt either: a compaction that came with no flush done
-            groups.setdefault((kind, workspace), _Group()).missed += 1
-            continue
         groups.setdefault((kind, workspace), _Group()).add(outcome, reason, tokens, latency_ms)
     restores = _restores(store, since, now)
     for key, count in restores.pop("by_row").items():

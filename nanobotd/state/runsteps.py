@@ -16,17 +16,13 @@ from collections.abc import Iterable
 STEPS_KEY = "chunks"  # the manifest's list of step records (a consolidation's chunks)
 
 
-def head_of(manifest: dict) -> dict:
-    """*manifest* without its list of steps: what the run's row holds while the steps are journalled apart."""
-    return {key: value for key, value in manifest.items() if key != STEPS_KEY}
-
-
 def write_steps(db: sqlite3.Connection, run_id: str, steps: Iterable[tuple[int, dict]], head: dict) -> None:
     """Journal the records of *steps* ((number, record), a record replacing the step's earlier one) and the
     run's *head*, inside a transaction the caller holds: each costs its own size, whatever came before."""
     db.executemany("INSERT OR REPLACE INTO run_steps (run_id, step, record) VALUES (?, ?, ?)",
                    [(run_id, number, json.dumps(record)) for number, record in steps])
-    db.execute("UPDATE runs SET manifest=? WHERE run_id=?", (json.dumps(head_of(head)), run_id))
+    head = {key: value for key, value in head.items() if key != STEPS_KEY}  # the steps are journalled apart
+    db.execute("UPDATE runs SET manifest=? WHERE run_id=?", (json.dumps(head), run_id))
 
 
 def steps_of(db: sqlite3.Connection, run_ids: list[str]) -> dict[str, list[dict]]:

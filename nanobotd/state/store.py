@@ -429,15 +429,12 @@ class StateStore:
                 (run_id, kind, workspace, outcome, reason, tokens, latency_ms, self.clock()),
             )
 
-    def job_last_success(self, job: str, workspace: str) -> float | None:
-        """When *job* last completed for *workspace*."""
-        rows = self.query("SELECT last_success FROM job_state WHERE job=? AND workspace=?", (job, workspace))
-        return rows[0][0] if rows else None
-
-    def job_last_run(self, job: str, workspace: str) -> str | None:
-        """The run id of *job*'s last success (None when only a catch-up baseline is recorded)."""
-        rows = self.query("SELECT last_run_id FROM job_state WHERE job=? AND workspace=?", (job, workspace))
-        return rows[0][0] if rows else None
+    def job_last_success(self, job: str, workspace: str) -> tuple[float | None, str | None]:
+        """When *job* last completed for *workspace*, and its run id (None when only a catch-up baseline is
+        recorded); (None, None) when it never did."""
+        rows = self.query("SELECT last_success, last_run_id FROM job_state WHERE job=? AND workspace=?",
+                          (job, workspace))
+        return tuple(rows[0]) if rows else (None, None)
 
     def set_job_success(self, job: str, workspace: str, run_id: str | None, when: float | None = None) -> None:
         """Persist a job's success so a run missed while the daemon was down is caught up once."""
