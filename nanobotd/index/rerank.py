@@ -69,6 +69,16 @@ def rerank(rows: list[MatchRow], weights: QueryWeights, stemmer: Stemmer,
     """(row, score in [0, 1]) best first; *parts_of* gives the (start, end) character span of each part."""
     if not rows or weights.total <= 0:
         return [(row, 0.0) for row in rows]
+    scored = _scored(rows, weights, stemmer, parts_of)
+    if scored[0][1] <= 0:
+        # Parts leave out the speaker's label, so a query whose only word is a name ("What did Caroline
+        # say?") matched nothing in them: then the label counts, each unit read as one part.
+        scored = _scored(rows, weights, stemmer, lambda row: [(0, len(row.body))])
+    return scored
+
+
+def _scored(rows: list[MatchRow], weights: QueryWeights, stemmer: Stemmer,
+            parts_of: Callable[[MatchRow], list[tuple[int, int]]]) -> list[tuple[MatchRow, float]]:
     prefixes = _prefixes(weights)
     found = [[_candidate_words(row.body[start:end], prefixes) for start, end in parts_of(row) or [(0, len(row.body))]]
              for row in rows]
