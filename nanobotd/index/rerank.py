@@ -87,7 +87,8 @@ def _scored(rows: list[MatchRow], weights: QueryWeights, stemmer: Stemmer,
                if stem in weights.stems}
     analysed = [_analyse(row, parts, stem_of, weights) for row, parts in zip(rows, found, strict=True)]
     average = sum(length for _, _, length, _ in analysed) / len(analysed) or 1.0
-    part_average = _mean(length for _, parts, _, _ in analysed for _, length in parts) or 1.0
+    part_lengths = [length for _, parts, _, _ in analysed for _, length in parts]
+    part_average = sum(part_lengths) / max(len(part_lengths), 1) or 1.0
     unit_scores = [_bm25(counts, length, average, weights) for counts, _, length, _ in analysed]
     part_scores = [max((_bm25(counts, length, part_average, weights) for counts, length in parts if counts),
                        default=0.0)
@@ -167,8 +168,3 @@ def _bm25(counts: dict, length: int, average: float, weights: QueryWeights) -> f
     if counts.get("\x00dates"):
         score += weights.dates_weight
     return score
-
-
-def _mean(values) -> float:
-    values = list(values)
-    return sum(values) / len(values) if values else 0.0

@@ -175,7 +175,22 @@ def _window(lines: list[bytes], start: int, session_key: str | None, known: set[
         return key, None
     for position in [position for position in messages if position < start]:
         del messages[position]
-    return key, _decode_window(key, lines, start, session_key, messages)
+    texts, parts, days = [], [], []
+    offset = 0
+    first_when = ""
+    for position, line in enumerate(lines, start):
+        if position not in messages:
+            messages[position] = read_message(line)
+        message = messages[position]
+        if message is None:
+            continue
+        first_when = first_when or message.when
+        days += message.days
+        parts.append((position, offset, message.when))
+        texts.append(message.text)
+        offset += len(message.text) + 1
+    return key, Unit(key, "session", start, start + len(lines) - 1, "\n".join(texts), first_when,
+                     dates_column(tuple(days)), session_key, tuple(parts))
 
 
 @dataclass(frozen=True)
@@ -198,27 +213,6 @@ def read_message(data: bytes) -> Message | None:
     own = [moment.date()] if moment else []
     return Message(text, iso_seconds(moment) if moment else timestamp,
                    tuple(dict.fromkeys(own + event_days(text, moment))))
-
-
-def _decode_window(key: str, lines: list[bytes], start: int, session_key: str | None,
-                   messages: dict[int, Message | None]) -> Unit:
-    texts, parts, days = [], [], []
-    offset = 0
-    first_when = ""
-    for position, line in enumerate(lines, start):
-        if position not in messages:
-            messages[position] = read_message(line)
-        message = messages[position]
-        if message is None:
-            continue
-        text, when = message.text, message.when
-        first_when = first_when or when
-        days += message.days
-        parts.append((position, offset, when))
-        texts.append(text)
-        offset += len(text) + 1
-    return Unit(key, "session", start, start + len(lines) - 1, "\n".join(texts), first_when, dates_column(tuple(days)),
-                session_key, tuple(parts))
 
 
 def is_memory_lookup(record: dict) -> bool:
