@@ -60,11 +60,8 @@ class BuiltinIndex:
     def __init__(self, workspace: Path, db_path: Path, sessions_dirs: Path | Iterable[Path] | None = None, *,
                  clock: Callable[[], datetime] = datetime.now, window: int = WINDOW, stride: int = STRIDE,
                  match_budget: int = MATCH_BUDGET, embed: Embed | None = None):
-        if sessions_dirs is None:
-            sessions_dirs = ()
-        elif isinstance(sessions_dirs, (str, Path)):
-            sessions_dirs = (Path(sessions_dirs),)
-        self.sources = SourceSet(workspace, sessions_dirs)
+        one_folder = isinstance(sessions_dirs, (str, Path))
+        self.sources = SourceSet(workspace, (sessions_dirs,) if one_folder else sessions_dirs or ())
         self.workspace = self.sources.workspace
         self.db_path = Path(db_path)
         self.window, self.stride = window, stride
