@@ -373,16 +373,18 @@ def run(args: argparse.Namespace) -> dict:
                          "chat": args.chat}}
 
 
+def line(name: str, row: dict | str, width: int = 22) -> str:
+    """One row of a report table (or the reason a mode was skipped)."""
+    if isinstance(row, str):
+        return f"{name:<{width}} {row}"
+    return (f"{name:<{width}} R@5 {row['R@5']:5.1f}  R@10 {row['R@10']:5.1f}  MRR {row['MRR']:.3f}  "
+            f"W@10 {row['W@10']:7.1f}  R@1kw {row['R@1kw']:5.1f}  "
+            f"p50 {row.get('p50_ms', 0):6.2f} ms  p95 {row.get('p95_ms', 0):6.2f} ms  "
+            f"n={row['questions']}")
+
+
 def print_report(report: dict) -> None:
     """A readable table of the report."""
-    def line(name: str, row) -> str:
-        if isinstance(row, str):
-            return f"{name:<22} {row}"
-        return (f"{name:<22} R@5 {row['R@5']:5.1f}  R@10 {row['R@10']:5.1f}  MRR {row['MRR']:.3f}  "
-                f"W@10 {row['W@10']:7.1f}  R@1kw {row['R@1kw']:5.1f}  "
-                f"p50 {row.get('p50_ms', 0):6.2f} ms  p95 {row.get('p95_ms', 0):6.2f} ms  "
-                f"n={row['questions']}")
-
     settings = report["settings"]
     print(f"LoCoMo retrieval, {len(settings['conversations'])} conversations, categories 1-4, top {settings['top']}, "
           f"history: {settings['history']}{', chat messages' if settings['chat'] else ''}, "

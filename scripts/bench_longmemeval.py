@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_locomo import DEFAULT, GRID, TOP, Config, Scores, TurnBM25, merged, two_fold  # noqa: E402
+from bench_locomo import DEFAULT, GRID, TOP, Config, Scores, TurnBM25, covered_ranking, line, merged, two_fold  # noqa: E402
 
 from nanobotd.index import rerank  # noqa: E402
 from nanobotd.index.builtin import BuiltinIndex  # noqa: E402
@@ -50,7 +50,7 @@ def load(folder: Path) -> tuple[list[dict], list[dict]]:
     sessions = [json.loads(line) for line in (folder / "sessions.jsonl").read_text().splitlines() if line.strip()]
     by_id = {session["id"]: session for session in sessions}
     questions = []
-    for record in (json.loads(line) for line in (folder / "questions.jsonl").read_text().splitlines() if line):
+    for record in (json.loads(text) for text in (folder / "questions.jsonl").read_text().splitlines() if text):
         truth = record["ground_truth"]
         supporting = [by_id[sid] for sid in truth["supporting_session_ids"] if sid in by_id]
         evidence = {turn["id"] for session in supporting for turn in session["turns"]
@@ -83,16 +83,6 @@ def write_sessions(sessions: list[dict], folder: Path) -> dict[str, list[str]]:
     return layout
 
 
-def covered(hits, layout: dict[str, list[str]]) -> list[tuple[set, int]]:
-    """(turn ids, words) of each of the top hits."""
-    ranked = []
-    for hit in hits[:TOP]:
-        ids = layout.get(hit.session_key or "", [])
-        turns = set(ids[hit.message_start:hit.message_end + 1]) if hit.message_start is not None else set()
-        ranked.append((turns, len(hit.text.split())))
-    return ranked
-
-
 def run(folder: Path, quick: bool = False) -> dict:
     """Index every session once per window size, ask every question with every setting; return the report."""
     sessions, questions = load(folder)
@@ -120,7 +110,7 @@ def run(folder: Path, quick: bool = False) -> dict:
                     hits = index.search(question["question"], limit=TOP)
                     elapsed = time.perf_counter() - started
                     halves["odd" if number % 2 else "even"][config].add(
-                        question["category"], question["evidence"], covered(hits, layout), elapsed)
+                        question["category"], question["evidence"], covered_ranking(hits, layout, {}), elapsed)
             index.close()
     rerank.PART_WEIGHT, rerank.COVERAGE_SHARE = DEFAULT.part_weight, DEFAULT.coverage_share
     scores = merged(halves, DEFAULT, ["even", "odd"])
@@ -137,13 +127,6 @@ def run(folder: Path, quick: bool = False) -> dict:
                          "build_seconds": round(build_seconds, 2)}}
 
 
-def line(name: str, row: dict) -> str:
-    return (f"{name:<28} R@5 {row['R@5']:5.1f}  R@10 {row['R@10']:5.1f}  MRR {row['MRR']:.3f}  "
-            f"W@10 {row['W@10']:7.1f}  R@1kw {row['R@1kw']:5.1f}  "
-                f"p50 {row.get('p50_ms', 0):6.2f} ms  p95 {row.get('p95_ms', 0):6.2f} ms  "
-            f"n={row['questions']}")
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark from the command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -156,14 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     settings = report["settings"]
     print(f"LongMemEval-S subset, {settings['sessions']} sessions, {settings['questions']} questions, "
           f"top {settings['top']}, index built in {settings['build_seconds']} s")
-    print(line("builtin", report["builtin"]))
+    print(line("builtin", report["builtin"], 28))
     for name, row in report["per_category"].items():
-        print(line(f"  {name}", row))
-    print(line("2-fold held-out", report["two_fold"]["held_out"]))
+        print(line(f"  {name}", row, 28))
+    print(line("2-fold held-out", report["two_fold"]["held_out"], 28))
     for fold in report["two_fold"]["folds"]:
         print(f"  tuned on {fold['tuned_on'][0]} questions: {fold['config']} -> held-out R@10 "
               f"{fold['held_out']['R@10']} W@10 {fold['held_out']['W@10']}")
-    print(line("bm25_turns", report["bm25_turns"]))
+    print(line("bm25_turns", report["bm25_turns"], 28))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return 0

@@ -60,11 +60,8 @@ class BuiltinIndex:
     def __init__(self, workspace: Path, db_path: Path, sessions_dirs: Path | Iterable[Path] | None = None, *,
                  clock: Callable[[], datetime] = datetime.now, window: int = WINDOW, stride: int = STRIDE,
                  match_budget: int = MATCH_BUDGET, embed: Embed | None = None):
-        if sessions_dirs is None:
-            sessions_dirs = ()
-        elif isinstance(sessions_dirs, (str, Path)):
-            sessions_dirs = (Path(sessions_dirs),)
-        self.sources = SourceSet(workspace, sessions_dirs)
+        one_folder = isinstance(sessions_dirs, (str, Path))
+        self.sources = SourceSet(workspace, (sessions_dirs,) if one_folder else sessions_dirs or ())
         self.workspace = self.sources.workspace
         self.db_path = Path(db_path)
         self.window, self.stride = window, stride
@@ -205,7 +202,7 @@ class BuiltinIndex:
         if not self._lock.acquire(blocking=False):
             return dict(self._last_stats, refreshing=True)
         try:
-            units, files = self._with_recovery(self._counts, self._counts)
+            units, files = self._with_recovery(lambda: ftsdb.counts(self._conn()), lambda: ftsdb.counts(self._conn()))
             last = ftsdb.get_meta(self._conn(), "last_refresh")
             vectors = self._conn().execute("SELECT count(*) FROM vectors").fetchone()[0] if self._vectors else 0
         finally:
@@ -250,9 +247,6 @@ class BuiltinIndex:
             self._units = 0  # damage shows up, and is repaired, at the first real use
         return connection
 
-    def _counts(self) -> tuple[int, int]:
-        return ftsdb.counts(self._conn())
-
     def _conn(self) -> sqlite3.Connection:
         if self._connection is None:
             self._connection = self._open()
@@ -272,10 +266,7 @@ class BuiltinIndex:
                 self._read_connection = None
 
     def _reset(self) -> None:
-        self._close_reader()
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
+        self.close()
         ftsdb.delete_database(self.db_path)
         self._refill = True
         self._units = 0

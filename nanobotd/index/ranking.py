@@ -106,7 +106,7 @@ def _best_run(first: int, last: int, message: Callable[[int], str], pattern: tup
     while grew:
         grew = False
         for index in (high + 1, low - 1):
-            if first <= index <= last and index in (high + 1, low - 1) and used + words[index] <= max_words:
+            if first <= index <= last and used + words[index] <= max_words:
                 used += words[index]
                 low, high = min(low, index), max(high, index)
                 grew = True
@@ -131,14 +131,13 @@ def _longest_fresh_run(parts: list[tuple[int, int, str]], shown: set[int]) -> tu
     """(first, last) indices of the longest run of parts not shown yet (the earliest on a tie)."""
     best: tuple[int, int] | None = None
     run_start = None
-    for index, part in enumerate(parts + [(-1, 0, "")]):
-        fresh = index < len(parts) and part[0] not in shown
-        if fresh and run_start is None:
-            run_start = index
-        elif not fresh and run_start is not None:
-            if best is None or index - 1 - run_start > best[1] - best[0]:
-                best = (run_start, index - 1)
+    for index, part in enumerate(parts):
+        if part[0] in shown:
             run_start = None
+            continue
+        run_start = index if run_start is None else run_start
+        if best is None or index - run_start > best[1] - best[0]:
+            best = (run_start, index)
     return best
 
 

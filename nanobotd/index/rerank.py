@@ -69,6 +69,16 @@ def rerank(rows: list[MatchRow], weights: QueryWeights, stemmer: Stemmer,
     """(row, score in [0, 1]) best first; *parts_of* gives the (start, end) character span of each part."""
     if not rows or weights.total <= 0:
         return [(row, 0.0) for row in rows]
+    scored = _scored(rows, weights, stemmer, parts_of)
+    if scored[0][1] <= 0:
+        # Parts leave out the speaker's label, so a query whose only word is a name ("What did Caroline
+        # say?") matched nothing in them: then the label counts, each unit read as one part.
+        scored = _scored(rows, weights, stemmer, lambda row: [(0, len(row.body))])
+    return scored
+
+
+def _scored(rows: list[MatchRow], weights: QueryWeights, stemmer: Stemmer,
+            parts_of: Callable[[MatchRow], list[tuple[int, int]]]) -> list[tuple[MatchRow, float]]:
     prefixes = _prefixes(weights)
     found = [[_candidate_words(row.body[start:end], prefixes) for start, end in parts_of(row) or [(0, len(row.body))]]
              for row in rows]
@@ -77,7 +87,8 @@ def rerank(rows: list[MatchRow], weights: QueryWeights, stemmer: Stemmer,
                if stem in weights.stems}
     analysed = [_analyse(row, parts, stem_of, weights) for row, parts in zip(rows, found, strict=True)]
     average = sum(length for _, _, length, _ in analysed) / len(analysed) or 1.0
-    part_average = _mean(length for _, parts, _, _ in analysed for _, length in parts) or 1.0
+    part_lengths = [length for _, parts, _, _ in analysed for _, length in parts]
+    part_average = sum(part_lengths) / max(len(part_lengths), 1) or 1.0
     unit_scores = [_bm25(counts, length, average, weights) for counts, _, length, _ in analysed]
     part_scores = [max((_bm25(counts, length, part_average, weights) for counts, length in parts if counts),
                        default=0.0)
@@ -157,8 +168,3 @@ def _bm25(counts: dict, length: int, average: float, weights: QueryWeights) -> f
     if counts.get("\x00dates"):
         score += weights.dates_weight
     return score
-
-
-def _mean(values) -> float:
-    values = list(values)
-    return sum(values) / len(values) if values else 0.0

@@ -19,16 +19,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
-from collections import deque
+from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date
+from itertools import accumulate
 from pathlib import Path
 
+from nanobotd import fsio
 from nanobotd.index.timeintent import dates_column, event_days
 from nanobotd.index.units import Unit, iso_seconds, parse_timestamp
 from nanobotd.sessions.file import (
+    MAX_LINE_BYTES,
     RawLine,
     SessionHeader,
     is_metadata_line,
@@ -37,9 +41,10 @@ from nanobotd.sessions.file import (
     message_fields,
     read_header,
 )
-from nanobotd.tuning import LINE_OVERHEAD, MAX_MESSAGES, STRIDE, WINDOW
+from nanobotd.tuning import LINE_OVERHEAD, MAX_MESSAGES, READ_CHUNK, STRIDE, WINDOW
 
 MAX_MESSAGE_CHARS = 2000
+OVERSIZED = b"\x00"  # stands for a line too long to read: it keeps its place and is no message
 INDEXED_ROLES = ("user", "assistant")
 HEADER_PROBE_LINES = 8
 # nanobotd's own memory tools as nanobot names them (mcp_<server>_memory_search, ...): their calls and
@@ -73,10 +78,14 @@ def is_skipped_session(key: str | None) -> bool:
 
 def decode_line(line: RawLine) -> dict | None:
     """The JSON object on a line; undecodable bytes are replaced, never fatal."""
-    if line.data is None:
+    return _decode(line.data)
+
+
+def _decode(data: bytes | None) -> dict | None:
+    if data is None:
         return None
     try:
-        record = json.loads(line.data.decode("utf-8", errors="replace"))
+        record = json.loads(data.decode("utf-8", errors="replace"))
     except (ValueError, RecursionError):
         return None
     return record if isinstance(record, dict) else None
@@ -87,50 +96,101 @@ def session_units(
 ) -> Iterator[tuple[str, Unit | None]]:
     """(key, unit) for every window of the session; the unit is None when *known* holds the key."""
     stride = max(1, min(stride, window))
-    recent: deque[RawLine] = deque()  # the lines from the oldest window still filling on, from position *held*
+    held: list[bytes] = []  # the lines from position *base* on: those of the windows not closed yet
+    base, last_end = 0, -1
     # Windows overlap: a message is read once for all the windows that hold it.
     messages: dict[int, Message | None] = {}
-    starts: deque[tuple[int, int]] = deque()  # (position, characters before it) of each window still filling
-    total = last_end = position = newest = -1
-    first, held = (0, 0), 0  # the oldest window still filling; the position of recent[0]
-    for line in iter_raw_lines(path):
-        if is_metadata_line(line):
-            continue
-        position += 1
-        if newest < 0 or total - starts[-1][1] >= stride or position - newest >= MAX_MESSAGES // 2:
-            starts.append((position, total))
-            newest = position
-            first = starts[0]
-        data = line.data  # its size told from its bytes: laying the windows out decodes nothing
-        if data is not None and len(data) > LINE_OVERHEAD and b'"_' not in data and b'"tool"' not in data:
-            total += len(data) - LINE_OVERHEAD  # not a _command, _hidden_history or tool line
-        recent.append(line)
-        while total - first[1] >= window or position - first[0] >= MAX_MESSAGES - 1:
-            yield _window(list(enumerate(recent, held)), session_key, known, messages)
-            last_end = position
-            starts.popleft()
-            if not starts:
-                newest, held = -1, position + 1
-                recent.clear()
-                break
-            first = starts[0]
-            while held < first[0]:
-                recent.popleft()
-                held += 1
-    if newest >= 0 and last_end < position:
-        yield _window(list(enumerate(recent, held)), session_key, known, messages)
+    for lines in _message_lines(path):
+        held += lines
+        closed, carried = window_spans(_sizes(held), window, stride)
+        for first, last in closed:
+            yield _window(held[first:last + 1], base + first, session_key, known, messages)
+            last_end = base + last
+        del held[:carried]
+        base += carried
+    if held and last_end < base + len(held) - 1:
+        yield _window(held, base, session_key, known, messages)
 
 
-def _window(items: list[tuple[int, RawLine]], session_key: str | None, known: set[str],
+def _message_lines(path: Path) -> Iterator[list[bytes]]:
+    """The file's lines but blank and metadata ones, stripped, a read chunk's worth at a time (up to the
+    file's size at the open); a line over MAX_LINE_BYTES comes as OVERSIZED. bytes.split per chunk, not a
+    line at a time: a refresh after an append re-reads the whole session."""
+    with fsio.open_regular(path) as handle:
+        remaining = os.fstat(handle.fileno()).st_size
+        rest, skipping = b"", False
+        while remaining > 0 and (chunk := handle.read(min(READ_CHUNK, remaining))):
+            remaining -= len(chunk)
+            pieces = chunk.split(b"\n")
+            if skipping:
+                if len(pieces) == 1:
+                    continue
+                pieces[0], skipping = OVERSIZED, False
+            else:
+                pieces[0] = rest + pieces[0]
+            rest = pieces.pop()
+            if len(rest) > MAX_LINE_BYTES:
+                rest, skipping = b"", True
+            yield _kept(pieces)
+        if skipping:
+            yield [OVERSIZED]
+        elif rest:
+            yield _kept([rest])
+
+
+def _kept(pieces: list[bytes]) -> list[bytes]:
+    lines = [piece.strip() if len(piece) <= MAX_LINE_BYTES else OVERSIZED for piece in pieces]
+    return [line for line in lines if line and b'"_type"' not in line[:64]]
+
+
+def _sizes(lines: list[bytes]) -> list[int]:
+    """Characters before each line and after the last: a message's size is told from its bytes (none for
+    _command, _hidden_history and tool lines), so laying the windows out decodes nothing."""
+    # b"_" first: one byte is found at memchr's speed, and most lines hold none.
+    return [0, *accumulate([len(line) - LINE_OVERHEAD if len(line) > LINE_OVERHEAD
+                            and not (b"_" in line and b'"_' in line) and b'"tool"' not in line else 0
+                            for line in lines])]
+
+
+def window_spans(before: list[int], window: int, stride: int) -> tuple[list[tuple[int, int]], int]:
+    """The (first, last) positions of the windows that close within these lines, a window starting at 0,
+    and where the first window not closed starts (len(before) - 1 when none is open). *before* holds
+    the characters before each line: a window closes when it reaches *window* characters or MAX_MESSAGES
+    lines, and the next starts *stride* characters or half as many lines after it."""
+    count, start, closed = len(before) - 1, 0, []
+    while start < count:
+        last = min(bisect_left(before, before[start] + window, start + 1) - 1, start + MAX_MESSAGES - 1)
+        if last >= count:
+            break
+        closed.append((start, last))
+        start = min(bisect_left(before, before[start] + stride, start + 1), start + MAX_MESSAGES // 2)
+    return closed, start
+
+
+def _window(lines: list[bytes], start: int, session_key: str | None, known: set[str],
             messages: dict[int, Message | None]) -> tuple[str, Unit | None]:
-    start, end = items[0][0], items[-1][0]
-    digest = hashlib.blake2b("".join(line.line_digest for _, line in items).encode(), digest_size=12).hexdigest()
-    key = f"{start}-{end}-{digest}"
+    digest = hashlib.blake2b(b"\n".join(lines), digest_size=12).hexdigest()
+    key = f"{start}-{start + len(lines) - 1}-{digest}"
     if key in known:
         return key, None
     for position in [position for position in messages if position < start]:
         del messages[position]
-    return key, _decode_window(key, items, session_key, messages)
+    texts, parts, days = [], [], []
+    offset = 0
+    first_when = ""
+    for position, line in enumerate(lines, start):
+        if position not in messages:
+            messages[position] = read_message(line)
+        message = messages[position]
+        if message is None:
+            continue
+        first_when = first_when or message.when
+        days += message.days
+        parts.append((position, offset, message.when))
+        texts.append(message.text)
+        offset += len(message.text) + 1
+    return key, Unit(key, "session", start, start + len(lines) - 1, "\n".join(texts), first_when,
+                     dates_column(tuple(days)), session_key, tuple(parts))
 
 
 @dataclass(frozen=True)
@@ -142,9 +202,9 @@ class Message:
     days: tuple[date, ...]
 
 
-def read_message(line: RawLine) -> Message | None:
-    """The message on a line, or None for what is not conversation."""
-    record = decode_line(line)
+def read_message(data: bytes) -> Message | None:
+    """The message on a line's bytes, or None for what is not conversation."""
+    record = _decode(data)
     rendered = render_message(record) if record is not None else None
     if rendered is None:
         return None
@@ -153,27 +213,6 @@ def read_message(line: RawLine) -> Message | None:
     own = [moment.date()] if moment else []
     return Message(text, iso_seconds(moment) if moment else timestamp,
                    tuple(dict.fromkeys(own + event_days(text, moment))))
-
-
-def _decode_window(key: str, items: list[tuple[int, RawLine]], session_key: str | None,
-                   messages: dict[int, Message | None]) -> Unit:
-    texts, parts, days = [], [], []
-    offset = 0
-    first_when = ""
-    for position, line in items:
-        if position not in messages:
-            messages[position] = read_message(line)
-        message = messages[position]
-        if message is None:
-            continue
-        text, when = message.text, message.when
-        first_when = first_when or when
-        days += message.days
-        parts.append((position, offset, when))
-        texts.append(text)
-        offset += len(text) + 1
-    return Unit(key, "session", items[0][0], items[-1][0], "\n".join(texts), first_when, dates_column(tuple(days)),
-                session_key, tuple(parts))
 
 
 def is_memory_lookup(record: dict) -> bool:

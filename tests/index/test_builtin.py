@@ -486,3 +486,18 @@ def test_a_day_a_message_names_is_found_by_that_date_as_well_as_by_its_own(index
     assert "sail to Pemba" in found("where are we going on the 10th of February?")  # nearest 10 Feb to now
     assert "Gym was closed" in found("gym on 1 March 2026")
     assert "sail to Pemba" in found("January 28 2026 ferry")  # the message's own day still counts
+
+
+def test_a_question_naming_only_a_speaker_scores_that_speakers_messages(index, workspace):
+    root, sessions = workspace
+    write_session(sessions, "telegram:9", [
+        {"role": "user", "name": "Caroline", "content": "I finally joined the pottery class downtown.",
+         "timestamp": "2026-11-02T10:00:00"},
+        {"role": "assistant", "content": "That sounds like a lovely way to spend evenings.",
+         "timestamp": "2026-11-02T10:01:00"}])
+    index.refresh()
+
+    hits = index.search("What did Caroline say?")
+
+    assert hits and "pottery" in hits[0].text and hits[0].score > 0.0
+    assert index.search("What did Caroline say?", min_score=0.1)

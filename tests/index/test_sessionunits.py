@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from nanobotd.index.sessionunits import MAX_MESSAGES, session_units
+from nanobotd.index.sessionunits import LINE_OVERHEAD, MAX_MESSAGES, session_units, window_spans
 from tests.support.workspace import conversation, write_session
 
 
@@ -63,3 +63,21 @@ def test_corrupt_and_oversized_lines_keep_their_place_but_add_no_text(tmp_path):
     path.write_text(json.dumps({"_type": "metadata", "key": "cli:t"}) + "\n{broken\n" + good + "\n")
     (_, unit), = windows(path)
     assert (unit.start, unit.end, unit.text) == (0, 1, "user: kept")
+
+
+def test_a_session_read_in_chunks_has_the_windows_of_one_read_and_an_oversized_line_keeps_its_place(tmp_path):
+    messages = conversation(4000, words=12)
+    path = write_session(tmp_path, "cli:t", messages)
+    lines = path.read_text().splitlines()
+    huge = json.dumps({"role": "user", "content": "x" * (9 << 20)})
+    path.write_text("\n".join(lines[:2001] + [huge] + lines[2001:]) + "\n")
+    sizes = [max(0, len(line.encode()) - LINE_OVERHEAD) for line in lines[1:]]
+    sizes.insert(2000, 0)
+    before = [sum(sizes[:position]) for position in range(len(sizes) + 1)]
+    closed, open_from = window_spans(before, 800, 400)
+    expected = closed + ([(open_from, len(sizes) - 1)] if open_from < len(sizes) and closed[-1][1] < len(sizes) - 1
+                         else [])
+    units = [unit for _, unit in windows(path)]
+    assert [(unit.start, unit.end) for unit in units] == expected
+    assert path.stat().st_size > (9 << 20) and all("xxxx" not in unit.text for unit in units)
+    assert units[-1].text.endswith("says " + " ".join(f"wm3999x{word}" for word in range(12)))
