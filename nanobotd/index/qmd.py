@@ -10,8 +10,9 @@ A second collection holds the workspace's history entries and session transcript
 (index.qmdexport, under `<state_dir>/export/`), synced before every `qmd update`, so QMD searches every
 source the builtin index does. BM25 searches go to a long-lived `qmd mcp --http` child when it is up
 (~30 ms) and to the CLI otherwise (~0.3 s); a whole search is bounded by search.qmd_timeout_seconds.
-Vector modes (vsearch, query) need local models; when they are off or fail, the search is answered
-with BM25 and each hit says why in extra["degraded"].
+Vector modes (vsearch, query) need local models that may be missing, downloading or broken: when they
+are off or fail, the search is answered with BM25 and each hit says why in extra["degraded"]. One failure
+rests them for VECTOR_RETRY_SECONDS, so searches do not each pay for it again.
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ from nanobotd.index.qmdproc import (
     resolve_command,
     run_qmd,
 )
-from nanobotd.index.qmdvectors import VectorHealth
 from nanobotd.index.query import parse_query
 
 COLLECTION_PREFIX = "nb-"
@@ -64,6 +64,7 @@ UPDATE_TIMEOUT_SECONDS = 120.0
 UPDATE_RETRY_SECONDS = 30.0
 EMBED_TIMEOUT_SECONDS = 900.0
 DEBOUNCE_MAX_FACTOR = 5
+VECTOR_RETRY_SECONDS = 1800.0
 
 
 def collection_name(workspace: Path) -> str:
@@ -113,7 +114,8 @@ class QmdBackend:
         self._burst_started_at: float | None = None
         self._worker: asyncio.Task | None = None
         self._embedder: asyncio.Task | None = None
-        self._vectors = VectorHealth(settings.vectors, clock, self.index_path, self.name)
+        self._vector_failure: str | None = None
+        self._vectors_retry_at = 0.0
         self._mcp: McpServer | None = None
         self._closed = False
 
@@ -190,13 +192,16 @@ class QmdBackend:
             return []
         degraded = None
         if mode != "search":
-            degraded = self._vectors.unavailable_reason(mode)
+            degraded = self._vectors_unavailable(mode)
             if degraded is None:
                 try:
                     return await self._cli_search(mode, query, limit)
                 except SearchBackendError as exc:
-                    degraded = self._vectors.record_failure(str(exc))
-        hits = await self._lexical_search(query, limit)
+                    degraded = self._vectors_failed(str(exc))
+        try:  # BM25, from the server or else the CLI, within one timeout in all (an agent is waiting)
+            hits = await asyncio.wait_for(self._lexical_search(query, limit), self.settings.timeout_seconds)
+        except TimeoutError:
+            raise QmdTimeout(f"qmd search timed out after {self.settings.timeout_seconds:g}s") from None
         if degraded is not None:
             hits = [dataclasses.replace(hit, extra={**hit.extra, "degraded": degraded}) for hit in hits]
         return hits
@@ -221,7 +226,8 @@ class QmdBackend:
             "last_error": self._last_error,
             "version": self._version,
             "update_runs": self._update_runs,
-            "vectors": self._vectors.status(),
+            "vectors": ("off" if not self.settings.vectors else f"failing: {self._vector_failure}"
+                        if self._vectors_resting() else "on"),
             "mcp_server": bool(self._mcp and self._mcp.ready),
         }
 
@@ -310,7 +316,7 @@ class QmdBackend:
     def _start_embedding(self) -> None:
         # Embedding runs beside updates, not under the index lock: it can take minutes (a model
         # download, a large workspace), and BM25 freshness must not wait for it.
-        if self._vectors.blocked() or (self._embedder is not None and not self._embedder.done()):
+        if self._vectors_resting() or (self._embedder is not None and not self._embedder.done()):
             return
         if not read_index_stats(self.index_path, self.name).needs_embedding:
             return
@@ -320,32 +326,44 @@ class QmdBackend:
         try:
             result = await self._qmd("embed", timeout=EMBED_TIMEOUT_SECONDS)
         except SearchBackendError as exc:
-            self._vectors.record_failure(f"qmd embed failed: {exc}")
+            self._vectors_failed(f"qmd embed failed: {exc}")
             return
         # `qmd embed` exits 0 when it skipped work (no model, say): trust the counts, not the status.
         pending = read_index_stats(self.index_path, self.name).needs_embedding
         if result.returncode != 0 or pending:
-            self._vectors.record_failure(f"qmd embed left {pending} documents without vectors: {result.error_text()}")
+            self._vectors_failed(f"qmd embed left {pending} documents without vectors: {result.error_text()}")
+
+    # -- vectors -----------------------------------------------------------------------------------
+
+    def _vectors_resting(self) -> bool:
+        """True while a recent failure rests the vector modes."""
+        return self._vector_failure is not None and self._clock() < self._vectors_retry_at
+
+    def _vectors_unavailable(self, mode: str) -> str | None:
+        """Why *mode* must be answered with BM25 now, or None when it may run."""
+        if not self.settings.vectors:
+            return f"{mode} needs vectors, which are off (search.qmd_vectors = false); answered with BM25"
+        if self._vectors_resting():
+            return f"{self._vector_failure}; answered with BM25"
+        stats = read_index_stats(self.index_path, self.name)
+        if mode == "vsearch" and stats.documents and stats.needs_embedding == stats.documents:
+            return "the index has no embeddings yet; answered with BM25"
+        return None
+
+    def _vectors_failed(self, reason: str) -> str:
+        """Rest the vector modes for a while; returns the reason to attach to the BM25 hits."""
+        self._vector_failure, self._vectors_retry_at = reason, self._clock() + VECTOR_RETRY_SECONDS
+        logger.warning("qmd vectors unusable for {:g}s: {}", VECTOR_RETRY_SECONDS, reason)
+        return f"{reason}; answered with BM25"
 
     # -- search ------------------------------------------------------------------------------------
 
     async def _lexical_search(self, query: str, limit: int) -> list[SearchHit]:
-        """BM25, from the server or else the CLI, within one timeout in all (an agent is waiting)."""
-        try:
-            return await asyncio.wait_for(self._lexical_attempts(query, limit), self.settings.timeout_seconds)
-        except TimeoutError:
-            raise QmdTimeout(f"qmd search timed out after {self.settings.timeout_seconds:g}s") from None
-
-    async def _lexical_attempts(self, query: str, limit: int) -> list[SearchHit]:
         if self.settings.mcp_server and self._mcp is not None:
             self._mcp.ensure_started()
             if self._mcp.ready:
-                payload = {
-                    "searches": lexical_searches(query),
-                    "collections": self._collections(),
-                    "limit": limit,
-                    "rerank": False,
-                }
+                payload = {"searches": lexical_searches(query), "collections": self._collections(), "limit": limit,
+                           "rerank": False}
                 try:
                     answer = await self._mcp.post("/search", payload, timeout=self.settings.timeout_seconds)
                     hits = self._hits(answer.get("results", []), mode="search", transport="mcp")
