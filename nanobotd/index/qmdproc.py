@@ -28,6 +28,7 @@ from loguru import logger
 
 from nanobotd.fsio import LockTimeout, file_lock
 from nanobotd.index.hit import SearchBackendError
+from nanobotd.tuning import FILE_LOCK_POLL_SECONDS
 
 STDERR_TAIL_BYTES = 4096
 STDERR_TAIL_LINES = 20
@@ -151,28 +152,24 @@ def _describe(argv: Sequence[str]) -> str:
 
 @contextlib.asynccontextmanager
 async def index_lock(mutex: asyncio.Lock, lock_path: Path, timeout: float) -> AsyncIterator[None]:
-    """Exclusive use of a qmd index: *mutex* within this process, an flock on *lock_path* across processes."""
+    """Exclusive use of a qmd index: *mutex* within this process, an flock on *lock_path* across processes.
+
+    The flock is tried on the loop, not waited for on a thread, so a cancelled wait leaves nothing behind."""
     async with mutex:
-        lock = file_lock(lock_path, timeout=timeout)
-        acquiring = asyncio.ensure_future(asyncio.to_thread(lock.__enter__))
-        try:
-            await asyncio.shield(acquiring)
-        except asyncio.CancelledError:
-            acquiring.add_done_callback(lambda task: _release_if_acquired(lock, task))
-            raise
-        except LockTimeout as exc:
-            raise SearchBackendError(f"qmd index busy: {exc}") from exc
-        except OSError as exc:
-            raise SearchBackendError(f"cannot lock the qmd index: {exc}") from exc
-        try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        with contextlib.ExitStack() as held:
+            while True:
+                try:
+                    held.enter_context(file_lock(lock_path, timeout=0))
+                    break
+                except LockTimeout as exc:
+                    if loop.time() >= deadline:
+                        raise SearchBackendError(f"qmd index busy: {lock_path} stayed locked {timeout:g}s") from exc
+                except OSError as exc:
+                    raise SearchBackendError(f"cannot lock the qmd index: {exc}") from exc
+                await asyncio.sleep(FILE_LOCK_POLL_SECONDS)
             yield
-        finally:
-            lock.__exit__(None, None, None)
-
-
-def _release_if_acquired(lock: contextlib.AbstractContextManager, task: asyncio.Future) -> None:
-    if not task.cancelled() and task.exception() is None:
-        lock.__exit__(None, None, None)
 
 
 def resolve_command(command: str, env: Mapping[str, str]) -> str:
