@@ -75,16 +75,9 @@ def collection_name(workspace: Path) -> str:
 class QmdBackend:
     """Searches one workspace's memory files with QMD and keeps its index fresh."""
 
-    def __init__(
-        self,
-        workspace: Path,
-        state_dir: Path,
-        settings: QmdSettings,
-        *,
-        clock: Callable[[], float] = time.time,
-        environ: Mapping[str, str] | None = None,
-        export: QmdExport | None = None,
-    ) -> None:
+    def __init__(self, workspace: Path, state_dir: Path, settings: QmdSettings, *,
+                 clock: Callable[[], float] = time.time, environ: Mapping[str, str] | None = None,
+                 export: QmdExport | None = None) -> None:
         self.workspace = Path(os.path.realpath(workspace))
         self.settings = settings
         self.name = collection_name(self.workspace)
@@ -129,9 +122,8 @@ class QmdBackend:
         try:
             self.home.mkdir(parents=True, exist_ok=True)
             self._executable = resolve_command(self.settings.command, self._env)
-            self._version = await check_version(
-                self._executable, env=self._env, cwd=self.home, timeout=self._start_timeout
-            )
+            self._version = await check_version(self._executable, env=self._env, cwd=self.home,
+                                                timeout=self._start_timeout)
             created = await self._ensure_collection()
         except (SearchBackendError, OSError) as exc:
             self._available, self._reason = False, str(exc)
@@ -375,10 +367,8 @@ class QmdBackend:
 
     async def _cli_search(self, mode: str, query: str, limit: int) -> list[SearchHit]:
         try:
-            result = await self._qmd(
-                mode, "--format", "json", "-n", str(limit), *self._collection_args(), "--", query,
-                timeout=self.settings.timeout_seconds,
-            )
+            result = await self._qmd(mode, "--format", "json", "-n", str(limit), *self._collection_args(), "--",
+                                     query, timeout=self.settings.timeout_seconds)
             if result.returncode != 0:
                 raise SearchBackendError(f"qmd {mode} failed: {result.error_text()}")
             hits = self._hits(json_array(result.stdout), mode=mode, transport="cli")

@@ -78,9 +78,7 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, stdout, std
         raise SearchBackendError(f"cannot run {argv[0]}: {exc.strerror or exc}") from exc
 
 
-async def run_qmd(
-    argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout: float
-) -> QmdResult:
+async def run_qmd(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout: float) -> QmdResult:
     """Run one qmd command to completion within *timeout* seconds; kill its process group otherwise.
 
     Raises SearchBackendError when the executable cannot be started and QmdTimeout on timeout.
@@ -221,14 +219,8 @@ class McpServer:
     child is restarted with growing backoff.
     """
 
-    def __init__(
-        self,
-        base_argv: Sequence[str],
-        *,
-        env: Mapping[str, str],
-        cwd: Path,
-        clock: Callable[[], float],
-    ) -> None:
+    def __init__(self, base_argv: Sequence[str], *, env: Mapping[str, str], cwd: Path,
+                 clock: Callable[[], float]) -> None:
         self._base_argv = list(base_argv)
         self._env = dict(env)
         self._cwd = cwd
@@ -278,9 +270,8 @@ class McpServer:
             raise SearchBackendError("qmd mcp server is not running")
         port = self._port
         try:
-            status, body = await asyncio.wait_for(
-                asyncio.to_thread(_http_request, port, path, payload, timeout), timeout
-            )
+            status, body = await asyncio.wait_for(asyncio.to_thread(_http_request, port, path, payload, timeout),
+                                                  timeout)
         except (TimeoutError, OSError, http.client.HTTPException) as exc:
             await self._record_failure(f"qmd mcp server did not answer: {exc or type(exc).__name__}")
             raise SearchBackendError(self.last_error) from exc
