@@ -31,6 +31,7 @@ from nanobotd.index.hit import SearchBackendError
 from nanobotd.tuning import FILE_LOCK_POLL_SECONDS
 
 STDERR_TAIL_BYTES = 4096
+EXIT_POLL_SECONDS = 0.005
 STDERR_TAIL_LINES = 20
 MCP_HOST = "127.0.0.1"
 MCP_STARTUP_SECONDS = 15.0
@@ -101,8 +102,14 @@ async def run_qmd(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, tim
 async def exited(process: subprocess.Popen, timeout: float | None) -> bool:
     """Wait until *process* has exited, without reaping it (so its group id stays its own); False on timeout."""
     loop = asyncio.get_running_loop()
+    try:
+        pidfd = os.pidfd_open(process.pid)
+    except OSError:  # no pidfd (a kernel before 5.3, a seccomp filter that refuses it): look every few ms
+        deadline = loop.time() + (timeout if timeout is not None else float("inf"))
+        while running(process) and loop.time() < deadline:
+            await asyncio.sleep(EXIT_POLL_SECONDS)
+        return not running(process)
     done = loop.create_future()
-    pidfd = os.pidfd_open(process.pid)
     loop.add_reader(pidfd, lambda: done.done() or done.set_result(None))
     try:
         await asyncio.wait_for(done, timeout)
