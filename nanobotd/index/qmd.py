@@ -367,8 +367,9 @@ class QmdBackend:
 
     async def _cli_search(self, mode: str, query: str, limit: int) -> list[SearchHit]:
         try:
-            result = await self._qmd(mode, "--format", "json", "-n", str(limit), *self._collection_args(), "--",
-                                     query, timeout=self.settings.timeout_seconds)
+            collections = [word for name in self._collections() for word in ("-c", name)]
+            result = await self._qmd(mode, "--format", "json", "-n", str(limit), *collections, "--", query,
+                                     timeout=self.settings.timeout_seconds)
             if result.returncode != 0:
                 raise SearchBackendError(f"qmd {mode} failed: {result.error_text()}")
             hits = self._hits(json_array(result.stdout), mode=mode, transport="cli")
@@ -383,9 +384,6 @@ class QmdBackend:
 
     def _collections(self) -> list[str]:
         return [self.name] + ([self.export_name] if self.export is not None else [])
-
-    def _collection_args(self) -> list[str]:
-        return [word for name in self._collections() for word in ("-c", name)]
 
     # -- plumbing ----------------------------------------------------------------------------------
 
