@@ -157,9 +157,7 @@ class QmdBackend:
             try:
                 if self.export is not None:
                     await self._sync_export()
-                result = await self._qmd("update", timeout=self._update_timeout)
-                if result.returncode != 0:
-                    raise SearchBackendError(f"qmd update failed: {result.error_text()}")
+                result = await self._qmd("update", timeout=self._update_timeout, check=True)
             except SearchBackendError as exc:
                 self._last_error = str(exc)
                 raise
@@ -256,8 +254,9 @@ class QmdBackend:
                 if fields.get("Path") == str(folder) and fields.get("Pattern") == mask:
                     continue
                 if fields:
-                    await self._checked("collection", "remove", name)
-                await self._checked("collection", "add", str(folder), "--name", name, "--mask", mask)
+                    await self._qmd("collection", "remove", name, timeout=self._update_timeout, check=True)
+                await self._qmd("collection", "add", str(folder), "--name", name, "--mask", mask,
+                                timeout=self._update_timeout, check=True)
                 created = True
         if created:
             self._last_update = self._clock()
@@ -369,9 +368,7 @@ class QmdBackend:
         try:
             collections = [word for name in self._collections() for word in ("-c", name)]
             result = await self._qmd(mode, "--format", "json", "-n", str(limit), *collections, "--", query,
-                                     timeout=self.settings.timeout_seconds)
-            if result.returncode != 0:
-                raise SearchBackendError(f"qmd {mode} failed: {result.error_text()}")
+                                     timeout=self.settings.timeout_seconds, check=True)
             hits = self._hits(json_array(result.stdout), mode=mode, transport="cli")
         except SearchBackendError as exc:
             self._last_error = str(exc)
@@ -391,12 +388,6 @@ class QmdBackend:
         if not self._available:
             raise SearchBackendError(f"qmd backend unavailable: {self._reason}")
 
-    async def _qmd(self, *args: str, timeout: float) -> QmdResult:
+    async def _qmd(self, *args: str, timeout: float, check: bool = False) -> QmdResult:
         argv = [self._executable, "--index", self.name, *args]
-        return await run_qmd(argv, env=self._env, cwd=self.home, timeout=timeout)
-
-    async def _checked(self, *args: str) -> QmdResult:
-        result = await self._qmd(*args, timeout=self._update_timeout)
-        if result.returncode != 0:
-            raise SearchBackendError(f"qmd {' '.join(args[:2])} failed: {result.error_text()}")
-        return result
+        return await run_qmd(argv, env=self._env, cwd=self.home, timeout=timeout, check=check)

@@ -79,10 +79,12 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, stdout, std
         raise SearchBackendError(f"cannot run {argv[0]}: {exc.strerror or exc}") from exc
 
 
-async def run_qmd(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout: float) -> QmdResult:
+async def run_qmd(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout: float,
+                  check: bool = False) -> QmdResult:
     """Run one qmd command to completion within *timeout* seconds; kill its process group otherwise.
 
-    Raises SearchBackendError when the executable cannot be started and QmdTimeout on timeout.
+    Raises SearchBackendError when the executable cannot be started (or, with *check*, exits non-zero) and
+    QmdTimeout on timeout.
     """
     # Output goes to unlinked files: nothing to drain while it runs, and a grandchild holding them blocks nothing.
     with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
@@ -95,8 +97,11 @@ async def run_qmd(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, tim
             kill_group(process)
         stdout.seek(0)
         stderr.seek(0)
-        return QmdResult(process.returncode, stdout.read().decode("utf-8", errors="replace"),
-                         stderr.read().decode("utf-8", errors="replace"))
+        result = QmdResult(process.returncode, stdout.read().decode("utf-8", errors="replace"),
+                           stderr.read().decode("utf-8", errors="replace"))
+    if check and result.returncode != 0:
+        raise SearchBackendError(f"{_describe(argv)} failed: {result.error_text()}")
+    return result
 
 
 async def exited(process: subprocess.Popen, timeout: float | None) -> bool:
