@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import http.client
 import json
 import os
@@ -32,6 +33,7 @@ from nanobotd.tuning import FILE_LOCK_POLL_SECONDS
 
 STDERR_TAIL_BYTES = 4096
 EXIT_POLL_SECONDS = 0.005
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 STDERR_TAIL_LINES = 20
 MCP_HOST = "127.0.0.1"
 MCP_STARTUP_SECONDS = 15.0
@@ -70,13 +72,30 @@ class QmdResult:
         return f"exit status {self.returncode}"
 
 
-def spawn(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, stdout, stderr) -> subprocess.Popen:
-    """Start one qmd child in a session (and process group) of its own; SearchBackendError when it cannot start."""
+def spawn(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, stdout, stderr,
+          die_with_daemon: bool = False) -> subprocess.Popen:
+    """Start one qmd child in a session (and process group) of its own; SearchBackendError when it cannot start.
+
+    *die_with_daemon*: the kernel SIGKILLs the child when the daemon dies, even by SIGKILL, which no stop()
+    outlives (Linux's parent-death signal, kept across the launcher's exec of node)."""
     try:
         return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=dict(env),
-                                cwd=cwd, start_new_session=True)
+                                cwd=cwd, start_new_session=True,
+                                preexec_fn=_parent_death_signal(os.getpid()) if die_with_daemon else None)
     except OSError as exc:
         raise SearchBackendError(f"cannot run {argv[0]}: {exc.strerror or exc}") from exc
+
+
+def _parent_death_signal(parent: int) -> Callable[[], None]:
+    """A preexec_fn (it runs in the child between fork and exec) that arms PR_SET_PDEATHSIG with SIGKILL."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork: the child only calls it
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the daemon died before the signal was armed
+            os._exit(1)
+
+    return arm
 
 
 async def run_qmd(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout: float,
@@ -320,7 +339,7 @@ class McpServer:
         argv = [*self._base_argv, "mcp", "--http", "--port", str(port), "--host", MCP_HOST]
         try:
             self._process = spawn(argv, env=self._env, cwd=self._cwd, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE)
+                                  stderr=subprocess.PIPE, die_with_daemon=True)
         except SearchBackendError as exc:
             await self._record_failure(f"cannot start qmd mcp server: {exc}")
             return

@@ -99,3 +99,26 @@ qmd_command = "{launcher}"
         os.kill(int(line.split(":")[0]), signal.SIGKILL)
     assert not left, f"qmd processes outlived the daemon (stopped in {elapsed:.1f}s): {left}"
     assert daemon.proc.returncode == 0, daemon.log()[-3000:]
+
+
+def test_a_daemon_killed_outright_takes_its_qmd_mcp_server_along(tmp_path, daemon_process):
+    workspace, _ = make_workspace(tmp_path, layout="current")
+    daemon = daemon_process(workspace, extra_config=f"""
+[search]
+backend = "qmd"
+debounce_seconds = 0.2
+qmd_command = "{QMD_BINARY}"
+""").start()
+    daemon.wait_for(lambda: "serves" in daemon.log(), timeout=60)
+    daemon.api("/v1/search?q=kestrel")  # the server starts with the first search
+    daemon.wait_for(lambda: "qmd mcp server ready" in daemon.log(), timeout=60)
+
+    daemon.kill()
+
+    deadline = time.monotonic() + 5
+    while processes_of(daemon.state_dir) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = processes_of(daemon.state_dir)
+    for line in left:
+        os.kill(int(line.split(":")[0]), signal.SIGKILL)
+    assert not left, f"qmd processes outlived a SIGKILLed daemon: {left}"
