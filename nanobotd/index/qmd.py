@@ -10,8 +10,9 @@ A second collection holds the workspace's history entries and session transcript
 (index.qmdexport, under `<state_dir>/export/`), synced before every `qmd update`, so QMD searches every
 source the builtin index does. BM25 searches go to a long-lived `qmd mcp --http` child when it is up
 (~30 ms) and to the CLI otherwise (~0.3 s); a whole search is bounded by search.qmd_timeout_seconds.
-Vector modes (vsearch, query) need local models; when they are off or fail, the search is answered
-with BM25 and each hit says why in extra["degraded"].
+Vector modes (vsearch, query) need local models that may be missing, downloading or broken: when they
+are off or fail, the search is answered with BM25 and each hit says why in extra["degraded"]. One failure
+rests them for VECTOR_RETRY_SECONDS, so searches do not each pay for it again.
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ from nanobotd.index.qmdproc import (
     resolve_command,
     run_qmd,
 )
-from nanobotd.index.qmdvectors import VectorHealth
 from nanobotd.index.query import parse_query
 
 COLLECTION_PREFIX = "nb-"
@@ -64,6 +64,7 @@ UPDATE_TIMEOUT_SECONDS = 120.0
 UPDATE_RETRY_SECONDS = 30.0
 EMBED_TIMEOUT_SECONDS = 900.0
 DEBOUNCE_MAX_FACTOR = 5
+VECTOR_RETRY_SECONDS = 1800.0
 
 
 def collection_name(workspace: Path) -> str:
@@ -74,16 +75,9 @@ def collection_name(workspace: Path) -> str:
 class QmdBackend:
     """Searches one workspace's memory files with QMD and keeps its index fresh."""
 
-    def __init__(
-        self,
-        workspace: Path,
-        state_dir: Path,
-        settings: QmdSettings,
-        *,
-        clock: Callable[[], float] = time.time,
-        environ: Mapping[str, str] | None = None,
-        export: QmdExport | None = None,
-    ) -> None:
+    def __init__(self, workspace: Path, state_dir: Path, settings: QmdSettings, *,
+                 clock: Callable[[], float] = time.time, environ: Mapping[str, str] | None = None,
+                 export: QmdExport | None = None) -> None:
         self.workspace = Path(os.path.realpath(workspace))
         self.settings = settings
         self.name = collection_name(self.workspace)
@@ -113,7 +107,8 @@ class QmdBackend:
         self._burst_started_at: float | None = None
         self._worker: asyncio.Task | None = None
         self._embedder: asyncio.Task | None = None
-        self._vectors = VectorHealth(settings.vectors, clock, self.index_path, self.name)
+        self._vector_failure: str | None = None
+        self._vectors_retry_at = 0.0
         self._mcp: McpServer | None = None
         self._closed = False
 
@@ -127,9 +122,8 @@ class QmdBackend:
         try:
             self.home.mkdir(parents=True, exist_ok=True)
             self._executable = resolve_command(self.settings.command, self._env)
-            self._version = await check_version(
-                self._executable, env=self._env, cwd=self.home, timeout=self._start_timeout
-            )
+            self._version = await check_version(self._executable, env=self._env, cwd=self.home,
+                                                timeout=self._start_timeout)
             created = await self._ensure_collection()
         except (SearchBackendError, OSError) as exc:
             self._available, self._reason = False, str(exc)
@@ -163,9 +157,7 @@ class QmdBackend:
             try:
                 if self.export is not None:
                     await self._sync_export()
-                result = await self._qmd("update", timeout=self._update_timeout)
-                if result.returncode != 0:
-                    raise SearchBackendError(f"qmd update failed: {result.error_text()}")
+                result = await self._qmd("update", timeout=self._update_timeout, check=True)
             except SearchBackendError as exc:
                 self._last_error = str(exc)
                 raise
@@ -190,13 +182,16 @@ class QmdBackend:
             return []
         degraded = None
         if mode != "search":
-            degraded = self._vectors.unavailable_reason(mode)
+            degraded = self._vectors_unavailable(mode)
             if degraded is None:
                 try:
                     return await self._cli_search(mode, query, limit)
                 except SearchBackendError as exc:
-                    degraded = self._vectors.record_failure(str(exc))
-        hits = await self._lexical_search(query, limit)
+                    degraded = self._vectors_failed(str(exc))
+        try:  # BM25, from the server or else the CLI, within one timeout in all (an agent is waiting)
+            hits = await asyncio.wait_for(self._lexical_search(query, limit), self.settings.timeout_seconds)
+        except TimeoutError:
+            raise QmdTimeout(f"qmd search timed out after {self.settings.timeout_seconds:g}s") from None
         if degraded is not None:
             hits = [dataclasses.replace(hit, extra={**hit.extra, "degraded": degraded}) for hit in hits]
         return hits
@@ -221,7 +216,8 @@ class QmdBackend:
             "last_error": self._last_error,
             "version": self._version,
             "update_runs": self._update_runs,
-            "vectors": self._vectors.status(),
+            "vectors": ("off" if not self.settings.vectors else f"failing: {self._vector_failure}"
+                        if self._vectors_resting() else "on"),
             "mcp_server": bool(self._mcp and self._mcp.ready),
         }
 
@@ -258,8 +254,9 @@ class QmdBackend:
                 if fields.get("Path") == str(folder) and fields.get("Pattern") == mask:
                     continue
                 if fields:
-                    await self._checked("collection", "remove", name)
-                await self._checked("collection", "add", str(folder), "--name", name, "--mask", mask)
+                    await self._qmd("collection", "remove", name, timeout=self._update_timeout, check=True)
+                await self._qmd("collection", "add", str(folder), "--name", name, "--mask", mask,
+                                timeout=self._update_timeout, check=True)
                 created = True
         if created:
             self._last_update = self._clock()
@@ -310,7 +307,7 @@ class QmdBackend:
     def _start_embedding(self) -> None:
         # Embedding runs beside updates, not under the index lock: it can take minutes (a model
         # download, a large workspace), and BM25 freshness must not wait for it.
-        if self._vectors.blocked() or (self._embedder is not None and not self._embedder.done()):
+        if self._vectors_resting() or (self._embedder is not None and not self._embedder.done()):
             return
         if not read_index_stats(self.index_path, self.name).needs_embedding:
             return
@@ -320,32 +317,44 @@ class QmdBackend:
         try:
             result = await self._qmd("embed", timeout=EMBED_TIMEOUT_SECONDS)
         except SearchBackendError as exc:
-            self._vectors.record_failure(f"qmd embed failed: {exc}")
+            self._vectors_failed(f"qmd embed failed: {exc}")
             return
         # `qmd embed` exits 0 when it skipped work (no model, say): trust the counts, not the status.
         pending = read_index_stats(self.index_path, self.name).needs_embedding
         if result.returncode != 0 or pending:
-            self._vectors.record_failure(f"qmd embed left {pending} documents without vectors: {result.error_text()}")
+            self._vectors_failed(f"qmd embed left {pending} documents without vectors: {result.error_text()}")
+
+    # -- vectors -----------------------------------------------------------------------------------
+
+    def _vectors_resting(self) -> bool:
+        """True while a recent failure rests the vector modes."""
+        return self._vector_failure is not None and self._clock() < self._vectors_retry_at
+
+    def _vectors_unavailable(self, mode: str) -> str | None:
+        """Why *mode* must be answered with BM25 now, or None when it may run."""
+        if not self.settings.vectors:
+            return f"{mode} needs vectors, which are off (search.qmd_vectors = false); answered with BM25"
+        if self._vectors_resting():
+            return f"{self._vector_failure}; answered with BM25"
+        stats = read_index_stats(self.index_path, self.name)
+        if mode == "vsearch" and stats.documents and stats.needs_embedding == stats.documents:
+            return "the index has no embeddings yet; answered with BM25"
+        return None
+
+    def _vectors_failed(self, reason: str) -> str:
+        """Rest the vector modes for a while; returns the reason to attach to the BM25 hits."""
+        self._vector_failure, self._vectors_retry_at = reason, self._clock() + VECTOR_RETRY_SECONDS
+        logger.warning("qmd vectors unusable for {:g}s: {}", VECTOR_RETRY_SECONDS, reason)
+        return f"{reason}; answered with BM25"
 
     # -- search ------------------------------------------------------------------------------------
 
     async def _lexical_search(self, query: str, limit: int) -> list[SearchHit]:
-        """BM25, from the server or else the CLI, within one timeout in all (an agent is waiting)."""
-        try:
-            return await asyncio.wait_for(self._lexical_attempts(query, limit), self.settings.timeout_seconds)
-        except TimeoutError:
-            raise QmdTimeout(f"qmd search timed out after {self.settings.timeout_seconds:g}s") from None
-
-    async def _lexical_attempts(self, query: str, limit: int) -> list[SearchHit]:
         if self.settings.mcp_server and self._mcp is not None:
             self._mcp.ensure_started()
             if self._mcp.ready:
-                payload = {
-                    "searches": lexical_searches(query),
-                    "collections": self._collections(),
-                    "limit": limit,
-                    "rerank": False,
-                }
+                payload = {"searches": lexical_searches(query), "collections": self._collections(), "limit": limit,
+                           "rerank": False}
                 try:
                     answer = await self._mcp.post("/search", payload, timeout=self.settings.timeout_seconds)
                     hits = self._hits(answer.get("results", []), mode="search", transport="mcp")
@@ -357,12 +366,9 @@ class QmdBackend:
 
     async def _cli_search(self, mode: str, query: str, limit: int) -> list[SearchHit]:
         try:
-            result = await self._qmd(
-                mode, "--format", "json", "-n", str(limit), *self._collection_args(), "--", query,
-                timeout=self.settings.timeout_seconds,
-            )
-            if result.returncode != 0:
-                raise SearchBackendError(f"qmd {mode} failed: {result.error_text()}")
+            collections = [word for name in self._collections() for word in ("-c", name)]
+            result = await self._qmd(mode, "--format", "json", "-n", str(limit), *collections, "--", query,
+                                     timeout=self.settings.timeout_seconds, check=True)
             hits = self._hits(json_array(result.stdout), mode=mode, transport="cli")
         except SearchBackendError as exc:
             self._last_error = str(exc)
@@ -376,21 +382,12 @@ class QmdBackend:
     def _collections(self) -> list[str]:
         return [self.name] + ([self.export_name] if self.export is not None else [])
 
-    def _collection_args(self) -> list[str]:
-        return [word for name in self._collections() for word in ("-c", name)]
-
     # -- plumbing ----------------------------------------------------------------------------------
 
     def _require_available(self) -> None:
         if not self._available:
             raise SearchBackendError(f"qmd backend unavailable: {self._reason}")
 
-    async def _qmd(self, *args: str, timeout: float) -> QmdResult:
+    async def _qmd(self, *args: str, timeout: float, check: bool = False) -> QmdResult:
         argv = [self._executable, "--index", self.name, *args]
-        return await run_qmd(argv, env=self._env, cwd=self.home, timeout=timeout)
-
-    async def _checked(self, *args: str) -> QmdResult:
-        result = await self._qmd(*args, timeout=self._update_timeout)
-        if result.returncode != 0:
-            raise SearchBackendError(f"qmd {' '.join(args[:2])} failed: {result.error_text()}")
-        return result
+        return await run_qmd(argv, env=self._env, cwd=self.home, timeout=timeout, check=check)

@@ -66,7 +66,7 @@ class QmdExport:
         totals = {"sources_read": 0, "files_written": 0, "files_removed": 0}
         current = {path: kind for path, kind in self.sources.all().items() if kind in ("history", "session")}
         for path in [path for path in files if path not in current]:
-            totals["files_removed"] += self._apply(files.pop(path).get("files", {}), {})
+            self._apply(files.pop(path).get("files", {}), {}, totals)
         for path, kind in current.items():
             fingerprint = _fingerprint(path)
             record = files.get(path, {})
@@ -78,11 +78,7 @@ class QmdExport:
                 logger.warning("cannot export {} for qmd: {}", path, exc)
                 continue
             totals["sources_read"] += 1
-            wanted = {name: text_digest(text) for name, text in rendered.items()}
-            totals["files_written"] += sum(1 for name, digest in wanted.items()
-                                           if record.get("files", {}).get(name) != digest)
-            totals["files_removed"] += self._apply(record.get("files", {}), rendered)
-            files[path] = {"fingerprint": fingerprint, "files": wanted}
+            files[path] = {"fingerprint": fingerprint, "files": self._apply(record.get("files", {}), rendered, totals)}
         self._write(MANIFEST, json.dumps(manifest))
         return totals
 
@@ -112,18 +108,19 @@ class QmdExport:
 
     # -- writing -----------------------------------------------------------------------------------
 
-    def _apply(self, old: dict, rendered: dict[str, str]) -> int:
-        """Write the files whose digest changed, delete those no longer wanted; return how many went."""
+    def _apply(self, old: dict, rendered: dict[str, str], totals: dict) -> dict[str, str]:
+        """Write the files whose digest changed, delete those no longer wanted (counted in *totals*); the digests."""
+        wanted = {}
         for name, text in rendered.items():
-            if old.get(name) != text_digest(text) or not (self.export_dir / name).exists():
+            wanted[name] = digest = text_digest(text)
+            totals["files_written"] += old.get(name) != digest
+            if old.get(name) != digest or not (self.export_dir / name).exists():
                 self._write(name, text)
-        removed = 0
-        for name in old:
-            if name not in rendered:
-                with contextlib.suppress(FileNotFoundError):
-                    (self.export_dir / name).unlink()
-                removed += 1
-        return removed
+        for name in old.keys() - rendered.keys():
+            with contextlib.suppress(FileNotFoundError):
+                (self.export_dir / name).unlink()
+            totals["files_removed"] += 1
+        return wanted
 
     def _write(self, name: str, text: str) -> None:
         # A cache rebuilt from the workspace at will: rename for readers, no fsync.

@@ -17,7 +17,7 @@ from urllib.parse import unquote
 from loguru import logger
 
 from nanobotd.index.hit import SearchBackendError, SearchHit
-from nanobotd.index.qmdexport import QmdExport
+from nanobotd.index.qmdexport import Location, QmdExport
 from nanobotd.index.query import parse_query
 
 MEMORY_FILES = frozenset({"SOUL.md", "USER.md", "memory/MEMORY.md"})
@@ -60,33 +60,38 @@ def hits_from_results(items: object, collection: str, export: tuple[str, QmdExpo
         raise SearchBackendError(f"qmd {mode} answered {type(items).__name__}, expected a list")
     hits = []
     for item in items:
-        hit = hit_from_result(item, collection, mode=mode, transport=transport)
-        if hit is None and export is not None:
-            hit = export_hit(item, export[0], export[1], workspace, mode=mode, transport=transport)
-        if hit is not None:
-            hits.append(hit)
+        if not isinstance(item, dict):
+            raise SearchBackendError(f"qmd {mode} result is not an object: {item!r:.200}")
+        snippet, line_start, line_end = parse_snippet(
+            str(item.get("snippet", "")), item.get("line"), numbered=transport == "mcp")
+        try:
+            score = float(item.get("score", 0.0))
+        except (TypeError, ValueError):
+            score = 0.0
+        if (path := collection_path(item, collection)) is not None:
+            source = "memory" if path in MEMORY_FILES else "note"
+            date = NOTE_DATE.search(path) if source == "note" else None
+            extra = {"docid": item.get("docid", ""), "title": item.get("title", ""), "mode": mode,
+                     "transport": transport}
+            hits.append(SearchHit(source=source, path=path, snippet=snippet, score=score,
+                                  when=date.group(1) if date else "", line_start=line_start, line_end=line_end,
+                                  backend="qmd", extra=extra))
+        elif export is not None and (relative := collection_path(item, export[0])) is not None:
+            found = export[1].locate(relative, line_start, line_end)
+            if found is not None:
+                extra = {"docid": item.get("docid", ""), "mode": mode, "transport": transport, "export": relative}
+                hits.append(export_hit(found, workspace, snippet, score, extra))
     return hits
 
 
-def export_hit(item: dict, collection: str, export: QmdExport, workspace: Path, *, mode: str,
-               transport: str) -> SearchHit | None:
+def export_hit(found: Location, workspace: Path, snippet: str, score: float, extra: dict) -> SearchHit:
     """A hit in the exported history and sessions, located by the headings of its lines."""
-    relative = collection_path(item, collection)
-    if relative is None:
-        return None
-    snippet, line_start, line_end = parse_snippet(
-        str(item.get("snippet", "")), item.get("line"), numbered=transport == "mcp")
-    found = export.locate(relative, line_start, line_end)
-    if found is None:
-        return None
     try:
         path = Path(found.path).relative_to(workspace).as_posix()
     except ValueError:
         path = found.path
-    extra = {"docid": item.get("docid", ""), "mode": mode, "transport": transport, "export": relative}
-    common = dict(source=found.source, path=path, snippet=snippet.strip() or found.text[:240],
-                  score=_score(item), text=found.text, when=found.when, session_key=found.session_key,
-                  backend="qmd", extra=extra)
+    common = dict(source=found.source, path=path, snippet=snippet.strip() or found.text[:240], score=score,
+                  text=found.text, when=found.when, session_key=found.session_key, backend="qmd", extra=extra)
     if found.source == "session":
         return SearchHit(**common, message_start=found.first, message_end=found.last)
     first_line, last_line = found.history_lines or (None, None)
@@ -98,44 +103,6 @@ def collection_path(item: dict, collection: str) -> str | None:
     prefix = f"qmd://{collection}/"
     location = str(item.get("file", "")).split("?", 1)[0]
     return unquote(location[len(prefix):]) if location.startswith(prefix) else None
-
-
-def _score(item: dict) -> float:
-    try:
-        return float(item.get("score", 0.0))
-    except (TypeError, ValueError):
-        return 0.0
-
-
-def hit_from_result(item: dict, collection: str, *, mode: str, transport: str) -> SearchHit | None:
-    """A SearchHit from one QMD JSON result, or None when it is not a file of *collection*."""
-    if not isinstance(item, dict):
-        raise SearchBackendError(f"qmd {mode} result is not an object: {item!r:.200}")
-    path = collection_path(item, collection)
-    if path is None:
-        return None
-    snippet, line_start, line_end = parse_snippet(
-        str(item.get("snippet", "")), item.get("line"), numbered=transport == "mcp"
-    )
-    source = "memory" if path in MEMORY_FILES else "note"
-    date = NOTE_DATE.search(path) if source == "note" else None
-    score = _score(item)
-    return SearchHit(
-        source=source,
-        path=path,
-        snippet=snippet,
-        score=score,
-        when=date.group(1) if date else "",
-        line_start=line_start,
-        line_end=line_end,
-        backend="qmd",
-        extra={
-            "docid": item.get("docid", ""),
-            "title": item.get("title", ""),
-            "mode": mode,
-            "transport": transport,
-        },
-    )
 
 
 def parse_snippet(snippet: str, line: object, *, numbered: bool) -> tuple[str, int | None, int | None]:

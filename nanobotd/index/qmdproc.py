@@ -1,15 +1,17 @@
 """The qmd program as processes: finding and checking it, bounded calls, a supervised `qmd mcp --http` child.
 
-Every qmd process starts in its own session so a timeout can kill the whole process group: qmd loads
-native model code that may spawn helpers or hang on a download, and a killed parent alone would leave
-them running. Reading what qmd prints and stores lives in `index.qmdoutput`.
+Every qmd child is a subprocess.Popen started in its own session, so one killpg ends it and all it started:
+qmd is a launcher that runs node, which loads native model code that may spawn helpers or hang on a
+download. Spawning is one synchronous call (no await between fork and the try that ends the child), exits
+are awaited on a pidfd, and a child's group is killed while its leader is unreaped, so the group id cannot
+have been reused. Reading what qmd prints and stores lives in `index.qmdoutput`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
+import ctypes
 import http.client
 import json
 import os
@@ -17,6 +19,8 @@ import re
 import shutil
 import signal
 import socket
+import subprocess
+import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +29,11 @@ from loguru import logger
 
 from nanobotd.fsio import LockTimeout, file_lock
 from nanobotd.index.hit import SearchBackendError
+from nanobotd.tuning import FILE_LOCK_POLL_SECONDS
 
+STDERR_TAIL_BYTES = 4096
+EXIT_POLL_SECONDS = 0.005
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 STDERR_TAIL_LINES = 20
 MCP_HOST = "127.0.0.1"
 MCP_STARTUP_SECONDS = 15.0
@@ -64,47 +72,100 @@ class QmdResult:
         return f"exit status {self.returncode}"
 
 
-async def run_qmd(
-    argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout: float
-) -> QmdResult:
-    """Run one qmd command to completion within *timeout* seconds; kill its process group otherwise.
+def spawn(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, stdout, stderr,
+          die_with_daemon: bool = False) -> subprocess.Popen:
+    """Start one qmd child in a session (and process group) of its own; SearchBackendError when it cannot start.
 
-    Raises SearchBackendError when the executable cannot be started and QmdTimeout on timeout.
-    """
+    *die_with_daemon*: the kernel SIGKILLs the child when the daemon dies, even by SIGKILL, which no stop()
+    outlives (Linux's parent-death signal, kept across the launcher's exec of node)."""
     try:
-        process = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=dict(env),
-            cwd=cwd,
-            start_new_session=True,
-        )
+        return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=dict(env),
+                                cwd=cwd, start_new_session=True,
+                                preexec_fn=_parent_death_signal(os.getpid()) if die_with_daemon else None)
     except OSError as exc:
         raise SearchBackendError(f"cannot run {argv[0]}: {exc.strerror or exc}") from exc
+
+
+def _parent_death_signal(parent: int) -> Callable[[], None]:
+    """A preexec_fn (it runs in the child between fork and exec) that arms PR_SET_PDEATHSIG with SIGKILL."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork: the child only calls it
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the daemon died before the signal was armed
+            os._exit(1)
+
+    return arm
+
+
+async def run_qmd(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout: float,
+                  check: bool = False) -> QmdResult:
+    """Run one qmd command to completion within *timeout* seconds; kill its process group otherwise.
+
+    Raises SearchBackendError when the executable cannot be started (or, with *check*, exits non-zero) and
+    QmdTimeout on timeout.
+    """
+    # Output goes to unlinked files: nothing to drain while it runs, and a grandchild holding them blocks nothing.
+    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        process = spawn(argv, env=env, cwd=cwd, stdout=stdout, stderr=stderr)
+        try:
+            if not await exited(process, timeout):
+                raise QmdTimeout(f"`{_describe(argv)}` timed out after {timeout:g}s")
+        finally:
+            # Also reached on cancellation: no qmd process outlives the coroutine that started it.
+            kill_group(process)
+        stdout.seek(0)
+        stderr.seek(0)
+        result = QmdResult(process.returncode, stdout.read().decode("utf-8", errors="replace"),
+                           stderr.read().decode("utf-8", errors="replace"))
+    if check and result.returncode != 0:
+        raise SearchBackendError(f"{_describe(argv)} failed: {result.error_text()}")
+    return result
+
+
+async def exited(process: subprocess.Popen, timeout: float | None) -> bool:
+    """Wait until *process* has exited, without reaping it (so its group id stays its own); False on timeout."""
+    loop = asyncio.get_running_loop()
     try:
-        stdout, stderr = await asyncio.wait_for(process.communicate(), timeout)
+        pidfd = os.pidfd_open(process.pid)
+    except OSError:  # no pidfd (a kernel before 5.3, a seccomp filter that refuses it): look every few ms
+        deadline = loop.time() + (timeout if timeout is not None else float("inf"))
+        while running(process) and loop.time() < deadline:
+            await asyncio.sleep(EXIT_POLL_SECONDS)
+        return not running(process)
+    done = loop.create_future()
+    loop.add_reader(pidfd, lambda: done.done() or done.set_result(None))
+    try:
+        await asyncio.wait_for(done, timeout)
+        return True
     except TimeoutError:
-        raise QmdTimeout(f"`{_describe(argv)}` timed out after {timeout:g}s") from None
+        return False
     finally:
-        # Also reached on cancellation: no qmd process outlives the coroutine that started it.
-        if process.returncode is None:
-            await kill_process_group(process)
-    return QmdResult(
-        process.returncode,
-        stdout.decode("utf-8", errors="replace"),
-        stderr.decode("utf-8", errors="replace"),
-    )
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
 
 
-async def kill_process_group(process: asyncio.subprocess.Process) -> None:
-    """SIGKILL everything in *process*'s group and reap the leader."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        process.kill()
-    await process.wait()
+def kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL everything left in *process*'s group and reap the leader (at once: SIGKILL cannot be ignored)."""
+    signal_group(process, signal.SIGKILL)
+    process.wait()
+
+
+def running(process: subprocess.Popen) -> bool:
+    """Whether *process* has not exited; unlike poll() it reaps nothing, so its group can still be signalled."""
+    if process.returncode is not None:
+        return False
+    try:
+        return os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    except ChildProcessError:
+        return False
+
+
+def signal_group(process: subprocess.Popen, signum: int) -> None:
+    """Send *signum* to *process*'s group while its leader is unreaped (its pid, the group's id, still its own)."""
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signum)
 
 
 def _describe(argv: Sequence[str]) -> str:
@@ -120,28 +181,24 @@ def _describe(argv: Sequence[str]) -> str:
 
 @contextlib.asynccontextmanager
 async def index_lock(mutex: asyncio.Lock, lock_path: Path, timeout: float) -> AsyncIterator[None]:
-    """Exclusive use of a qmd index: *mutex* within this process, an flock on *lock_path* across processes."""
+    """Exclusive use of a qmd index: *mutex* within this process, an flock on *lock_path* across processes.
+
+    The flock is tried on the loop, not waited for on a thread, so a cancelled wait leaves nothing behind."""
     async with mutex:
-        lock = file_lock(lock_path, timeout=timeout)
-        acquiring = asyncio.ensure_future(asyncio.to_thread(lock.__enter__))
-        try:
-            await asyncio.shield(acquiring)
-        except asyncio.CancelledError:
-            acquiring.add_done_callback(lambda task: _release_if_acquired(lock, task))
-            raise
-        except LockTimeout as exc:
-            raise SearchBackendError(f"qmd index busy: {exc}") from exc
-        except OSError as exc:
-            raise SearchBackendError(f"cannot lock the qmd index: {exc}") from exc
-        try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        with contextlib.ExitStack() as held:
+            while True:
+                try:
+                    held.enter_context(file_lock(lock_path, timeout=0))
+                    break
+                except LockTimeout as exc:
+                    if loop.time() >= deadline:
+                        raise SearchBackendError(f"qmd index busy: {lock_path} stayed locked {timeout:g}s") from exc
+                except OSError as exc:
+                    raise SearchBackendError(f"cannot lock the qmd index: {exc}") from exc
+                await asyncio.sleep(FILE_LOCK_POLL_SECONDS)
             yield
-        finally:
-            lock.__exit__(None, None, None)
-
-
-def _release_if_acquired(lock: contextlib.AbstractContextManager, task: asyncio.Future) -> None:
-    if not task.cancelled() and task.exception() is None:
-        lock.__exit__(None, None, None)
 
 
 def resolve_command(command: str, env: Mapping[str, str]) -> str:
@@ -193,23 +250,16 @@ class McpServer:
     child is restarted with growing backoff.
     """
 
-    def __init__(
-        self,
-        base_argv: Sequence[str],
-        *,
-        env: Mapping[str, str],
-        cwd: Path,
-        clock: Callable[[], float],
-    ) -> None:
+    def __init__(self, base_argv: Sequence[str], *, env: Mapping[str, str], cwd: Path,
+                 clock: Callable[[], float]) -> None:
         self._base_argv = list(base_argv)
         self._env = dict(env)
         self._cwd = cwd
         self._clock = clock
-        self._process: asyncio.subprocess.Process | None = None
+        self._process: subprocess.Popen | None = None
         self._port: int | None = None
         self._starting: asyncio.Task | None = None
-        self._stderr_reader: asyncio.Task | None = None
-        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self._stderr_tail = b""
         self._failures = 0
         self._next_start_at = 0.0
         self._closed = False
@@ -218,7 +268,7 @@ class McpServer:
     @property
     def ready(self) -> bool:
         """True when the child is running and has answered its health check."""
-        return self._port is not None and self._process is not None and self._process.returncode is None
+        return self._port is not None and self._process is not None and running(self._process)
 
     def ensure_started(self) -> None:
         """Start the child in the background unless it runs, is starting or is backing off."""
@@ -226,9 +276,9 @@ class McpServer:
             return
         if self._process is not None:
             # It had answered its health check and died since: a crash loop must back off too.
-            returncode, self._process = self._process.returncode, None
-            tail = " / ".join(self._stderr_tail)[-300:]
-            self._note_failure(f"qmd mcp server exited with status {returncode}: {tail}")
+            process = self._forget_process()
+            kill_group(process)  # reap it, and end what it left in its group
+            self._note_failure(f"qmd mcp server exited with status {process.returncode}: {self._stderr_text()}")
         if self._clock() < self._next_start_at:
             return
         self._starting = asyncio.ensure_future(self._start())
@@ -251,9 +301,8 @@ class McpServer:
             raise SearchBackendError("qmd mcp server is not running")
         port = self._port
         try:
-            status, body = await asyncio.wait_for(
-                asyncio.to_thread(_http_request, port, path, payload, timeout), timeout
-            )
+            status, body = await asyncio.wait_for(asyncio.to_thread(_http_request, port, path, payload, timeout),
+                                                  timeout)
         except (TimeoutError, OSError, http.client.HTTPException) as exc:
             await self._record_failure(f"qmd mcp server did not answer: {exc or type(exc).__name__}")
             raise SearchBackendError(self.last_error) from exc
@@ -285,24 +334,18 @@ class McpServer:
         await self.stop()
 
     async def _start(self) -> None:
-        self._port = None
-        self._stderr_tail.clear()
+        self._port, self._stderr_tail = None, b""
+        port = free_loopback_port()
+        argv = [*self._base_argv, "mcp", "--http", "--port", str(port), "--host", MCP_HOST]
         try:
-            port = free_loopback_port()
-            argv = [*self._base_argv, "mcp", "--http", "--port", str(port), "--host", MCP_HOST]
-            self._process = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE,
-                env=self._env,
-                cwd=self._cwd,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            await self._record_failure(f"cannot start qmd mcp server: {exc.strerror or exc}")
+            self._process = spawn(argv, env=self._env, cwd=self._cwd, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, die_with_daemon=True)
+        except SearchBackendError as exc:
+            await self._record_failure(f"cannot start qmd mcp server: {exc}")
             return
-        self._stderr_reader = asyncio.ensure_future(self._drain_stderr(self._process))
+        # The server logs every request to stderr: keep a short tail for error messages, never a file.
+        os.set_blocking(self._process.stderr.fileno(), False)
+        asyncio.get_running_loop().add_reader(self._process.stderr.fileno(), self._read_stderr, self._process)
         try:
             await self._wait_healthy(port)
         except asyncio.CancelledError:
@@ -315,11 +358,13 @@ class McpServer:
         logger.info("qmd mcp server ready on {}:{} (pid {})", MCP_HOST, port, self._process.pid)
 
     async def _wait_healthy(self, port: int) -> None:
-        deadline = self._clock_monotonic() + MCP_STARTUP_SECONDS
-        while self._clock_monotonic() < deadline:
-            if self._process.returncode is not None:
-                tail = " / ".join(self._stderr_tail) or f"exit status {self._process.returncode}"
-                raise SearchBackendError(f"qmd mcp server exited at start: {tail[-300:]}")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + MCP_STARTUP_SECONDS
+        while loop.time() < deadline:
+            if not running(self._process):
+                kill_group(self._process)
+                tail = self._stderr_text() or f"exit status {self._process.returncode}"
+                raise SearchBackendError(f"qmd mcp server exited at start: {tail}")
             try:
                 status, _ = await asyncio.to_thread(_http_request, port, "/health", None, 1.0)
             except (OSError, http.client.HTTPException):
@@ -328,10 +373,6 @@ class McpServer:
                 return
             await asyncio.sleep(MCP_HEALTH_POLL_SECONDS)
         raise SearchBackendError(f"qmd mcp server not healthy after {MCP_STARTUP_SECONDS:g}s")
-
-    @staticmethod
-    def _clock_monotonic() -> float:
-        return asyncio.get_running_loop().time()
 
     async def _record_failure(self, reason: str) -> None:
         self._note_failure(reason)
@@ -345,26 +386,37 @@ class McpServer:
         logger.warning("{}; using the qmd CLI, next server start in {:g}s", reason, delay)
 
     async def _stop_process(self) -> None:
-        process, self._process, self._port = self._process, None, None
-        if process is not None and process.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(process.wait(), MCP_STOP_GRACE_SECONDS)
-            except TimeoutError:
-                pass
-        if process is not None and process.returncode is None:
-            await kill_process_group(process)
-        if self._stderr_reader is not None:
-            self._stderr_reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._stderr_reader
-            self._stderr_reader = None
+        process = self._forget_process()
+        if process is None:
+            return
+        try:
+            if process.returncode is None:
+                signal_group(process, signal.SIGTERM)
+                await exited(process, MCP_STOP_GRACE_SECONDS)
+        finally:
+            kill_group(process)
 
-    async def _drain_stderr(self, process: asyncio.subprocess.Process) -> None:
-        # The server logs every request to stderr; keep a short tail for error messages, never a file.
-        while line := await process.stderr.readline():
-            self._stderr_tail.append(line.decode("utf-8", errors="replace").rstrip())
+    def _forget_process(self) -> subprocess.Popen | None:
+        process, self._process, self._port = self._process, None, None
+        if process is not None:
+            asyncio.get_running_loop().remove_reader(process.stderr.fileno())
+            process.stderr.close()
+        return process
+
+    def _read_stderr(self, process: subprocess.Popen) -> None:
+        try:
+            chunk = os.read(process.stderr.fileno(), 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            asyncio.get_running_loop().remove_reader(process.stderr.fileno())
+        self._stderr_tail = (self._stderr_tail + chunk)[-STDERR_TAIL_BYTES:]
+
+    def _stderr_text(self) -> str:
+        lines = self._stderr_tail.decode("utf-8", errors="replace").splitlines()[-STDERR_TAIL_LINES:]
+        return " / ".join(line.rstrip() for line in lines)[-300:]
 
 
 def _http_request(port: int, path: str, payload: dict | None, timeout: float) -> tuple[int, str]:

@@ -446,3 +446,27 @@ def test_a_question_becomes_one_lex_search_of_its_words_and_one_per_word():
         {"type": "lex", "query": "caroline research adoption"}, {"type": "lex", "query": "caroline"},
         {"type": "lex", "query": "research"}, {"type": "lex", "query": "adoption"}]
     assert lexical_searches("kumquat") == [{"type": "lex", "query": "kumquat"}]
+
+
+def test_a_cancelled_search_kills_the_qmd_child_with_its_process_group(workspace, tmp_path, environ):
+    child_pid = tmp_path / "search-child.pid"
+    script = fake_qmd(tmp_path, workspace, search=hang_with_child(child_pid))
+
+    async def scenario():
+        backend = make_backend(workspace, tmp_path, environ, command=str(script), timeout_seconds=600.0,
+                               mcp_server=False)
+        await backend.start()
+        try:
+            searching = asyncio.ensure_future(backend.search("kumquat"))
+            while not child_pid.exists() or not child_pid.read_text().strip():
+                await asyncio.sleep(0.02)
+            searching.cancel()
+            began = time.monotonic()
+            with pytest.raises(asyncio.CancelledError):
+                await searching
+            return time.monotonic() - began
+        finally:
+            await backend.close()
+
+    assert asyncio.run(scenario()) < 1.0
+    assert process_is_gone(int(child_pid.read_text()))
