@@ -13,11 +13,9 @@ from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
-from loguru import logger
-
 from nanobotd import fsio
 from nanobotd.config.schema import WorkspaceSettings
-from nanobotd.jobs.env import JobEnv, note_progress
+from nanobotd.jobs.env import JobEnv, end_run, note_progress
 from nanobotd.jobs.errors import RestoreRefused, refuse_if_expired
 from nanobotd.jobs.job import JobDefaults, QueuePolicy
 from nanobotd.llm.client import LLMClient
@@ -90,11 +88,15 @@ async def flush_session(
         "tokens": {},
     }
     meter = UsageMeter()
+
+    def _end(outcome: str, reason: str) -> dict:
+        return end_run(store, FLUSH_KIND, ws.name, run_id, manifest, outcome, reason, meter=meter)
+
     conversation = [message for message in messages if not message.record.get("_command")]
     if not conversation:
-        return _finish(ws, store, run_id, manifest, meter, "no_change", "no conversation to flush")
+        return _end("no_change", "no conversation to flush")
     if llm.offline:
-        return _finish(ws, store, run_id, manifest, meter, "no_change", "offline: the flush needs an LLM")
+        return _end("no_change", "offline: the flush needs an LLM")
     known = _known_bullets(note)
     prompt = build_prompt(conversation, day, known, llm)
     manifest["sent"] = prompt.pop("sent")
@@ -105,21 +107,21 @@ async def flush_session(
     except LLMError as exc:
         meter.add_error(exc)
         manifest["llm_failed"] = True  # the cycle's flush is still owed: `run` has it tried again
-        return _finish(ws, store, run_id, manifest, meter, "error", f"LLM failed: {exc}")
+        return _end("error", f"LLM failed: {exc}")
     meter.add(reply)
     try:
         facts = parse_facts(reply.content)
     except FlushReplyError as exc:
-        return _finish(ws, store, run_id, manifest, meter, "error", str(exc), latency_ms=reply.latency_ms)
+        return _end("error", str(exc))
     if facts is None:
-        return _finish(ws, store, run_id, manifest, meter, "no_change", NO_REPLY, latency_ms=reply.latency_ms)
+        return _end("no_change", NO_REPLY)
     try:
         written = write_facts(note, day, facts, manifest, store=store, run_id=run_id)
     except (NoteError, OSError) as exc:
-        return _finish(ws, store, run_id, manifest, meter, "error", f"note not written: {exc}",
+        return _end("error", f"note not written: {exc}",
                        latency_ms=reply.latency_ms)
     outcome, reason = ("written", "") if written else ("no_change", "every fact was already in the note")
-    return _finish(ws, store, run_id, manifest, meter, outcome, reason, latency_ms=reply.latency_ms)
+    return _end(outcome, reason)
 
 
 def build_prompt(messages: list[PendingMessage], day: date, known: str, llm: LLMClient) -> dict:
@@ -229,20 +231,6 @@ def _known_bullets(note: Path) -> str:
         return ""
     lines = [f"- {bullet}" for section in NOTE_SECTIONS for bullet in parsed.bullets(section)]
     return "\n".join(lines)[:KNOWN_BULLETS_MAX_CHARS]
-
-
-def _finish(ws: WorkspaceSettings, store: StateStore, run_id: str, manifest: dict, meter: UsageMeter,
-            outcome: str, reason: str, *, latency_ms: float | None = None) -> dict:
-    usage = meter.to_json()
-    manifest["tokens"] = usage
-    manifest["reason"] = reason
-    state = "failed" if outcome == "error" else "finished"
-    if outcome == "error":
-        logger.warning("flush of {} in {}: {}", manifest["session"], ws.name, reason)
-    store.finish_run(run_id, state=state, outcome=outcome, manifest=manifest)
-    store.record_outcome(FLUSH_KIND, ws.name, outcome, run_id=run_id, reason=reason,
-                         tokens=usage["prompt_tokens"] + usage["completion_tokens"], latency_ms=latency_ms)
-    return manifest
 
 
 def _sha256(data: bytes) -> str:
