@@ -117,7 +117,7 @@ class _Undo:
         self.plan.append(f"remove the {len(cursors)} summary entries (cursors {min(cursors)}-{max(cursors)})"
                          " from memory/history.jsonl")
         self.files.append(str(history.history_path(self.memory_dir)))
-        self.actions.append(lambda: history.rewrite_history(self.memory_dir, lambda e: e.cursor not in cursors))
+        self.actions.append(lambda: history.remove_entries(self.memory_dir, lambda e: e.cursor not in cursors))
 
     def undo_move(self, step: dict) -> None:
         """Move an archived note back where it was."""
