@@ -16,7 +16,7 @@ from typing import Any
 from nanobotd import fsio
 from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.jobs.env import JobEnv, end_run, note_progress
-from nanobotd.jobs.errors import RestoreRefused, refuse_if_expired
+from nanobotd.jobs.errors import RestoreRefused
 from nanobotd.jobs.job import JobDefaults, QueuePolicy
 from nanobotd.llm.client import LLMClient
 from nanobotd.llm.failures import LLMError
@@ -31,6 +31,7 @@ from nanobotd.memory.dailynote import (
     merge_bullets,
     new_note,
     normalise_bullet,
+    note_date,
     note_path,
     remove_bullets,
 )
@@ -245,7 +246,6 @@ def restore_flush_run(run: RunRecord, *, store: StateStore, dry_run: bool) -> di
 
     Returns {"run_id", "plan": [lines], "files": [paths changed], "action"}; raises RestoreRefused.
     """
-    refuse_if_expired(run)
     manifest = run.manifest
     added = manifest.get("added_bullets") or {}
     result = {"run_id": run.run_id, "plan": [], "files": [], "action": "none"}
@@ -298,20 +298,16 @@ def _plan_bullet_removal(note: Path, current: bytes, manifest: dict, result: dic
     if not removed:
         result["plan"].append(f"{note} changed since and holds none of the run's bullets; nothing to undo")
         return
-    day = _note_day(note)
-    if manifest.get("backup") is None and day and parsed.render() == new_note(day).render():
+    try:
+        empty = manifest.get("backup") is None and parsed.render() == new_note(note_date(note.name)).render()
+    except NoteError:
+        empty = False
+    if empty:
         result.update(action="delete", files=[str(note)])
         result["plan"].append(f"delete {note}: once the run's {removed} bullets are removed nothing is left")
         return
     result.update(action="remove_bullets", files=[str(note)], content=parsed.render().encode("utf-8"))
     result["plan"].append(f"remove the {removed} bullets this run added from {note} (it changed since the flush)")
-
-
-def _note_day(note: Path) -> date | None:
-    try:
-        return date.fromisoformat(note.stem)
-    except ValueError:
-        return None
 
 
 def retry_delay(ws: WorkspaceSettings, failures: int) -> float:
@@ -320,7 +316,8 @@ def retry_delay(ws: WorkspaceSettings, failures: int) -> float:
 
 
 class Flush(JobDefaults):
-    """params: session_key."""
+    """params: session_key. An interrupted flush is only reported: it writes its note in one atomic replace, so
+    the file is whole either way, and restore can undo it."""
 
     kind = FLUSH_KIND
     refresh_waits = False  # one note, written once at its end
@@ -338,11 +335,6 @@ class Flush(JobDefaults):
         else:
             env.tracker.set_cycle(session_key, flushed=True)
         return manifest
-
-    def recover(self, env: JobEnv, run: RunRecord) -> str:
-        """A flush writes its note in one atomic replace: the file is whole either way, and restore can undo it."""
-        env.store.finish_run(run.run_id, state="failed", outcome="interrupted")
-        return "interrupted"
 
     async def restore(self, env: JobEnv, run: RunRecord, *, restore_run_id: str | None, force: bool,
                       dry_run: bool) -> dict:
