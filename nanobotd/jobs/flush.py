@@ -247,47 +247,40 @@ def restore_flush_run(run: RunRecord, *, store: StateStore, dry_run: bool) -> di
     Returns {"run_id", "plan": [lines], "files": [paths changed], "action"}; raises RestoreRefused.
     """
     manifest = run.manifest
-    added = manifest.get("added_bullets") or {}
-    result = {"run_id": run.run_id, "plan": [], "files": [], "action": "none"}
-    if not added or not manifest.get("note"):
-        result["plan"].append(f"flush run {run.run_id} wrote nothing; nothing to restore")
-        return result
-    note = Path(manifest["note"])
+    note = Path(manifest["note"]) if manifest.get("added_bullets") and manifest.get("note") else None
     try:
-        current = note.read_bytes()
+        current = note.read_bytes() if note is not None else None
     except FileNotFoundError:
-        result["plan"].append(f"{note} no longer exists; nothing to undo")
-        return result
-    if _sha256(current) == manifest.get("after_sha256"):
-        _plan_exact_undo(note, manifest, result)
+        return {"run_id": run.run_id, "plan": [f"{note} no longer exists; nothing to undo"], "files": [],
+                "action": "none"}
+    if current is None:
+        action, content, line = "none", None, f"flush run {run.run_id} wrote nothing; nothing to restore"
+    elif _sha256(current) == manifest.get("after_sha256"):
+        action, content, line = _exact_undo(note, manifest)
     else:
-        _plan_bullet_removal(note, current, manifest, result)
-    if not dry_run:
-        root = history.workspace_root(note.parent)
-        if result["action"] == "delete":
-            fsio.confine(note, root).unlink()
-            fsio.fsync_dir(note.parent)
-        elif result["action"] in ("put_back", "remove_bullets"):
-            fsio.atomic_write(note, result.pop("content"), root=root)
-    result.pop("content", None)
-    return result
+        action, content, line = _bullet_removal(note, current, manifest)
+    if not dry_run and action == "delete":
+        fsio.confine(note, history.workspace_root(note.parent)).unlink()
+        fsio.fsync_dir(note.parent)
+    elif not dry_run and content is not None:
+        fsio.atomic_write(note, content, root=history.workspace_root(note.parent))
+    return {"run_id": run.run_id, "plan": [line], "files": [str(note)] if action != "none" else [], "action": action}
 
 
-def _plan_exact_undo(note: Path, manifest: dict, result: dict) -> None:
+def _exact_undo(note: Path, manifest: dict) -> tuple[str, bytes | None, str]:
+    """(action, the note's new bytes, plan line) putting back the note's bytes from before the run."""
     backup = manifest.get("backup")
     if backup is None:
-        result.update(action="delete", files=[str(note)])
-        result["plan"].append(f"delete {note}: the flush created it and it has not changed since")
-        return
+        return "delete", None, f"delete {note}: the flush created it and it has not changed since"
     try:
         content = Path(backup).read_bytes()
     except FileNotFoundError as exc:
         raise RestoreRefused(f"cannot restore flush run: its backup {backup} is missing") from exc
-    result.update(action="put_back", files=[str(note)], content=content)
-    result["plan"].append(f"put back the previous content of {note} ({len(content)} bytes) from {backup}")
+    return "put_back", content, f"put back the previous content of {note} ({len(content)} bytes) from {backup}"
 
 
-def _plan_bullet_removal(note: Path, current: bytes, manifest: dict, result: dict) -> None:
+def _bullet_removal(note: Path, current: bytes, manifest: dict) -> tuple[str, bytes | None, str]:
+    """(action, the note's new bytes, plan line) removing only the run's bullets from a note changed since."""
     try:
         parsed: DailyNote = decode_note(current, note.name)
     except NoteError as exc:
@@ -296,18 +289,15 @@ def _plan_bullet_removal(note: Path, current: bytes, manifest: dict, result: dic
                   for section, bullets in manifest["added_bullets"].items())
     drop_empty_sections(parsed, manifest.get("created_sections") or [])
     if not removed:
-        result["plan"].append(f"{note} changed since and holds none of the run's bullets; nothing to undo")
-        return
+        return "none", None, f"{note} changed since and holds none of the run's bullets; nothing to undo"
     try:
         empty = manifest.get("backup") is None and parsed.render() == new_note(note_date(note.name)).render()
     except NoteError:
         empty = False
     if empty:
-        result.update(action="delete", files=[str(note)])
-        result["plan"].append(f"delete {note}: once the run's {removed} bullets are removed nothing is left")
-        return
-    result.update(action="remove_bullets", files=[str(note)], content=parsed.render().encode("utf-8"))
-    result["plan"].append(f"remove the {removed} bullets this run added from {note} (it changed since the flush)")
+        return "delete", None, f"delete {note}: once the run's {removed} bullets are removed nothing is left"
+    return ("remove_bullets", parsed.render().encode("utf-8"),
+            f"remove the {removed} bullets this run added from {note} (it changed since the flush)")
 
 
 def retry_delay(ws: WorkspaceSettings, failures: int) -> float:
