@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from nanobotd import fsio
-from nanobotd.config.schema import LLMSettings, WorkspaceSettings
+from nanobotd.config.schema import LLMSettings
 from nanobotd.jobs.flush import FlushReplyError, flush_session, parse_facts, restore_flush_run, write_facts
 from nanobotd.llm.client import LLMClient
 from nanobotd.memory.dailynote import NoteError
@@ -50,25 +50,6 @@ USER_NOTE = (
     "## Notes\nWritten by hand; do not touch.\n- my own bullet\n\n"
 )
 USER_SECTION = "## Notes\nWritten by hand; do not touch.\n- my own bullet\n\n"
-
-
-@pytest.fixture
-def fake():
-    with FakeLLM() as server:
-        yield server
-
-
-@pytest.fixture
-def store(tmp_path):
-    opened = StateStore(tmp_path / "state").open()
-    yield opened
-    opened.close()
-
-
-@pytest.fixture
-def ws(tmp_path):
-    (tmp_path / "ws" / "memory").mkdir(parents=True)
-    return WorkspaceSettings(path=tmp_path / "ws", name="main")
 
 
 def client(fake: FakeLLM, **overrides) -> LLMClient:

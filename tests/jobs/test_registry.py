@@ -21,24 +21,11 @@ from nanobotd.llm.client import LLMClient
 from nanobotd.memory.transcript import PendingMessage
 from nanobotd.sessions.tracker import SessionTracker
 from nanobotd.state.store import StateStore
-from tests.support.fakellm import FakeLLM, Text
+from tests.support.fakellm import Text
 
 NOW = datetime(2026, 3, 5, 21, 30)
 FLUSH_REPLY = "## Topics\n- Backups of the photo library\n\n## Decisions\n- Use restic for backups.\n"
 POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-
-
-@pytest.fixture
-def store(tmp_path: Path):
-    opened = StateStore(tmp_path / "state").open()
-    yield opened
-    opened.close()
-
-
-@pytest.fixture
-def fake():
-    with FakeLLM() as server:
-        yield server
 
 
 def job_env(tmp_path: Path, store: StateStore, llm: LLMClient, kinds) -> JobEnv:
