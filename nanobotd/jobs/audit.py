@@ -17,14 +17,13 @@ from pathlib import Path
 from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.jobs.dreamnotes import BOOTSTRAP_FILES, cap_overruns, unread_note_bullets
 from nanobotd.jobs.planlines import describe_step
-from nanobotd.jobs.runfiles import folder_size, run_backup_dir
+from nanobotd.jobs.runfiles import folder_size, run_backups
 from nanobotd.memory import history
 from nanobotd.memory.dailynote import scan_notes
 from nanobotd.memory.history import TIMESTAMP_FORMAT
 from nanobotd.sessions.agent_config import AgentSettings
 from nanobotd.state.store import StateStore
 
-RUN_LIST_LIMIT = 1_000_000
 LIFECYCLE_COMMAND = "nanobotctl lifecycle"
 LINES_SHOWN = 20
 DREAM_COMMAND = "nanobotctl dream"
@@ -289,13 +288,8 @@ def _entry_time(entry: history.HistoryEntry) -> datetime | None:
 
 
 def _backup_usage(ws: WorkspaceSettings, store: StateStore) -> dict:
-    total, runs = 0, 0
-    for run in store.list_runs(workspace=ws.name, limit=RUN_LIST_LIMIT):
-        folder = run_backup_dir(store, run.run_id)
-        if folder.is_dir():
-            runs += 1
-            total += folder_size(folder)
-    return {"backup_bytes": total, "backup_runs": runs}
+    sizes = [folder_size(folder) for _, folder in run_backups(store, ws.name)]
+    return {"backup_bytes": sum(sizes), "backup_runs": len(sizes)}
 
 
 def _size(path) -> int:

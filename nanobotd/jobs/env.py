@@ -9,12 +9,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from loguru import logger
+
 from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.faults import FaultPoints
 from nanobotd.gitstore.store import GitStore
 from nanobotd.index.builtin import BuiltinIndex
 from nanobotd.index.qmd import QmdBackend
 from nanobotd.llm.client import LLMClient
+from nanobotd.llm.reply import UsageMeter
 from nanobotd.sessions.tracker import SessionTracker
 from nanobotd.state.store import StateStore
 
@@ -52,3 +55,22 @@ def note_progress(manifest: dict, step: str, done: int | None = None, total: int
     The caller journals the manifest, as before any step that changes files.
     """
     manifest["progress"] = {"step": step, "done": done, "total": total}
+
+
+def end_run(store: StateStore, kind: str, workspace: str, run_id: str, manifest: dict, outcome: str, reason: str = "",
+            *, meter: UsageMeter | None = None) -> dict:
+    """Close a run as every job does at its end: its reason (and tokens) in the manifest, the run failed on an
+    "error" outcome, and one outcome row for the metrics (its LLM calls' tokens and time); returns the manifest."""
+    tokens, latency_ms = 0, None
+    if meter is not None:
+        latency_ms = sum(meter.latencies_ms) if meter.latencies_ms else None
+        usage = manifest["tokens"] = meter.to_json()
+        tokens = usage["prompt_tokens"] + usage["completion_tokens"]
+    manifest["reason"] = reason
+    if outcome == "error":
+        logger.warning("{} run {} in {}: {}", kind, run_id, workspace, reason)
+    store.finish_run(run_id, state="failed" if outcome == "error" else "finished", outcome=outcome,
+                     manifest=manifest)
+    store.record_outcome(kind, workspace, outcome, run_id=run_id, reason=reason, tokens=tokens,
+                         latency_ms=latency_ms)
+    return manifest

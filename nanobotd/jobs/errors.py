@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from nanobotd.state.store import RunRecord
-
 EXPIRED = "expired"  # in a run's manifest: its backups were pruned after the restore window
 
 
@@ -23,11 +21,3 @@ class RestoreRefused(Exception):
         self.plan = plan or []
         self.conflicts = conflicts or []
 
-
-def refuse_if_expired(run: RunRecord) -> None:
-    """Refuse runs whose backups were pruned after the restore window."""
-    if run.manifest.get(EXPIRED):
-        raise RestoreRefused(
-            f"run {run.run_id} is past the restore window: its backups were pruned"
-            f" by {run.manifest.get('expired_by', 'a lifecycle run')}; it can no longer be restored"
-        )

@@ -13,12 +13,10 @@ from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
-from loguru import logger
-
 from nanobotd import fsio
 from nanobotd.config.schema import WorkspaceSettings
-from nanobotd.jobs.env import JobEnv, note_progress
-from nanobotd.jobs.errors import RestoreRefused, refuse_if_expired
+from nanobotd.jobs.env import JobEnv, end_run, note_progress
+from nanobotd.jobs.errors import RestoreRefused
 from nanobotd.jobs.job import JobDefaults, QueuePolicy
 from nanobotd.llm.client import LLMClient
 from nanobotd.llm.failures import LLMError
@@ -33,6 +31,7 @@ from nanobotd.memory.dailynote import (
     merge_bullets,
     new_note,
     normalise_bullet,
+    note_date,
     note_path,
     remove_bullets,
 )
@@ -90,11 +89,15 @@ async def flush_session(
         "tokens": {},
     }
     meter = UsageMeter()
+
+    def _end(outcome: str, reason: str) -> dict:
+        return end_run(store, FLUSH_KIND, ws.name, run_id, manifest, outcome, reason, meter=meter)
+
     conversation = [message for message in messages if not message.record.get("_command")]
     if not conversation:
-        return _finish(ws, store, run_id, manifest, meter, "no_change", "no conversation to flush")
+        return _end("no_change", "no conversation to flush")
     if llm.offline:
-        return _finish(ws, store, run_id, manifest, meter, "no_change", "offline: the flush needs an LLM")
+        return _end("no_change", "offline: the flush needs an LLM")
     known = _known_bullets(note)
     prompt = build_prompt(conversation, day, known, llm)
     manifest["sent"] = prompt.pop("sent")
@@ -105,21 +108,21 @@ async def flush_session(
     except LLMError as exc:
         meter.add_error(exc)
         manifest["llm_failed"] = True  # the cycle's flush is still owed: `run` has it tried again
-        return _finish(ws, store, run_id, manifest, meter, "error", f"LLM failed: {exc}")
+        return _end("error", f"LLM failed: {exc}")
     meter.add(reply)
     try:
         facts = parse_facts(reply.content)
     except FlushReplyError as exc:
-        return _finish(ws, store, run_id, manifest, meter, "error", str(exc), latency_ms=reply.latency_ms)
+        return _end("error", str(exc))
     if facts is None:
-        return _finish(ws, store, run_id, manifest, meter, "no_change", NO_REPLY, latency_ms=reply.latency_ms)
+        return _end("no_change", NO_REPLY)
     try:
         written = write_facts(note, day, facts, manifest, store=store, run_id=run_id)
     except (NoteError, OSError) as exc:
-        return _finish(ws, store, run_id, manifest, meter, "error", f"note not written: {exc}",
+        return _end("error", f"note not written: {exc}",
                        latency_ms=reply.latency_ms)
     outcome, reason = ("written", "") if written else ("no_change", "every fact was already in the note")
-    return _finish(ws, store, run_id, manifest, meter, outcome, reason, latency_ms=reply.latency_ms)
+    return _end(outcome, reason)
 
 
 def build_prompt(messages: list[PendingMessage], day: date, known: str, llm: LLMClient) -> dict:
@@ -231,20 +234,6 @@ def _known_bullets(note: Path) -> str:
     return "\n".join(lines)[:KNOWN_BULLETS_MAX_CHARS]
 
 
-def _finish(ws: WorkspaceSettings, store: StateStore, run_id: str, manifest: dict, meter: UsageMeter,
-            outcome: str, reason: str, *, latency_ms: float | None = None) -> dict:
-    usage = meter.to_json()
-    manifest["tokens"] = usage
-    manifest["reason"] = reason
-    state = "failed" if outcome == "error" else "finished"
-    if outcome == "error":
-        logger.warning("flush of {} in {}: {}", manifest["session"], ws.name, reason)
-    store.finish_run(run_id, state=state, outcome=outcome, manifest=manifest)
-    store.record_outcome(FLUSH_KIND, ws.name, outcome, run_id=run_id, reason=reason,
-                         tokens=usage["prompt_tokens"] + usage["completion_tokens"], latency_ms=latency_ms)
-    return manifest
-
-
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -257,49 +246,41 @@ def restore_flush_run(run: RunRecord, *, store: StateStore, dry_run: bool) -> di
 
     Returns {"run_id", "plan": [lines], "files": [paths changed], "action"}; raises RestoreRefused.
     """
-    refuse_if_expired(run)
     manifest = run.manifest
-    added = manifest.get("added_bullets") or {}
-    result = {"run_id": run.run_id, "plan": [], "files": [], "action": "none"}
-    if not added or not manifest.get("note"):
-        result["plan"].append(f"flush run {run.run_id} wrote nothing; nothing to restore")
-        return result
-    note = Path(manifest["note"])
+    note = Path(manifest["note"]) if manifest.get("added_bullets") and manifest.get("note") else None
     try:
-        current = note.read_bytes()
+        current = note.read_bytes() if note is not None else None
     except FileNotFoundError:
-        result["plan"].append(f"{note} no longer exists; nothing to undo")
-        return result
-    if _sha256(current) == manifest.get("after_sha256"):
-        _plan_exact_undo(note, manifest, result)
+        return {"run_id": run.run_id, "plan": [f"{note} no longer exists; nothing to undo"], "files": [],
+                "action": "none"}
+    if current is None:
+        action, content, line = "none", None, f"flush run {run.run_id} wrote nothing; nothing to restore"
+    elif _sha256(current) == manifest.get("after_sha256"):
+        action, content, line = _exact_undo(note, manifest)
     else:
-        _plan_bullet_removal(note, current, manifest, result)
-    if not dry_run:
-        root = history.workspace_root(note.parent)
-        if result["action"] == "delete":
-            fsio.confine(note, root).unlink()
-            fsio.fsync_dir(note.parent)
-        elif result["action"] in ("put_back", "remove_bullets"):
-            fsio.atomic_write(note, result.pop("content"), root=root)
-    result.pop("content", None)
-    return result
+        action, content, line = _bullet_removal(note, current, manifest)
+    if not dry_run and action == "delete":
+        fsio.confine(note, history.workspace_root(note.parent)).unlink()
+        fsio.fsync_dir(note.parent)
+    elif not dry_run and content is not None:
+        fsio.atomic_write(note, content, root=history.workspace_root(note.parent))
+    return {"run_id": run.run_id, "plan": [line], "files": [str(note)] if action != "none" else [], "action": action}
 
 
-def _plan_exact_undo(note: Path, manifest: dict, result: dict) -> None:
+def _exact_undo(note: Path, manifest: dict) -> tuple[str, bytes | None, str]:
+    """(action, the note's new bytes, plan line) putting back the note's bytes from before the run."""
     backup = manifest.get("backup")
     if backup is None:
-        result.update(action="delete", files=[str(note)])
-        result["plan"].append(f"delete {note}: the flush created it and it has not changed since")
-        return
+        return "delete", None, f"delete {note}: the flush created it and it has not changed since"
     try:
         content = Path(backup).read_bytes()
     except FileNotFoundError as exc:
         raise RestoreRefused(f"cannot restore flush run: its backup {backup} is missing") from exc
-    result.update(action="put_back", files=[str(note)], content=content)
-    result["plan"].append(f"put back the previous content of {note} ({len(content)} bytes) from {backup}")
+    return "put_back", content, f"put back the previous content of {note} ({len(content)} bytes) from {backup}"
 
 
-def _plan_bullet_removal(note: Path, current: bytes, manifest: dict, result: dict) -> None:
+def _bullet_removal(note: Path, current: bytes, manifest: dict) -> tuple[str, bytes | None, str]:
+    """(action, the note's new bytes, plan line) removing only the run's bullets from a note changed since."""
     try:
         parsed: DailyNote = decode_note(current, note.name)
     except NoteError as exc:
@@ -308,22 +289,15 @@ def _plan_bullet_removal(note: Path, current: bytes, manifest: dict, result: dic
                   for section, bullets in manifest["added_bullets"].items())
     drop_empty_sections(parsed, manifest.get("created_sections") or [])
     if not removed:
-        result["plan"].append(f"{note} changed since and holds none of the run's bullets; nothing to undo")
-        return
-    day = _note_day(note)
-    if manifest.get("backup") is None and day and parsed.render() == new_note(day).render():
-        result.update(action="delete", files=[str(note)])
-        result["plan"].append(f"delete {note}: once the run's {removed} bullets are removed nothing is left")
-        return
-    result.update(action="remove_bullets", files=[str(note)], content=parsed.render().encode("utf-8"))
-    result["plan"].append(f"remove the {removed} bullets this run added from {note} (it changed since the flush)")
-
-
-def _note_day(note: Path) -> date | None:
+        return "none", None, f"{note} changed since and holds none of the run's bullets; nothing to undo"
     try:
-        return date.fromisoformat(note.stem)
-    except ValueError:
-        return None
+        empty = manifest.get("backup") is None and parsed.render() == new_note(note_date(note.name)).render()
+    except NoteError:
+        empty = False
+    if empty:
+        return "delete", None, f"delete {note}: once the run's {removed} bullets are removed nothing is left"
+    return ("remove_bullets", parsed.render().encode("utf-8"),
+            f"remove the {removed} bullets this run added from {note} (it changed since the flush)")
 
 
 def retry_delay(ws: WorkspaceSettings, failures: int) -> float:
@@ -332,7 +306,8 @@ def retry_delay(ws: WorkspaceSettings, failures: int) -> float:
 
 
 class Flush(JobDefaults):
-    """params: session_key."""
+    """params: session_key. An interrupted flush is only reported: it writes its note in one atomic replace, so
+    the file is whole either way, and restore can undo it."""
 
     kind = FLUSH_KIND
     refresh_waits = False  # one note, written once at its end
@@ -350,11 +325,6 @@ class Flush(JobDefaults):
         else:
             env.tracker.set_cycle(session_key, flushed=True)
         return manifest
-
-    def recover(self, env: JobEnv, run: RunRecord) -> str:
-        """A flush writes its note in one atomic replace: the file is whole either way, and restore can undo it."""
-        env.store.finish_run(run.run_id, state="failed", outcome="interrupted")
-        return "interrupted"
 
     async def restore(self, env: JobEnv, run: RunRecord, *, restore_run_id: str | None, force: bool,
                       dry_run: bool) -> dict:

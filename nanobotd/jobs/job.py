@@ -81,6 +81,15 @@ class JobDefaults:
     refresh_waits: ClassVar[bool] = True
     trigger_key: ClassVar[str | None] = None
 
+    def recover(self, env: JobEnv, run: RunRecord) -> str:
+        """A run that leaves every file whole whenever it stops: an interrupted one is only reported."""
+        env.store.finish_run(run.run_id, state="failed", outcome="interrupted")
+        return "interrupted"
+
+    async def restore(self, env: JobEnv, run: RunRecord, *, restore_run_id: str | None, force: bool,
+                      dry_run: bool) -> dict:
+        raise RestoreError(f"runs of kind {self.kind!r} change nothing that could be restored")
+
     async def reapply(self, env: JobEnv, original: RunRecord | None, restore_run: RunRecord, *,
                       restore_run_id: str | None, force: bool, dry_run: bool) -> dict:
         raise RestoreError(f"re-applying a {self.kind} run is not supported; run the job again instead")

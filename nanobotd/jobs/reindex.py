@@ -1,6 +1,7 @@
 """reindex: rebuild a workspace's search indexes from scratch (builtin, and QMD when enabled).
 
-A run like the others, so it is followed like them; it changes no memory: nothing to recover or restore.
+A run like the others, so it is followed like them; it changes no memory: nothing to recover or restore (an
+interrupted one is only reported: the next refresh or reindex rebuilds what was left).
 """
 
 from __future__ import annotations
@@ -10,9 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nanobotd.jobs.env import JobEnv
-from nanobotd.jobs.errors import RestoreError
 from nanobotd.jobs.job import JobDefaults
-from nanobotd.state.store import RunRecord
 
 KIND = "reindex"
 
@@ -32,15 +31,6 @@ class Reindex(JobDefaults):
         manifest = {"stats": stats, "qmd": "updated" if qmd else None, "backend": env.settings.search.backend}
         env.store.finish_run(run_id, state="finished", outcome="reindexed", manifest=manifest)
         return manifest
-
-    def recover(self, env: JobEnv, run: RunRecord) -> str:
-        """Nothing of memory to finish or roll back: the next refresh or reindex rebuilds what was left."""
-        env.store.finish_run(run.run_id, state="failed", outcome="interrupted")
-        return "interrupted"
-
-    async def restore(self, env: JobEnv, run: RunRecord, *, restore_run_id: str | None, force: bool,
-                      dry_run: bool) -> dict:
-        raise RestoreError(f"runs of kind {KIND!r} change nothing that could be restored")
 
     def changes(self, manifest: dict) -> dict:
         stats = manifest.get("stats") if isinstance(manifest.get("stats"), dict) else {}

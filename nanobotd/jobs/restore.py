@@ -14,7 +14,7 @@ from typing import Any
 from nanobotd.gitstore.commits import DREAM_PREFIX
 from nanobotd.gitstore.repo import GitStoreError
 from nanobotd.jobs.env import JobEnv
-from nanobotd.jobs.errors import RestoreError, RestoreRefused, UnknownRun
+from nanobotd.jobs.errors import EXPIRED, RestoreError, RestoreRefused, UnknownRun
 from nanobotd.jobs.job import HISTORY_FILE, JobDefaults, QueuePolicy
 from nanobotd.jobs.runfiles import RESTORE_STEP_KEY
 from nanobotd.state.store import RunRecord
@@ -52,7 +52,7 @@ def resolve_target(env: JobEnv, target: str) -> RunRecord | None:
     if run.state in ("queued", "started"):
         raise RestoreError(f"run {target} is still {run.state}; wait for it to finish")
     window_days = env.settings.lifecycle.restore_window_days
-    if run.manifest.get("expired") or (run.finished_at and env.clock() - run.finished_at > window_days * 86400):
+    if run.manifest.get(EXPIRED) or (run.finished_at and env.clock() - run.finished_at > window_days * 86400):
         raise RestoreError(f"run {target} is older than the restore window ({window_days} days); its backups are gone")
     if run.manifest.get("restored_by"):
         raise RestoreError(f"run {target} was already restored by {run.manifest['restored_by']}; "
@@ -113,8 +113,7 @@ class Restore(JobDefaults):
         job = env.kinds.get(step.get("kind")) if isinstance(step, dict) else None
         result = job.finish_restore(env, step) if job is not None else None
         if result is None:
-            env.store.finish_run(run.run_id, state="failed", outcome="interrupted")
-            return "interrupted"
+            return super().recover(env, run)
         target = run.manifest.get("target", "")
         target_run = env.store.get_run(target)
         kind = target_run.kind if target_run is not None else step.get("kind")

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
-from nanobotd.state.store import RUNS_DIR, StateStore
+from nanobotd.state.store import RUNS_DIR, RunRecord, StateStore
 
 RESTORE_STEP_KEY = "restore_step"  # in a restore's manifest: the step it journalled before changing anything
+RUN_LIST_LIMIT = 1_000_000
 
 
-def run_backup_dir(store: StateStore, run_id: str) -> Path:
-    """A run's backup folder, without creating it (store.run_dir creates on demand)."""
-    return store.state_dir / RUNS_DIR / run_id
+def run_backups(store: StateStore, workspace: str) -> Iterator[tuple[RunRecord, Path]]:
+    """Each run of *workspace* that keeps a backup folder, with that folder, newest first."""
+    for run in store.list_runs(workspace=workspace, limit=RUN_LIST_LIMIT):
+        folder = store.state_dir / RUNS_DIR / run.run_id  # not store.run_dir: that creates it
+        if folder.is_dir():
+            yield run, folder
 
 
 def folder_size(folder: Path) -> int:

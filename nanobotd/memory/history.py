@@ -155,24 +155,41 @@ def iter_entries(memory_dir: Path) -> Iterator[HistoryEntry]:
             yield entry
 
 
-def largest_cursor_in_file(path: Path) -> int:
-    """The largest cursor among the last parseable lines (cursors only grow, so look at the tail)."""
+def lines_from_end(path: Path, block_bytes: int = TAIL_BLOCK) -> Iterator[bytes]:
+    """Every non-blank line of *path*, the last first, read backwards a block at a time; nothing when missing."""
     try:
-        size = path.stat().st_size
+        handle = fsio.open_regular(path, follow=True)
     except FileNotFoundError:
-        return 0
-    block = TAIL_BLOCK
-    with fsio.open_regular(path, follow=True) as handle:
-        while True:
-            start = max(0, size - block)
+        return
+    with handle:
+        position = handle.seek(0, 2)
+        carry = b""
+        while position > 0:
+            start = max(0, position - block_bytes)
             handle.seek(start)
-            lines = handle.read(size - start).splitlines()
-            if start > 0:
-                lines = lines[1:]
-            cursors = [entry.cursor for entry in (parse_entry(line) for line in lines if line.strip()) if entry]
-            if cursors or start == 0:
-                return max(cursors, default=0)
-            block *= 4
+            chunk = handle.read(position - start) + carry
+            position = start
+            lines = chunk.split(b"\n")
+            # the first piece may be the tail of a line that began in the block before this one
+            carry = lines.pop(0) if position > 0 else b""
+            for line in reversed(lines):
+                if line.strip():
+                    yield line
+        if carry.strip():
+            yield carry
+
+
+def largest_cursor_in_file(path: Path) -> int:
+    """The largest cursor among the last TAIL_BLOCK bytes' parseable lines, further back until one parses
+    (cursors only grow, so look at the tail)."""
+    largest, seen = 0, 0
+    for line in lines_from_end(path):
+        seen += len(line) + 1
+        entry = parse_entry(line)
+        largest = max(largest, entry.cursor if entry else 0)
+        if largest and seen >= TAIL_BLOCK:
+            break
+    return largest
 
 
 def read_cursor_file(path: Path) -> int:
@@ -253,16 +270,10 @@ def repair_torn_line(memory_dir: Path) -> int:
                                      is_whole=lambda line: parse_entry(line) is not None)
 
 
-def rewrite_history(memory_dir: Path, keep: Callable[[HistoryEntry], bool]) -> list[HistoryEntry]:
-    """Atomically rewrite history.jsonl keeping entries *keep* accepts, and every line it cannot read; the removed."""
-    removed: list[HistoryEntry] = []
-    remove_entries(memory_dir, keep, removed.append)
-    return removed
-
-
 def remove_entries(memory_dir: Path, keep: Callable[[HistoryEntry], bool],
                    on_removed: Callable[[HistoryEntry], None] | None = None) -> int:
-    """`rewrite_history` handing each removed entry to *on_removed* instead of keeping it; returns how many."""
+    """Atomically rewrite history.jsonl keeping entries *keep* accepts, and every line it cannot read; each removed
+    entry goes to *on_removed*. Returns how many were removed."""
     root = workspace_root(memory_dir)
     removed, largest = 0, 0
 

@@ -4,44 +4,18 @@ and stopping once they have enough (streaming tens of MB from the start would co
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
-from nanobotd import fsio
-from nanobotd.memory.history import HistoryEntry, history_path, parse_entry
+from nanobotd.memory.history import HistoryEntry, history_path, lines_from_end, parse_entry
 
 BLOCK_BYTES = 256 * 1024
 MAX_PAGE = 500
 
 
-def lines_from_end(path: Path, block_bytes: int = BLOCK_BYTES) -> Iterator[bytes]:
-    """Every non-blank line of *path*, the last first; nothing when the file is missing."""
-    try:
-        handle = fsio.open_regular(path, follow=True)
-    except FileNotFoundError:
-        return
-    with handle:
-        position = handle.seek(0, 2)
-        carry = b""
-        while position > 0:
-            start = max(0, position - block_bytes)
-            handle.seek(start)
-            chunk = handle.read(position - start) + carry
-            position = start
-            lines = chunk.split(b"\n")
-            # the first piece may be the tail of a line that began in the block before this one
-            carry = lines.pop(0) if position > 0 else b""
-            for line in reversed(lines):
-                if line.strip():
-                    yield line
-        if carry.strip():
-            yield carry
-
-
 def newest_entries(memory_dir: Path, limit: int, before: int | None = None) -> list[HistoryEntry]:
     """Up to *limit* valid entries, newest first; with *before*, only those of a smaller cursor (the next page)."""
     page: list[HistoryEntry] = []
-    for line in lines_from_end(history_path(memory_dir)):
+    for line in lines_from_end(history_path(memory_dir), BLOCK_BYTES):
         entry = parse_entry(line)
         if entry is None or (before is not None and entry.cursor >= before):
             continue
@@ -54,7 +28,7 @@ def newest_entries(memory_dir: Path, limit: int, before: int | None = None) -> l
 def entries_per_day(memory_dir: Path, first_day: str) -> dict[str, int]:
     """Entries per day (YYYY-MM-DD) from *first_day* on; the walk back stops at the first older entry."""
     counts: Counter = Counter()
-    for line in lines_from_end(history_path(memory_dir)):
+    for line in lines_from_end(history_path(memory_dir), BLOCK_BYTES):
         entry = parse_entry(line)
         if entry is None or not entry.timestamp:
             continue

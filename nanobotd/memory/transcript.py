@@ -7,6 +7,7 @@ entries, so nothing is ever cut away.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 RAW_MAX_CHARS = 16_000
@@ -61,20 +62,23 @@ def raw_entries(messages: list[PendingMessage], max_chars: int = RAW_MAX_CHARS) 
             continue
         pieces = [line[start:start + budget] for start in range(0, len(line), budget)]
         lines.extend(f"(part {number}/{len(pieces)}) {piece}" for number, piece in enumerate(pieces, start=1))
+    return packed_entries(lines, max_chars - 200, lambda chunk: f"[RAW] {len(chunk)} messages")
+
+
+def packed_entries(lines: list[str], room: int, header: Callable[[list[str]], str]) -> list[str]:
+    """*lines* packed in order into entries of at most *room* characters each, every entry its *header* line
+    first, numbered `(part i of n)` when there are several."""
     entries: list[list[str]] = [[]]
     size = 0
     for line in lines:
-        if entries[-1] and size + len(line) + 1 > max_chars - 200:
+        if entries[-1] and size + len(line) + 1 > room:
             entries.append([])
             size = 0
         entries[-1].append(line)
         size += len(line) + 1
     total = len(entries)
-    result = []
-    for number, chunk in enumerate(entries, start=1):
-        header = f"[RAW] {len(chunk)} messages" + (f" (part {number} of {total})" if total > 1 else "")
-        result.append(header + "\n" + "\n".join(chunk))
-    return result
+    return [header(chunk) + (f" (part {number} of {total})" if total > 1 else "") + "\n" + "\n".join(chunk)
+            for number, chunk in enumerate(entries, start=1)]
 
 
 def record_json(record: dict) -> str:

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from nanobotd import fsio
-from nanobotd.config.schema import LLMSettings, WorkspaceSettings
-from nanobotd.jobs.errors import RestoreRefused
+from nanobotd.config.schema import LLMSettings
 from nanobotd.jobs.flush import FlushReplyError, flush_session, parse_facts, restore_flush_run, write_facts
 from nanobotd.llm.client import LLMClient
 from nanobotd.memory.dailynote import NoteError
@@ -51,25 +50,6 @@ USER_NOTE = (
     "## Notes\nWritten by hand; do not touch.\n- my own bullet\n\n"
 )
 USER_SECTION = "## Notes\nWritten by hand; do not touch.\n- my own bullet\n\n"
-
-
-@pytest.fixture
-def fake():
-    with FakeLLM() as server:
-        yield server
-
-
-@pytest.fixture
-def store(tmp_path):
-    opened = StateStore(tmp_path / "state").open()
-    yield opened
-    opened.close()
-
-
-@pytest.fixture
-def ws(tmp_path):
-    (tmp_path / "ws" / "memory").mkdir(parents=True)
-    return WorkspaceSettings(path=tmp_path / "ws", name="main")
 
 
 def client(fake: FakeLLM, **overrides) -> LLMClient:
@@ -223,14 +203,6 @@ def test_restore_after_the_note_changed_removes_only_the_runs_bullets(fake, stor
     result = restore_flush_run(store.get_run(run_id), store=store, dry_run=False)
     assert "remove the 5 bullets" in result["plan"][0]
     assert note_of(ws).read_text() == USER_NOTE + "A line the user added later.\n"
-
-
-def test_restore_refuses_an_expired_flush_run(fake, store, ws):
-    fake.push(Text(FIRST_REPLY))
-    run_id, manifest = flush(ws, store, client(fake))
-    store.journal(run_id, {**manifest, "expired": True})
-    with pytest.raises(RestoreRefused, match="restore window"):
-        restore_flush_run(store.get_run(run_id), store=store, dry_run=True)
 
 
 @pytest.mark.parametrize("reply", ["NO_REPLY", "`NO_REPLY`", "<think>hmm</think>\nNO_REPLY.", "## Topics\nNO_REPLY"])

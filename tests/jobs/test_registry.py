@@ -13,6 +13,7 @@ import pytest
 from nanobotd.config.schema import LLMSettings, WorkspaceSettings
 from nanobotd.jobs import restore
 from nanobotd.jobs.env import JobEnv
+from nanobotd.jobs.errors import RestoreError
 from nanobotd.jobs.flush import flush_session
 from nanobotd.jobs.job import QueuePolicy
 from nanobotd.jobs.registry import JOB_KINDS, SCHEDULED_KINDS, job_kind
@@ -20,24 +21,11 @@ from nanobotd.llm.client import LLMClient
 from nanobotd.memory.transcript import PendingMessage
 from nanobotd.sessions.tracker import SessionTracker
 from nanobotd.state.store import StateStore
-from tests.support.fakellm import FakeLLM, Text
+from tests.support.fakellm import Text
 
 NOW = datetime(2026, 3, 5, 21, 30)
 FLUSH_REPLY = "## Topics\n- Backups of the photo library\n\n## Decisions\n- Use restic for backups.\n"
 POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-
-
-@pytest.fixture
-def store(tmp_path: Path):
-    opened = StateStore(tmp_path / "state").open()
-    yield opened
-    opened.close()
-
-
-@pytest.fixture
-def fake():
-    with FakeLLM() as server:
-        yield server
 
 
 def job_env(tmp_path: Path, store: StateStore, llm: LLMClient, kinds) -> JobEnv:
@@ -102,6 +90,17 @@ def test_restoring_a_flush_run_goes_through_the_registry_in_the_job_env(tmp_path
     assert not note.exists()
     assert store.get_run(restore_id).outcome == "restored"
     assert store.get_run(target).manifest["restored_by"] == restore_id
+
+
+def test_a_run_whose_backups_were_pruned_is_refused_before_its_job_is_asked(tmp_path, store, fake):
+    fake.push(Text(FLUSH_REPLY))
+    llm = LLMClient(LLMSettings(model=fake.model, api_base=fake.base_url, max_retries=0, timeout_seconds=5))
+    env = job_env(tmp_path, store, llm, JOB_KINDS)
+    target = flush_run(env)
+    store.journal(target, {**store.get_run(target).manifest, "expired": True, "expired_by": "r-lifecycle"})
+    with pytest.raises(RestoreError, match="older than the restore window"):
+        asyncio.run(restore.plan(env, target, force=False))
+    assert (env.memory_dir / "2026-03-05.md").exists()
 
 
 def test_restore_reaches_a_job_only_through_env_kinds(tmp_path, store, fake):

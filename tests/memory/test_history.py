@@ -73,7 +73,8 @@ def test_rewrite_keeps_unparsable_lines_and_never_lowers_the_cursor(tmp_path):
     history.append_entries(tmp_path, [("a", None), ("b", None), ("c", None)], NOW)
     with open(tmp_path / "history.jsonl", "a") as handle:
         handle.write("garbage\n")
-    removed = history.rewrite_history(tmp_path, lambda entry: entry.cursor != 3)
+    removed: list[history.HistoryEntry] = []
+    assert history.remove_entries(tmp_path, lambda entry: entry.cursor != 3, removed.append) == 1
     assert [entry.cursor for entry in removed] == [3]
     assert "garbage" in (tmp_path / "history.jsonl").read_text()
     assert history.append_entries(tmp_path, [("d", None)], NOW)[0].cursor == 4
@@ -165,7 +166,8 @@ def test_any_history_file_reads_as_entries_and_bad_lines_and_a_torn_tail_repairs
 
 def test_insert_merges_entries_before_the_first_larger_cursor_and_keeps_unreadable_lines_in_place(tmp_path):
     history.append_entries(tmp_path, [(text, None) for text in "abcdef"], NOW)
-    removed = history.rewrite_history(tmp_path, lambda entry: entry.cursor not in (1, 3, 6))
+    removed: list[history.HistoryEntry] = []
+    history.remove_entries(tmp_path, lambda entry: entry.cursor not in (1, 3, 6), removed.append)
     with open(tmp_path / "history.jsonl", "ab") as handle:
         handle.write(b"garbage after 5\n")
     lines = (tmp_path / "history.jsonl").read_bytes().splitlines()
@@ -257,7 +259,7 @@ def test_every_line_the_agent_appends_during_a_rewrite_is_kept(tmp_path, rewrite
         for round_number in range(12):
             doomed = {round_number * 10 + 1}
             if rewrite == "remove" or round_number % 2 == 0:
-                removed.extend(history.rewrite_history(tmp_path, lambda entry, gone=doomed: entry.cursor not in gone))
+                history.remove_entries(tmp_path, lambda entry, gone=doomed: entry.cursor not in gone, removed.append)
             else:
                 assert history.insert_entries(tmp_path, removed) == len(removed)
                 removed = []
@@ -270,3 +272,19 @@ def test_every_line_the_agent_appends_during_a_rewrite_is_kept(tmp_path, rewrite
     lost = sorted(set(range(1, written + 1)) - set(agent))
     assert not lost, f"{len(lost)} of {written} agent lines lost, first {lost[:5]}"
     assert len(agent) == written, "an agent line was kept twice"
+
+
+LINE = st.binary(min_size=0, max_size=12).map(lambda data: data.replace(b"\n", b"x"))
+
+
+@given(lines=st.lists(LINE, max_size=30), block=st.integers(min_value=1, max_value=40), newline=st.booleans())
+def test_lines_from_end_are_the_files_lines_reversed_whatever_the_block_size(tmp_path_factory, lines, block,
+                                                                              newline) -> None:
+    path = tmp_path_factory.mktemp("h") / "history.jsonl"
+    path.write_bytes(b"\n".join(lines) + (b"\n" if newline else b""))
+    wanted = [line for line in reversed(path.read_bytes().split(b"\n")) if line.strip()]
+    assert list(history.lines_from_end(path, block)) == wanted
+
+
+def test_a_missing_file_has_no_lines(tmp_path: Path) -> None:
+    assert list(history.lines_from_end(tmp_path / "history.jsonl")) == []

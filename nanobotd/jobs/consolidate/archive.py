@@ -297,7 +297,7 @@ def recover_consolidation(env: JobEnv, run: RunRecord) -> str:
             finished += 1
         else:
             if found:
-                history.rewrite_history(env.memory_dir, lambda entry, gone=set(found): entry.cursor not in gone)
+                history.remove_entries(env.memory_dir, lambda entry, gone=set(found): entry.cursor not in gone)
             chunk["rolled_back"] = True
             rolled_back += 1
     outcome = "recovered" if finished else "rolled_back"

@@ -59,9 +59,12 @@ class Chunk:
         synced by the caller, once for the chunks appended together, before the journal names the file."""
         if self.backed_up:
             return
+        # each message's record as the spool holds its JSON text (not re-encoded)
+        lines = [f'{{"digest":{json.dumps(message.digest)},"tokens":{int(message.tokens)},"record":{raw}}}'
+                 for _, message, raw in self.loaded]
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with open(fd, "wb") as handle:
-            handle.write(backup_text(self.loaded).encode("utf-8"))
+            handle.write(("\n".join(lines) + "\n").encode("utf-8"))
             handle.flush()
             os.fsync(fd)
         self.backed_up = True
@@ -78,13 +81,6 @@ class Chunk:
     def release(self) -> None:
         """Archived: its records are let go."""
         self.loaded = []
-
-
-def backup_text(loaded: list[tuple[int, PendingMessage, str]]) -> str:
-    """A chunk's backup file: each message's record as the spool holds its JSON text (not re-encoded)."""
-    lines = [f'{{"digest":{json.dumps(message.digest)},"tokens":{int(message.tokens)},"record":{raw}}}'
-             for _, message, raw in loaded]
-    return "\n".join(lines) + "\n"
 
 
 def chunk_ratio(env: JobEnv, total: int, count: int) -> float:
@@ -106,12 +102,13 @@ def chunk_limit(env: JobEnv, total: int, count: int) -> int:
 
 def plan_run(env: JobEnv, session_key: str, reason: str, *, vanished_only: bool = False) -> list[Chunk]:
     """The chunks a run archives: every spooled message; a budget run, the oldest until the tail fits the target
-    (`budget_chunks`); *vanished_only* (beside an agent that archives by itself), only the messages no longer in
+    (`plan_budget`); *vanished_only* (beside an agent that archives by itself), only the messages no longer in
     the session file."""
     if vanished_only:
         plan = vanished_messages(env.tracker.spool_plan(session_key))
     elif reason == "budget":
-        return budget_chunks(env, session_key, env.settings.consolidation.max_rounds)
+        most = env.settings.consolidation.max_rounds
+        return env.tracker.plan_window(session_key, lambda window: plan_budget(env, window, most))
     else:
         plan = env.tracker.spool_plan(session_key)
     return plan_chunks(env, plan)
@@ -126,19 +123,12 @@ def vanished_messages(pending: SpoolPlan) -> SpoolPlan:
     return selected
 
 
-def budget_chunks(env: JobEnv, session_key: str, most: int) -> list[Chunk]:
-    """A budget run's first *most* chunks. It selects the oldest messages until the tail still in the file fits
-    the target (budget x ratio), ending just before a user message (or at the very first); the vanished messages
-    among them are taken whatever their size. Of the session's plan only its newest messages are read (back to
-    where the selection ends) and its oldest (as far as *most* chunks go), a page at a time: a long session's
-    whole plan is not read for a few chunks."""
-    return env.tracker.plan_window(session_key, lambda window: plan_budget(env, window, most))
-
-
-
-
 def plan_budget(env: JobEnv, window: PlanWindow, most: int, page_size: int = PLAN_PAGE) -> list[Chunk]:
-    """`budget_chunks` of the plan *window* gives."""
+    """A budget run's first *most* chunks, of the plan *window* gives. It selects the oldest messages until the
+    tail still in the file fits the target (budget x ratio), ending just before a user message (or at the very
+    first); the vanished messages among them are taken whatever their size. Of the session's plan only its newest
+    messages are read (back to where the selection ends) and its oldest (as far as *most* chunks go), a page at a
+    time: a long session's whole plan is not read for a few chunks."""
     newest, whole = _fitting_tail(window, env.settings.budget * env.settings.consolidation.ratio, page_size)
     cut = None
     for index, (seq, role, present) in enumerate(reversed(newest)):

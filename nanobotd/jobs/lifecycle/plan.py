@@ -11,12 +11,11 @@ from pathlib import Path
 
 from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.jobs.compaction import compaction_candidates
-from nanobotd.jobs.runfiles import folder_size, run_backup_dir
+from nanobotd.jobs.runfiles import folder_size, run_backups
 from nanobotd.memory.dailynote import ARCHIVE_DIR_NAME, scan_notes
 from nanobotd.state.store import OPEN_RUN_STATES, StateStore
 
 SECONDS_PER_DAY = 86400
-RUN_LIST_LIMIT = 1_000_000
 
 
 def plan_lifecycle(ws: WorkspaceSettings, *, store: StateStore, now: datetime,
@@ -70,22 +69,10 @@ def _plan_compaction(memory_dir: Path, max_entries: int) -> list[dict]:
 
 def _plan_pruning(ws: WorkspaceSettings, store: StateStore, now: datetime, run_id: str | None) -> list[dict]:
     cutoff = now.timestamp() - ws.lifecycle.restore_window_days * SECONDS_PER_DAY
-    steps = []
-    for run in reversed(store.list_runs(workspace=ws.name, limit=RUN_LIST_LIMIT)):
-        if run.run_id == run_id or run.state in OPEN_RUN_STATES or run.started_at >= cutoff:
-            continue
-        folder = run_backup_dir(store, run.run_id)
-        if folder.is_dir():
-            steps.append({"action": "prune_backups", "run_id": run.run_id, "path": str(folder),
-                          "bytes": folder_size(folder),
-                          "age_days": int((now.timestamp() - run.started_at) // SECONDS_PER_DAY)})
-    return steps
-
-
-
-
-
-
+    return [{"action": "prune_backups", "run_id": run.run_id, "path": str(folder), "bytes": folder_size(folder),
+             "age_days": int((now.timestamp() - run.started_at) // SECONDS_PER_DAY)}
+            for run, folder in reversed(list(run_backups(store, ws.name)))
+            if run.run_id != run_id and run.state not in OPEN_RUN_STATES and run.started_at < cutoff]
 
 
 def _relative(path: Path, workspace: Path) -> str:

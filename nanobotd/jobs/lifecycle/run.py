@@ -17,7 +17,7 @@ from loguru import logger
 from nanobotd import fsio
 from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.jobs.compaction import compact_history
-from nanobotd.jobs.env import note_progress
+from nanobotd.jobs.env import end_run, note_progress
 from nanobotd.jobs.errors import EXPIRED
 from nanobotd.jobs.lifecycle.plan import plan_lifecycle
 from nanobotd.jobs.lifecycle.summary import summarise_notes
@@ -58,9 +58,8 @@ async def run_lifecycle(ws: WorkspaceSettings, *, store: StateStore, llm: LLMCli
     except Exception as exc:  # a step failed: report it, keep what is done (restorable), carry on living
         logger.exception("lifecycle of {} failed at step {}", ws.name, manifest["pending"])
         manifest["error"] = f"{type(exc).__name__}: {exc}"
-        return _finish(ws, store, run_id, manifest, meter, "error", manifest["error"])
-    outcome, reason = _outcome(manifest)
-    return _finish(ws, store, run_id, manifest, meter, outcome, reason)
+        return end_run(store, LIFECYCLE_KIND, ws.name, run_id, manifest, "error", manifest["error"], meter=meter)
+    return end_run(store, LIFECYCLE_KIND, ws.name, run_id, manifest, *_outcome(manifest), meter=meter)
 
 
 def _outcome(manifest: dict) -> tuple[str, str]:
@@ -70,19 +69,6 @@ def _outcome(manifest: dict) -> tuple[str, str]:
     if summary.get("raw_notes"):
         return "raw_fallback", summary.get("reason", "")
     return "written", ""
-
-
-def _finish(ws: WorkspaceSettings, store: StateStore, run_id: str, manifest: dict, meter: UsageMeter,
-            outcome: str, reason: str) -> dict:
-    usage = meter.to_json()
-    manifest["tokens"] = usage
-    manifest["reason"] = reason
-    latency = sum(meter.latencies_ms) if meter.latencies_ms else None
-    store.finish_run(run_id, state="failed" if outcome == "error" else "finished", outcome=outcome,
-                     manifest=manifest)
-    store.record_outcome(LIFECYCLE_KIND, ws.name, outcome, run_id=run_id, reason=reason,
-                         tokens=usage["prompt_tokens"] + usage["completion_tokens"], latency_ms=latency)
-    return manifest
 
 
 class _StepExecutor:

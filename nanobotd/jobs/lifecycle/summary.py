@@ -12,7 +12,7 @@ from nanobotd.llm.client import LLMClient
 from nanobotd.llm.failures import LLMError
 from nanobotd.llm.reply import UsageMeter
 from nanobotd.memory import history
-from nanobotd.memory.transcript import PendingMessage, raw_entries
+from nanobotd.memory.transcript import PendingMessage, packed_entries, raw_entries
 from nanobotd.tokens import count_tokens, encoding_name_for
 from nanobotd.tuning import INPUT_SHARE
 
@@ -96,17 +96,7 @@ def summary_entries(batch: list[tuple[str, str]], facts: str) -> list[str]:
     header = f"Archived daily notes {days[0]} to {days[-1]} ({len(days)} notes), summarised before deletion:"
     room = history.ENTRY_HARD_CAP - len(header) - 64
     lines = [line[start:start + room] for line in facts.splitlines() for start in range(0, max(len(line), 1), room)]
-    entries: list[list[str]] = [[]]
-    size = 0
-    for line in lines:
-        if entries[-1] and size + len(line) + 1 > room:
-            entries.append([])
-            size = 0
-        entries[-1].append(line)
-        size += len(line) + 1
-    total = len(entries)
-    return [header + (f" (part {number} of {total})" if total > 1 else "") + "\n" + "\n".join(chunk)
-            for number, chunk in enumerate(entries, start=1)]
+    return packed_entries(lines, room, lambda _: header)
 
 
 def raw_note_entries(batch: list[tuple[str, str]], max_chars: int) -> list[str]:

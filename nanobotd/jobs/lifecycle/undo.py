@@ -11,8 +11,7 @@ from pathlib import Path
 
 from nanobotd import fsio
 from nanobotd.jobs.compaction import compacted_entries_missing
-from nanobotd.jobs.errors import RestoreRefused, refuse_if_expired
-from nanobotd.jobs.lifecycle.run import LIFECYCLE_KIND
+from nanobotd.jobs.errors import RestoreRefused
 from nanobotd.memory import history
 from nanobotd.memory.dailynote import ARCHIVE_DIR_NAME
 from nanobotd.state.store import RunRecord, StateStore
@@ -24,9 +23,6 @@ def restore_lifecycle_run(run: RunRecord, *, store: StateStore, dry_run: bool) -
 
     Returns {"run_id", "plan": [lines], "files": [paths that change]}; pruned backups cannot come back.
     """
-    if run.kind != LIFECYCLE_KIND:
-        raise RestoreRefused(f"run {run.run_id} is a {run.kind} run, not a lifecycle run")
-    refuse_if_expired(run)
     manifest = run.manifest
     if manifest.get("dry_run") or "workspace_path" not in manifest:
         # Interrupted before its first journal entry: it changed nothing.
@@ -117,7 +113,7 @@ class _Undo:
         self.plan.append(f"remove the {len(cursors)} summary entries (cursors {min(cursors)}-{max(cursors)})"
                          " from memory/history.jsonl")
         self.files.append(str(history.history_path(self.memory_dir)))
-        self.actions.append(lambda: history.rewrite_history(self.memory_dir, lambda e: e.cursor not in cursors))
+        self.actions.append(lambda: history.remove_entries(self.memory_dir, lambda e: e.cursor not in cursors))
 
     def undo_move(self, step: dict) -> None:
         """Move an archived note back where it was."""

@@ -9,10 +9,8 @@ from pathlib import Path
 import pytest
 
 from nanobotd import fsio
-from nanobotd.jobs.errors import RestoreRefused
 from nanobotd.jobs.lifecycle.plan import plan_lifecycle
 from nanobotd.jobs.lifecycle.run import _StepExecutor
-from nanobotd.jobs.lifecycle.undo import restore_lifecycle_run
 from nanobotd.llm.reply import UsageMeter
 from tests.jobs.lifecycle.scenario import (
     NOW,
@@ -59,7 +57,7 @@ def test_compaction_never_removes_an_entry_after_the_dream_cursor(tmp_path, stor
     assert [json.loads(line)["cursor"] for line in saved] == [1, 2, 3, 4]
 
 
-def test_backups_older_than_the_window_are_pruned_and_restore_then_refuses(tmp_path, store, clock):
+def test_backups_older_than_the_window_are_pruned_and_their_run_marked_expired(tmp_path, store, clock):
     ws = workspace(tmp_path)
     write_note(ws, "archive/2026-01-01.md")
     first_now = NOW - timedelta(days=31)
@@ -72,14 +70,12 @@ def test_backups_older_than_the_window_are_pruned_and_restore_then_refuses(tmp_p
     (store.run_dir(recent_id) / "note.before.md").write_text("recent\n")
     store.finish_run(recent_id, state="finished", outcome="written")
     clock.set(NOW)
-    _, manifest = lifecycle(ws, store)
+    pruning_id, manifest = lifecycle(ws, store)
     assert [item["run_id"] for item in manifest["pruned"]] == [first_id]
     assert not first_backup.parent.parent.exists()
     assert (store.state_dir / "runs" / recent_id / "note.before.md").exists()
     expired = store.get_run(first_id)
-    assert expired.manifest["expired"] is True
-    with pytest.raises(RestoreRefused, match=f"run {first_id} is past the restore window"):
-        restore_lifecycle_run(expired, store=store, dry_run=True)
+    assert expired.manifest["expired"] is True and expired.manifest["expired_by"] == pruning_id
 
 
 def test_a_run_with_nothing_to_do_records_no_change(tmp_path, store):
