@@ -252,45 +252,13 @@ class Restorer:
             if path == CURSOR_FILE:
                 self.result["cursor_backup"] = backup
                 continue
-            after = read_or_none(self.workspace / path)
-            added, removed = line_counts(before, after)
-            self.result["files_changed"][path] = {"added": added, "removed": removed, "backup": backup,
-                                                  "after_sha256": digest(after) if after is not None else None}
+            self.result["files_changed"][path] = change_entry(before, read_or_none(self.workspace / path), backup)
         logger.info("restore {} changed {}", self.restore_run_id, ", ".join(sorted(backups)) or "nothing")
 
 
 def _cursor_value(data: bytes | None) -> int:
     text = (data or b"").strip()
     return int(text) if text.isdigit() else 0
-
-
-def roll_back(workspace: Path, manifest: dict) -> list[str]:
-    """Put back the pre-run content of files a run wrote (and the cursor); return files left alone.
-
-    A file is put back only when it still holds exactly what the run wrote, so an edit the agent made
-    after a crash is never overwritten.
-    """
-    left_alone = []
-    for path, info in manifest.get("files_changed", {}).items():
-        full = workspace / path
-        backup = load_backup(info.get("backup"))
-        current = full.read_bytes() if full.is_file() else None
-        if current == backup:
-            continue
-        if current is not None and digest(current) != info.get("after_sha256"):
-            logger.warning("not rolling back {}: it changed after the run wrote it", full)
-            left_alone.append(path)
-            continue
-        write_or_delete(full, backup, root=workspace)
-    if "cursor_backup" in manifest:
-        cursor_path = workspace / CURSOR_FILE
-        current = cursor_path.read_bytes() if cursor_path.is_file() else None
-        if current is not None and current.decode("utf-8", "replace") == manifest.get("cursor_written"):
-            write_or_delete(cursor_path, load_backup(manifest["cursor_backup"]), root=workspace)
-    if manifest.get("notes_read"):
-        # The run read only bullets that were unread when it began, so unmarking them undoes exactly its mark.
-        mark_dream_notes(workspace / "memory", manifest["notes_read"], read=False)
-    return left_alone
 
 
 def save_backup(backup_dir: Path, path: str, data: bytes | None) -> str | None:
@@ -323,6 +291,13 @@ def write_or_delete(path: Path, data: bytes | None, *, root: Path) -> None:
 def digest(data: bytes) -> str:
     """The sha256 a manifest records of what a run wrote."""
     return hashlib.sha256(data).hexdigest()
+
+
+def change_entry(before: bytes | None, after: bytes | None, backup: str | None) -> dict:
+    """A manifest's record of one file a run changed: lines added and removed, its backup, a digest of *after*."""
+    added, removed = line_counts(before, after)
+    return {"added": added, "removed": removed, "backup": backup,
+            "after_sha256": digest(after) if after is not None else None}
 
 
 def line_counts(before: bytes | str | None, after: bytes | str | None) -> tuple[int, int]:
