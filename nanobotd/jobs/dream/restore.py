@@ -19,8 +19,7 @@ from typing import Any
 from loguru import logger
 
 from nanobotd import fsio
-from nanobotd.gitstore.commits import DREAM_PREFIX
-from nanobotd.gitstore.repo import GitConflict, GitStoreError
+from nanobotd.gitstore.repo import DREAM_PREFIX, GitConflict, GitStoreError
 from nanobotd.gitstore.store import CURSOR_FILE, SHORT_SHA, GitStore
 from nanobotd.jobs.compaction import compacted_entries_missing
 from nanobotd.jobs.dreamnotes import mark_dream_notes
