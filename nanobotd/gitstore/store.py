@@ -194,7 +194,9 @@ class GitStore:
 
         def attempt() -> str | None:
             known = self._stage(repo, paths)
-            if not known or not self._has_staged_changes(repo, known):
+            status = repo.git.diff("--cached", "--quiet", "--", *known, with_extended_output=True,
+                                   with_exceptions=False, **git_options())[0] if known else 0
+            if status == 0:  # nothing staged differs from HEAD
                 return None
             message = summary if raw else self._message(repo, known, summary, notes, trailer)
             repo.git(c="commit.gpgsign=false").commit(
@@ -210,11 +212,6 @@ class GitStore:
         if known:
             repo.git.add("-A", "-f", "--", *known, **git_options())
         return known
-
-    def _has_staged_changes(self, repo: Any, paths: list[str]) -> bool:
-        status, _, _ = repo.git.diff("--cached", "--quiet", "--", *paths,
-                                     with_extended_output=True, with_exceptions=False, **git_options())
-        return status != 0
 
     def _message(self, repo: Any, paths: list[str], summary: str, notes: str, trailer: str | None) -> str:
         stats, added_total, removed_total = [], 0, 0

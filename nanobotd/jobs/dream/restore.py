@@ -136,12 +136,8 @@ class Restorer:
             return
         self.plan.insert(0, f"revert commit {info['sha'][:SHORT_SHA]} ({info['summary']}) as a new commit")
         self.plan.insert(1, f"files: {', '.join(preview['files']) or '(already as before the run)'}")
-        self.result["files"] = preview["files"]
-        if self.dry_run or not preview["files"]:
-            return
-        backups = self.back_up(preview["files"])
-        self.result["commit"] = self.git.revert(sha, self.restore_run_id, overrides=overrides)["commit"]
-        self.record_changes(backups)
+        self.carry_out(preview["files"],
+                       lambda: self.git.revert(sha, self.restore_run_id, overrides=overrides)["commit"])
 
     def forced_restore(self, info: dict, conflict: GitConflict, contents: dict[str, bytes | None]) -> None:
         """A conflicting revert: refuse with an explanation, or (forced) write the pre-run contents."""
@@ -179,15 +175,23 @@ class Restorer:
     def write(self, contents: dict[str, bytes | None], message: str) -> None:
         """Write what differs, backed up first, as one commit (or plain atomic writes without git)."""
         changed = {path: data for path, data in contents.items() if read_or_none(self.workspace / path) != data}
-        self.result["files"] = sorted(changed)
-        if self.dry_run or not changed:
-            return
-        backups = self.back_up(sorted(changed))
-        if self.git.available:
-            self.result["commit"] = self.git.restore_files(changed, message, self.restore_run_id)
-        else:
+
+        def change() -> str | None:
+            if self.git.available:
+                return self.git.restore_files(changed, message, self.restore_run_id)
             for path, data in changed.items():
                 write_or_delete(self.workspace / path, data, root=self.workspace)
+            return None
+
+        self.carry_out(sorted(changed), change)
+
+    def carry_out(self, paths: list[str], change: Callable[[], str | None]) -> None:
+        """Unless a dry run (or nothing differs): back up *paths*, make the *change* (its commit), record it."""
+        self.result["files"] = paths
+        if self.dry_run or not paths:
+            return
+        backups = self.back_up(paths)
+        self.result["commit"] = change()
         self.record_changes(backups)
 
     # -- cursor, history, backups of the restore itself ----------------------------------------------
