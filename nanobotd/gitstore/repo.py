@@ -1,18 +1,24 @@
 """Calling git for the store: every call through `git_options()` (nanobot's identity, no prompts, a timeout),
-every Repo through `open_repo`, so a failure reaches callers only as GitStoreError."""
+a failure reaching callers only as GitStoreError; the run trailer of a commit message; merges that keep what
+someone else wrote (one file of a revert three ways, as `git revert` does; ignore rules beside the user's own)."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
+from nanobotd import fsio
 from nanobotd.tuning import GIT_TIMEOUT_SECONDS
 
 AUTHOR_NAME = "nanobot"
 AUTHOR_EMAIL = "nanobot@dream"
 ERROR_TEXT_LIMIT = 500
+DREAM_PREFIX = "dream:"
+RUN_TRAILER = "Nanobot-Run"
+TRAILER_PATTERN = re.compile(rf"^{RUN_TRAILER}:\s*(\S+)\s*$", re.MULTILINE)
+GITIGNORE_LINES = ("/*", "!memory/", "!SOUL.md", "!USER.md", "!memory/MEMORY.md", "!.gitignore")
 GIT_ENV = {
     "GIT_AUTHOR_NAME": AUTHOR_NAME,
     "GIT_AUTHOR_EMAIL": AUTHOR_EMAIL,
@@ -53,16 +59,43 @@ def describe_error(exc: BaseException) -> str:
     return " ".join(text.split())[:ERROR_TEXT_LIMIT]
 
 
-@contextlib.contextmanager
-def open_repo(workspace: Path) -> Iterator[Any]:
-    """One Repo for one operation, always closed (GitPython leaks handles otherwise); errors become ours."""
-    git = gitpython()
+def run_id_of(message: str) -> str | None:
+    """The run id in a commit message's `Nanobot-Run:` trailer, or None (e.g. nanobot's own dream)."""
+    paragraphs = [part for part in message.strip().split("\n\n") if part.strip()]
+    if not paragraphs:
+        return None
+    match = TRAILER_PATTERN.search(paragraphs[-1])
+    return match.group(1) if match else None
+
+
+def three_way(repo: Any, *, ours: bytes | None, base: bytes | None, theirs: bytes | None) -> bytes | None | bool:
+    """Merge a revert for one file (base = the commit's version, theirs = its parent's); False on conflict."""
+    if ours == base or ours == theirs:
+        return theirs
+    if base == theirs:
+        return ours
+    if ours is None or base is None or theirs is None:
+        return False
+    with tempfile.TemporaryDirectory(prefix="nanobotd-merge-") as folder:
+        names = []
+        for label, data in (("ours", ours), ("base", base), ("theirs", theirs)):
+            (Path(folder) / label).write_bytes(data)
+            names.append(str(Path(folder) / label))
+        status, output, _ = repo.git.merge_file("-p", *names, with_extended_output=True, with_exceptions=False,
+                                                stdout_as_string=False, strip_newline_in_stdout=False,
+                                                **git_options())
+    return output if status == 0 else False
+
+
+def merge_lines(path: Path, wanted: tuple[str, ...] = GITIGNORE_LINES) -> None:
+    """Add the *wanted* lines (nanobot's ignore rules) *path* lacks, keeping its own lines."""
     try:
-        repo = git.Repo(str(workspace))
-    except (git.exc.InvalidGitRepositoryError, git.exc.NoSuchPathError) as exc:
-        raise GitStoreError(f"{workspace} is not a git repository: {exc}") from exc
-    with repo:
-        try:
-            yield repo
-        except (git.exc.GitError, ValueError, OSError) as exc:
-            raise GitStoreError(f"git failed in {workspace}: {describe_error(exc)}") from exc
+        existing = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        existing = ""
+    lines = existing.splitlines()
+    missing = [line for line in wanted if line not in lines]
+    if not missing:
+        return
+    text = existing if not existing or existing.endswith("\n") else existing + "\n"
+    fsio.atomic_write(path, text + "".join(line + "\n" for line in missing), root=path.parent)

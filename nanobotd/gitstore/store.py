@@ -18,10 +18,18 @@ from typing import Any
 from loguru import logger
 
 from nanobotd import fsio
-from nanobotd.gitstore import commits
-from nanobotd.gitstore.commits import DREAM_PREFIX, RUN_TRAILER
-from nanobotd.gitstore.merge import merge_lines, three_way
-from nanobotd.gitstore.repo import GitConflict, GitStoreError, describe_error, git_options, gitpython, open_repo
+from nanobotd.gitstore.repo import (
+    DREAM_PREFIX,
+    RUN_TRAILER,
+    GitConflict,
+    GitStoreError,
+    describe_error,
+    git_options,
+    gitpython,
+    merge_lines,
+    run_id_of,
+    three_way,
+)
 from nanobotd.tuning import GIT_LOCK_RETRY_DELAYS as LOCK_RETRY_DELAYS
 from nanobotd.tuning import GIT_STALE_LOCK_SECONDS as STALE_LOCK_SECONDS
 
@@ -186,7 +194,9 @@ class GitStore:
 
         def attempt() -> str | None:
             known = self._stage(repo, paths)
-            if not known or not self._has_staged_changes(repo, known):
+            status = repo.git.diff("--cached", "--quiet", "--", *known, with_extended_output=True,
+                                   with_exceptions=False, **git_options())[0] if known else 0
+            if status == 0:  # nothing staged differs from HEAD
                 return None
             message = summary if raw else self._message(repo, known, summary, notes, trailer)
             repo.git(c="commit.gpgsign=false").commit(
@@ -202,11 +212,6 @@ class GitStore:
         if known:
             repo.git.add("-A", "-f", "--", *known, **git_options())
         return known
-
-    def _has_staged_changes(self, repo: Any, paths: list[str]) -> bool:
-        status, _, _ = repo.git.diff("--cached", "--quiet", "--", *paths,
-                                     with_extended_output=True, with_exceptions=False, **git_options())
-        return status != 0
 
     def _message(self, repo: Any, paths: list[str], summary: str, notes: str, trailer: str | None) -> str:
         stats, added_total, removed_total = [], 0, 0
@@ -258,31 +263,46 @@ class GitStore:
 
     def _dirty(self, repo: Any, paths: tuple[str, ...] | list[str]) -> list[str]:
         output = repo.git.status("--porcelain", "-z", "--untracked-files=all", "--", *paths, **git_options())
-        dirty = []
-        for record in output.split("\0"):
-            if len(record) > 3 and record[3:] in paths:
-                dirty.append(record[3:])
-        return sorted(set(dirty))
+        return sorted({record[3:] for record in output.split("\0") if len(record) > 3 and record[3:] in paths})
 
     # -- reading history -------------------------------------------------------------------------
+    # A commit belongs to the run its last paragraph's `Nanobot-Run:` trailer names; nanobot's own have none.
     def find_commit_for_run(self, run_id: str) -> str | None:
         """The sha of the commit whose trailer names *run_id*, or None."""
         with self._repo() as repo:
-            return commits.find_commit_for_run(repo, run_id)
+            if not repo.head.is_valid():
+                return None
+            shas = repo.git.log("--format=%H", "--fixed-strings", f"--grep={RUN_TRAILER}: {run_id}", "HEAD",
+                                **git_options()).split()
+            return next((sha for sha in shas if run_id_of(repo.commit(sha).message) == run_id), None)
 
     def show(self, ref: str | None = None) -> dict:
-        """One commit with its diff (the newest `dream:` commit when *ref* is None), for dream-log."""
+        """One commit with its diff and run id (the newest `dream:` commit, ours or nanobot's, when *ref* is
+        None), for dream-log and restore."""
         with self._repo() as repo:
-            commit = self._resolve(repo, ref) if ref else commits.newest_dream_commit(repo)
-            return commits.show_commit(repo, commit)
+            if ref:
+                commit = self._resolve(repo, ref)
+            else:
+                dreams = repo.iter_commits("HEAD") if repo.head.is_valid() else ()
+                commit = next((each for each in dreams if each.message.startswith(DREAM_PREFIX)), None)
+                if commit is None:
+                    raise GitStoreError("there is no dream: commit yet")
+            return {"sha": commit.hexsha, "message": commit.message, "summary": commit.summary,
+                    "author": f"{commit.author.name} <{commit.author.email}>",
+                    "date": commit.committed_datetime.isoformat(), "run_id": run_id_of(commit.message),
+                    "diff": repo.git.show(commit.hexsha, "--format=", "--no-color", "--patch", **git_options())}
 
     def _resolve(self, repo: Any, ref: str) -> Any:
-        return commits.resolve_commit(repo, ref, self.workspace)
+        git = gitpython()
+        try:
+            return repo.commit(ref)
+        except (git.exc.BadName, ValueError, git.exc.GitCommandError) as exc:
+            raise GitStoreError(f"no commit {ref!r} in {self.workspace}") from exc
 
     def file_at(self, ref: str, path: str) -> bytes | None:
         """A file's content at a commit, or None when it does not exist there."""
         with self._repo() as repo:
-            return commits.blob(self._resolve(repo, ref), path)
+            return _blob(self._resolve(repo, ref), path)
 
     # -- reverting -------------------------------------------------------------------------------
     def revert(self, sha: str, run_id: str, *, overrides: dict[str, bytes | None] | None = None,
@@ -310,15 +330,14 @@ class GitStore:
         """The paths an ordinary commit changed."""
         with self._repo() as repo:
             commit = self._resolve(repo, sha)
-            return commits.changed_paths(repo, commit.parents[0], commit) if len(commit.parents) == 1 else []
+            return _changed_paths(repo, commit.parents[0], commit) if len(commit.parents) == 1 else []
 
     def _reverted_contents(self, repo: Any, commit: Any, skip: set[str]) -> dict[str, bytes | None]:
         parent = commit.parents[0]
         merged, conflicts = {}, []
-        for path in (name for name in commits.changed_paths(repo, parent, commit) if name not in skip):
+        for path in (name for name in _changed_paths(repo, parent, commit) if name not in skip):
             self._check_inside(path)
-            result = three_way(repo, ours=self._read(path), base=commits.blob(commit, path),
-                               theirs=commits.blob(parent, path))
+            result = three_way(repo, ours=self._read(path), base=_blob(commit, path), theirs=_blob(parent, path))
             if result is False:
                 conflicts.append(path)
             else:
@@ -355,8 +374,30 @@ class GitStore:
 
     @contextlib.contextmanager
     def _repo(self) -> Iterator[Any]:
-        """One Repo for one operation, always closed; library errors become GitStoreError."""
+        """One Repo for one operation, always closed (GitPython leaks handles otherwise); errors become ours."""
         if not self.available:
             raise GitStoreError(f"git is unavailable: {self.reason}")
-        with open_repo(self.workspace) as repo:
-            yield repo
+        git = gitpython()
+        try:
+            repo = git.Repo(str(self.workspace))
+        except (git.exc.InvalidGitRepositoryError, git.exc.NoSuchPathError) as exc:
+            raise GitStoreError(f"{self.workspace} is not a git repository: {exc}") from exc
+        with repo:
+            try:
+                yield repo
+            except (git.exc.GitError, ValueError, OSError) as exc:
+                raise GitStoreError(f"git failed in {self.workspace}: {describe_error(exc)}") from exc
+
+
+def _changed_paths(repo: Any, parent: Any, commit: Any) -> list[str]:
+    """The paths that differ between *parent* and *commit* (renames counted as delete + add)."""
+    names = repo.git.diff("--name-only", "--no-renames", "-z", parent.hexsha, commit.hexsha, **git_options())
+    return [name for name in names.split("\0") if name]
+
+
+def _blob(commit: Any, path: str) -> bytes | None:
+    """A file's bytes at *commit*, or None when it does not exist there."""
+    try:
+        return (commit.tree / path).data_stream.read()
+    except KeyError:
+        return None

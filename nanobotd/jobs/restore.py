@@ -11,8 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from nanobotd.gitstore.commits import DREAM_PREFIX
-from nanobotd.gitstore.repo import GitStoreError
+from nanobotd.gitstore.repo import DREAM_PREFIX, GitStoreError
 from nanobotd.jobs.env import JobEnv
 from nanobotd.jobs.errors import EXPIRED, RestoreError, RestoreRefused, UnknownRun
 from nanobotd.jobs.job import HISTORY_FILE, JobDefaults, QueuePolicy

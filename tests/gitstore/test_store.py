@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nanobotd.gitstore.commits import run_id_of
-from nanobotd.gitstore.merge import GITIGNORE_LINES
-from nanobotd.gitstore.repo import GitConflict, GitStoreError
+from nanobotd.gitstore.repo import GITIGNORE_LINES, GitConflict, GitStoreError, run_id_of
 from nanobotd.gitstore.store import DIFF_TRUNCATED, INIT_MESSAGE, GitStore, cap_diff
 
 USER = "# User\n\n## Identity\n- Name: Ada\n- Lives in Berlin\n- Works remotely\n\n## Preferences\n- Likes tea\n"

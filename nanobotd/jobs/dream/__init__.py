@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from nanobotd.jobs.dream.recover import recover_dream_run
+from nanobotd.jobs.dream.apply import recover_dream_run
 from nanobotd.jobs.dream.restore import restore_dream_commit, restore_dream_run
 from nanobotd.jobs.dream.run import KIND, dream_workspace
 from nanobotd.jobs.env import JobEnv

@@ -2,7 +2,8 @@
 
 One journalled step: back up, write the edited files, advance `.dream_cursor`, mark the note bullets read,
 commit `dream: ...` with the run trailer, then compact history.jsonl. Any failure before the commit rolls
-every write back; a crash is rolled back (or finished, when the commit exists) at the next start.
+every write back; a crash is rolled back (or finished, when the commit exists) at the next start
+(`recover_dream_run`).
 """
 
 from __future__ import annotations
@@ -15,14 +16,24 @@ from loguru import logger
 
 from nanobotd import fsio
 from nanobotd.gitstore.repo import GitStoreError
-from nanobotd.gitstore.store import CURSOR_FILE
+from nanobotd.gitstore.store import CURSOR_FILE, GitStore
 from nanobotd.jobs.compaction import compact_history, compaction_candidates
 from nanobotd.jobs.dream.prompts import SKIP_LINE
-from nanobotd.jobs.dream.restore import BACKUP_DIR, digest, line_counts, roll_back, save_backup
+from nanobotd.jobs.dream.restore import (
+    BACKUP_DIR,
+    change_entry,
+    digest,
+    load_backup,
+    read_or_none,
+    save_backup,
+    write_or_delete,
+)
 from nanobotd.jobs.dream.tools import ToolRefused
 from nanobotd.jobs.dreamnotes import DREAM_NOTES_NAME, mark_dream_notes
 from nanobotd.memory.history import DREAM_CURSOR_NAME, read_dream_cursor
+from nanobotd.state.store import RunRecord, StateStore
 
+KIND = "dream"
 UNDO_SUFFIX = ".undo.tmp"
 
 
@@ -137,15 +148,10 @@ class ApplyStep:
         """Save the pre-run content of every file to be written into the run's folder, and plan the manifest."""
         backup_dir = self.store.run_dir(self.run_id) / BACKUP_DIR
         for path, text in contents.items():
-            full = self.workspace.path / path
-            before = full.read_bytes()
-            added, removed = line_counts(before.decode("utf-8"), text)
-            self.manifest["files_changed"][path] = {
-                "added": added, "removed": removed, "backup": save_backup(backup_dir, path, before),
-                "after_sha256": digest(text.encode("utf-8")),
-            }
-        cursor_path = self.memory_dir / DREAM_CURSOR_NAME
-        cursor_bytes = cursor_path.read_bytes() if cursor_path.is_file() else None
+            before = (self.workspace.path / path).read_bytes()
+            self.manifest["files_changed"][path] = change_entry(
+                before, text.encode("utf-8"), save_backup(backup_dir, path, before))
+        cursor_bytes = read_or_none(self.memory_dir / DREAM_CURSOR_NAME)
         self.manifest["cursor_backup"] = save_backup(backup_dir, CURSOR_FILE, cursor_bytes)
         self.manifest["cursor_written"] = str(cursor_after)
 
@@ -204,8 +210,8 @@ class Undo:
         """Every kept file as it was; returns those left alone because they changed since the step wrote them."""
         left_alone, folders = [], set()
         for path, copy, written in self.kept:
-            current = path.read_bytes() if path.is_file() else None
-            if written is not None and current is not None and current != written and current != _read(copy):
+            current = read_or_none(path)
+            if written is not None and current not in (None, written, read_or_none(copy) if copy else None):
                 logger.warning("not rolling back {}: it changed after the dream wrote it", path)
                 left_alone.append(str(path))
                 continue
@@ -227,15 +233,6 @@ class Undo:
         self.kept = []
 
 
-def leftover_undo_copies(workspace: Path) -> list[Path]:
-    """Copies an apply step killed mid-way left beside the files it writes (recovery removes them)."""
-    return [path for folder in (workspace, workspace / "memory") for path in folder.glob(f".*{UNDO_SUFFIX}")]
-
-
-def _read(path: Path | None) -> bytes | None:
-    return path.read_bytes() if path is not None and path.is_file() else None
-
-
 def describe_left(left: dict) -> str:
     """What a run that stopped early left for the next one, in words."""
     return f"{left.get('history_entries', 0)} history entries, {left.get('note_bullets', 0)} note bullets"
@@ -247,3 +244,68 @@ def condensed_files(manifest: dict) -> list[str]:
     before, after = condensed.get("before", {}), condensed.get("after") or {}
     return [f"{path} {before[path]:,} -> {size:,} characters" for path, size in after.items()
             if path in before and size != before[path]]
+
+
+def recover_dream_run(run: RunRecord, *, store: StateStore, git: GitStore) -> str:
+    """Close a dream run left "started" by a crash: finish it if committed, else roll it back.
+
+    Runs on the calling thread: recovery happens at start-up, before any other git work.
+    """
+    if not git.opened:
+        # Whether the run's commit exists decides between finishing and rolling back.
+        git.open()
+    manifest = dict(run.manifest)
+    stage = manifest.get("stage")
+    manifest["recovered"] = True
+    if stage == "applying" and git.available:
+        try:
+            manifest["commit"] = git.find_commit_for_run(run.run_id)
+        except GitStoreError as exc:
+            logger.warning("could not look for the commit of run {}: {}", run.run_id, exc)
+        if manifest.get("commit"):
+            stage = "committed"
+    if stage in ("committed", "compacting"):
+        outcome = "written" if manifest.get("files_changed") else "no_change"
+        store.finish_run(run.run_id, state="finished", outcome=outcome, manifest=manifest)
+        return "finished"
+    for folder in (git.workspace, git.workspace / "memory"):  # the apply step's own undo copies, of no use now
+        for copy in folder.glob(f".*{UNDO_SUFFIX}"):
+            copy.unlink(missing_ok=True)
+    if stage == "applying":
+        manifest["left_alone"] = roll_back(git.workspace, manifest)
+        manifest["cursor_after"] = manifest.get("cursor_before")
+        store.record_outcome(KIND, run.workspace, "error", run_id=run.run_id, reason="interrupted; rolled back")
+        store.finish_run(run.run_id, state="rolled_back", outcome="rolled_back", manifest=manifest)
+        return "rolled_back"
+    store.record_outcome(KIND, run.workspace, "error", run_id=run.run_id, reason="interrupted")
+    store.finish_run(run.run_id, state="failed", outcome="interrupted", manifest=manifest)
+    return "failed"
+
+
+def roll_back(workspace: Path, manifest: dict) -> list[str]:
+    """Put back the pre-run content of files a run wrote (and the cursor); return files left alone.
+
+    A file is put back only when it still holds exactly what the run wrote, so an edit the agent made
+    after a crash is never overwritten.
+    """
+    left_alone = []
+    for path, info in manifest.get("files_changed", {}).items():
+        full = workspace / path
+        backup = load_backup(info.get("backup"))
+        current = read_or_none(full)
+        if current == backup:
+            continue
+        if current is not None and digest(current) != info.get("after_sha256"):
+            logger.warning("not rolling back {}: it changed after the run wrote it", full)
+            left_alone.append(path)
+            continue
+        write_or_delete(full, backup, root=workspace)
+    if "cursor_backup" in manifest:
+        cursor_path = workspace / CURSOR_FILE
+        current = read_or_none(cursor_path)
+        if current is not None and current.decode("utf-8", "replace") == manifest.get("cursor_written"):
+            write_or_delete(cursor_path, load_backup(manifest["cursor_backup"]), root=workspace)
+    if manifest.get("notes_read"):
+        # The run read only bullets that were unread when it began, so unmarking them undoes exactly its mark.
+        mark_dream_notes(workspace / "memory", manifest["notes_read"], read=False)
+    return left_alone

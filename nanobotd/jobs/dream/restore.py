@@ -19,8 +19,7 @@ from typing import Any
 from loguru import logger
 
 from nanobotd import fsio
-from nanobotd.gitstore.commits import DREAM_PREFIX
-from nanobotd.gitstore.repo import GitConflict, GitStoreError
+from nanobotd.gitstore.repo import DREAM_PREFIX, GitConflict, GitStoreError
 from nanobotd.gitstore.store import CURSOR_FILE, SHORT_SHA, GitStore
 from nanobotd.jobs.compaction import compacted_entries_missing
 from nanobotd.jobs.dreamnotes import mark_dream_notes
@@ -137,12 +136,8 @@ class Restorer:
             return
         self.plan.insert(0, f"revert commit {info['sha'][:SHORT_SHA]} ({info['summary']}) as a new commit")
         self.plan.insert(1, f"files: {', '.join(preview['files']) or '(already as before the run)'}")
-        self.result["files"] = preview["files"]
-        if self.dry_run or not preview["files"]:
-            return
-        backups = self.back_up(preview["files"])
-        self.result["commit"] = self.git.revert(sha, self.restore_run_id, overrides=overrides)["commit"]
-        self.record_changes(backups)
+        self.carry_out(preview["files"],
+                       lambda: self.git.revert(sha, self.restore_run_id, overrides=overrides)["commit"])
 
     def forced_restore(self, info: dict, conflict: GitConflict, contents: dict[str, bytes | None]) -> None:
         """A conflicting revert: refuse with an explanation, or (forced) write the pre-run contents."""
@@ -180,15 +175,23 @@ class Restorer:
     def write(self, contents: dict[str, bytes | None], message: str) -> None:
         """Write what differs, backed up first, as one commit (or plain atomic writes without git)."""
         changed = {path: data for path, data in contents.items() if read_or_none(self.workspace / path) != data}
-        self.result["files"] = sorted(changed)
-        if self.dry_run or not changed:
-            return
-        backups = self.back_up(sorted(changed))
-        if self.git.available:
-            self.result["commit"] = self.git.restore_files(changed, message, self.restore_run_id)
-        else:
+
+        def change() -> str | None:
+            if self.git.available:
+                return self.git.restore_files(changed, message, self.restore_run_id)
             for path, data in changed.items():
                 write_or_delete(self.workspace / path, data, root=self.workspace)
+            return None
+
+        self.carry_out(sorted(changed), change)
+
+    def carry_out(self, paths: list[str], change: Callable[[], str | None]) -> None:
+        """Unless a dry run (or nothing differs): back up *paths*, make the *change* (its commit), record it."""
+        self.result["files"] = paths
+        if self.dry_run or not paths:
+            return
+        backups = self.back_up(paths)
+        self.result["commit"] = change()
         self.record_changes(backups)
 
     # -- cursor, history, backups of the restore itself ----------------------------------------------
@@ -252,45 +255,13 @@ class Restorer:
             if path == CURSOR_FILE:
                 self.result["cursor_backup"] = backup
                 continue
-            after = read_or_none(self.workspace / path)
-            added, removed = line_counts(before, after)
-            self.result["files_changed"][path] = {"added": added, "removed": removed, "backup": backup,
-                                                  "after_sha256": digest(after) if after is not None else None}
+            self.result["files_changed"][path] = change_entry(before, read_or_none(self.workspace / path), backup)
         logger.info("restore {} changed {}", self.restore_run_id, ", ".join(sorted(backups)) or "nothing")
 
 
 def _cursor_value(data: bytes | None) -> int:
     text = (data or b"").strip()
     return int(text) if text.isdigit() else 0
-
-
-def roll_back(workspace: Path, manifest: dict) -> list[str]:
-    """Put back the pre-run content of files a run wrote (and the cursor); return files left alone.
-
-    A file is put back only when it still holds exactly what the run wrote, so an edit the agent made
-    after a crash is never overwritten.
-    """
-    left_alone = []
-    for path, info in manifest.get("files_changed", {}).items():
-        full = workspace / path
-        backup = load_backup(info.get("backup"))
-        current = full.read_bytes() if full.is_file() else None
-        if current == backup:
-            continue
-        if current is not None and digest(current) != info.get("after_sha256"):
-            logger.warning("not rolling back {}: it changed after the run wrote it", full)
-            left_alone.append(path)
-            continue
-        write_or_delete(full, backup, root=workspace)
-    if "cursor_backup" in manifest:
-        cursor_path = workspace / CURSOR_FILE
-        current = cursor_path.read_bytes() if cursor_path.is_file() else None
-        if current is not None and current.decode("utf-8", "replace") == manifest.get("cursor_written"):
-            write_or_delete(cursor_path, load_backup(manifest["cursor_backup"]), root=workspace)
-    if manifest.get("notes_read"):
-        # The run read only bullets that were unread when it began, so unmarking them undoes exactly its mark.
-        mark_dream_notes(workspace / "memory", manifest["notes_read"], read=False)
-    return left_alone
 
 
 def save_backup(backup_dir: Path, path: str, data: bytes | None) -> str | None:
@@ -323,6 +294,13 @@ def write_or_delete(path: Path, data: bytes | None, *, root: Path) -> None:
 def digest(data: bytes) -> str:
     """The sha256 a manifest records of what a run wrote."""
     return hashlib.sha256(data).hexdigest()
+
+
+def change_entry(before: bytes | None, after: bytes | None, backup: str | None) -> dict:
+    """A manifest's record of one file a run changed: lines added and removed, its backup, a digest of *after*."""
+    added, removed = line_counts(before, after)
+    return {"added": added, "removed": removed, "backup": backup,
+            "after_sha256": digest(after) if after is not None else None}
 
 
 def line_counts(before: bytes | str | None, after: bytes | str | None) -> tuple[int, int]:

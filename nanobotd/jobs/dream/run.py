@@ -4,7 +4,7 @@ already over its size cap first gets a condensing pass.
 
 Phase 2 edits staged copies; a batch whose tool loop did not complete is discarded, and only the completed
 batches reach the disk, in one journalled apply step on the git thread (`apply.py`). A run cut short at any
-instant is rolled back at the next start (`recover.py`), so the same batches are dreamt again.
+instant is rolled back at the next start (`recover_dream_run` in `apply.py`), so the same batches are dreamt again.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from loguru import logger
 from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.gitstore.store import GitStore
 from nanobotd.jobs.dream import prompts
-from nanobotd.jobs.dream.apply import ApplyStep, DreamError, describe_left
+from nanobotd.jobs.dream.apply import KIND, ApplyStep, DreamError, describe_left
 from nanobotd.jobs.dream.inputs import Backlog, Batch, read_backlog
-from nanobotd.jobs.dream.recover import KIND
 from nanobotd.jobs.dream.tools import ALLOWED_FILES, TOOL_SCHEMAS, StagedFiles
 from nanobotd.jobs.dreamnotes import cap_overruns
 from nanobotd.llm.client import LLMClient

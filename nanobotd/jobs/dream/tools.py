@@ -344,26 +344,19 @@ def removed_share(before: str, after: str) -> float:
     if not before:
         return 0.0
     old_lines, new_lines = before.splitlines(keepends=True), after.splitlines(keepends=True)
-    matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
-    removed = sum(
-        len(line)
-        for tag, start, end, _, _ in matcher.get_opcodes()
-        if tag in ("replace", "delete")
-        for line in old_lines[start:end]
-    )
-    return removed / len(before)
+    return sum(len(line) for tag, start, end, _, _ in _line_changes(old_lines, new_lines)
+               if tag in ("replace", "delete") for line in old_lines[start:end]) / len(before)
 
 
 def added_lines(before: str, after: str) -> list[str]:
     """Lines of *after* that *before* did not have."""
     old_lines, new_lines = before.splitlines(), after.splitlines()
-    matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
-    return [
-        line
-        for tag, _, _, start, end in matcher.get_opcodes()
-        if tag in ("replace", "insert")
-        for line in new_lines[start:end]
-    ]
+    return [line for tag, _, _, start, end in _line_changes(old_lines, new_lines)
+            if tag in ("replace", "insert") for line in new_lines[start:end]]
+
+
+def _line_changes(old_lines: list[str], new_lines: list[str]) -> list[tuple[str, int, int, int, int]]:
+    return difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False).get_opcodes()
 
 
 def noisy_line_reason(line: str) -> str | None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from nanobotd.gitstore.store import GitStore
-from nanobotd.jobs.dream.recover import recover_dream_run
+from nanobotd.jobs.dream.apply import recover_dream_run
 from nanobotd.jobs.dreamnotes import unread_note_bullets
 from nanobotd.memory.history import read_dream_cursor
 from tests.jobs.dream.scenario import (
