@@ -18,8 +18,7 @@ from nanobotd.sessions.session import (
     record_archived_twice,
     save_session,
 )
-from nanobotd.sessions.spool import seq_ranges
-from nanobotd.sessions.spooled import Spool
+from nanobotd.sessions.spool import Spool, seq_ranges
 from nanobotd.state import bulk
 from nanobotd.state.store import StateStore
 

@@ -1,8 +1,8 @@
 """The session tracker: one workspace's session files, what of them is unarchived, and what reached history.
 
 A thin facade over composed parts, each with one reason to change: `sessions.scan` reads a file (only what is
-new) into messages; `sessions.spooled.Spool` is what is unarchived (rows in the state database, totals in memory);
-`sessions.marks.ArchiveMarks` records what reached history; `sessions.holding.Holding` keeps the version of each
+new) into messages; `sessions.spool.Spool` is what is unarchived (rows in the state database, totals in memory);
+`sessions.marks.ArchiveMarks` records what reached history; `sessions.hold.Holding` keeps the version of each
 file the spool's rows point into; `sessions.caches.MessageCaches` bounds the message lists kept in memory. The
 tracker applies a scan to them, one transaction a file (a group of new files together at a first start), and
 answers the jobs and the daemon by session key. Tokens are estimates (`tokens.estimate_tokens`); `count_tail`
@@ -28,7 +28,7 @@ from nanobotd.sessions import file as sessionfile
 from nanobotd.sessions import spool as spooldb
 from nanobotd.sessions.caches import MessageCaches
 from nanobotd.sessions.file import key_from_filename
-from nanobotd.sessions.holding import Holding
+from nanobotd.sessions.hold import Holding
 from nanobotd.sessions.marks import ArchiveMarks
 from nanobotd.sessions.messages import MessageList
 from nanobotd.sessions.scan import LINE_NEW, ParseResult, parse_session
@@ -41,7 +41,7 @@ from nanobotd.sessions.session import (
     save_session,
     store_message_cache,
 )
-from nanobotd.sessions.spooled import Spool
+from nanobotd.sessions.spool import Spool
 from nanobotd.state import bulk
 from nanobotd.state.metrics import FLUSH_KIND, MISSED_OUTCOME
 from nanobotd.state.store import StateStore
@@ -75,7 +75,7 @@ class SessionTracker:
         self._lock = threading.RLock()
         self._keys_by_path: dict[Path, str] = {}
         self.holding = Holding(store, self._lock, self.faults)
-        self.spool = Spool(store, self.holding, self._lock, clock)
+        self.spool = Spool(store, self.holding.resolver, self._lock, clock)
         self.marks = ArchiveMarks(store, self.spool, self._lock, clock)
         self.caches = MessageCaches(store, self._lock, clock, cached_messages)
         self._load_sessions()
@@ -133,8 +133,8 @@ class SessionTracker:
                 if self._session_by_path(path) is None and key_from_filename(path) not in self.sessions:
                     if group is None:
                         group, grouped = ExitStack(), []
-                        group.enter_context(self.store.batch())
-                        group.enter_context(self.holding.files.together())
+                        group.enter_context(self.store.transaction())
+                        group.enter_context(self.holding.together())
                     grouped.append(path)
                 elif group is not None:
                     done, group = self._commit_group(group, grouped, done), None
