@@ -52,10 +52,6 @@ HELD_DIR = "held"
 NO_KERNEL_COPY = frozenset({errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS})
 
 
-class LinkUnsupported(OSError):
-    """The state folder cannot hard-link session files (another filesystem, or not permitted)."""
-
-
 @dataclass
 class HeldCarry:
     """How the held rows follow the file into the version just held (see Holding._carry_held)."""
@@ -73,7 +69,6 @@ class HoldPlan:
     generation: int  # the session's held version after the scan (0: none)
     links: bool  # that version is a hard link of the file
     held_of: tuple[int, int, int] | None = None  # the fingerprint of the version held, when known
-    moves: list[tuple[str, LineRef]] = field(default_factory=list)  # held rows pointing at the new version
     lost: list[str] = field(default_factory=list)  # held rows whose line is nowhere any more
     drop: int = 0  # the generation to unlink once the transaction committed
     carry: HeldCarry | None = None  # the held rows follow the file in the transaction, a batch at a time
@@ -119,33 +114,6 @@ class Holding:
             return os.stat(self._path(session_id, generation)).st_ino
         except FileNotFoundError:
             return None
-
-    def _hold_file(self, source: Path, handle: BinaryIO, session_id: int, generation: int, *, link: bool) -> bool:
-        """Keep the version of the session file open in *handle* as generation *generation*.
-
-        *link*: hard-link *source* (no bytes copied), when it is still that version (False when it was
-        replaced meanwhile; LinkUnsupported when links cannot work here). Otherwise a private copy of the
-        version read, made from *handle* and synced before the spool refers to it.
-        """
-        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        target = self._path(session_id, generation)
-        target.unlink(missing_ok=True)
-        if not link:
-            self._settle(target, _copy_from(handle, target))
-            return True
-        try:
-            os.link(source, target)
-        except FileNotFoundError:
-            return False
-        except OSError as exc:
-            if exc.errno == errno.EXDEV:
-                self._no_links.add(os.fstat(handle.fileno()).st_dev)
-            raise LinkUnsupported(exc.errno, f"cannot hard-link {source} into {self.folder}: {exc.strerror}") from exc
-        if os.stat(target).st_ino != os.fstat(handle.fileno()).st_ino:
-            target.unlink(missing_ok=True)
-            return False
-        self._settle(target)
-        return True
 
     def _settle(self, target: Path, fd: int | None = None) -> None:
         """A new version in the folder, and the open descriptor of its copy when it is one: synced before the spool
@@ -243,21 +211,37 @@ class Holding:
         return plan
 
     def _hold_version(self, session: SessionState, handle: BinaryIO, generation: int, link: bool) -> bool | None:
-        """Hold the version open in *handle*: True as a link, False as a copy, None when it was replaced."""
-        if link and os.fstat(handle.fileno()).st_dev not in self._no_links:
+        """Keep the version of the session file open in *handle* as *generation*: True as a hard link of the file
+        (no byte copied), False as a private copy of the version read (synced before the spool refers to it), None
+        when the file was replaced since it was opened (its link would be another version)."""
+        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        target = self._path(session.session_id, generation)
+        target.unlink(missing_ok=True)
+        device = os.fstat(handle.fileno()).st_dev
+        if link and device not in self._no_links:  # not from a filesystem a link already failed to cross from
             try:
-                linked = self._hold_file(session.path, handle, session.session_id, generation, link=True)
-                return True if linked else None
-            except LinkUnsupported as exc:
-                logger.warning("session {}: {}; its held versions are copies", session.key, exc)
-        self._hold_file(session.path, handle, session.session_id, generation, link=False)
+                os.link(session.path, target)
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                if exc.errno == errno.EXDEV:
+                    self._no_links.add(device)
+                logger.warning("session {}: cannot hard-link {} into {}: {}; its held versions are copies",
+                               session.key, session.path, self.folder, exc.strerror)
+            else:
+                if os.stat(target).st_ino != os.fstat(handle.fileno()).st_ino:
+                    target.unlink(missing_ok=True)
+                    return None
+                self._settle(target)
+                return True
+        self._settle(target, _copy_from(handle, target))
         return False
 
     def _check_in_place(self, session: SessionState, parsed: ParseResult, handle: BinaryIO,
                         fingerprint: tuple[int, int, int]) -> HoldPlan:
         """The held link was read whole (after a restart, or rewritten in place): when its held lines are all
         still where they were, nothing moves; otherwise it was rewritten in place, and from now on the
-        session is held by copies (the lines the rewrite took are reported lost)."""
+        session is held by copies (the rows carried into one, the lines the rewrite took reported lost)."""
         generation, shift = session.hold_generation, session.hold_shift
         if all(None not in self._read(session.session_id, generation, shift, [line for _, line in rows])
                for rows in spooldb.held_row_batches(self.store, session.session_id)):  # a batch in memory at a time
@@ -265,19 +249,8 @@ class Holding:
         logger.error("session {}: its file was rewritten in place (not replaced by a rename), changing the version"
                      " nanobotd held; it is held by copies from now on", session.key)
         self._hold_version(session, handle, generation + 1, False)
-        plan = HoldPlan(0, generation + 1, False, fingerprint, drop=generation)
-        where = parsed.finder()
-        for rows in spooldb.held_row_batches(self.store, session.session_id):
-            for digest, _ in rows:
-                ref = where.get(digest)
-                if ref is not None:
-                    plan.moves.append((digest, ref))
-                else:
-                    plan.lost.append(digest)
-        if plan.lost:
-            logger.error("session {}: {} unarchived message(s) left the file in that rewrite and cannot be archived",
-                         session.key, len(plan.lost))
-        return plan
+        return HoldPlan(0, generation + 1, False, fingerprint, drop=generation,
+                        carry=HeldCarry(parsed.finder(), handle, None))
 
     def _carry_held(self, db: sqlite3.Connection, session: SessionState, plan: HoldPlan) -> None:
         """Inside the scan's transaction, a batch of held rows at a time: each row still in the file points at its
@@ -320,7 +293,6 @@ class Holding:
         """Inside the scan's transaction: the held rows moved, copied or dropped, the session's held version."""
         if plan.carry is not None:
             self._carry_held(db, session, plan)
-        spooldb.move_held(db, session.session_id, plan.moves)
         bulk.delete_in(db, "spool", "digest", plan.lost, where={"session_id": session.session_id})
         session.hold_generation = plan.generation
         session.hold_shift = plan.shift or 0

@@ -56,9 +56,9 @@ def insert_rows(db: sqlite3.Connection, session_id: int, rows: Iterable[tuple], 
                 batch.append((session_id, digest, seq, role, stamp, tokens, HELD, now,
                               ref.start - shift, ref.end - shift, ref.line_digest))
                 continue
-            record = record_text(handle, ref)
-            if record is not None:
-                batch.append((session_id, digest, seq, role, stamp, tokens, record, now, None, None, None))
+            data = read_line(handle, ref)  # the file's JSON text, not re-encoded; None: its bytes changed
+            if data is not None:
+                batch.append((session_id, digest, seq, role, stamp, tokens, line_text(data), now, None, None, None))
         db.executemany(
             "INSERT OR IGNORE INTO spool (session_id, digest, seq, role, timestamp, tokens, record, seen_at,"
             " line_start, line_end, line_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", batch)
@@ -102,7 +102,8 @@ def move_held(db: sqlite3.Connection, session_id: int, moves: list[tuple[str, Li
 def _texts(rows: list[tuple], resolve: Resolve) -> list[str | None]:
     """Each row's record text: its copy, or its line read from the held version (rows end with record,
     line_start, line_end, line_digest)."""
-    lines = held_lines(rows)
+    lines = [LineRef(start, end, line) if record == HELD and line is not None else None
+             for *_, record, start, end, line in rows]
     held = resolve(lines) if any(lines) else [None] * len(rows)
     texts = []
     for row, line, text in zip(rows, lines, held, strict=True):
@@ -245,13 +246,6 @@ def read_spooled(store: StateStore, session_id: int, seqs: list[int] | None,
     return result
 
 
-def held_lines(rows: list[tuple]) -> list[LineRef | None]:
-    """The held line of each spool row (rows end with record, line_start, line_end, line_digest); None for a
-    row whose record is a copy."""
-    return [LineRef(start, end, line) if record == HELD and line is not None else None
-            for *_, record, start, end, line in rows]
-
-
 def seq_ranges(seqs: Iterable[int]) -> Iterator[tuple[int, int]]:
     """Runs of consecutive sequence numbers as (first, last) pairs: 1,2,3,7,8 -> (1, 3), (7, 8)."""
     first = last = None
@@ -277,12 +271,6 @@ def pending_message(digest: str, role: str, stamp: str, tokens: int, record: str
         record = record_json(parsed)
     text = sessionfile.flatten_content(parsed.get("content"))
     return PendingMessage(digest, role, stamp, text, tokens, parsed), record
-
-
-def record_text(handle: BinaryIO, ref: LineRef) -> str | None:
-    """A new message's record as the file has it (JSON text, not re-encoded); None if its bytes changed."""
-    data = read_line(handle, ref)
-    return None if data is None else line_text(data)
 
 
 def line_text(data: bytes) -> str:

@@ -187,9 +187,12 @@ class SessionTracker:
             # the open file is what is read (twice: the parse, then the new lines for the spool), so a rename
             # over the path meanwhile cannot mix two versions
             stat = os.fstat(handle.fileno())
-            cached = self.caches.messages(known) if known is not None else None
-            parsed = self._parse(path, known, cached, handle)
-            if parsed is None:
+            try:  # only new messages are decoded (see sessions.scan)
+                parsed = parse_session(path, handle=handle) if known is None else parse_session(
+                    path, cached=self.caches.messages(known), tail=known.tail, corrupt_before=known.corrupt_lines,
+                    handle=handle)
+            except OSError as exc:
+                logger.warning("cannot read session file {}: {}", path, exc)
                 return None
             session = self._session_for(parsed.key, path)
             self.faults.reach("scan.apply")
@@ -223,19 +226,6 @@ class SessionTracker:
     def _session_by_path(self, path: Path) -> SessionState | None:
         key = self._keys_by_path.get(path)
         return self.sessions.get(key) if key is not None else None
-
-    def _parse(self, path: Path, known: SessionState | None, cached: MessageList | None, handle: BinaryIO):
-        """Read the file; only new messages are decoded (see sessions.scan)."""
-        try:
-            if known is None:
-                result = parse_session(path, handle=handle)
-            else:
-                result = parse_session(path, cached=cached, tail=known.tail, corrupt_before=known.corrupt_lines,
-                                       handle=handle)
-        except OSError as exc:
-            logger.warning("cannot read session file {}: {}", path, exc)
-            return None
-        return result
 
     def _apply(self, session: SessionState, parsed: ParseResult, fingerprint, mtime: float, *, appended: bool = False,
                handle: BinaryIO) -> int:
