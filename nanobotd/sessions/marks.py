@@ -76,10 +76,6 @@ class ArchiveMarks:
                 self.spool.drop(session, digests)
                 save_session(db, session, self.clock())
 
-    def count_twice(self, session: SessionState, digests: list[str]) -> int:
-        """The agent archived messages nanobotd had already archived (its entry came after ours)."""
-        return record_archived_twice(self.store, session.session_id, digests, self.clock())
-
     def from_spans(self, session: SessionState, messages: MessageList, spans: list[dict]) -> int:
         """Rebuild nanobotd's marks from the spans its history entries carry (after a lost state database)."""
         marked = digests_in_spans(messages, spans)

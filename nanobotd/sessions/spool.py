@@ -99,24 +99,6 @@ def move_held(db: sqlite3.Connection, session_id: int, moves: list[tuple[str, Li
                    [(ref.start, ref.end, ref.line_digest, session_id, digest) for digest, ref in moves])
 
 
-def _texts(rows: list[tuple], resolve: Resolve) -> list[str | None]:
-    """Each row's record text: its copy, or its line read from the held version (rows end with record,
-    line_start, line_end, line_digest)."""
-    lines = [LineRef(start, end, line) if record == HELD and line is not None else None
-             for *_, record, start, end, line in rows]
-    held = resolve(lines) if any(lines) else [None] * len(rows)
-    texts = []
-    for row, line, text in zip(rows, lines, held, strict=True):
-        if line is None:
-            texts.append(row[-4])
-            continue
-        if text is None:
-            logger.error("spooled message {} of session #{}: its line is no longer in the held session file",
-                         row[1], row[0])
-        texts.append(text)
-    return texts
-
-
 def read_message_cache(store: StateStore, session_id: int) -> MessageList:
     """The session's message cache as stored at its last scan, in file order."""
     return store.query_with("SELECT line_digest, digest, role, timestamp, tokens, flags FROM messages"
@@ -238,11 +220,19 @@ def read_spooled(store: StateStore, session_id: int, seqs: list[int] | None,
             rows.extend(row for row in store.query(
                 f"SELECT {columns} FROM spool WHERE session_id=? AND seq BETWEEN ? AND ? ORDER BY seq",
                 (session_id, first, last)) if row[2] in wanted)
+    lines = [LineRef(start, end, line) if record == HELD and line is not None else None
+             for *_, record, start, end, line in rows]
+    held = resolve(lines) if any(lines) else lines  # a copy's record is its row's, a held one's read from its line
     result = []
-    for (_, digest, seq, role, stamp, tokens, *_), record in zip(rows, _texts(rows, resolve), strict=True):
-        if record is not None:
-            message, text = pending_message(digest, role, stamp, tokens, record)
-            result.append((seq, message, text))
+    for (_, digest, seq, role, stamp, tokens, copy, *_), line, record in zip(rows, lines, held, strict=True):
+        if line is None:
+            record = copy
+        elif record is None:
+            logger.error("spooled message {} of session #{}: its line is no longer in the held session file",
+                         digest, session_id)
+            continue
+        message, text = pending_message(digest, role, stamp, tokens, record)
+        result.append((seq, message, text))
     return result
 
 
@@ -315,16 +305,11 @@ class Spool:
         session.unarchived_messages = len(live)
         session.unarchived_tokens = sum(live)
 
-    def add(self, session: SessionState, spooled: Iterable[tuple[str, int]]) -> None:
-        """Messages spooled (digest, tokens) by a scan: the scan updates the totals."""
+    def spooled(self, session: SessionState, added: Iterable[tuple[str, int]], removed: Iterable[str]) -> None:
+        """A scan spooled messages (digest, tokens) and took *removed* out; it updates the totals itself."""
         rows = self.rows(session)
-        for digest, tokens in spooled:
-            rows[digest] = tokens
-
-    def discard(self, session: SessionState, digests: Iterable[str]) -> None:
-        """*digests* left the spool in a scan, which recounts the totals itself."""
-        rows = self.rows(session)
-        for digest in digests:
+        rows.update(added)
+        for digest in removed:
             rows.pop(digest, None)
 
     def drop(self, session: SessionState, digests: Iterable[str]) -> None:

@@ -38,6 +38,7 @@ from nanobotd.sessions.session import (
     archived_twice_count,
     insert_session,
     load_sessions,
+    record_archived_twice,
     save_session,
     store_message_cache,
 )
@@ -78,14 +79,10 @@ class SessionTracker:
         self.spool = Spool(store, self.holding.resolver, self._lock, clock)
         self.marks = ArchiveMarks(store, self.spool, self._lock, clock)
         self.caches = MessageCaches(store, self._lock, clock, cached_messages)
-        self._load_sessions()
-        self.holding.sweep(self.sessions.values())
-
-    # -- loading -----------------------------------------------------------------------------------
-    def _load_sessions(self) -> None:
         for session in load_sessions(self.store, self.workspace_name):
             self.sessions[session.key] = session
             self._keys_by_path[session.path] = session.key
+        self.holding.sweep(self.sessions.values())
 
     def _session_for(self, key: str, path: Path) -> SessionState:
         session = self.sessions.get(key)
@@ -313,8 +310,8 @@ class SessionTracker:
             self.holding.undo(session, hold, before)
             raise
         self.spool.drop(session, self.holding.finish(session, hold))
-        self.spool.add(session, ((messages.digest(index), messages.tokens(index)) for index in to_spool))
-        self.spool.discard(session, agent_done)
+        self.spool.spooled(session, ((messages.digest(index), messages.tokens(index)) for index in to_spool),
+                           agent_done)
 
     def _save_session(self, session: SessionState) -> None:
         with self.store.transaction() as db:
@@ -385,7 +382,7 @@ class SessionTracker:
 
     def count_archived_twice(self, key: str, digests: list[str]) -> int:
         """The agent archived messages nanobotd had already archived (its entry came after ours)."""
-        return self.marks.count_twice(self.sessions[key], digests)
+        return record_archived_twice(self.store, self.sessions[key].session_id, digests, self.clock())
 
     def apply_history_spans(self, key: str, spans: list[dict]) -> int:
         """Rebuild nanobotd's archive marks from the spans its history entries carry (after a lost DB)."""
