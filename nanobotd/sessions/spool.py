@@ -25,7 +25,7 @@ from nanobotd.memory.transcript import PendingMessage, record_json
 from nanobotd.sessions import file as sessionfile
 from nanobotd.sessions.messages import MessageList
 from nanobotd.sessions.scan import LineRef, read_line
-from nanobotd.sessions.session import SessionState, digests_in, respool, vanished_digests, vanished_in_spool
+from nanobotd.sessions.session import SessionState, digests_in
 from nanobotd.state.store import StateStore
 from nanobotd.tokens import count_tokens
 from nanobotd.tuning import SPOOL_BATCH
@@ -33,6 +33,9 @@ from nanobotd.tuning import SPOOL_BATCH
 T = TypeVar("T")
 HELD = ""  # the record of a held row: its line is in the session's held version of the file
 
+# the spool rows of a session (?) with no message in its message cache: their messages left the file
+VANISHED = ("FROM spool s WHERE s.session_id=? AND NOT EXISTS"
+            " (SELECT 1 FROM messages m WHERE m.session_id=s.session_id AND m.digest=s.digest)")
 # held lines -> their texts (None: unreadable), from the session's held version at the time of the query
 Resolve = Callable[[list[LineRef | None]], list[str | None]]
 
@@ -294,7 +297,8 @@ class Spool:
         (the spool rows without a message in the message cache) when the caches were dropped."""
         with self.lock:
             if session.gone is None:
-                session.gone = set(vanished_digests(self.store, session.session_id))
+                session.gone = {digest for (digest,) in self.store.query(f"SELECT s.digest {VANISHED}",
+                                                                         (session.session_id,))}
             return session.gone
 
     def recount(self, session: SessionState) -> None:
@@ -324,7 +328,17 @@ class Spool:
     def respool(self, session: SessionState, run_id: str, records: list[tuple[str, dict, int]]) -> int:
         """Undo an archive run: its messages back in the spool (its marks forgotten); those no longer in the file
         count as vanished, for the rescue."""
-        respool(self.store, session.session_id, run_id, records, self.clock())
+        now = self.clock()
+        with self.store.transaction() as db:  # forget its marks; its messages back at the head of the spool
+            db.execute("DELETE FROM archived WHERE session_id=? AND run_id=?", (session.session_id, run_id))
+            next_seq = db.execute("SELECT COALESCE(MIN(seq), 1) FROM spool WHERE session_id=?",
+                                  (session.session_id,)).fetchone()[0] - len(records) - 1
+            db.executemany(
+                "INSERT OR IGNORE INTO spool (session_id, digest, seq, role, timestamp, tokens, record, seen_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(session.session_id, digest, next_seq + offset, str(record.get("role", "?")),
+                  str(record.get("timestamp", "")), tokens, record_json(record), now)
+                 for offset, (digest, record, tokens) in enumerate(records)])
         with self.lock:
             rows, gone = self.rows(session), self.gone(session)
             in_file = digests_in(self.store, "messages", session.session_id, [digest for digest, _, _ in records])
@@ -362,7 +376,7 @@ class Spool:
     # -- the jobs' reads ----------------------------------------------------------------------------
     def vanished_count(self, session: SessionState) -> int:
         """Spooled messages no longer in the session file (in SQL: no message cache is loaded)."""
-        return vanished_in_spool(self.store, session.session_id)
+        return self.store.query(f"SELECT count(*) {VANISHED}", (session.session_id,))[0][0]
 
     def pending(self, session: SessionState, *, vanished_only: bool = False) -> list[tuple[int, PendingMessage, bool]]:
         """Spooled messages in first-seen order: (seq, message, still present in the file), every record read and
