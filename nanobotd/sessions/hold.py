@@ -27,6 +27,7 @@ version after it.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import sqlite3
 import threading
@@ -132,16 +133,17 @@ class Holding:
                 os.close(fd)
         fsio.fsync_dir(self.folder)
 
-    def _read(self, session_id: int, generation: int, shift: int, lines: Iterable[LineRef | None]) -> list[str | None]:
-        """The text of each held line, its offsets before the session's *shift* (None for a line that is not
-        held, or whose bytes are no longer there)."""
+    def _read(self, session: SessionState, lines: Iterable[LineRef | None]) -> list[str | None]:
+        """The text of each held line in the session's held version, its offsets before the session's shift (None
+        for a line that is not held, or whose bytes are no longer there)."""
         wanted = list(lines)
+        path = self._path(session.session_id, session.hold_generation)
         if not any(wanted):
             return [None] * len(wanted)
         try:
-            return read_held_lines(self._path(session_id, generation), shift, wanted)
+            return read_held_lines(path, session.hold_shift, wanted)
         except OSError as exc:
-            logger.error("held session file {} is unreadable: {}", self._path(session_id, generation), exc)
+            logger.error("held session file {} is unreadable: {}", path, exc)
             return [None] * len(wanted)
 
     def _drop(self, session_id: int, generation: int) -> None:
@@ -167,9 +169,8 @@ class Holding:
 
     # -- the rows -------------------------------------------------------------------------------------
     def resolver(self, session: SessionState) -> spooldb.Resolve:
-        """Reads held lines from the session's held version as it is now (call under the lock)."""
-        generation, shift = session.hold_generation, session.hold_shift
-        return lambda lines: self._read(session.session_id, generation, shift, lines)
+        """Reads held lines from the session's held version as it is at the call (made and called under the lock)."""
+        return functools.partial(self._read, session)
 
     def forget(self, session: SessionState) -> None:
         """A session rolled back before its first commit: its held version goes."""
@@ -243,7 +244,7 @@ class Holding:
         still where they were, nothing moves; otherwise it was rewritten in place, and from now on the
         session is held by copies (the rows carried into one, the lines the rewrite took reported lost)."""
         generation, shift = session.hold_generation, session.hold_shift
-        if all(None not in self._read(session.session_id, generation, shift, [line for _, line in rows])
+        if all(None not in self._read(session, [line for _, line in rows])
                for rows in spooldb.held_row_batches(self.store, session.session_id)):  # a batch in memory at a time
             return HoldPlan(shift, generation, True, fingerprint)
         logger.error("session {}: its file was rewritten in place (not replaced by a rename), changing the version"
@@ -279,8 +280,7 @@ class Holding:
         """(digest, text) of *rows*, read from the session's current held version; an unreadable one is *lost*."""
         if not rows:
             return []
-        texts = self._read(session.session_id, session.hold_generation, session.hold_shift,
-                                [line for _, line in rows])
+        texts = self._read(session, [line for _, line in rows])
         copies = []
         for (digest, _), text in zip(rows, texts, strict=True):
             if text is None:
