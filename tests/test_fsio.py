@@ -172,3 +172,15 @@ def test_an_atomic_writer_left_without_commit_leaves_the_old_file_and_no_temp_fi
         writer.commit()
     assert target.read_bytes() == b"new, in pieces\n" and list(folder.iterdir()) == [target]
     assert target.stat().st_mode & 0o777 == 0o600
+
+
+def test_sync_folder_makes_a_group_of_files_durable_at_once_and_names_a_folder_it_cannot_open(tmp_path):
+    folder = tmp_path / "held"
+    folder.mkdir()
+    files = [folder / f"{number}.1" for number in range(3)]
+    for path in files:
+        path.write_bytes(b"line\n")
+    fsio.sync_folder(folder, files)
+    assert [path.read_bytes() for path in files] == [b"line\n"] * 3
+    with pytest.raises(FileNotFoundError):
+        fsio.sync_folder(tmp_path / "missing", [])

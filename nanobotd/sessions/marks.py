@@ -18,8 +18,7 @@ from nanobotd.sessions.session import (
     record_archived_twice,
     save_session,
 )
-from nanobotd.sessions.spool import seq_ranges
-from nanobotd.sessions.spooled import Spool
+from nanobotd.sessions.spool import Spool, seq_ranges
 from nanobotd.state import bulk
 from nanobotd.state.store import StateStore
 
@@ -76,10 +75,6 @@ class ArchiveMarks:
                 bulk.delete_in(db, "spool", "digest", digests, where={"session_id": session.session_id})
                 self.spool.drop(session, digests)
                 save_session(db, session, self.clock())
-
-    def count_twice(self, session: SessionState, digests: list[str]) -> int:
-        """The agent archived messages nanobotd had already archived (its entry came after ours)."""
-        return record_archived_twice(self.store, session.session_id, digests, self.clock())
 
     def from_spans(self, session: SessionState, messages: MessageList, spans: list[dict]) -> int:
         """Rebuild nanobotd's marks from the spans its history entries carry (after a lost state database)."""

@@ -104,10 +104,6 @@ class MessageList:
         self._tokens.append(tokens)
         self._flags.append(flags)
 
-    def set_tokens(self, index: int, tokens: int) -> None:
-        """Message *index* counts *tokens* (a scan places the counts once a batch is counted)."""
-        self._tokens[index] = tokens
-
     def _packed(self, column: int, index: int, digest: str) -> bytes:
         packed = self._packed_only(digest)
         if packed is not None:

@@ -259,7 +259,9 @@ def _parse_all(path: Path, handle: BinaryIO, cached: Sequence[MessageInfo]) -> P
     tail = None
     if reading.fast_ok and reading.terminated:
         length = reading.region_end - reading.region_start
-        tail = Tail(length, _hash_range(handle, reading.region_start, length), reading.region_start)
+        digest = hashlib.sha1()
+        _hash(digest, handle, reading.region_start, length)
+        tail = Tail(length, digest.hexdigest(), reading.region_start)
     return ParseResult(_key(path, reading.header), reading.header, reading.messages, reading.corrupt,
                        reading.lines, tail, large=reading.large, region_start=reading.region_start)
 
@@ -282,7 +284,7 @@ def _parse_appended(path: Path, handle: BinaryIO, cached: Sequence[MessageInfo],
     new_tail = None
     if reading.terminated:
         # the known bytes are hashed already: continue the same hash over the new ones
-        _update_hash(digest, handle, known_end, reading.region_end - known_end)
+        _hash(digest, handle, known_end, reading.region_end - known_end)
         new_tail = Tail(reading.region_end - region_start, digest.hexdigest(), region_start)
     return ParseResult(_key(path, header), header, reading.messages, reading.corrupt, reading.lines,
                        new_tail, fast=True, large=reading.large, region_start=region_start)
@@ -357,9 +359,8 @@ def _known_region(handle: BinaryIO, tail: Tail, header: sessionfile.SessionHeade
     """
     handle.seek(0)
     region_start = _read_leading_metadata(handle, header)
-    handle.seek(region_start)
     digest = hashlib.sha1()
-    if _hash_from(handle, digest, tail.length) != tail.length or digest.hexdigest() != tail.sha1:
+    if _hash(digest, handle, region_start, tail.length) != tail.length or digest.hexdigest() != tail.sha1:
         return None
     return region_start, digest
 
@@ -389,19 +390,9 @@ def _base_digest(record: dict) -> str:
     return sessionfile.message_digest(role, text, timestamp)
 
 
-def _hash_range(handle: BinaryIO, start: int, length: int) -> str:
-    digest = hashlib.sha1()
-    _update_hash(digest, handle, start, length)
-    return digest.hexdigest()
-
-
-def _update_hash(digest: Any, handle: BinaryIO, start: int, length: int) -> None:
+def _hash(digest: Any, handle: IO[bytes], start: int, length: int) -> int:
+    """Feed up to *length* bytes of *handle* from *start* into *digest*; return how many there were."""
     handle.seek(start)
-    _hash_from(handle, digest, length)
-
-
-def _hash_from(handle: IO[bytes], digest: Any, length: int) -> int:
-    """Feed up to *length* bytes from *handle* into *digest*; return how many there were."""
     hashed = 0
     while hashed < length:
         block = handle.read(min(HASH_BLOCK, length - hashed))

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from nanobotd.memory.transcript import record_json
 from nanobotd.sessions.messages import MessageList
 from nanobotd.sessions.scan import Tail
 from nanobotd.state.store import StateStore
@@ -186,21 +185,6 @@ def store_message_cache(db, session_id: int, old: MessageList, new: MessageList,
         ((session_id, seq, *fields) for seq, fields in enumerate(new.rows(prefix), start=prefix)))  # made as written
 
 
-# the spool rows of a session (?) with no message in its message cache: their messages left the file
-_VANISHED = ("FROM spool s WHERE s.session_id=? AND NOT EXISTS"
-             " (SELECT 1 FROM messages m WHERE m.session_id=s.session_id AND m.digest=s.digest)")
-
-
-def vanished_in_spool(store: StateStore, session_id: int) -> int:
-    """Spooled messages no longer in the session file (in SQL: no message cache is loaded)."""
-    return store.query(f"SELECT count(*) {_VANISHED}", (session_id,))[0][0]
-
-
-def vanished_digests(store: StateStore, session_id: int) -> list[str]:
-    """Digests of the spooled messages no longer in the session file (in SQL: no message cache is loaded)."""
-    return [row[0] for row in store.query(f"SELECT s.digest {_VANISHED}", (session_id,))]
-
-
 def digests_in(store: StateStore, table: str, session_id: int, digests: list[str]) -> set[str]:
     """Which of *digests* the session has rows for in *table* ("archived": nanobotd archived them;
     "messages": the session file has them), looked up a batch at a time."""
@@ -213,17 +197,3 @@ def digests_in(store: StateStore, table: str, session_id: int, digests: list[str
             f"SELECT digest FROM {table} WHERE session_id=? AND digest IN ({','.join('?' * len(batch))})",
             (session_id, *batch)))
     return found
-
-
-def respool(store: StateStore, session_id: int, run_id: str, records: list[tuple[str, dict, int]],
-            now: float) -> None:
-    """Forget run *run_id*'s archive marks and put its messages back at the head of the spool."""
-    with store.transaction() as db:
-        db.execute("DELETE FROM archived WHERE session_id=? AND run_id=?", (session_id, run_id))
-        next_seq = db.execute("SELECT COALESCE(MIN(seq), 1) FROM spool WHERE session_id=?",
-                              (session_id,)).fetchone()[0] - len(records) - 1
-        db.executemany(
-            "INSERT OR IGNORE INTO spool (session_id, digest, seq, role, timestamp, tokens, record, seen_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [(session_id, digest, next_seq + offset, str(record.get("role", "?")), str(record.get("timestamp", "")),
-              tokens, record_json(record), now) for offset, (digest, record, tokens) in enumerate(records)])

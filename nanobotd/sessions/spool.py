@@ -1,10 +1,11 @@
-"""The spool's rows in the state database: writing new ones a batch at a time, reading them back for jobs.
+"""What is unarchived: each session's spool, its rows in the state database and what is kept of it in memory.
 
 The spool keeps every conversation message that neither the agent nor nanobotd archived yet: where its line
 is in the session's held version of the file (`sessions.hold`), or, once the file no longer has it (or the
 session cannot be held), its line's JSON text; so a rewrite of the session file cannot lose it. The tracker
-decides what goes in and out; this module only moves rows (and the per-session message cache) between the
-database and Python.
+decides what goes in and out. The functions move rows (and the per-session message cache) between the database
+and Python; `Spool` keeps, per session, the spooled digests and their tokens, the ones no longer in the session
+file (`gone`: they wait for the rescue) and the running totals of the rest, and answers the jobs' reads.
 """
 
 from __future__ import annotations
@@ -13,22 +14,28 @@ import itertools
 import json
 import sqlite3
 import sys
+import threading
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 from loguru import logger
 
 from nanobotd.memory.transcript import PendingMessage, record_json
 from nanobotd.sessions import file as sessionfile
-from nanobotd.sessions.hold import line_text
 from nanobotd.sessions.messages import MessageList
 from nanobotd.sessions.scan import LineRef, read_line
+from nanobotd.sessions.session import SessionState, digests_in
 from nanobotd.state.store import StateStore
+from nanobotd.tokens import count_tokens
 from nanobotd.tuning import SPOOL_BATCH
 
+T = TypeVar("T")
 HELD = ""  # the record of a held row: its line is in the session's held version of the file
 
+# the spool rows of a session (?) with no message in its message cache: their messages left the file
+VANISHED = ("FROM spool s WHERE s.session_id=? AND NOT EXISTS"
+            " (SELECT 1 FROM messages m WHERE m.session_id=s.session_id AND m.digest=s.digest)")
 # held lines -> their texts (None: unreadable), from the session's held version at the time of the query
 Resolve = Callable[[list[LineRef | None]], list[str | None]]
 
@@ -52,9 +59,9 @@ def insert_rows(db: sqlite3.Connection, session_id: int, rows: Iterable[tuple], 
                 batch.append((session_id, digest, seq, role, stamp, tokens, HELD, now,
                               ref.start - shift, ref.end - shift, ref.line_digest))
                 continue
-            record = record_text(handle, ref)
-            if record is not None:
-                batch.append((session_id, digest, seq, role, stamp, tokens, record, now, None, None, None))
+            data = read_line(handle, ref)  # the file's JSON text, not re-encoded; None: its bytes changed
+            if data is not None:
+                batch.append((session_id, digest, seq, role, stamp, tokens, line_text(data), now, None, None, None))
         db.executemany(
             "INSERT OR IGNORE INTO spool (session_id, digest, seq, role, timestamp, tokens, record, seen_at,"
             " line_start, line_end, line_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", batch)
@@ -95,50 +102,14 @@ def move_held(db: sqlite3.Connection, session_id: int, moves: list[tuple[str, Li
                    [(ref.start, ref.end, ref.line_digest, session_id, digest) for digest, ref in moves])
 
 
-def _texts(rows: list[tuple], resolve: Resolve) -> list[str | None]:
-    """Each row's record text: its copy, or its line read from the held version (rows end with record,
-    line_start, line_end, line_digest)."""
-    lines = held_lines(rows)
-    held = resolve(lines) if any(lines) else [None] * len(rows)
-    texts = []
-    for row, line, text in zip(rows, lines, held, strict=True):
-        if line is None:
-            texts.append(row[-4])
-            continue
-        if text is None:
-            logger.error("spooled message {} of session #{}: its line is no longer in the held session file",
-                         row[1], row[0])
-        texts.append(text)
-    return texts
-
-
 def read_message_cache(store: StateStore, session_id: int) -> MessageList:
     """The session's message cache as stored at its last scan, in file order."""
     return store.query_with("SELECT line_digest, digest, role, timestamp, tokens, flags FROM messages"
                             " WHERE session_id=? ORDER BY seq", (session_id,), MessageList.from_rows)
 
 
-def read_pending(store: StateStore, session_id: int, gone: set[str],
-                 resolve: Resolve) -> list[tuple[int, PendingMessage, bool]]:
-    """Every spooled message, decoded, in first-seen order: (seq, message, still in the file)."""
-    rows = store.query("SELECT session_id, digest, seq, role, timestamp, tokens, record, line_start, line_end,"
-                       " line_digest FROM spool WHERE session_id=? ORDER BY seq", (session_id,))
-    return [(seq, pending_message(digest, role, stamp, tokens, text)[0], digest not in gone)
-            for (_, digest, seq, role, stamp, tokens, *_), text in zip(rows, _texts(rows, resolve), strict=True)
-            if text is not None]
-
-
-def vanished_seqs(store: StateStore, session_id: int, gone: set[str]) -> list[int]:
-    """Sequence numbers of the spooled messages no longer in the file, *gone* (their records are not read)."""
-    return [seq for seq, _ in _vanished_rows(store, session_id, gone)]
-
-
-def vanished_digests_in_order(store: StateStore, session_id: int, gone: set[str]) -> list[str]:
-    """Digests of the spooled messages no longer in the file, *gone*, in sequence order (no record is read)."""
-    return [digest for _, digest in _vanished_rows(store, session_id, gone)]
-
-
-def _vanished_rows(store: StateStore, session_id: int, gone: set[str]) -> list[tuple[int, str]]:
+def vanished_rows(store: StateStore, session_id: int, gone: set[str]) -> list[tuple[int, str]]:
+    """(seq, digest) of the spooled messages no longer in the file, *gone*, in sequence order (no record is read)."""
     if not gone:
         return []
     return store.query_with("SELECT seq, digest FROM spool WHERE session_id=? ORDER BY seq", (session_id,),
@@ -239,41 +210,33 @@ class PlanWindow:
         return count, tokens
 
 
-def read_spooled(store: StateStore, session_id: int, seqs: list[int],
+def read_spooled(store: StateStore, session_id: int, seqs: list[int] | None,
                  resolve: Resolve) -> list[tuple[int, PendingMessage, str]]:
-    """The spooled messages at *seqs* still spooled: (seq, message, its record as JSON text), read by ranges."""
-    rows = spooled_rows(store, session_id, seqs)
-    return spooled_messages(rows, _texts(rows, resolve))
-
-
-def spooled_rows(store: StateStore, session_id: int, seqs: list[int]) -> list[tuple]:
-    """The spool's rows at *seqs* (those still spooled), in sequence order, queried by ranges: session_id,
-    digest, seq, role, timestamp, tokens, record, line_start, line_end, line_digest."""
-    wanted = set(seqs)
-    rows = []
-    for first, last in seq_ranges(wanted):
-        rows.extend(row for row in store.query(
-            "SELECT session_id, digest, seq, role, timestamp, tokens, record, line_start, line_end, line_digest"
-            " FROM spool WHERE session_id=? AND seq BETWEEN ? AND ? ORDER BY seq", (session_id, first, last))
-            if row[2] in wanted)
-    return rows
-
-
-def spooled_messages(rows: list[tuple], texts: list[str | None]) -> list[tuple[int, PendingMessage, str]]:
-    """(seq, message, its record as JSON text) of spool *rows* whose record *texts* could be read."""
+    """The spooled messages at *seqs* (every one: None) still spooled, in sequence order: (seq, message, its
+    record as JSON text), read by ranges of seqs."""
+    columns = "session_id, digest, seq, role, timestamp, tokens, record, line_start, line_end, line_digest"
+    if seqs is None:
+        rows = store.query(f"SELECT {columns} FROM spool WHERE session_id=? ORDER BY seq", (session_id,))
+    else:
+        wanted, rows = set(seqs), []
+        for first, last in seq_ranges(wanted):
+            rows.extend(row for row in store.query(
+                f"SELECT {columns} FROM spool WHERE session_id=? AND seq BETWEEN ? AND ? ORDER BY seq",
+                (session_id, first, last)) if row[2] in wanted)
+    lines = [LineRef(start, end, line) if record == HELD and line is not None else None
+             for *_, record, start, end, line in rows]
+    held = resolve(lines) if any(lines) else lines  # a copy's record is its row's, a held one's read from its line
     result = []
-    for (_, digest, seq, role, stamp, tokens, *_), record in zip(rows, texts, strict=True):
-        if record is not None:
-            message, text = pending_message(digest, role, stamp, tokens, record)
-            result.append((seq, message, text))
+    for (_, digest, seq, role, stamp, tokens, copy, *_), line, record in zip(rows, lines, held, strict=True):
+        if line is None:
+            record = copy
+        elif record is None:
+            logger.error("spooled message {} of session #{}: its line is no longer in the held session file",
+                         digest, session_id)
+            continue
+        message, text = pending_message(digest, role, stamp, tokens, record)
+        result.append((seq, message, text))
     return result
-
-
-def held_lines(rows: list[tuple]) -> list[LineRef | None]:
-    """The held line of each spool row (rows end with record, line_start, line_end, line_digest); None for a
-    row whose record is a copy."""
-    return [LineRef(start, end, line) if record == HELD and line is not None else None
-            for *_, record, start, end, line in rows]
 
 
 def seq_ranges(seqs: Iterable[int]) -> Iterator[tuple[int, int]]:
@@ -303,7 +266,141 @@ def pending_message(digest: str, role: str, stamp: str, tokens: int, record: str
     return PendingMessage(digest, role, stamp, text, tokens, parsed), record
 
 
-def record_text(handle: BinaryIO, ref: LineRef) -> str | None:
-    """A new message's record as the file has it (JSON text, not re-encoded); None if its bytes changed."""
-    data = read_line(handle, ref)
-    return None if data is None else line_text(data)
+def line_text(data: bytes) -> str:
+    """A message line as the spool keeps its record: the file's JSON text (JSON in another encoding than
+    UTF-8 as compact JSON text)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return record_json(json.loads(data))
+
+
+class Spool:
+    """The unarchived messages of a workspace's sessions; its lock is the tracker's (a held row and the held
+    version it is in are read as one)."""
+
+    def __init__(self, store: StateStore, resolver: Callable[[SessionState], Resolve], lock: threading.RLock,
+                 clock) -> None:
+        self.store, self.resolver, self.lock, self.clock = store, resolver, lock, clock
+
+    # -- in memory ----------------------------------------------------------------------------------
+    def rows(self, session: SessionState) -> dict[str, int]:
+        """Spooled digests and their tokens (loaded once, then kept in step with the database)."""
+        if session.spool is None:
+            found = self.store.query("SELECT digest, tokens FROM spool WHERE session_id=?", (session.session_id,))
+            session.spool = dict(found)
+            self.recount(session)  # the running totals start from the spool itself
+        return session.spool
+
+    def gone(self, session: SessionState) -> set[str]:
+        """Spooled digests no longer in the session file: kept in step by each scan, and read from the database
+        (the spool rows without a message in the message cache) when the caches were dropped."""
+        with self.lock:
+            if session.gone is None:
+                session.gone = {digest for (digest,) in self.store.query(f"SELECT s.digest {VANISHED}",
+                                                                         (session.session_id,))}
+            return session.gone
+
+    def recount(self, session: SessionState) -> None:
+        """Unarchived = spooled messages still present in the file (vanished ones wait for the rescue): a full pass,
+        for when the file's contents were replaced; small changes keep the totals running (add, drop)."""
+        spool, gone = self.rows(session), self.gone(session)
+        live = [tokens for digest, tokens in spool.items() if digest not in gone]
+        session.unarchived_messages = len(live)
+        session.unarchived_tokens = sum(live)
+
+    def spooled(self, session: SessionState, added: Iterable[tuple[str, int]], removed: Iterable[str]) -> None:
+        """A scan spooled messages (digest, tokens) and took *removed* out; it updates the totals itself."""
+        rows = self.rows(session)
+        rows.update(added)
+        for digest in removed:
+            rows.pop(digest, None)
+
+    def drop(self, session: SessionState, digests: Iterable[str]) -> None:
+        """*digests* left the spool: the live ones leave the running totals."""
+        rows, gone = self.rows(session), self.gone(session)
+        for digest in digests:
+            tokens = rows.pop(digest, None)
+            if tokens is not None and digest not in gone:
+                session.unarchived_messages -= 1
+                session.unarchived_tokens -= tokens
+
+    def respool(self, session: SessionState, run_id: str, records: list[tuple[str, dict, int]]) -> int:
+        """Undo an archive run: its messages back in the spool (its marks forgotten); those no longer in the file
+        count as vanished, for the rescue."""
+        now = self.clock()
+        with self.store.transaction() as db:  # forget its marks; its messages back at the head of the spool
+            db.execute("DELETE FROM archived WHERE session_id=? AND run_id=?", (session.session_id, run_id))
+            next_seq = db.execute("SELECT COALESCE(MIN(seq), 1) FROM spool WHERE session_id=?",
+                                  (session.session_id,)).fetchone()[0] - len(records) - 1
+            db.executemany(
+                "INSERT OR IGNORE INTO spool (session_id, digest, seq, role, timestamp, tokens, record, seen_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(session.session_id, digest, next_seq + offset, str(record.get("role", "?")),
+                  str(record.get("timestamp", "")), tokens, record_json(record), now)
+                 for offset, (digest, record, tokens) in enumerate(records)])
+        with self.lock:
+            rows, gone = self.rows(session), self.gone(session)
+            in_file = digests_in(self.store, "messages", session.session_id, [digest for digest, _, _ in records])
+            for digest, _, tokens in records:
+                if digest in rows:
+                    continue
+                rows[digest] = tokens
+                if digest not in in_file:
+                    gone.add(digest)
+                else:
+                    gone.discard(digest)
+                    session.unarchived_messages += 1
+                    session.unarchived_tokens += tokens
+        return len(records)
+
+    def count_tail(self, session: SessionState, encoding: str) -> int:
+        """The tail's exact tokens (the spooled messages still in the file), for a decision near a threshold: each
+        message counted once (kept by digest), its text read back from the spool; the session's tail_tokens is
+        this figure until the tail changes."""
+        with self.lock:
+            rows, gone = self.rows(session), self.gone(session)
+            exact = {digest: tokens for digest, tokens in (session.exact or {}).items() if digest in rows}
+            wanted = {digest for digest in rows if digest not in gone and digest not in exact}
+            if wanted:
+                seqs = self.store.query_with("SELECT seq, digest FROM spool WHERE session_id=?", (session.session_id,),
+                                             lambda found: [seq for seq, digest in found if digest in wanted])
+                for _, message, _ in self.messages(session, seqs):
+                    text = sessionfile.message_text_for_tokens(message.record, message.text)
+                    exact[message.digest] = count_tokens(text, encoding)
+            session.exact = exact
+            total = sum(exact.get(digest, tokens) for digest, tokens in rows.items() if digest not in gone)
+            session.exact_tail = (session.unarchived_messages, session.unarchived_tokens, total)
+            return total
+
+    # -- the jobs' reads ----------------------------------------------------------------------------
+    def vanished_count(self, session: SessionState) -> int:
+        """Spooled messages no longer in the session file (in SQL: no message cache is loaded)."""
+        return self.store.query(f"SELECT count(*) {VANISHED}", (session.session_id,))[0][0]
+
+    def pending(self, session: SessionState, *, vanished_only: bool = False) -> list[tuple[int, PendingMessage, bool]]:
+        """Spooled messages in first-seen order: (seq, message, still present in the file), every record read and
+        decoded (for the few a flush or the rescue needs; consolidation plans with plan_window)."""
+        gone = self.gone(session)
+        seqs = [seq for seq, _ in vanished_rows(self.store, session.session_id, gone)] if vanished_only else None
+        with self.lock:  # the vanished ones are few, usually: their records alone are read
+            return [(seq, message, message.digest not in gone)
+                    for seq, message, _ in read_spooled(self.store, session.session_id, seqs, self.resolver(session))]
+
+    def vanished(self, session: SessionState) -> list[str]:
+        """The digests of the spooled messages no longer in the file, in first-seen order (no record is read)."""
+        return [digest for _, digest in vanished_rows(self.store, session.session_id, self.gone(session))]
+
+    def plan_window(self, session: SessionState | None, use: Callable[[PlanWindow], T]) -> T:
+        """What *use* makes of a session's plan read a part at a time, every part as of one state of the spool."""
+        window = PlanWindow(self.store, session.session_id if session else None,
+                                    self.gone(session) if session else set())
+        with self.store.reading():
+            return use(window)
+
+    def messages(self, session: SessionState, seqs: list[int]) -> list[tuple[int, PendingMessage, str]]:
+        """The spooled messages at *seqs* still spooled: (seq, message, its record as JSON text)."""
+        if not seqs:
+            return []
+        with self.lock:
+            return read_spooled(self.store, session.session_id, seqs, self.resolver(session))

@@ -1,8 +1,8 @@
 """The session tracker: one workspace's session files, what of them is unarchived, and what reached history.
 
 A thin facade over composed parts, each with one reason to change: `sessions.scan` reads a file (only what is
-new) into messages; `sessions.spooled.Spool` is what is unarchived (rows in the state database, totals in memory);
-`sessions.marks.ArchiveMarks` records what reached history; `sessions.holding.Holding` keeps the version of each
+new) into messages; `sessions.spool.Spool` is what is unarchived (rows in the state database, totals in memory);
+`sessions.marks.ArchiveMarks` records what reached history; `sessions.hold.Holding` keeps the version of each
 file the spool's rows point into; `sessions.caches.MessageCaches` bounds the message lists kept in memory. The
 tracker applies a scan to them, one transaction a file (a group of new files together at a first start), and
 answers the jobs and the daemon by session key. Tokens are estimates (`tokens.estimate_tokens`); `count_tail`
@@ -28,7 +28,7 @@ from nanobotd.sessions import file as sessionfile
 from nanobotd.sessions import spool as spooldb
 from nanobotd.sessions.caches import MessageCaches
 from nanobotd.sessions.file import key_from_filename
-from nanobotd.sessions.holding import Holding
+from nanobotd.sessions.hold import Holding
 from nanobotd.sessions.marks import ArchiveMarks
 from nanobotd.sessions.messages import MessageList
 from nanobotd.sessions.scan import LINE_NEW, ParseResult, parse_session
@@ -38,10 +38,11 @@ from nanobotd.sessions.session import (
     archived_twice_count,
     insert_session,
     load_sessions,
+    record_archived_twice,
     save_session,
     store_message_cache,
 )
-from nanobotd.sessions.spooled import Spool
+from nanobotd.sessions.spool import Spool
 from nanobotd.state import bulk
 from nanobotd.state.metrics import FLUSH_KIND, MISSED_OUTCOME
 from nanobotd.state.store import StateStore
@@ -75,17 +76,13 @@ class SessionTracker:
         self._lock = threading.RLock()
         self._keys_by_path: dict[Path, str] = {}
         self.holding = Holding(store, self._lock, self.faults)
-        self.spool = Spool(store, self.holding, self._lock, clock)
+        self.spool = Spool(store, self.holding.resolver, self._lock, clock)
         self.marks = ArchiveMarks(store, self.spool, self._lock, clock)
         self.caches = MessageCaches(store, self._lock, clock, cached_messages)
-        self._load_sessions()
-        self.holding.sweep(self.sessions.values())
-
-    # -- loading -----------------------------------------------------------------------------------
-    def _load_sessions(self) -> None:
         for session in load_sessions(self.store, self.workspace_name):
             self.sessions[session.key] = session
             self._keys_by_path[session.path] = session.key
+        self.holding.sweep(self.sessions.values())
 
     def _session_for(self, key: str, path: Path) -> SessionState:
         session = self.sessions.get(key)
@@ -133,8 +130,8 @@ class SessionTracker:
                 if self._session_by_path(path) is None and key_from_filename(path) not in self.sessions:
                     if group is None:
                         group, grouped = ExitStack(), []
-                        group.enter_context(self.store.batch())
-                        group.enter_context(self.holding.files.together())
+                        group.enter_context(self.store.transaction())
+                        group.enter_context(self.holding.together())
                     grouped.append(path)
                 elif group is not None:
                     done, group = self._commit_group(group, grouped, done), None
@@ -187,9 +184,12 @@ class SessionTracker:
             # the open file is what is read (twice: the parse, then the new lines for the spool), so a rename
             # over the path meanwhile cannot mix two versions
             stat = os.fstat(handle.fileno())
-            cached = self.caches.messages(known) if known is not None else None
-            parsed = self._parse(path, known, cached, handle)
-            if parsed is None:
+            try:  # only new messages are decoded (see sessions.scan)
+                parsed = parse_session(path, handle=handle) if known is None else parse_session(
+                    path, cached=self.caches.messages(known), tail=known.tail, corrupt_before=known.corrupt_lines,
+                    handle=handle)
+            except OSError as exc:
+                logger.warning("cannot read session file {}: {}", path, exc)
                 return None
             session = self._session_for(parsed.key, path)
             self.faults.reach("scan.apply")
@@ -223,19 +223,6 @@ class SessionTracker:
     def _session_by_path(self, path: Path) -> SessionState | None:
         key = self._keys_by_path.get(path)
         return self.sessions.get(key) if key is not None else None
-
-    def _parse(self, path: Path, known: SessionState | None, cached: MessageList | None, handle: BinaryIO):
-        """Read the file; only new messages are decoded (see sessions.scan)."""
-        try:
-            if known is None:
-                result = parse_session(path, handle=handle)
-            else:
-                result = parse_session(path, cached=cached, tail=known.tail, corrupt_before=known.corrupt_lines,
-                                       handle=handle)
-        except OSError as exc:
-            logger.warning("cannot read session file {}: {}", path, exc)
-            return None
-        return result
 
     def _apply(self, session: SessionState, parsed: ParseResult, fingerprint, mtime: float, *, appended: bool = False,
                handle: BinaryIO) -> int:
@@ -323,8 +310,8 @@ class SessionTracker:
             self.holding.undo(session, hold, before)
             raise
         self.spool.drop(session, self.holding.finish(session, hold))
-        self.spool.add(session, ((messages.digest(index), messages.tokens(index)) for index in to_spool))
-        self.spool.discard(session, agent_done)
+        self.spool.spooled(session, ((messages.digest(index), messages.tokens(index)) for index in to_spool),
+                           agent_done)
 
     def _save_session(self, session: SessionState) -> None:
         with self.store.transaction() as db:
@@ -395,7 +382,7 @@ class SessionTracker:
 
     def count_archived_twice(self, key: str, digests: list[str]) -> int:
         """The agent archived messages nanobotd had already archived (its entry came after ours)."""
-        return self.marks.count_twice(self.sessions[key], digests)
+        return record_archived_twice(self.store, self.sessions[key].session_id, digests, self.clock())
 
     def apply_history_spans(self, key: str, spans: list[dict]) -> int:
         """Rebuild nanobotd's archive marks from the spans its history entries carry (after a lost DB)."""

@@ -283,8 +283,8 @@ class StateStore:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction (BEGIN IMMEDIATE ... COMMIT, rolled back on error); inside `batch()` on the
-        thread that holds it, a savepoint of the batch's transaction (rolled back alone on error)."""
+        """A write transaction (BEGIN IMMEDIATE ... COMMIT, rolled back on error); inside another on the thread
+        that holds it, a savepoint of the outer one (rolled back alone on error), committed with it."""
         with self._lock:
             db = self._require()
             if self._depth:
@@ -301,13 +301,6 @@ class StateStore:
                 raise
             finally:
                 self._depth = 0
-
-    @contextmanager
-    def batch(self) -> Iterator[sqlite3.Connection]:
-        """One transaction for many (the `transaction()`s inside are its savepoints), committed once at the end;
-        other threads wait for the store meanwhile, so a batch is kept short."""
-        with self.transaction() as db:
-            yield db
 
     def _savepoint(self, db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         name = f"nested{self._depth}"

@@ -64,19 +64,13 @@ def test_messages_added_packed_as_a_scan_adds_them_read_back_as_added_whole(item
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(infos, max_size=20), st.lists(infos, max_size=10), st.data())
-def test_a_copy_changes_apart_from_its_original(items, more, data):
+@given(st.lists(infos, max_size=20), st.lists(infos, max_size=10))
+def test_a_copy_changes_apart_from_its_original(items, more):
     messages = MessageList(items)
     copy = MessageList.of(messages)
     for info in more:
         copy.append(info)
-    if copy:
-        index = data.draw(st.integers(min_value=0, max_value=len(copy) - 1))
-        copy.set_tokens(index, 7)
-        expected = items + more
-        expected[index] = MessageInfo(*[getattr(expected[index], name) for name in
-                                        ("line_digest", "digest", "role", "timestamp")], 7, expected[index].flags)
-        assert list(copy) == expected
+    assert list(copy) == items + more
     assert list(messages) == items  # the original is untouched
     tail = messages[len(items) // 2:]
     tail.append(more[0] if more else MessageInfo(_hex("a"), _hex("b"), "user", "t", 1, 0))

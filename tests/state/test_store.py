@@ -117,9 +117,9 @@ def _names(store) -> list[str]:
     return [row[0] for row in store.query("SELECT run_id FROM runs ORDER BY run_id")]
 
 
-def test_a_batch_commits_its_transactions_together_and_one_that_fails_is_rolled_back_alone(tmp_path):
+def test_an_outer_transaction_commits_its_nested_ones_together_and_one_that_fails_is_rolled_back_alone(tmp_path):
     store = StateStore(tmp_path).open()
-    with store.batch():
+    with store.transaction():
         store.create_run("consolidate", "ws", run_id="r-1")
         try:
             with store.transaction() as db:
@@ -136,10 +136,10 @@ def test_a_batch_commits_its_transactions_together_and_one_that_fails_is_rolled_
     outside.close()
 
 
-def test_a_batch_that_fails_leaves_none_of_its_transactions(tmp_path):
+def test_an_outer_transaction_that_fails_leaves_none_of_its_nested_ones(tmp_path):
     store = StateStore(tmp_path).open()
     try:
-        with store.batch():
+        with store.transaction():
             store.create_run("consolidate", "ws", run_id="r-1")
             store.create_run("consolidate", "ws", run_id="r-2")
             raise OSError("a sync failed before the commit")
@@ -150,7 +150,7 @@ def test_a_batch_that_fails_leaves_none_of_its_transactions(tmp_path):
     assert _names(store) == ["r-4"]
 
 
-def test_another_thread_waits_for_a_batch_and_sees_it_whole(tmp_path):
+def test_another_thread_waits_for_an_outer_transaction_and_sees_it_whole(tmp_path):
     import threading
 
     store = StateStore(tmp_path).open()
@@ -161,7 +161,7 @@ def test_another_thread_waits_for_a_batch_and_sees_it_whole(tmp_path):
         started.set()
         seen.append(_names(store))
 
-    with store.batch():
+    with store.transaction():
         store.create_run("consolidate", "ws", run_id="r-1")
         reader = threading.Thread(target=read)
         reader.start()
