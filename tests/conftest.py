@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 
 import pytest
 
@@ -36,3 +37,12 @@ def tiny_tmpfs(tmp_path):
     """A real 64 KiB tmpfs, so a write really meets a full disk (skipped where mounting is refused)."""
     with tmpfs(tmp_path / "full", "64k") as mount_point:
         yield mount_point
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_llm_worker():
+    """The LLM worker child in-process clients share (tests/support/llmworker.py) goes with the session."""
+    yield
+    shared = sys.modules.get("tests.support.llmworker")  # imported by the tests that use it, only
+    if shared is not None:
+        shared.close_shared_worker()

@@ -7,9 +7,9 @@ import asyncio
 from nanobotd.config.schema import LLMSettings
 from nanobotd.daemon.jobqueue import JOBS_PER_LLM_SLOT, JobQueue
 from nanobotd.llm.client import LLMClient
-from nanobotd.llm.process import LLMWorker
 from nanobotd.state.store import StateStore
 from tests.support.fakellm import FakeLLM, Responder, Text
+from tests.support.llmworker import shared_worker
 
 
 def test_llm_concurrency_is_bounded_and_every_job_runs(tmp_path):
@@ -70,12 +70,9 @@ def test_llm_requests_share_the_queue_slots_across_clients_and_jobs_overlap_thei
         await queue.wait_idle()
         return queue, ids
 
-    worker = LLMWorker()
+    worker = shared_worker()  # the test process's one worker child: litellm imported once
     with FakeLLM(latency=0.2, default=Responder(answer)) as fake:
-        try:
-            queue, ids = asyncio.run(scenario(fake))
-        finally:
-            worker.close(wait=5)
+        queue, ids = asyncio.run(scenario(fake))
         assert len(fake.requests) == 12
         assert fake.max_in_flight == 2, "llm.concurrency bounds requests daemon-wide, over both clients"
     assert all(store.get_run(run_id).state == "finished" for run_id in ids)

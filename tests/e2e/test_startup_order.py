@@ -10,7 +10,7 @@ import time
 import pytest
 
 from nanobotd.cli.client import Client, DaemonError
-from tests.e2e.test_companion import CONFIG, GRACE, agent_entry, nanobotd_entries, workspace_status
+from tests.e2e.test_companion import CONFIG, GRACE, agent_entry, nanobotd_entries, past_the_grace, workspace_status
 from tests.support.workspace import conversation, make_workspace, write_session
 
 HELD_SCAN = "reconcile.startup_scanned"
@@ -48,8 +48,9 @@ def test_an_agent_entry_written_during_the_start_up_scan_is_the_agents_and_not_a
     agent_entry(workspace, "cli:a", "- [durable] the user talked about a")
     release.touch()
     daemon.wait_for(lambda: (daemon.session("cli:a") or {}).get("messages") == 0)
+    cut_seen = time.monotonic()  # the daemon saw the cut by now
     daemon.wait_for(lambda: daemon.session("cli:a")["vanished_messages"] == 0, timeout=GRACE + 8)
-    time.sleep(GRACE + 2)  # a rescue would be queued by now
+    past_the_grace(cut_seen)  # a rescue would be queued by now
     assert nanobotd_entries(workspace) == []
     assert daemon.ctl_json("runs", "--kind", "consolidate")["runs"] == []
     assert workspace_status(daemon)["archived_twice"] == 0

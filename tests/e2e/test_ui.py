@@ -31,6 +31,7 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 SHOTS = REPO / "tests-output" / "ui"
+POLL_SECONDS = 0.05  # how often a wait looks at the page again (selenium's default, 0.5 s, adds up)
 FACT = "\n## Infrastructure\n- The backup host is called osprey.\n"
 
 
@@ -107,11 +108,16 @@ def text_of(driver) -> str:
     return driver.find_element(By.TAG_NAME, "body").text
 
 
+def waiting(driver, timeout: float) -> WebDriverWait:
+    """A wait on the page that looks again every POLL_SECONDS."""
+    return WebDriverWait(driver, timeout, poll_frequency=POLL_SECONDS)
+
+
 def after_click(driver, element_id: str, wanted_id: str, timeout: float = 90):
     """Click a button and wait for the page it leads to: the element *wanted_id*, or a refusal to show."""
     driver.find_element(By.ID, element_id).click()
     try:
-        return WebDriverWait(driver, timeout).until(lambda browser: browser.find_element(By.ID, wanted_id))
+        return waiting(driver, timeout).until(lambda browser: browser.find_element(By.ID, wanted_id))
     except Exception as exc:
         page = text_of(driver)
         raise AssertionError(f"no #{wanted_id} after clicking #{element_id}; the page says:\n{page}") from exc
@@ -172,8 +178,8 @@ def test_the_page_shows_memory_and_a_dream_diff_and_undoes_the_dream(tmp_path, f
     assert "Likes coffee" in (daemon.workspace / "USER.md").read_text()  # a preview changes nothing
     shot(browser, "restore-preview")
     browser.find_element(By.ID, "restore").click()
-    WebDriverWait(browser, 10).until(expected_conditions.alert_is_present()).accept()
-    result = WebDriverWait(browser, 90).until(lambda driver: driver.find_element(By.ID, "restored"))
+    waiting(browser, 10).until(expected_conditions.alert_is_present()).accept()
+    result = waiting(browser, 90).until(lambda driver: driver.find_element(By.ID, "restored"))
     assert "Restore done" in result.text
     assert (daemon.workspace / "USER.md").read_text() == USER
     shot(browser, "restore-done")
@@ -256,7 +262,7 @@ def test_without_the_token_or_from_another_origin_nothing_is_served_or_changed(t
     evil = EvilSite(restore_url)
     try:
         browser.get(evil.url)
-        WebDriverWait(browser, 10).until(lambda driver: driver.current_url.startswith(page.base))
+        waiting(browser, 10).until(lambda driver: driver.current_url.startswith(page.base))
         assert "Refused" in text_of(browser)
     finally:
         evil.server.shutdown()

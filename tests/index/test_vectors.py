@@ -9,6 +9,7 @@ from nanobotd.index.builtin import BuiltinIndex
 from nanobotd.index.vectors import fuse, quantize
 from nanobotd.llm.embeddings import Embedder, EmbeddingError
 from tests.support.fakellm import EMBEDDING_DIMENSIONS, FakeLLM, HttpError
+from tests.support.llmworker import shared_worker
 from tests.support.workspace import make_workspace
 
 
@@ -19,7 +20,8 @@ def fake():
 
 
 def embedder(fake: FakeLLM, dimensions: int = 0) -> Embedder:
-    return Embedder("openai/fake-embed", LLMSettings(model="none", api_base=fake.base_url), dimensions=dimensions)
+    return Embedder("openai/fake-embed", LLMSettings(model="none", api_base=fake.base_url), dimensions=dimensions,
+                    worker=shared_worker())
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from nanobotd.memory.dailynote import NoteError
 from nanobotd.memory.transcript import PendingMessage
 from nanobotd.state.store import StateStore
 from tests.support.fakellm import FakeLLM, HttpError, Text
+from tests.support.llmworker import llm_client
 
 NOW = datetime(2026, 3, 5, 21, 30)
 NOTE_NAME = "2026-03-05.md"
@@ -54,7 +55,7 @@ USER_SECTION = "## Notes\nWritten by hand; do not touch.\n- my own bullet\n\n"
 
 def client(fake: FakeLLM, **overrides) -> LLMClient:
     settings = LLMSettings(model=fake.model, api_base=fake.base_url, max_retries=0, timeout_seconds=5, **overrides)
-    return LLMClient(settings, api_key=None)
+    return llm_client(settings)
 
 
 def conversation(count: int = 4, size: int = 20) -> list[PendingMessage]:

@@ -22,6 +22,7 @@ from nanobotd.memory.transcript import PendingMessage
 from nanobotd.sessions.tracker import SessionTracker
 from nanobotd.state.store import StateStore
 from tests.support.fakellm import Text
+from tests.support.llmworker import llm_client
 
 NOW = datetime(2026, 3, 5, 21, 30)
 FLUSH_REPLY = "## Topics\n- Backups of the photo library\n\n## Decisions\n- Use restic for backups.\n"
@@ -79,7 +80,7 @@ def test_scheduled_kinds_are_registered_and_an_unknown_kind_names_the_known_ones
 
 def test_restoring_a_flush_run_goes_through_the_registry_in_the_job_env(tmp_path, store, fake):
     fake.push(Text(FLUSH_REPLY))
-    llm = LLMClient(LLMSettings(model=fake.model, api_base=fake.base_url, max_retries=0, timeout_seconds=5))
+    llm = llm_client(LLMSettings(model=fake.model, api_base=fake.base_url, max_retries=0, timeout_seconds=5))
     env = job_env(tmp_path, store, llm, JOB_KINDS)
     target = flush_run(env)
     note = env.memory_dir / "2026-03-05.md"
@@ -94,7 +95,7 @@ def test_restoring_a_flush_run_goes_through_the_registry_in_the_job_env(tmp_path
 
 def test_a_run_whose_backups_were_pruned_is_refused_before_its_job_is_asked(tmp_path, store, fake):
     fake.push(Text(FLUSH_REPLY))
-    llm = LLMClient(LLMSettings(model=fake.model, api_base=fake.base_url, max_retries=0, timeout_seconds=5))
+    llm = llm_client(LLMSettings(model=fake.model, api_base=fake.base_url, max_retries=0, timeout_seconds=5))
     env = job_env(tmp_path, store, llm, JOB_KINDS)
     target = flush_run(env)
     store.journal(target, {**store.get_run(target).manifest, "expired": True, "expired_by": "r-lifecycle"})
@@ -105,7 +106,7 @@ def test_a_run_whose_backups_were_pruned_is_refused_before_its_job_is_asked(tmp_
 
 def test_restore_reaches_a_job_only_through_env_kinds(tmp_path, store, fake):
     fake.push(Text(FLUSH_REPLY))
-    llm = LLMClient(LLMSettings(model=fake.model, api_base=fake.base_url, max_retries=0, timeout_seconds=5))
+    llm = llm_client(LLMSettings(model=fake.model, api_base=fake.base_url, max_retries=0, timeout_seconds=5))
     target = flush_run(job_env(tmp_path, store, llm, JOB_KINDS))
     calls = []
 

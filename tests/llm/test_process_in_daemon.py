@@ -15,18 +15,21 @@ from tests.support.workspace import conversation, history_entries, make_workspac
 
 KEY = "telegram:4242"
 SUMMARY = "- [durable] Backups run nightly at 02:00."
-IDLE_EXIT_SECONDS = 10
+IDLE_EXIT_SECONDS = 2  # the least a test can wait for: the worker is seen while its call is in flight (LATENCY)
+LATENCY = 1.0
 GONE_SECONDS = 15
+
+
 def test_a_daemon_that_called_the_llm_never_maps_litellm_and_its_worker_leaves_when_idle(tmp_path):
     workspace, sessions = make_workspace(tmp_path / "ws")
     write_session(sessions, KEY, conversation(40))
-    with FakeLLM(default=Text(SUMMARY)) as fake:
+    with FakeLLM(default=Text(SUMMARY), latency=LATENCY) as fake:
         llm_table = (f'\n[llm]\nmodel = "{fake.model}"\napi_base = "{fake.base_url}"\n'
                      f"idle_exit_seconds = {IDLE_EXIT_SECONDS}\n")
         daemon = DaemonProcess(tmp_path, workspace, sessions_dir=sessions, extra_config=llm_table).start()
         try:
             daemon.wait_for(lambda: daemon.session(KEY), timeout=60)
-            assert daemon.ctl("consolidate", KEY).returncode == 0
+            assert daemon.ctl("consolidate", "--no-wait", KEY).returncode == 0
             daemon.wait_for(lambda: fake.requests, timeout=120)
             workers = daemon.wait_for(lambda: [child for child in child_pids(daemon.proc.pid)
                                                if litellm_mappings(child)], timeout=30)

@@ -23,10 +23,10 @@ from nanobotd.jobs.compaction import compact_history, compaction_candidates
 from nanobotd.jobs.consolidate import archive
 from nanobotd.jobs.dream.inputs import read_backlog
 from nanobotd.jobs.env import JobEnv
-from nanobotd.llm.client import LLMClient
 from nanobotd.memory import history
 from nanobotd.sessions.tracker import SessionTracker
 from nanobotd.state.store import StateStore
+from tests.support.llmworker import llm_client
 from tests.support.workspace import conversation, make_workspace, write_session
 
 NOW = datetime(2026, 11, 22, 10, 30)
@@ -85,7 +85,7 @@ def big_history(tmp_path: Path, entries: int = ENTRIES, content_chars: int = CON
     (memory / history.DREAM_CURSOR_NAME).write_text(str(entries - int(entries * UNDREAMT_FRACTION)))
     settings = WorkspaceSettings(path=workspace, name="ws", llm=LLMSettings(model="none"))
     store = StateStore(tmp_path / "state").open()
-    ctx = JobEnv(settings, store, SessionTracker("ws", store), LLMClient(settings.llm), lambda: NOW)
+    ctx = JobEnv(settings, store, SessionTracker("ws", store), llm_client(settings.llm), lambda: NOW)
     return BigHistory(ctx, sessions, size)
 
 

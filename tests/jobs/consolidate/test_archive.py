@@ -14,10 +14,10 @@ from nanobotd.config.schema import ConsolidationSettings, LLMSettings, Workspace
 from nanobotd.faults import FaultPoints
 from nanobotd.jobs.consolidate import archive as consolidate
 from nanobotd.jobs.env import JobEnv
-from nanobotd.llm.client import LLMClient
 from nanobotd.sessions.tracker import SessionTracker
 from nanobotd.state.store import StateStore
 from tests.support.fakellm import Empty, FakeLLM, Garbage, Hang, HttpError, Text, ToolCalls
+from tests.support.llmworker import llm_client
 from tests.support.workspace import conversation, history_entries, make_workspace, write_session
 
 NOW = datetime(2026, 11, 22, 10, 30)
@@ -29,7 +29,7 @@ def make_context(tmp_path, llm_settings: LLMSettings, **consolidation):
                                  consolidation=ConsolidationSettings(**consolidation))
     store = StateStore(tmp_path / "state").open()
     tracker = SessionTracker("ws", store)
-    return JobEnv(settings, store, tracker, LLMClient(llm_settings), lambda: NOW), sessions
+    return JobEnv(settings, store, tracker, llm_client(llm_settings), lambda: NOW), sessions
 
 
 def online(fake: FakeLLM, **extra) -> LLMSettings:
@@ -125,7 +125,7 @@ def test_chunks_are_read_one_ahead_off_the_event_loop_and_reach_history_in_order
     store = StateStore(tmp_path / "state").open()
     tracker = LoadsSeen("ws", store)
     tracker.loads = []
-    env = JobEnv(settings, store, tracker, LLMClient(settings.llm), lambda: NOW)
+    env = JobEnv(settings, store, tracker, llm_client(settings.llm), lambda: NOW)
     messages = conversation(60, words=120)
     tracker.scan(write_session(sessions, "cli:a", messages))
     loop_threads = []

@@ -12,9 +12,9 @@ from nanobotd.config.schema import ContextSettings, DreamSettings, LifecycleSett
 from nanobotd.gitstore.store import GitStore
 from nanobotd.jobs.dream.restore import restore_dream_run
 from nanobotd.jobs.dream.run import DreamResult, dream_workspace
-from nanobotd.llm.client import LLMClient
 from nanobotd.state.store import StateStore
 from tests.support.fakellm import FakeLLM, Text, ToolCalls
+from tests.support.llmworker import llm_client
 
 SOUL = "# Soul\n\n## Style\n- Be concise.\n"
 USER = "# User\n\n## Identity\n- Name: Ada\n- Lives in Berlin\n- Works remotely\n\n## Preferences\n- Likes tea\n"
@@ -78,7 +78,7 @@ def dream(workspace: Path, store: StateStore, git: GitStore, fake: FakeLLM | Non
           **overrides: object) -> DreamResult:
     settings = settings_for(workspace, fake, context, **overrides)
     run_id = store.create_run("dream", "ws")
-    return asyncio.run(dream_workspace(settings, store=store, llm=LLMClient(settings.llm), git=git, run_id=run_id,
+    return asyncio.run(dream_workspace(settings, store=store, llm=llm_client(settings.llm), git=git, run_id=run_id,
                                        max_history_entries=max_history_entries, on_stage=on_stage))
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from nanobotd.config.schema import LLMSettings
 from nanobotd.jobs.lifecycle.summary import summary_entries
-from nanobotd.llm.client import LLMClient
 from nanobotd.memory import history
 from tests.jobs.lifecycle.scenario import (
     lifecycle,
@@ -14,6 +13,7 @@ from tests.jobs.lifecycle.scenario import (
 )
 from tests.support.fakellm import FakeLLM, HttpError, Responder, Text
 from tests.support.histories import read_history
+from tests.support.llmworker import llm_client
 
 
 def test_offline_expired_notes_go_to_history_raw_and_whole(tmp_path, store):
@@ -44,7 +44,7 @@ def test_expired_notes_are_summarised_into_one_history_entry_by_the_llm(tmp_path
         fake.push(Responder(lambda request: Text("- [durable] The project started in January.\n"
                                                  "- [ephemeral] Worked on it in March.",
                                                  prompt_tokens=120, completion_tokens=30)))
-        llm = LLMClient(LLMSettings(model=fake.model, api_base=fake.base_url, max_retries=0, timeout_seconds=5))
+        llm = llm_client(LLMSettings(model=fake.model, api_base=fake.base_url, max_retries=0, timeout_seconds=5))
         run_id, manifest = lifecycle(ws, store, llm)
     sent = fake.requests[0]["messages"][1]["content"]
     assert "=== memory/archive/2026-01-10.md ===" in sent and "=== memory/archive/2026-03-16.md ===" in sent
@@ -62,7 +62,7 @@ def test_an_llm_failure_falls_back_to_raw_entries(tmp_path, store):
     ws = standard_workspace(tmp_path)
     with FakeLLM() as fake:
         fake.push(HttpError(500))
-        llm = LLMClient(LLMSettings(model=fake.model, api_base=fake.base_url, max_retries=0, timeout_seconds=5))
+        llm = llm_client(LLMSettings(model=fake.model, api_base=fake.base_url, max_retries=0, timeout_seconds=5))
         run_id, manifest = lifecycle(ws, store, llm)
     [cursor] = manifest["history_added"]
     [entry] = [entry for entry in read_history(ws.path / "memory").entries if entry.cursor == cursor]
