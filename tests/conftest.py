@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import signal
 import sys
 
 import pytest
 
 from tests.support.mounts import tmpfs
-
-# pytest-xdist's workers ignore SIGINT, and an ignored signal stays ignored across exec: the nanobotctl and
-# daemon processes the tests start must meet Ctrl-C as they would under a user's shell.
-if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
