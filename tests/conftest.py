@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import pytest
 
 from tests.support.mounts import tmpfs
+
+# A suite started in the background of a non-interactive shell (`cmd &` in a script) inherits SIGINT ignored, and
+# exec keeps it ignored: the nanobotctl and daemon processes the tests start must meet Ctrl-C as under a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)

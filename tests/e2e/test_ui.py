@@ -161,7 +161,7 @@ def test_the_page_shows_memory_and_a_dream_diff_and_undoes_the_dream(tmp_path, f
     field = browser.find_element(By.ID, "q")
     field.send_keys("osprey backup host")
     field.submit()
-    hits = browser.find_element(By.CSS_SELECTOR, "ol.hits").text
+    hits = waiting(browser, 30).until(lambda driver: driver.find_element(By.CSS_SELECTOR, "ol.hits")).text
     assert "memory/MEMORY.md" in hits and "osprey" in hits
     assert browser.find_element(By.CSS_SELECTOR, "ol.hits .label").text == "memory"
     shot(browser, "memory")
