@@ -91,12 +91,7 @@ qmd_command = "{launcher}"
     except subprocess.TimeoutExpired:
         raise AssertionError(f"daemon still running {STOP_SECONDS}s after SIGTERM:\n{daemon.log()[-3000:]}") from None
     elapsed = time.monotonic() - began
-    deadline = time.monotonic() + 3
-    while processes_of(daemon.state_dir) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    left = processes_of(daemon.state_dir)
-    for line in left:
-        os.kill(int(line.split(":")[0]), signal.SIGKILL)
+    left = left_after(daemon.state_dir, 3)
     assert not left, f"qmd processes outlived the daemon (stopped in {elapsed:.1f}s): {left}"
     assert daemon.proc.returncode == 0, daemon.log()[-3000:]
 
@@ -115,10 +110,17 @@ qmd_command = "{QMD_BINARY}"
 
     daemon.kill()
 
-    deadline = time.monotonic() + 5
-    while processes_of(daemon.state_dir) and time.monotonic() < deadline:
+    left = left_after(daemon.state_dir, 5)
+    assert not left, f"qmd processes outlived a SIGKILLed daemon: {left}"
+
+
+def left_after(state_dir: Path, seconds: float) -> list[str]:
+    """The daemon's qmd processes still there after *seconds* of waiting for them to go; each is then killed, so a
+    failing test leaves none behind."""
+    deadline = time.monotonic() + seconds
+    while processes_of(state_dir) and time.monotonic() < deadline:
         time.sleep(0.05)
-    left = processes_of(daemon.state_dir)
+    left = processes_of(state_dir)
     for line in left:
         os.kill(int(line.split(":")[0]), signal.SIGKILL)
-    assert not left, f"qmd processes outlived a SIGKILLed daemon: {left}"
+    return left
