@@ -9,7 +9,6 @@ import pytest
 from nanobotd.gitstore.store import GitStore
 from nanobotd.state.store import StateStore
 from tests.jobs.dream.scenario import CONTENT_FILES, MEMORY, SOUL, USER, write_history
-from tests.support.fakellm import FakeLLM
 
 
 @pytest.fixture
@@ -36,9 +35,3 @@ def git(workspace: Path):
     git_store.open()
     yield git_store
     git_store.close()
-
-
-@pytest.fixture
-def fake():
-    with FakeLLM() as server:
-        yield server
