@@ -77,7 +77,8 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, stdout, std
     """Start one qmd child in a session (and process group) of its own; SearchBackendError when it cannot start.
 
     *die_with_daemon*: the kernel SIGKILLs the child when the daemon dies, even by SIGKILL, which no stop()
-    outlives (Linux's parent-death signal, kept across the launcher's exec of node)."""
+    outlives (Linux's parent-death signal, kept across the launcher's exec of node). The signal follows the thread
+    that forked, so such a child is spawned from the event loop's thread, which lives as long as the daemon."""
     try:
         return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=dict(env),
                                 cwd=cwd, start_new_session=True,
