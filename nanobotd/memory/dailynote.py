@@ -268,7 +268,7 @@ def scan_notes(memory_dir: Path) -> NoteScan:
     archive = memory_dir / ARCHIVE_DIR_NAME
     if archive.is_symlink() or (archive.exists() and not archive.is_dir()):
         kind = "a symlink" if archive.is_symlink() else "not a folder"
-        scan.skipped.append({"path": _relative(archive, workspace), "reason": f"archive folder is {kind}"})
+        scan.skipped.append({"path": str(archive.relative_to(workspace)), "reason": f"archive folder is {kind}"})
         scan.archive_usable = False
         return scan
     for path in _listing(archive):
@@ -287,16 +287,9 @@ def _classify(path: Path, valid: list[NoteFile], skipped: list[dict], workspace:
     try:
         valid.append(check_note_file(path))
     except NoteError as exc:
-        skipped.append({"path": _relative(path, workspace), "reason": str(exc)})
+        skipped.append({"path": str(path.relative_to(workspace)), "reason": str(exc)})
     except OSError as exc:
-        skipped.append({"path": _relative(path, workspace), "reason": f"unreadable: {exc.strerror or exc}"})
-
-
-def _relative(path: Path, workspace: Path) -> str:
-    try:
-        return str(path.relative_to(workspace))
-    except ValueError:
-        return str(path)
+        skipped.append({"path": str(path.relative_to(workspace)), "reason": f"unreadable: {exc.strerror or exc}"})
 
 
 # -- bullets, for the dream --------------------------------------------------------------------------
