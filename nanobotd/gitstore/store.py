@@ -18,6 +18,7 @@ from typing import Any
 from loguru import logger
 
 from nanobotd import fsio
+from nanobotd.gitstore.message import CURSOR_FILE, commit_message
 from nanobotd.gitstore.repo import (
     DREAM_PREFIX,
     RUN_TRAILER,
@@ -34,7 +35,6 @@ from nanobotd.tuning import GIT_LOCK_RETRY_DELAYS as LOCK_RETRY_DELAYS
 from nanobotd.tuning import GIT_STALE_LOCK_SECONDS as STALE_LOCK_SECONDS
 
 CONTENT_FILES = ("SOUL.md", "USER.md", "memory/MEMORY.md")
-CURSOR_FILE = "memory/.dream_cursor"
 TRACKED_FILES = (*CONTENT_FILES, CURSOR_FILE)
 GITIGNORE_NAME = ".gitignore"
 # Files nanobotd leaves in memory/ that are no memory: ignored through the repository's own exclude file,
@@ -44,17 +44,7 @@ EXCLUDED = ("/memory/.history.lock",)
 INIT_MESSAGE = "init: nanobot memory store"
 SNAPSHOT_TRAILER = "Nanobot-Snapshot"
 SNAPSHOT_SUMMARY = "snapshot edits made outside the dream"
-DIFF_CAP = 8000
-DIFF_TRUNCATED = "... (diff truncated)"
 SHORT_SHA = 7
-
-
-def cap_diff(diff: str, limit: int = DIFF_CAP) -> str:
-    """*diff* cut to *limit* characters at a line boundary, with a marker when cut."""
-    if len(diff) <= limit:
-        return diff
-    cut = diff[:limit].rsplit("\n", 1)[0]
-    return f"{cut}\n{DIFF_TRUNCATED}"
 
 
 class GitStore:
@@ -170,9 +160,8 @@ class GitStore:
         notes = "Files the agent edited since the last dream commit, recorded before the run changes them."
         return self._commit(repo, dirty, SNAPSHOT_SUMMARY, f"{SNAPSHOT_TRAILER}: {run_id}", notes=notes)
 
-    def restore_files(self, paths_to_content: dict[str, bytes | None], message: str, run_id: str) -> str | None:
-        """Write the given contents (None deletes) and commit them as one new `dream:` commit."""
-        summary = message[len(DREAM_PREFIX):].strip() if message.startswith(DREAM_PREFIX) else message
+    def restore_files(self, paths_to_content: dict[str, bytes | None], summary: str, run_id: str) -> str | None:
+        """Write the given contents (None deletes) and commit them as one new `dream: <summary>` commit."""
         with self._repo() as repo:
             return self._write_and_commit(repo, paths_to_content, summary, run_id)
 
@@ -198,7 +187,7 @@ class GitStore:
                                    with_exceptions=False, **git_options())[0] if known else 0
             if status == 0:  # nothing staged differs from HEAD
                 return None
-            message = summary if raw else self._message(repo, known, summary, notes, trailer)
+            message = summary if raw else commit_message(repo, known, summary, notes, trailer)
             repo.git(c="commit.gpgsign=false").commit(
                 "--no-verify", "--quiet", "--cleanup=verbatim", "-m", message, "--", *known, **git_options())
             return repo.head.commit.hexsha
@@ -212,31 +201,6 @@ class GitStore:
         if known:
             repo.git.add("-A", "-f", "--", *known, **git_options())
         return known
-
-    def _message(self, repo: Any, paths: list[str], summary: str, notes: str, trailer: str | None) -> str:
-        stats, added_total, removed_total = [], 0, 0
-        for line in repo.git.diff("--cached", "--numstat", "--", *paths, **git_options()).splitlines():
-            added, removed, path = line.split("\t", 2)
-            if path == CURSOR_FILE:
-                continue
-            stats.append(f"{path}: +{added} -{removed}")
-            added_total += int(added) if added.isdigit() else 0
-            removed_total += int(removed) if removed.isdigit() else 0
-        content_paths = [path for path in paths if path != CURSOR_FILE]
-        parts = [f"{DREAM_PREFIX} {summary}"]
-        if stats:
-            count = len(stats)
-            stats.append(f"{count} file{'s' if count != 1 else ''} changed, "
-                         f"{added_total} insertions(+), {removed_total} deletions(-)")
-            parts.append("\n".join(stats))
-        if notes.strip():
-            parts.append(notes.strip())
-        diff = repo.git.diff("--cached", "--no-color", "--", *content_paths, **git_options()) if content_paths else ""
-        if diff.strip():
-            parts.append(f"```diff\n{cap_diff(diff)}\n```")
-        if trailer:
-            parts.append(trailer)
-        return "\n\n".join(parts) + "\n"
 
     def _with_lock_retry(self, repo: Any, action: Callable[[], Any]) -> Any:
         """Retry *action* while another git process holds a lock; a lock is removed only when stale."""
