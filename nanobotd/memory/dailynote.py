@@ -123,7 +123,7 @@ def merge_bullets(note: DailyNote, section_name: str, bullets: list[str]) -> lis
         return []
     if section is None:
         section = _insert_section(note, section_name)
-    position = _last_content_index(section.lines)
+    position = next((index for index in range(len(section.lines) - 1, 0, -1) if section.lines[index].strip()), 0)
     if not section.lines[position].endswith(("\n", "\r")):
         section.lines[position] += "\n"
     section.lines[position + 1:position + 1] = [f"- {text}\n" for text in added]
@@ -154,10 +154,6 @@ def drop_empty_sections(note: DailyNote, names: list[str]) -> None:
         section for section in note.sections
         if _heading_key(section.name) not in keys or any(line.strip() for line in section.lines[1:])
     ]
-
-
-def _last_content_index(lines: list[str]) -> int:
-    return next((index for index in range(len(lines) - 1, 0, -1) if lines[index].strip()), 0)
 
 
 def _insert_section(note: DailyNote, name: str) -> Section:

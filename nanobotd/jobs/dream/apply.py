@@ -206,14 +206,13 @@ class Undo:
             return
         self.kept.append((path, copy, written))
 
-    def put_back(self) -> list[str]:
-        """Every kept file as it was; returns those left alone because they changed since the step wrote them."""
-        left_alone, folders = [], set()
+    def put_back(self) -> None:
+        """Every kept file as it was, except one that changed since the step wrote it (logged)."""
+        folders = set()
         for path, copy, written in self.kept:
             current = read_or_none(path)
             if written is not None and current not in (None, written, read_or_none(copy) if copy else None):
                 logger.warning("not rolling back {}: it changed after the dream wrote it", path)
-                left_alone.append(str(path))
                 continue
             if copy is None:
                 path.unlink(missing_ok=True)
@@ -223,7 +222,6 @@ class Undo:
         for folder in folders:
             fsio.fsync_dir(folder)
         self.discard()
-        return left_alone
 
     def discard(self) -> None:
         """Remove the copies (the step committed, or they were put back)."""
