@@ -6,7 +6,6 @@ failure or a strange reply writes nothing and the run simply records why.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Mapping
 from datetime import date, datetime
@@ -18,6 +17,7 @@ from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.jobs.env import JobEnv, end_run, note_progress
 from nanobotd.jobs.errors import RestoreRefused
 from nanobotd.jobs.job import JobDefaults, QueuePolicy
+from nanobotd.jobs.runfiles import digest, write_or_delete
 from nanobotd.llm.client import LLMClient
 from nanobotd.llm.failures import LLMError
 from nanobotd.llm.reply import UsageMeter
@@ -119,8 +119,7 @@ async def flush_session(
     try:
         written = write_facts(note, day, facts, manifest, store=store, run_id=run_id)
     except (NoteError, OSError) as exc:
-        return _end("error", f"note not written: {exc}",
-                       latency_ms=reply.latency_ms)
+        return _end("error", f"note not written: {exc}")
     outcome, reason = ("written", "") if written else ("no_change", "every fact was already in the note")
     return _end(outcome, reason)
 
@@ -217,8 +216,8 @@ def write_facts(note: Path, day: date, facts: dict[str, list[str]], manifest: di
             manifest["backup"] = str(backup)
         manifest["added_bullets"] = added
         manifest["created_sections"] = [name for name in added if name in missing]
-        manifest["before_sha256"] = _sha256(before) if before is not None else None
-        manifest["after_sha256"] = _sha256(after)
+        manifest["before_sha256"] = digest(before) if before is not None else None
+        manifest["after_sha256"] = digest(after)
         fsio.confine(note, root)
         store.journal(run_id, manifest)
         fsio.atomic_write(note, after, root=root)
@@ -232,10 +231,6 @@ def _known_bullets(note: Path) -> str:
         return ""
     lines = [f"- {bullet}" for section in NOTE_SECTIONS for bullet in parsed.bullets(section)]
     return "\n".join(lines)[:KNOWN_BULLETS_MAX_CHARS]
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 # -- restore -------------------------------------------------------------------------------------------
@@ -255,15 +250,12 @@ def restore_flush_run(run: RunRecord, *, store: StateStore, dry_run: bool) -> di
                 "action": "none"}
     if current is None:
         action, content, line = "none", None, f"flush run {run.run_id} wrote nothing; nothing to restore"
-    elif _sha256(current) == manifest.get("after_sha256"):
+    elif digest(current) == manifest.get("after_sha256"):
         action, content, line = _exact_undo(note, manifest)
     else:
         action, content, line = _bullet_removal(note, current, manifest)
-    if not dry_run and action == "delete":
-        fsio.confine(note, history.workspace_root(note.parent)).unlink()
-        fsio.fsync_dir(note.parent)
-    elif not dry_run and content is not None:
-        fsio.atomic_write(note, content, root=history.workspace_root(note.parent))
+    if not dry_run and action != "none":
+        write_or_delete(note, content, root=history.workspace_root(note.parent))
     return {"run_id": run.run_id, "plan": [line], "files": [str(note)] if action != "none" else [], "action": action}
 
 

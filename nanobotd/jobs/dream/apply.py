@@ -19,17 +19,10 @@ from nanobotd.gitstore.repo import GitStoreError
 from nanobotd.gitstore.store import CURSOR_FILE, GitStore
 from nanobotd.jobs.compaction import compact_history, compaction_candidates
 from nanobotd.jobs.dream.prompts import SKIP_LINE
-from nanobotd.jobs.dream.restore import (
-    BACKUP_DIR,
-    change_entry,
-    digest,
-    load_backup,
-    read_or_none,
-    save_backup,
-    write_or_delete,
-)
+from nanobotd.jobs.dream.restore import BACKUP_DIR, change_entry
 from nanobotd.jobs.dream.tools import ToolRefused
 from nanobotd.jobs.dreamnotes import DREAM_NOTES_NAME, mark_dream_notes
+from nanobotd.jobs.runfiles import digest, load_backup, read_or_none, save_backup, write_or_delete
 from nanobotd.memory.history import DREAM_CURSOR_NAME, read_dream_cursor
 from nanobotd.state.store import RunRecord, StateStore
 
