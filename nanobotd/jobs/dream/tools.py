@@ -103,19 +103,16 @@ class StagedFiles:
         self.reference = dict(self.current)  # what the guard measures removals against
 
     def _load(self, path: str) -> None:
+        self.base[path] = None
         try:
-            full = self.checked_path(path)
-            data = full.read_bytes()
+            data = self.checked_path(path).read_bytes()
             self.current[path] = data.decode("utf-8")
             self.base[path] = data
         except FileNotFoundError:
-            self.base[path] = None
             self.unavailable[path] = f"{path} does not exist"
         except UnicodeDecodeError:
-            self.base[path] = None
             self.unavailable[path] = f"{path} is not valid UTF-8 text"
         except (ToolRefused, OSError) as exc:
-            self.base[path] = None
             self.unavailable[path] = str(exc)
 
     # -- the tools -------------------------------------------------------------------------------
