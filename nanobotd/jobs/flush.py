@@ -28,6 +28,7 @@ from nanobotd.memory.dailynote import (
     NoteError,
     decode_note,
     drop_empty_sections,
+    heading_key,
     merge_bullets,
     new_note,
     normalise_bullet,
@@ -168,13 +169,13 @@ def parse_facts(reply: str) -> dict[str, list[str]] | None:
     text = history.THINK_BLOCK.sub("", reply).strip()
     if text.strip("`'\". \n") == NO_REPLY:
         return None
-    canonical = {" ".join(name.split()).casefold(): name for name in NOTE_SECTIONS}
+    canonical = {heading_key(name): name for name in NOTE_SECTIONS}
     facts: dict[str, list[str]] = {}
     current: str | None = None
     for line in text.splitlines():
         heading = HEADING.match(line) if not line.lstrip().startswith(("- ", "* ", "+ ")) else None
         if heading:
-            current = canonical.get(" ".join(heading.group("name").split()).casefold())
+            current = canonical.get(heading_key(heading.group("name")))
             continue
         stripped = line.strip()
         if current and stripped.startswith(("- ", "* ", "+ ")):

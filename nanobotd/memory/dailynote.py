@@ -51,7 +51,7 @@ class DailyNote:
 
     def section(self, name: str) -> Section | None:
         """The first section whose heading matches *name* (case and spacing ignored)."""
-        return next((section for section in self.sections if _heading_key(section.name) == _heading_key(name)), None)
+        return next((section for section in self.sections if heading_key(section.name) == heading_key(name)), None)
 
     def bullets(self, name: str) -> list[str]:
         """The bullet texts of section *name* (empty when the section is missing)."""
@@ -63,7 +63,8 @@ class DailyNote:
         return "".join(self.head) + "".join("".join(section.lines) for section in self.sections)
 
 
-def _heading_key(name: str) -> str:
+def heading_key(name: str) -> str:
+    """A heading's comparison key: a heading whose case or spacing changed is still the same section."""
     return " ".join(name.split()).casefold()
 
 
@@ -149,10 +150,10 @@ def remove_bullets(note: DailyNote, section_name: str, bullets: list[str]) -> li
 
 def drop_empty_sections(note: DailyNote, names: list[str]) -> None:
     """Remove sections among *names* that hold nothing but blank lines (undoing a merge that created them)."""
-    keys = {_heading_key(name) for name in names}
+    keys = {heading_key(name) for name in names}
     note.sections = [
         section for section in note.sections
-        if _heading_key(section.name) not in keys or any(line.strip() for line in section.lines[1:])
+        if heading_key(section.name) not in keys or any(line.strip() for line in section.lines[1:])
     ]
 
 
@@ -184,7 +185,7 @@ def _end_with_blank_line(lines: list[str]) -> None:
 
 
 def _canonical_name(name: str) -> str:
-    return next((canonical for canonical in NOTE_SECTIONS if _heading_key(canonical) == _heading_key(name)),
+    return next((canonical for canonical in NOTE_SECTIONS if heading_key(canonical) == heading_key(name)),
                 name.strip())
 
 

@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from nanobotd.config.schema import ContextSettings
+from nanobotd.memory.dailynote import heading_key
 
 ALLOWED_FILES = ("SOUL.md", "USER.md", "memory/MEMORY.md")
 MEMORY_FILE = "memory/MEMORY.md"
@@ -308,10 +309,10 @@ def condense_reason(path: str, original: str, before: str, after: str) -> str | 
 
 def lost_section_reason(path: str, before: str, after: str) -> str | None:
     """Why an edit that drops a whole `##` section must not be applied, or None."""
-    lost = Counter(map(_title_key, section_titles(before))) - Counter(map(_title_key, section_titles(after)))
+    lost = Counter(map(heading_key, section_titles(before))) - Counter(map(heading_key, section_titles(after)))
     if not lost:
         return None
-    title = next(title for title in section_titles(before) if _title_key(title) in lost)
+    title = next(title for title in section_titles(before) if heading_key(title) in lost)
     return f"the edit would remove the whole section '## {title}' from {path}; keep it and edit its bullets"
 
 
@@ -329,11 +330,6 @@ def noise_reason(path: str, before: str, after: str) -> str | None:
 def section_titles(text: str) -> list[str]:
     """The `##` section titles of a markdown text."""
     return [match.group(1) for match in map(SECTION_HEADING.match, text.splitlines()) if match]
-
-
-def _title_key(title: str) -> str:
-    # A heading whose case or spacing changed is still the same section.
-    return " ".join(title.split()).casefold()
 
 
 def removed_share(before: str, after: str) -> float:
