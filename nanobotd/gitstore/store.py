@@ -18,7 +18,6 @@ from typing import Any
 from loguru import logger
 
 from nanobotd import fsio
-from nanobotd.gitstore.message import CURSOR_FILE, commit_message
 from nanobotd.gitstore.repo import (
     DREAM_PREFIX,
     RUN_TRAILER,
@@ -35,6 +34,7 @@ from nanobotd.tuning import GIT_LOCK_RETRY_DELAYS as LOCK_RETRY_DELAYS
 from nanobotd.tuning import GIT_STALE_LOCK_SECONDS as STALE_LOCK_SECONDS
 
 CONTENT_FILES = ("SOUL.md", "USER.md", "memory/MEMORY.md")
+CURSOR_FILE = "memory/.dream_cursor"
 TRACKED_FILES = (*CONTENT_FILES, CURSOR_FILE)
 GITIGNORE_NAME = ".gitignore"
 # Files nanobotd leaves in memory/ that are no memory: ignored through the repository's own exclude file,
@@ -44,7 +44,17 @@ EXCLUDED = ("/memory/.history.lock",)
 INIT_MESSAGE = "init: nanobot memory store"
 SNAPSHOT_TRAILER = "Nanobot-Snapshot"
 SNAPSHOT_SUMMARY = "snapshot edits made outside the dream"
+DIFF_CAP = 8000
+DIFF_TRUNCATED = "... (diff truncated)"
 SHORT_SHA = 7
+
+
+def cap_diff(diff: str) -> str:
+    """*diff* cut to DIFF_CAP characters at a line boundary, with a marker when cut."""
+    if len(diff) <= DIFF_CAP:
+        return diff
+    cut = diff[:DIFF_CAP].rsplit("\n", 1)[0]
+    return f"{cut}\n{DIFF_TRUNCATED}"
 
 
 class GitStore:
@@ -187,7 +197,7 @@ class GitStore:
                                    with_exceptions=False, **git_options())[0] if known else 0
             if status == 0:  # nothing staged differs from HEAD
                 return None
-            message = summary if raw else commit_message(repo, known, summary, notes, trailer)
+            message = summary if raw else self._message(repo, known, summary, notes, trailer)
             repo.git(c="commit.gpgsign=false").commit(
                 "--no-verify", "--quiet", "--cleanup=verbatim", "-m", message, "--", *known, **git_options())
             return repo.head.commit.hexsha
@@ -201,6 +211,30 @@ class GitStore:
         if known:
             repo.git.add("-A", "-f", "--", *known, **git_options())
         return known
+
+    def _message(self, repo: Any, paths: list[str], summary: str, notes: str, trailer: str | None) -> str:
+        stats, added_total, removed_total = [], 0, 0
+        for line in repo.git.diff("--cached", "--numstat", "--", *paths, **git_options()).splitlines():
+            added, removed, path = line.split("\t", 2)
+            if path == CURSOR_FILE:
+                continue
+            stats.append(f"{path}: +{added} -{removed}")
+            added_total += int(added) if added.isdigit() else 0
+            removed_total += int(removed) if removed.isdigit() else 0
+        content_paths = [path for path in paths if path != CURSOR_FILE]
+        parts = [f"{DREAM_PREFIX} {summary}"]
+        if stats:
+            stats.append(f"{len(stats)} file{'s' if len(stats) != 1 else ''} changed, "
+                         f"{added_total} insertions(+), {removed_total} deletions(-)")
+            parts.append("\n".join(stats))
+        if notes.strip():
+            parts.append(notes.strip())
+        diff = repo.git.diff("--cached", "--no-color", "--", *content_paths, **git_options()) if content_paths else ""
+        if diff.strip():
+            parts.append(f"```diff\n{cap_diff(diff)}\n```")
+        if trailer:
+            parts.append(trailer)
+        return "\n\n".join(parts) + "\n"
 
     def _with_lock_retry(self, repo: Any, action: Callable[[], Any]) -> Any:
         """Retry *action* while another git process holds a lock; a lock is removed only when stale."""
@@ -331,8 +365,7 @@ class GitStore:
         for path, data in contents.items():
             full = self._check_inside(path)
             if data is None:
-                with contextlib.suppress(FileNotFoundError):
-                    fsio.confine(full, self.workspace).unlink()
+                fsio.confine(full, self.workspace).unlink(missing_ok=True)
             else:
                 fsio.atomic_write(full, data, root=self.workspace)
 

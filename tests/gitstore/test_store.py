@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from nanobotd.gitstore.message import DIFF_TRUNCATED, cap_diff
 from nanobotd.gitstore.repo import GITIGNORE_LINES, GitConflict, GitStoreError, run_id_of
-from nanobotd.gitstore.store import INIT_MESSAGE, GitStore
+from nanobotd.gitstore.store import DIFF_TRUNCATED, INIT_MESSAGE, GitStore, cap_diff
 
 USER = "# User\n\n## Identity\n- Name: Ada\n- Lives in Berlin\n- Works remotely\n\n## Preferences\n- Likes tea\n"
 MEMORY = "# Memory\n\n## Project Context\n- Billing uses MySQL 8.\n"
