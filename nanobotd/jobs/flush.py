@@ -17,7 +17,7 @@ from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.jobs.env import JobEnv, end_run, note_progress
 from nanobotd.jobs.errors import RestoreRefused
 from nanobotd.jobs.job import JobDefaults, QueuePolicy
-from nanobotd.jobs.runfiles import digest, write_or_delete
+from nanobotd.jobs.runfiles import digest, read_or_none, write_or_delete
 from nanobotd.llm.client import LLMClient
 from nanobotd.llm.failures import LLMError
 from nanobotd.llm.reply import UsageMeter
@@ -197,10 +197,7 @@ def write_facts(note: Path, day: date, facts: dict[str, list[str]], manifest: di
     with fsio.file_lock(note.parent / history.LOCK_NAME, timeout=history.LOCK_TIMEOUT, root=root):
         if note.is_symlink():
             raise NoteError(f"{note.name} is a symlink; left alone")
-        try:
-            before = note.read_bytes()
-        except FileNotFoundError:
-            before = None
+        before = read_or_none(note)
         parsed = decode_note(before, note.name) if before is not None else new_note(day)
         missing = {name for name in NOTE_SECTIONS if parsed.section(name) is None}
         added = {}
