@@ -149,10 +149,9 @@ class StagedFiles:
         after = apply_edits(before, pairs)
         if after == before:
             raise ToolRefused("the edit changes nothing")
-        if self.condensing:
-            reason = condense_reason(path, self.reference[path], before, after)
-        else:
-            reason = guard_edit(path, self.reference[path], before, after) or self.cap_reason(path, before, after)
+        reason = lost_section_reason(path, before, after) or (
+            condense_reason(path, self.reference[path], before, after) if self.condensing
+            else guard_edit(path, self.reference[path], before, after) or self.cap_reason(path, before, after))
         if reason:
             raise GuardRejected(f"guard: {reason}")
         self.current[path] = after
@@ -281,10 +280,7 @@ def apply_edits(text: str, pairs: list[tuple[str, str]]) -> str:
 
 # -- the guard -------------------------------------------------------------------------------------
 def guard_edit(path: str, original: str, before: str, after: str) -> str | None:
-    """Why an edit must not be applied, or None: a lost section, most of a file gone, noise in MEMORY.md."""
-    lost = lost_section_reason(path, before, after)
-    if lost:
-        return lost
+    """Why an edit that keeps every section must not be applied, or None: most of a file gone, noise in MEMORY.md."""
     for reference in (before, original):
         share = removed_share(reference, after)
         if len(reference) >= MIN_GUARDED_CHARS and share > MAX_REMOVED_SHARE:
@@ -293,11 +289,8 @@ def guard_edit(path: str, original: str, before: str, after: str) -> str | None:
 
 
 def condense_reason(path: str, original: str, before: str, after: str) -> str | None:
-    """Why an edit of a condensing pass must not be applied: it does not shorten the file, drops a section,
-    cuts the file to less than half of what it was (condensing rewords, it does not delete), or adds noise."""
-    lost = lost_section_reason(path, before, after)
-    if lost:
-        return lost
+    """Why an edit of a condensing pass that keeps every section must not be applied: it does not shorten the
+    file, cuts it to less than half of what it was (condensing rewords, it does not delete), or adds noise."""
     if len(after) >= len(before):
         return (f"this is a condensing pass: an edit must make {path} shorter (this one takes it from"
                 f" {len(before):,} to {len(after):,} characters)")
