@@ -187,17 +187,15 @@ class Undo:
     def keep(self, path: Path, written: bytes | None) -> None:
         """Copy *path* (absent: remember that) before the step writes *written* to it."""
         path = fsio.confine(path, self.root)
-        copy = None
-        if path.is_file():
-            fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=UNDO_SUFFIX, dir=path.parent)
-            copy = Path(name)
-            self.kept.append((path, copy, written))  # listed first, so a failed copy is removed with the rest
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(path.read_bytes())
-                handle.flush()
-                os.fsync(handle.fileno())
+        if not path.is_file():
+            self.kept.append((path, None, written))
             return
-        self.kept.append((path, copy, written))
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=UNDO_SUFFIX, dir=path.parent)
+        self.kept.append((path, Path(name), written))  # listed first, so a failed copy is removed with the rest
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(path.read_bytes())
+            handle.flush()
+            os.fsync(handle.fileno())
 
     def put_back(self) -> None:
         """Every kept file as it was, except one that changed since the step wrote it (logged)."""
