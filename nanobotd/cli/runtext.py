@@ -102,9 +102,7 @@ def _context_rows(run: Mapping[str, Any]) -> list[tuple[str, str]]:
     if run.get("kind") == "restore" and run.get("target"):
         target_kind = f"{run['target_kind']} " if run.get("target_kind") else ""
         rows.append(("undid", f"{target_kind}run {run['target']}"))
-    for key in ("trigger", "error", "reason"):
-        if run.get(key):
-            rows.append((key, format_cell(run[key])))
+    rows.extend((key, format_cell(run[key])) for key in ("trigger", "error", "reason") if run.get(key))
     return rows
 
 

@@ -23,6 +23,8 @@ from nanobotd.config import paths
 from nanobotd.config.schema import WORKSPACE_TABLES, DaemonSettings, WorkspaceSettings
 
 WORKSPACE_KEYS = {"path", "sessions_dir", "name"}
+# schema.py's annotations are strings (postponed evaluation); a field of another type takes its default's type
+FIELD_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
 # Keys people try that do not exist, with what to write instead.
 KEY_HINTS = {
     "api_key": "the key itself never goes in the config: put it in an environment variable and name that "
@@ -201,15 +203,9 @@ def _make(cls: type, values: dict, prefix: str, base: Any = None) -> Any:
         if key not in fields:
             hint = KEY_HINTS.get(key) or f"known: {', '.join(sorted(fields))}"
             raise ConfigError(f"{prefix}.{key_name(key)}: unknown key ({hint})")
-        updates[key] = _coerce(value, _field_type(fields[key], getattr(current, key)), f"{prefix}.{key}",
-                               fields[key].metadata)
+        expected = FIELD_TYPES.get(fields[key].type, type(getattr(current, key)))
+        updates[key] = _coerce(value, expected, f"{prefix}.{key}", fields[key].metadata)
     return dataclasses.replace(current, **updates)
-
-
-def _field_type(field_: dataclasses.Field, current: Any) -> type:
-    """The declared type of a settings field (annotations may be strings), else its value's type."""
-    declared = field_.type if isinstance(field_.type, str) else getattr(field_.type, "__name__", "")
-    return {"bool": bool, "int": int, "float": float, "str": str}.get(declared, type(current))
 
 
 def _coerce(value: Any, expected: type, key: str, metadata: Mapping[str, Any]) -> Any:

@@ -49,11 +49,11 @@ DIFF_TRUNCATED = "... (diff truncated)"
 SHORT_SHA = 7
 
 
-def cap_diff(diff: str, limit: int = DIFF_CAP) -> str:
-    """*diff* cut to *limit* characters at a line boundary, with a marker when cut."""
-    if len(diff) <= limit:
+def cap_diff(diff: str) -> str:
+    """*diff* cut to DIFF_CAP characters at a line boundary, with a marker when cut."""
+    if len(diff) <= DIFF_CAP:
         return diff
-    cut = diff[:limit].rsplit("\n", 1)[0]
+    cut = diff[:DIFF_CAP].rsplit("\n", 1)[0]
     return f"{cut}\n{DIFF_TRUNCATED}"
 
 
@@ -170,9 +170,8 @@ class GitStore:
         notes = "Files the agent edited since the last dream commit, recorded before the run changes them."
         return self._commit(repo, dirty, SNAPSHOT_SUMMARY, f"{SNAPSHOT_TRAILER}: {run_id}", notes=notes)
 
-    def restore_files(self, paths_to_content: dict[str, bytes | None], message: str, run_id: str) -> str | None:
-        """Write the given contents (None deletes) and commit them as one new `dream:` commit."""
-        summary = message[len(DREAM_PREFIX):].strip() if message.startswith(DREAM_PREFIX) else message
+    def restore_files(self, paths_to_content: dict[str, bytes | None], summary: str, run_id: str) -> str | None:
+        """Write the given contents (None deletes) and commit them as one new `dream: <summary>` commit."""
         with self._repo() as repo:
             return self._write_and_commit(repo, paths_to_content, summary, run_id)
 
@@ -225,8 +224,7 @@ class GitStore:
         content_paths = [path for path in paths if path != CURSOR_FILE]
         parts = [f"{DREAM_PREFIX} {summary}"]
         if stats:
-            count = len(stats)
-            stats.append(f"{count} file{'s' if count != 1 else ''} changed, "
+            stats.append(f"{len(stats)} file{'s' if len(stats) != 1 else ''} changed, "
                          f"{added_total} insertions(+), {removed_total} deletions(-)")
             parts.append("\n".join(stats))
         if notes.strip():
@@ -367,8 +365,7 @@ class GitStore:
         for path, data in contents.items():
             full = self._check_inside(path)
             if data is None:
-                with contextlib.suppress(FileNotFoundError):
-                    fsio.confine(full, self.workspace).unlink()
+                fsio.confine(full, self.workspace).unlink(missing_ok=True)
             else:
                 fsio.atomic_write(full, data, root=self.workspace)
 

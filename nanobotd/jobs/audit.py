@@ -50,6 +50,8 @@ def audit_workspace(ws: WorkspaceSettings, *, store: StateStore, now: datetime, 
     archives by itself. Changes nothing.
     """
     memory_dir = ws.path / "memory"
+    history_path = history.history_path(memory_dir)
+    backup_sizes = [folder_size(folder) for _, folder in run_backups(store, ws.name)]
     cursor_file = history.read_cursor_file(memory_dir / history.CURSOR_NAME)
     dream_cursor = history.read_dream_cursor(memory_dir)
     facts = scan_history(memory_dir, dream_cursor, now - BACKLOG_MAX_AGE)
@@ -57,7 +59,7 @@ def audit_workspace(ws: WorkspaceSettings, *, store: StateStore, now: datetime, 
     sizes = bootstrap_sizes(ws)
     state = {
         "history_entries": facts.entries,
-        "history_bytes": _size(history.history_path(memory_dir)),
+        "history_bytes": history_path.stat().st_size if history_path.exists() else 0,
         "largest_cursor": facts.largest,
         "cursor_file": cursor_file,
         "dream_cursor": dream_cursor,
@@ -65,7 +67,8 @@ def audit_workspace(ws: WorkspaceSettings, *, store: StateStore, now: datetime, 
         "undreamt_note_bullets": len(unread),
         "bootstrap_chars": sizes,
         "archived_twice": archived_twice,
-        **_backup_usage(ws, store),
+        "backup_bytes": sum(backup_sizes),
+        "backup_runs": len(backup_sizes),
         **extra_state,
     }
     problems = history_problems(facts, cursor_file, dream_cursor)
@@ -285,18 +288,6 @@ def _entry_time(entry: history.HistoryEntry) -> datetime | None:
         return datetime.strptime(entry.timestamp[:16], TIMESTAMP_FORMAT)
     except ValueError:
         return None
-
-
-def _backup_usage(ws: WorkspaceSettings, store: StateStore) -> dict:
-    sizes = [folder_size(folder) for _, folder in run_backups(store, ws.name)]
-    return {"backup_bytes": sum(sizes), "backup_runs": len(sizes)}
-
-
-def _size(path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
 
 
 def _lines(numbers: list[int]) -> str:

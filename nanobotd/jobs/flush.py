@@ -6,7 +6,6 @@ failure or a strange reply writes nothing and the run simply records why.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Mapping
 from datetime import date, datetime
@@ -18,6 +17,7 @@ from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.jobs.env import JobEnv, end_run, note_progress
 from nanobotd.jobs.errors import RestoreRefused
 from nanobotd.jobs.job import JobDefaults, QueuePolicy
+from nanobotd.jobs.runfiles import digest, read_or_none, write_or_delete
 from nanobotd.llm.client import LLMClient
 from nanobotd.llm.failures import LLMError
 from nanobotd.llm.reply import UsageMeter
@@ -28,6 +28,7 @@ from nanobotd.memory.dailynote import (
     NoteError,
     decode_note,
     drop_empty_sections,
+    heading_key,
     merge_bullets,
     new_note,
     normalise_bullet,
@@ -119,8 +120,7 @@ async def flush_session(
     try:
         written = write_facts(note, day, facts, manifest, store=store, run_id=run_id)
     except (NoteError, OSError) as exc:
-        return _end("error", f"note not written: {exc}",
-                       latency_ms=reply.latency_ms)
+        return _end("error", f"note not written: {exc}")
     outcome, reason = ("written", "") if written else ("no_change", "every fact was already in the note")
     return _end(outcome, reason)
 
@@ -169,13 +169,13 @@ def parse_facts(reply: str) -> dict[str, list[str]] | None:
     text = history.THINK_BLOCK.sub("", reply).strip()
     if text.strip("`'\". \n") == NO_REPLY:
         return None
-    canonical = {" ".join(name.split()).casefold(): name for name in NOTE_SECTIONS}
+    canonical = {heading_key(name): name for name in NOTE_SECTIONS}
     facts: dict[str, list[str]] = {}
     current: str | None = None
     for line in text.splitlines():
         heading = HEADING.match(line) if not line.lstrip().startswith(("- ", "* ", "+ ")) else None
         if heading:
-            current = canonical.get(" ".join(heading.group("name").split()).casefold())
+            current = canonical.get(heading_key(heading.group("name")))
             continue
         stripped = line.strip()
         if current and stripped.startswith(("- ", "* ", "+ ")):
@@ -197,10 +197,7 @@ def write_facts(note: Path, day: date, facts: dict[str, list[str]], manifest: di
     with fsio.file_lock(note.parent / history.LOCK_NAME, timeout=history.LOCK_TIMEOUT, root=root):
         if note.is_symlink():
             raise NoteError(f"{note.name} is a symlink; left alone")
-        try:
-            before = note.read_bytes()
-        except FileNotFoundError:
-            before = None
+        before = read_or_none(note)
         parsed = decode_note(before, note.name) if before is not None else new_note(day)
         missing = {name for name in NOTE_SECTIONS if parsed.section(name) is None}
         added = {}
@@ -217,8 +214,8 @@ def write_facts(note: Path, day: date, facts: dict[str, list[str]], manifest: di
             manifest["backup"] = str(backup)
         manifest["added_bullets"] = added
         manifest["created_sections"] = [name for name in added if name in missing]
-        manifest["before_sha256"] = _sha256(before) if before is not None else None
-        manifest["after_sha256"] = _sha256(after)
+        manifest["before_sha256"] = digest(before) if before is not None else None
+        manifest["after_sha256"] = digest(after)
         fsio.confine(note, root)
         store.journal(run_id, manifest)
         fsio.atomic_write(note, after, root=root)
@@ -232,10 +229,6 @@ def _known_bullets(note: Path) -> str:
         return ""
     lines = [f"- {bullet}" for section in NOTE_SECTIONS for bullet in parsed.bullets(section)]
     return "\n".join(lines)[:KNOWN_BULLETS_MAX_CHARS]
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 # -- restore -------------------------------------------------------------------------------------------
@@ -255,15 +248,12 @@ def restore_flush_run(run: RunRecord, *, store: StateStore, dry_run: bool) -> di
                 "action": "none"}
     if current is None:
         action, content, line = "none", None, f"flush run {run.run_id} wrote nothing; nothing to restore"
-    elif _sha256(current) == manifest.get("after_sha256"):
+    elif digest(current) == manifest.get("after_sha256"):
         action, content, line = _exact_undo(note, manifest)
     else:
         action, content, line = _bullet_removal(note, current, manifest)
-    if not dry_run and action == "delete":
-        fsio.confine(note, history.workspace_root(note.parent)).unlink()
-        fsio.fsync_dir(note.parent)
-    elif not dry_run and content is not None:
-        fsio.atomic_write(note, content, root=history.workspace_root(note.parent))
+    if not dry_run and action != "none":
+        write_or_delete(note, content, root=history.workspace_root(note.parent))
     return {"run_id": run.run_id, "plan": [line], "files": [str(note)] if action != "none" else [], "action": action}
 
 

@@ -19,6 +19,7 @@ daemon's, and the executor threads that embed) and a stalled child never blocks 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import queue
@@ -64,10 +65,8 @@ class Mailbox(asyncio.Queue):
         self.loop = asyncio.get_running_loop()
 
     def deliver(self, item: object) -> None:
-        try:
+        with contextlib.suppress(RuntimeError):  # the caller's loop has closed: nobody waits any more
             self.loop.call_soon_threadsafe(self.put_nowait, item)
-        except RuntimeError:  # the caller's loop has closed: nobody waits any more
-            pass
 
 
 class LLMWorker:
@@ -200,10 +199,8 @@ class WorkerChild:
     def kill(self, reason: str) -> None:
         """SIGKILL the child (a stuck one cannot be asked); its other calls fail as a crash."""
         self._kill_reason = reason
-        try:
+        with contextlib.suppress(OSError):
             self.process.kill()
-        except OSError:
-            pass
 
     def _write(self) -> None:
         stdin = self.process.stdin
@@ -213,10 +210,8 @@ class WorkerChild:
                 stdin.flush()
             except (OSError, ValueError):
                 return  # the child is gone; the reader reports it
-        try:
+        with contextlib.suppress(OSError):
             stdin.close()
-        except OSError:
-            pass
 
     def _read(self) -> None:
         pid = self.process.pid

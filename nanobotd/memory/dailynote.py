@@ -51,7 +51,7 @@ class DailyNote:
 
     def section(self, name: str) -> Section | None:
         """The first section whose heading matches *name* (case and spacing ignored)."""
-        return next((section for section in self.sections if _heading_key(section.name) == _heading_key(name)), None)
+        return next((section for section in self.sections if heading_key(section.name) == heading_key(name)), None)
 
     def bullets(self, name: str) -> list[str]:
         """The bullet texts of section *name* (empty when the section is missing)."""
@@ -63,7 +63,8 @@ class DailyNote:
         return "".join(self.head) + "".join("".join(section.lines) for section in self.sections)
 
 
-def _heading_key(name: str) -> str:
+def heading_key(name: str) -> str:
+    """A heading's comparison key: a heading whose case or spacing changed is still the same section."""
     return " ".join(name.split()).casefold()
 
 
@@ -123,7 +124,7 @@ def merge_bullets(note: DailyNote, section_name: str, bullets: list[str]) -> lis
         return []
     if section is None:
         section = _insert_section(note, section_name)
-    position = _last_content_index(section.lines)
+    position = next((index for index in range(len(section.lines) - 1, 0, -1) if section.lines[index].strip()), 0)
     if not section.lines[position].endswith(("\n", "\r")):
         section.lines[position] += "\n"
     section.lines[position + 1:position + 1] = [f"- {text}\n" for text in added]
@@ -149,15 +150,11 @@ def remove_bullets(note: DailyNote, section_name: str, bullets: list[str]) -> li
 
 def drop_empty_sections(note: DailyNote, names: list[str]) -> None:
     """Remove sections among *names* that hold nothing but blank lines (undoing a merge that created them)."""
-    keys = {_heading_key(name) for name in names}
+    keys = {heading_key(name) for name in names}
     note.sections = [
         section for section in note.sections
-        if _heading_key(section.name) not in keys or any(line.strip() for line in section.lines[1:])
+        if heading_key(section.name) not in keys or any(line.strip() for line in section.lines[1:])
     ]
-
-
-def _last_content_index(lines: list[str]) -> int:
-    return next((index for index in range(len(lines) - 1, 0, -1) if lines[index].strip()), 0)
 
 
 def _insert_section(note: DailyNote, name: str) -> Section:
@@ -188,7 +185,7 @@ def _end_with_blank_line(lines: list[str]) -> None:
 
 
 def _canonical_name(name: str) -> str:
-    return next((canonical for canonical in NOTE_SECTIONS if _heading_key(canonical) == _heading_key(name)),
+    return next((canonical for canonical in NOTE_SECTIONS if heading_key(canonical) == heading_key(name)),
                 name.strip())
 
 
@@ -268,7 +265,7 @@ def scan_notes(memory_dir: Path) -> NoteScan:
     archive = memory_dir / ARCHIVE_DIR_NAME
     if archive.is_symlink() or (archive.exists() and not archive.is_dir()):
         kind = "a symlink" if archive.is_symlink() else "not a folder"
-        scan.skipped.append({"path": _relative(archive, workspace), "reason": f"archive folder is {kind}"})
+        scan.skipped.append({"path": str(archive.relative_to(workspace)), "reason": f"archive folder is {kind}"})
         scan.archive_usable = False
         return scan
     for path in _listing(archive):
@@ -287,16 +284,9 @@ def _classify(path: Path, valid: list[NoteFile], skipped: list[dict], workspace:
     try:
         valid.append(check_note_file(path))
     except NoteError as exc:
-        skipped.append({"path": _relative(path, workspace), "reason": str(exc)})
+        skipped.append({"path": str(path.relative_to(workspace)), "reason": str(exc)})
     except OSError as exc:
-        skipped.append({"path": _relative(path, workspace), "reason": f"unreadable: {exc.strerror or exc}"})
-
-
-def _relative(path: Path, workspace: Path) -> str:
-    try:
-        return str(path.relative_to(workspace))
-    except ValueError:
-        return str(path)
+        skipped.append({"path": str(path.relative_to(workspace)), "reason": f"unreadable: {exc.strerror or exc}"})
 
 
 # -- bullets, for the dream --------------------------------------------------------------------------

@@ -107,8 +107,7 @@ def workspace_root(memory_dir: Path) -> Path:
 
 def clean_content(content: str) -> str:
     """Strip reasoning blocks and enforce the hard cap on one entry."""
-    content = THINK_BLOCK.sub("", content).strip()
-    return content[:ENTRY_HARD_CAP]
+    return THINK_BLOCK.sub("", content).strip()[:ENTRY_HARD_CAP]
 
 
 def parse_entry(line: bytes | str, number: int = 0) -> HistoryEntry | None:
@@ -150,9 +149,7 @@ def iter_history(memory_dir: Path) -> Iterator[tuple[int, HistoryEntry | None]]:
 
 def iter_entries(memory_dir: Path) -> Iterator[HistoryEntry]:
     """Every valid entry in file order, one at a time."""
-    for _, entry in iter_history(memory_dir):
-        if entry is not None:
-            yield entry
+    yield from (entry for _, entry in iter_history(memory_dir) if entry is not None)
 
 
 def lines_from_end(path: Path, block_bytes: int = TAIL_BLOCK) -> Iterator[bytes]:
@@ -212,7 +209,6 @@ def append_entries(
     now: datetime,
     *,
     before_write: Callable[[list[int]], None] | None = None,
-    span: dict | None = None,
 ) -> list[HistoryEntry]:
     """Append (content, session_key) entries with fresh cursors; return what was written. *before_write* gets
     the cursors before any byte is written, so a caller journals them first (recovery knows what to look for)."""
@@ -221,7 +217,7 @@ def append_entries(
     entries: list[HistoryEntry] = []
 
     def lines(start: int, stamp: str) -> Iterator[bytes]:
-        entries.extend(HistoryEntry(start + offset, stamp, content, key, span=span)
+        entries.extend(HistoryEntry(start + offset, stamp, content, key)
                        for offset, (content, key) in enumerate(items))
         return (entry.to_line() for entry in entries)
 

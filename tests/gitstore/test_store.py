@@ -128,7 +128,7 @@ def test_a_commit_carries_stats_notes_a_capped_diff_and_the_trailer_last(store, 
 
 def test_cap_diff_cuts_at_a_line_and_says_so():
     diff = "\n".join(f"+line {number}" for number in range(5000))
-    capped = cap_diff(diff, 8000)
+    capped = cap_diff(diff)
     assert len(capped) <= 8000 + len(DIFF_TRUNCATED) + 1 and capped.endswith("\n" + DIFF_TRUNCATED)
     assert cap_diff("short") == "short"
 
@@ -233,7 +233,7 @@ def test_revert_with_an_override_and_restore_files_make_forward_commits(store, w
     store.revert(sha, "r-2", overrides={"memory/.dream_cursor": b"2"})
     assert cursor.read_text() == "2" and "- Likes tea" in (workspace / "USER.md").read_text()
     contents = {"USER.md": b"# User\n", "memory/.dream_cursor": None}
-    forced = store.restore_files(contents, "dream: restore by hand", "r-3")
+    forced = store.restore_files(contents, "restore by hand", "r-3")
     assert git(workspace, "log", "-1", "--format=%s", forced).strip() == "dream: restore by hand"
     assert not cursor.exists() and (workspace / "USER.md").read_text() == "# User\n"
     assert len(git(workspace, "log", "--format=%H").split()) == 4

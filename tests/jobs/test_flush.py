@@ -174,6 +174,15 @@ def test_the_transcript_is_capped_to_the_newest_messages_that_fit(fake, store, w
     assert len(sent) < 4000 * 0.4 * 4
 
 
+def test_a_note_that_cannot_be_written_ends_the_run_in_an_error_naming_it(fake, store, ws, tmp_path):
+    (ws.path / "memory").mkdir(parents=True, exist_ok=True)
+    note_of(ws).symlink_to(tmp_path / "elsewhere.md")
+    fake.push(Text(FIRST_REPLY))
+    run_id, manifest = flush(ws, store, client(fake))
+    assert store.get_run(run_id).outcome == "error" and not (tmp_path / "elsewhere.md").exists()
+    assert outcomes(store)[-1][2:] == ("error", f"note not written: {NOTE_NAME} is a symlink; left alone")
+
+
 def test_restore_round_trip_is_byte_identical(fake, store, ws):
     original = USER_NOTE.encode() + "- café ☕\n".encode()
     note_of(ws).write_bytes(original)

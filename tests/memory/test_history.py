@@ -208,18 +208,17 @@ def test_an_entry_line_is_the_json_of_its_record_byte_for_byte(cursor, timestamp
 @settings(max_examples=60, deadline=None)
 @given(contents=st.lists(TEXTS | st.sampled_from(["", "  ", "<think>only reasoning</think>", "a\u2028b \"q\" \\"]),
                          max_size=6),
-       key=st.none() | st.sampled_from(["telegram:1", "cli:é"]),
-       span=st.none() | st.fixed_dictionaries({"run": st.text(max_size=8), "count": st.integers()}))
-def test_prepared_entries_append_the_very_bytes_and_cursors_of_plain_ones(contents, key, span):
+       key=st.none() | st.sampled_from(["telegram:1", "cli:é"]))
+def test_prepared_entries_append_the_very_bytes_and_cursors_of_plain_ones(contents, key):
     with tempfile.TemporaryDirectory() as folder:
         plain, prepared = Path(folder) / "plain" / "memory", Path(folder) / "prepared" / "memory"
         for memory in (plain, prepared):
             history.append_entries(memory, [("before", None)], NOW)
         journalled: list[list[int]] = []
         written = history.append_entries(plain, [(content, key) for content in contents], NOW,
-                                         before_write=journalled.append, span=span)
+                                         before_write=journalled.append)
         entries = [entry for entry in map(history.prepare_entry, contents) if entry is not None]
-        cursors = history.append_prepared(prepared, [(entry, span) for entry in entries], key, NOW,
+        cursors = history.append_prepared(prepared, [(entry, None) for entry in entries], key, NOW,
                                           before_write=journalled.append)
         assert cursors == [entry.cursor for entry in written]
         assert journalled == ([cursors, cursors] if cursors else [])

@@ -18,10 +18,6 @@ def search(invocation: Invocation) -> int:
     return invocation.answer(data, _hit_lines)
 
 
-def _fallback_lines(data: Mapping[str, Any]) -> list[str]:
-    return [f"note: {format_cell(data['fallback'])}"] if data.get("fallback") else []
-
-
 def context(invocation: Invocation) -> int:
     """The budgeted memory context an agent would inject for a session and query, to check what it sees."""
     args = invocation.args
@@ -34,7 +30,7 @@ def context(invocation: Invocation) -> int:
 
 def _hit_lines(data: Mapping[str, Any]) -> list[str]:
     hits = data.get("hits") or []
-    lines = _fallback_lines(data) + ([] if hits else ["no hits"])
+    lines = ([f"note: {format_cell(data['fallback'])}"] if data.get("fallback") else []) + ([] if hits else ["no hits"])
     for number, hit in enumerate(hits, 1):
         score = hit.get("score")
         score_text = f"{score:.3f}" if isinstance(score, (int, float)) else format_cell(score)

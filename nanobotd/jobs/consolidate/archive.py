@@ -25,7 +25,6 @@ from nanobotd.jobs.runfiles import RESTORE_STEP_KEY
 from nanobotd.llm.failures import LLMError
 from nanobotd.llm.reply import UsageMeter
 from nanobotd.memory import history
-from nanobotd.memory.history import PreparedEntry
 from nanobotd.memory.transcript import raw_entries, transcript
 from nanobotd.sessions.session import digests_in
 from nanobotd.state.runsteps import STEPS_KEY, write_steps
@@ -129,11 +128,6 @@ async def consolidate_session(env: JobEnv, session_key: str, run_id: str, *, rea
     return manifest
 
 
-def prepared_entries(contents: list[str]) -> list[PreparedEntry]:
-    """Entry contents ready for history; one left empty once cleaned is not appended."""
-    return [entry for entry in map(history.prepare_entry, contents) if entry is not None]
-
-
 def manifest_head(manifest: dict) -> dict:
     """What the run's own row journals while it archives: the manifest less what grows with every chunk."""
     return {key: value for key, value in manifest.items() if key not in GROWING_KEYS}
@@ -231,7 +225,9 @@ async def archive_chunks(env: JobEnv, session_key: str, run_id: str, group: list
         for _, record, _, _, chunk in records:
             chunk.back_up(Path(record["backup"]))
         fsio.fsync_dir(env.store.run_dir(run_id))  # the backups' names, durable before the journal names them
-        prepared = [prepared_entries(contents) for contents, _ in parts]
+        # each chunk's entries ready for history; one left empty once cleaned is not appended
+        prepared = [[entry for entry in map(history.prepare_entry, contents) if entry is not None]
+                    for contents, _ in parts]
         written = [(entry, span) for entries, (_, span) in zip(prepared, parts, strict=True) for entry in entries]
 
         def journal_cursors(cursors: list[int]) -> None:

@@ -19,17 +19,10 @@ from nanobotd.gitstore.repo import GitStoreError
 from nanobotd.gitstore.store import CURSOR_FILE, GitStore
 from nanobotd.jobs.compaction import compact_history, compaction_candidates
 from nanobotd.jobs.dream.prompts import SKIP_LINE
-from nanobotd.jobs.dream.restore import (
-    BACKUP_DIR,
-    change_entry,
-    digest,
-    load_backup,
-    read_or_none,
-    save_backup,
-    write_or_delete,
-)
+from nanobotd.jobs.dream.restore import BACKUP_DIR, change_entry
 from nanobotd.jobs.dream.tools import ToolRefused
 from nanobotd.jobs.dreamnotes import DREAM_NOTES_NAME, mark_dream_notes
+from nanobotd.jobs.runfiles import digest, load_backup, read_or_none, save_backup, write_or_delete
 from nanobotd.memory.history import DREAM_CURSOR_NAME, read_dream_cursor
 from nanobotd.state.store import RunRecord, StateStore
 
@@ -194,26 +187,23 @@ class Undo:
     def keep(self, path: Path, written: bytes | None) -> None:
         """Copy *path* (absent: remember that) before the step writes *written* to it."""
         path = fsio.confine(path, self.root)
-        copy = None
-        if path.is_file():
-            fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=UNDO_SUFFIX, dir=path.parent)
-            copy = Path(name)
-            self.kept.append((path, copy, written))  # listed first, so a failed copy is removed with the rest
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(path.read_bytes())
-                handle.flush()
-                os.fsync(handle.fileno())
+        if not path.is_file():
+            self.kept.append((path, None, written))
             return
-        self.kept.append((path, copy, written))
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=UNDO_SUFFIX, dir=path.parent)
+        self.kept.append((path, Path(name), written))  # listed first, so a failed copy is removed with the rest
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(path.read_bytes())
+            handle.flush()
+            os.fsync(handle.fileno())
 
-    def put_back(self) -> list[str]:
-        """Every kept file as it was; returns those left alone because they changed since the step wrote them."""
-        left_alone, folders = [], set()
+    def put_back(self) -> None:
+        """Every kept file as it was, except one that changed since the step wrote it (logged)."""
+        folders = set()
         for path, copy, written in self.kept:
             current = read_or_none(path)
             if written is not None and current not in (None, written, read_or_none(copy) if copy else None):
                 logger.warning("not rolling back {}: it changed after the dream wrote it", path)
-                left_alone.append(str(path))
                 continue
             if copy is None:
                 path.unlink(missing_ok=True)
@@ -223,7 +213,6 @@ class Undo:
         for folder in folders:
             fsio.fsync_dir(folder)
         self.discard()
-        return left_alone
 
     def discard(self) -> None:
         """Remove the copies (the step committed, or they were put back)."""

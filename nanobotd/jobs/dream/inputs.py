@@ -7,7 +7,6 @@ History entries stay in cursor order (the cursor is a high-water mark); note bul
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -68,7 +67,8 @@ class Backlog:
     def next_batch(self, limit: int, char_budget: int) -> Batch:
         """Up to *limit* items (entries or note items) from the front, within a prompt-size budget."""
         batch, used = Batch(), 0
-        for item in self._oldest_first():
+        # heapq.merge only ever takes the head of each sequence, so entries keep their cursor order.
+        for item in heapq.merge(self.entries, self.notes, key=_item_time):
             size = item.size if isinstance(item, NoteItem) else min(len(item.content), ENTRY_SHOWN_CHARS)
             count = len(batch.entries) + len(batch.notes)
             if count >= max(1, limit) or (count and used + size > char_budget):
@@ -86,10 +86,6 @@ class Backlog:
         """What is still to dream, for the manifest of a run that stopped early."""
         return {"history_entries": len(self.entries),
                 "note_bullets": sum(len(item.bullets) for item in self.notes)}
-
-    def _oldest_first(self) -> Iterator[HistoryEntry | NoteItem]:
-        # heapq.merge only ever takes the head of each sequence, so entries keep their cursor order.
-        return heapq.merge(self.entries, self.notes, key=_item_time)
 
 
 def _item_time(item: HistoryEntry | NoteItem) -> str:

@@ -10,7 +10,6 @@ Everything here does git and file work, so it runs on the git thread: `await git
 from __future__ import annotations
 
 import difflib
-import hashlib
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -18,12 +17,12 @@ from typing import Any
 
 from loguru import logger
 
-from nanobotd import fsio
 from nanobotd.gitstore.repo import DREAM_PREFIX, GitConflict, GitStoreError
 from nanobotd.gitstore.store import CURSOR_FILE, SHORT_SHA, GitStore
 from nanobotd.jobs.compaction import compacted_entries_missing
 from nanobotd.jobs.dreamnotes import mark_dream_notes
 from nanobotd.jobs.errors import RestoreRefused
+from nanobotd.jobs.runfiles import digest, load_backup, read_or_none, save_backup, write_or_delete
 from nanobotd.memory.history import insert_entries, read_dream_cursor
 from nanobotd.state.store import RunRecord, StateStore
 
@@ -262,38 +261,6 @@ class Restorer:
 def _cursor_value(data: bytes | None) -> int:
     text = (data or b"").strip()
     return int(text) if text.isdigit() else 0
-
-
-def save_backup(backup_dir: Path, path: str, data: bytes | None) -> str | None:
-    """Keep *data* as the backup of *path* in a run's folder; None when the file did not exist."""
-    if data is None:
-        return None
-    target = backup_dir / path
-    fsio.atomic_write(target, data)
-    return str(target)
-
-
-def load_backup(backup: str | None) -> bytes | None:
-    """A backup's bytes; None stands for "the file did not exist"."""
-    return Path(backup).read_bytes() if backup else None
-
-
-def read_or_none(path: Path) -> bytes | None:
-    """A file's bytes, or None when it does not exist."""
-    return path.read_bytes() if path.is_file() else None
-
-
-def write_or_delete(path: Path, data: bytes | None, *, root: Path) -> None:
-    """Put *data* back atomically; None means the file did not exist, so remove it. Never outside *root*."""
-    if data is None:
-        fsio.confine(path, root).unlink(missing_ok=True)
-    else:
-        fsio.atomic_write(path, data, root=root)
-
-
-def digest(data: bytes) -> str:
-    """The sha256 a manifest records of what a run wrote."""
-    return hashlib.sha256(data).hexdigest()
 
 
 def change_entry(before: bytes | None, after: bytes | None, backup: str | None) -> dict:

@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from nanobotd.config.schema import ContextSettings
+from nanobotd.memory.dailynote import heading_key
 
 ALLOWED_FILES = ("SOUL.md", "USER.md", "memory/MEMORY.md")
 MEMORY_FILE = "memory/MEMORY.md"
@@ -103,19 +104,16 @@ class StagedFiles:
         self.reference = dict(self.current)  # what the guard measures removals against
 
     def _load(self, path: str) -> None:
+        self.base[path] = None
         try:
-            full = self.checked_path(path)
-            data = full.read_bytes()
+            data = self.checked_path(path).read_bytes()
             self.current[path] = data.decode("utf-8")
             self.base[path] = data
         except FileNotFoundError:
-            self.base[path] = None
             self.unavailable[path] = f"{path} does not exist"
         except UnicodeDecodeError:
-            self.base[path] = None
             self.unavailable[path] = f"{path} is not valid UTF-8 text"
         except (ToolRefused, OSError) as exc:
-            self.base[path] = None
             self.unavailable[path] = str(exc)
 
     # -- the tools -------------------------------------------------------------------------------
@@ -151,10 +149,9 @@ class StagedFiles:
         after = apply_edits(before, pairs)
         if after == before:
             raise ToolRefused("the edit changes nothing")
-        if self.condensing:
-            reason = condense_reason(path, self.reference[path], before, after)
-        else:
-            reason = guard_edit(path, self.reference[path], before, after) or self.cap_reason(path, before, after)
+        reason = lost_section_reason(path, before, after) or (
+            condense_reason(path, self.reference[path], before, after) if self.condensing
+            else guard_edit(path, self.reference[path], before, after) or self.cap_reason(path, before, after))
         if reason:
             raise GuardRejected(f"guard: {reason}")
         self.current[path] = after
@@ -283,10 +280,7 @@ def apply_edits(text: str, pairs: list[tuple[str, str]]) -> str:
 
 # -- the guard -------------------------------------------------------------------------------------
 def guard_edit(path: str, original: str, before: str, after: str) -> str | None:
-    """Why an edit must not be applied, or None: a lost section, most of a file gone, noise in MEMORY.md."""
-    lost = lost_section_reason(path, before, after)
-    if lost:
-        return lost
+    """Why an edit that keeps every section must not be applied, or None: most of a file gone, noise in MEMORY.md."""
     for reference in (before, original):
         share = removed_share(reference, after)
         if len(reference) >= MIN_GUARDED_CHARS and share > MAX_REMOVED_SHARE:
@@ -295,11 +289,8 @@ def guard_edit(path: str, original: str, before: str, after: str) -> str | None:
 
 
 def condense_reason(path: str, original: str, before: str, after: str) -> str | None:
-    """Why an edit of a condensing pass must not be applied: it does not shorten the file, drops a section,
-    cuts the file to less than half of what it was (condensing rewords, it does not delete), or adds noise."""
-    lost = lost_section_reason(path, before, after)
-    if lost:
-        return lost
+    """Why an edit of a condensing pass that keeps every section must not be applied: it does not shorten the
+    file, cuts it to less than half of what it was (condensing rewords, it does not delete), or adds noise."""
     if len(after) >= len(before):
         return (f"this is a condensing pass: an edit must make {path} shorter (this one takes it from"
                 f" {len(before):,} to {len(after):,} characters)")
@@ -311,10 +302,10 @@ def condense_reason(path: str, original: str, before: str, after: str) -> str | 
 
 def lost_section_reason(path: str, before: str, after: str) -> str | None:
     """Why an edit that drops a whole `##` section must not be applied, or None."""
-    lost = Counter(map(_title_key, section_titles(before))) - Counter(map(_title_key, section_titles(after)))
+    lost = Counter(map(heading_key, section_titles(before))) - Counter(map(heading_key, section_titles(after)))
     if not lost:
         return None
-    title = next(title for title in section_titles(before) if _title_key(title) in lost)
+    title = next(title for title in section_titles(before) if heading_key(title) in lost)
     return f"the edit would remove the whole section '## {title}' from {path}; keep it and edit its bullets"
 
 
@@ -332,11 +323,6 @@ def noise_reason(path: str, before: str, after: str) -> str | None:
 def section_titles(text: str) -> list[str]:
     """The `##` section titles of a markdown text."""
     return [match.group(1) for match in map(SECTION_HEADING.match, text.splitlines()) if match]
-
-
-def _title_key(title: str) -> str:
-    # A heading whose case or spacing changed is still the same section.
-    return " ".join(title.split()).casefold()
 
 
 def removed_share(before: str, after: str) -> float:

@@ -32,7 +32,7 @@ def plan_lifecycle(ws: WorkspaceSettings, *, store: StateStore, now: datetime,
         age = (today - note.day).days
         if age <= settings.active_days:
             continue
-        source = _relative(note.path, ws.path)
+        source = str(note.path.relative_to(ws.path))
         target = memory_dir / ARCHIVE_DIR_NAME / note.path.name
         if not scan.archive_usable:
             skipped.append({"path": source, "reason": "not archived: the archive folder is unusable"})
@@ -40,14 +40,14 @@ def plan_lifecycle(ws: WorkspaceSettings, *, store: StateStore, now: datetime,
         if target.exists() or target.is_symlink():
             skipped.append({"path": source, "reason": "not archived: the archive already holds a note of that date"})
             continue
-        plan.append({"action": "move", "from": source, "to": _relative(target, ws.path),
+        plan.append({"action": "move", "from": source, "to": str(target.relative_to(ws.path)),
                      "bytes": note.size, "age_days": age})
         if age > settings.ttl_days:
-            expiring.append((_relative(target, ws.path), note.size, age))
+            expiring.append((str(target.relative_to(ws.path)), note.size, age))
     for note in scan.archived:
         age = (today - note.day).days
         if age > settings.ttl_days:
-            expiring.append((_relative(note.path, ws.path), note.size, age))
+            expiring.append((str(note.path.relative_to(ws.path)), note.size, age))
     if expiring:
         expiring.sort()
         plan.append({"action": "summarise", "notes": [path for path, _, _ in expiring],
@@ -73,7 +73,3 @@ def _plan_pruning(ws: WorkspaceSettings, store: StateStore, now: datetime, run_i
              "age_days": int((now.timestamp() - run.started_at) // SECONDS_PER_DAY)}
             for run, folder in reversed(list(run_backups(store, ws.name)))
             if run.run_id != run_id and run.state not in OPEN_RUN_STATES and run.started_at < cutoff]
-
-
-def _relative(path: Path, workspace: Path) -> str:
-    return str(path.relative_to(workspace))

@@ -71,6 +71,13 @@ def _outcome(manifest: dict) -> tuple[str, str]:
     return "written", ""
 
 
+def move_note(source: Path, target: Path, workspace: Path) -> None:
+    """Rename a note inside *workspace* and make both folders' entries durable (a lifecycle step and its undo)."""
+    os.rename(fsio.confine(source, workspace), fsio.confine(target, workspace))
+    fsio.fsync_dir(target.parent)
+    fsio.fsync_dir(source.parent)
+
+
 class _StepExecutor:
     """Executes one planned step at a time, journaling what it is about to change first."""
 
@@ -99,9 +106,7 @@ class _StepExecutor:
             self.store.journal(self.run_id, self.manifest)
             target.parent.mkdir(mode=0o755)
             fsio.fsync_dir(target.parent.parent)
-        os.rename(source, target)
-        fsio.fsync_dir(target.parent)
-        fsio.fsync_dir(source.parent)
+        move_note(source, target, self.ws.path)
 
     async def summarise(self, step: dict) -> None:
         """Write the expiring notes into history, journaling the cursors before the append."""

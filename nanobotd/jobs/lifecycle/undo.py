@@ -6,12 +6,12 @@ a run interrupted mid-step is undone the same way, since each undo is harmless f
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from nanobotd import fsio
 from nanobotd.jobs.compaction import compacted_entries_missing
 from nanobotd.jobs.errors import RestoreRefused
+from nanobotd.jobs.lifecycle.run import move_note
 from nanobotd.memory import history
 from nanobotd.memory.dailynote import ARCHIVE_DIR_NAME
 from nanobotd.state.store import RunRecord, StateStore
@@ -128,7 +128,7 @@ class _Undo:
             return
         self.plan.append(f"move {step['to']} back to {step['from']}")
         self.files.extend([str(target), str(source)])
-        self.actions.append(lambda: _move_back(target, source, self.workspace))
+        self.actions.append(lambda: move_note(target, source, self.workspace))
 
     def remove_archive_dir_if_empty(self) -> None:
         """Drop the archive folder the run created once the notes it holds have moved back."""
@@ -141,12 +141,6 @@ class _Undo:
         if not left and not archive.is_symlink():
             self.plan.append("remove the memory/archive folder the run created (empty again)")
             self.actions.append(lambda: _remove_empty_dir(archive))
-
-
-def _move_back(target: Path, source: Path, workspace: Path) -> None:
-    os.rename(fsio.confine(target, workspace), fsio.confine(source, workspace))
-    fsio.fsync_dir(source.parent)
-    fsio.fsync_dir(target.parent)
 
 
 def _remove_empty_dir(folder: Path) -> None:
