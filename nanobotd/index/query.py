@@ -52,11 +52,6 @@ class Query:
     clauses: list[str] = field(default_factory=list)
     time_only: bool = False
 
-    @property
-    def expression(self) -> str:
-        """All clauses OR-ed: the FTS5 MATCH expression."""
-        return " OR ".join(self.clauses)
-
 
 def parse_query(text: str, now: datetime | None = None) -> Query:
     """Words (stopwords and date expressions dropped) and dates of *text*, as a safe expression."""
@@ -64,14 +59,14 @@ def parse_query(text: str, now: datetime | None = None) -> Query:
     intent = find_time(text, now)
     found = [(match.group().lower(), intent.covers(match.start(), match.end())) for match in WORD.finditer(text)]
     words = [word for word, _ in found]
-    terms = _unique(word for word, dated in found if not dated and word not in STOPWORDS and word != "_")
+    terms = list(dict.fromkeys(word for word, dated in found if not dated and word not in STOPWORDS and word != "_"))
     named_may = any(month == 5 for month, _ in intent.months) or any(day.month == 5 for day in intent.days)
     if MAY_MONTH.search(text) and not named_may and "may" not in terms:
         terms.append("may")
-    keys = _unique([day_key(day) for day in intent.days] +
-                   [month_key(month, year) for month, year in intent.months])[:MAX_DATE_PHRASES]
+    keys = list(dict.fromkeys([day_key(day) for day in intent.days] +
+                              [month_key(month, year) for month, year in intent.months]))[:MAX_DATE_PHRASES]
     if not terms and not keys:
-        terms = _unique(word for word in words if word != "_")
+        terms = list(dict.fromkeys(word for word in words if word != "_"))
     terms = [term for term in terms if len(term) <= 64][:MAX_TERMS]
     clauses = [quote(term) for term in terms] + [f"dates : {quote(key)}" for key in keys]
     return Query(terms, keys, clauses, time_only=bool(keys) and not terms)
@@ -80,10 +75,3 @@ def parse_query(text: str, now: datetime | None = None) -> Query:
 def quote(term: str) -> str:
     """An FTS5 string literal: whatever it holds is matched as words, never parsed as syntax."""
     return '"' + term.replace('"', '""') + '"'
-
-
-def _unique(items) -> list:
-    seen: dict = {}
-    for item in items:
-        seen.setdefault(item, None)
-    return list(seen)
