@@ -28,7 +28,7 @@ from nanobotd.index.ranking import build_hits
 from nanobotd.index.searching import ranked_units, score_rows
 from nanobotd.index.selectivity import MATCH_BUDGET, ClauseSelector
 from nanobotd.index.sessionunits import STRIDE, WINDOW, is_skipped_session, session_key_for, session_units
-from nanobotd.index.sources import SourceSet
+from nanobotd.index.sources import SourceSet, file_fingerprint
 from nanobotd.index.stems import Stemmer
 from nanobotd.index.timeintent import dates_column
 from nanobotd.index.units import (
@@ -82,11 +82,6 @@ class BuiltinIndex:
 
     # -- public interface -------------------------------------------------------------------------
 
-    @property
-    def sessions_dirs(self) -> tuple[Path, ...]:
-        """The sessions folders covered."""
-        return self.sources.sessions_dirs
-
     def set_sessions_dirs(self, folders: Iterable[Path]) -> None:
         """Cover exactly these sessions folders; a change makes the next refresh check every file.
 
@@ -121,7 +116,7 @@ class BuiltinIndex:
             return [Path(path) for path in current]
         stale = [path for path, source in current.items()
                  if (record := known.get(path)) is None or record.source != source
-                 or record.fingerprint != _fingerprint(path)]
+                 or record.fingerprint != file_fingerprint(path)]
         return [Path(path) for path in [*stale, *(path for path in known if path not in current)]]
 
     def _embed_pending(self) -> int:
@@ -300,7 +295,7 @@ class BuiltinIndex:
                 totals["units_removed"] += ftsdb.delete_file(connection, record.file_id)
         for path, (source, forced) in targets.items():
             totals["files_checked"] += 1
-            fingerprint = _fingerprint(path)
+            fingerprint = file_fingerprint(path)
             record = known.get(path)
             if fingerprint is None:
                 if record is not None:
@@ -395,13 +390,6 @@ class BuiltinIndex:
             return markdown_units(text, source, day.isoformat(), day)
         when = iso_seconds(datetime.fromtimestamp(path.stat().st_mtime))
         return markdown_units(text, source, when)
-
-def _fingerprint(path: str) -> str | None:
-    try:
-        stat = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    return f"{stat.st_ino}:{stat.st_size}:{stat.st_mtime_ns}"
 
 
 def _dates_of(when: str) -> str:

@@ -24,7 +24,7 @@ from loguru import logger
 
 from nanobotd import fsio
 from nanobotd.index.sessionunits import decode_line, is_skipped_session, render_message, session_key_for
-from nanobotd.index.sources import SourceSet
+from nanobotd.index.sources import SourceSet, file_fingerprint
 from nanobotd.index.units import parse_timestamp, text_digest
 from nanobotd.memory.history import parse_entry
 from nanobotd.sessions.file import is_metadata_line, iter_raw_lines
@@ -68,11 +68,11 @@ class QmdExport:
         for path in [path for path in files if path not in current]:
             self._apply(files.pop(path).get("files", {}), {}, totals)
         for path, kind in current.items():
-            fingerprint = _fingerprint(path)
             record = files.get(path, {})
-            if fingerprint is None or record.get("fingerprint") == fingerprint:
-                continue
             try:
+                fingerprint = file_fingerprint(path)
+                if fingerprint is None or record.get("fingerprint") == fingerprint:
+                    continue
                 rendered = _history_files(Path(path)) if kind == "history" else self._session_files(Path(path))
             except OSError as exc:
                 logger.warning("cannot export {} for qmd: {}", path, exc)
@@ -149,7 +149,7 @@ class QmdExport:
         for line in iter_raw_lines(path):
             if is_metadata_line(line):
                 continue
-            record = decode_line(line)
+            record = decode_line(line.data)
             rendered = render_message(record) if record is not None else None
             if rendered is not None:
                 text, timestamp = rendered
@@ -203,11 +203,3 @@ def _sections(lines: list[str]) -> list[tuple[int, int, int, str]]:
 def _when(timestamp: str) -> str:
     moment = parse_timestamp(timestamp)
     return moment.isoformat(timespec="minutes").replace("T", " ") if moment else (timestamp or "?")
-
-
-def _fingerprint(path: str) -> str | None:
-    try:
-        stat = os.stat(path)
-    except OSError:
-        return None
-    return f"{stat.st_ino}:{stat.st_size}:{stat.st_mtime_ns}"

@@ -33,7 +33,6 @@ from nanobotd.index.timeintent import dates_column, event_days
 from nanobotd.index.units import Unit, iso_seconds, parse_timestamp
 from nanobotd.sessions.file import (
     MAX_LINE_BYTES,
-    RawLine,
     SessionHeader,
     is_metadata_line,
     iter_raw_lines,
@@ -63,7 +62,7 @@ def session_key_for(path: Path) -> str | None:
             if count >= HEADER_PROBE_LINES:
                 break
             if is_metadata_line(line):
-                record = decode_line(line)
+                record = decode_line(line.data)
                 if record is not None and record.get("_type") == "metadata":
                     read_header(record, header)
     except OSError:
@@ -76,12 +75,8 @@ def is_skipped_session(key: str | None) -> bool:
     return bool(key) and key.startswith("dream:")
 
 
-def decode_line(line: RawLine) -> dict | None:
-    """The JSON object on a line; undecodable bytes are replaced, never fatal."""
-    return _decode(line.data)
-
-
-def _decode(data: bytes | None) -> dict | None:
+def decode_line(data: bytes | None) -> dict | None:
+    """The JSON object on a line's bytes; undecodable bytes are replaced, never fatal."""
     if data is None:
         return None
     try:
@@ -204,7 +199,7 @@ class Message:
 
 def read_message(data: bytes) -> Message | None:
     """The message on a line's bytes, or None for what is not conversation."""
-    record = _decode(data)
+    record = decode_line(data)
     rendered = render_message(record) if record is not None else None
     if rendered is None:
         return None

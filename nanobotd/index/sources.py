@@ -7,6 +7,7 @@ every folder the daemon discovered is covered, not only the first.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -83,3 +84,12 @@ def listdir(folder: Path) -> list[Path]:
         return sorted(folder.iterdir())
     except (FileNotFoundError, NotADirectoryError, PermissionError):
         return []
+
+
+def file_fingerprint(path: str) -> str | None:
+    """Inode, size and mtime of a file: what tells the index and the export that it changed; None when gone."""
+    try:
+        stat = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return f"{stat.st_ino}:{stat.st_size}:{stat.st_mtime_ns}"
