@@ -32,6 +32,7 @@ from nanobotd.config.schema import QmdSettings
 from nanobotd.index.hit import SearchBackendError, SearchHit
 from nanobotd.index.qmdexport import QmdExport
 from nanobotd.index.qmdoutput import (
+    QmdResult,
     collection_fields,
     hits_from_results,
     iso_time,
@@ -42,7 +43,6 @@ from nanobotd.index.qmdoutput import (
 )
 from nanobotd.index.qmdproc import (
     McpServer,
-    QmdResult,
     QmdTimeout,
     check_version,
     child_environment,
@@ -357,9 +357,7 @@ class QmdBackend:
                            "rerank": False}
                 try:
                     answer = await self._mcp.post("/search", payload, timeout=self.settings.timeout_seconds)
-                    hits = self._hits(answer.get("results", []), mode="search", transport="mcp")
-                    self._mcp.note_success()
-                    return hits
+                    return self._hits(answer.get("results", []), mode="search", transport="mcp")
                 except SearchBackendError as exc:
                     logger.debug("qmd mcp search failed, using the CLI: {}", exc)
         return await self._cli_search("search", " ".join(parse_query(query).terms) or query, limit)

@@ -26,6 +26,27 @@ HTTP_LINE_NUMBER = re.compile(r"^\d+: ?")
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 NOTE_DATE = re.compile(r"(\d{4}-\d{2}-\d{2})\.md$")
 MAX_LEX_TERMS = 8
+NODE_ERROR_LINE = re.compile(r"^[A-Za-z]*Error\b.*:")
+NODE_NOISE_LINE = re.compile(r"^(at |Node\.js v|\^+$|throw )")
+
+
+@dataclass(frozen=True)
+class QmdResult:
+    """What a finished qmd call printed and how it exited."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def error_text(self) -> str:
+        """The most telling stderr (or stdout) line for an error message: a Node error beats the last line."""
+        for stream in (self.stderr, self.stdout):
+            lines = [line.strip() for line in stream.splitlines() if line.strip()]
+            errors = [line for line in lines if NODE_ERROR_LINE.match(line)]
+            meaningful = [line for line in lines if not NODE_NOISE_LINE.match(line)]
+            if errors or meaningful:
+                return (errors or meaningful)[-1][:300]
+        return f"exit status {self.returncode}"
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import ctypes
 import http.client
+import itertools
 import json
 import os
 import re
@@ -22,13 +23,13 @@ import socket
 import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from loguru import logger
 
 from nanobotd.fsio import LockTimeout, file_lock
 from nanobotd.index.hit import SearchBackendError
+from nanobotd.index.qmdoutput import QmdResult
 from nanobotd.tuning import FILE_LOCK_POLL_SECONDS
 
 STDERR_TAIL_BYTES = 4096
@@ -40,36 +41,12 @@ MCP_STARTUP_SECONDS = 15.0
 MCP_HEALTH_POLL_SECONDS = 0.05
 MCP_STOP_GRACE_SECONDS = 2.0
 MCP_RESTART_BACKOFF_SECONDS = (1.0, 2.0, 5.0, 15.0, 60.0)
-NODE_ERROR_LINE = re.compile(r"^[A-Za-z]*Error\b.*:")
-NODE_NOISE_LINE = re.compile(r"^(at |Node\.js v|\^+$|throw )")
 MINIMUM_VERSION = (2, 8)
 VERSION_PATTERN = re.compile(r"\bqmd (\d+)\.(\d+)\.(\d+)")
 
 
-# -- processes -------------------------------------------------------------------------------------
-
-
 class QmdTimeout(SearchBackendError):
     """A qmd call outlived its timeout and was killed with its process group."""
-
-
-@dataclass(frozen=True)
-class QmdResult:
-    """What a finished qmd call printed and how it exited."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-
-    def error_text(self) -> str:
-        """The most telling stderr (or stdout) line for an error message: a Node error beats the last line."""
-        for stream in (self.stderr, self.stdout):
-            lines = [line.strip() for line in stream.splitlines() if line.strip()]
-            errors = [line for line in lines if NODE_ERROR_LINE.match(line)]
-            meaningful = [line for line in lines if not NODE_NOISE_LINE.match(line)]
-            if errors or meaningful:
-                return (errors or meaningful)[-1][:300]
-        return f"exit status {self.returncode}"
 
 
 def spawn(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, stdout, stderr,
@@ -172,11 +149,7 @@ def signal_group(process: subprocess.Popen, signum: int) -> None:
 def _describe(argv: Sequence[str]) -> str:
     """`qmd collection show` for `[exe, --index, name, collection, show, ...]`: the command words."""
     words = list(argv[3:] if len(argv) > 2 and argv[1] == "--index" else argv[1:])
-    command = []
-    for word in words:
-        if word.startswith("-") or len(command) == 2:
-            break
-        command.append(word)
+    command = list(itertools.takewhile(lambda word: not word.startswith("-"), words[:2]))
     return "qmd " + " ".join(command or words[:1])
 
 
@@ -236,13 +209,6 @@ def child_environment(home: Path, environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def free_loopback_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (qmd's --port has no "pick one" value)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((MCP_HOST, 0))
-        return probe.getsockname()[1]
-
-
 class McpServer:
     """A lazily started, health-checked `qmd mcp --http` child that answers BM25 searches in ~30 ms.
 
@@ -296,13 +262,12 @@ class McpServer:
         """POST JSON to the running child and return its JSON answer.
 
         A connection failure marks the child dead (restart with backoff); an HTTP error status only
-        fails this request. Both raise SearchBackendError.
+        fails this request. Both raise SearchBackendError. A good answer starts the next backoff from the start.
         """
         if not self.ready:
             raise SearchBackendError("qmd mcp server is not running")
-        port = self._port
         try:
-            status, body = await asyncio.wait_for(asyncio.to_thread(_http_request, port, path, payload, timeout),
+            status, body = await asyncio.wait_for(asyncio.to_thread(_http_request, self._port, path, payload, timeout),
                                                   timeout)
         except (TimeoutError, OSError, http.client.HTTPException) as exc:
             await self._record_failure(f"qmd mcp server did not answer: {exc or type(exc).__name__}")
@@ -315,11 +280,8 @@ class McpServer:
             raise SearchBackendError(f"qmd mcp server sent bad JSON: {body[:200]!r}") from exc
         if not isinstance(answer, dict):
             raise SearchBackendError(f"qmd mcp server sent {type(answer).__name__}, expected an object")
-        return answer
-
-    def note_success(self) -> None:
-        """A request went through: the next failure starts the backoff from the beginning."""
         self._failures = 0
+        return answer
 
     async def stop(self) -> None:
         """Stop the child (group SIGTERM, SIGKILL after a grace period); ensure_started() makes a new one."""
@@ -336,7 +298,9 @@ class McpServer:
 
     async def _start(self) -> None:
         self._port, self._stderr_tail = None, b""
-        port = free_loopback_port()
+        with socket.socket() as probe:  # a port free a moment ago: qmd's --port has no "pick one" value
+            probe.bind((MCP_HOST, 0))
+            port = probe.getsockname()[1]
         argv = [*self._base_argv, "mcp", "--http", "--port", str(port), "--host", MCP_HOST]
         try:
             self._process = spawn(argv, env=self._env, cwd=self._cwd, stdout=subprocess.DEVNULL,
