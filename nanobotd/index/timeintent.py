@@ -93,7 +93,7 @@ def event_days(text: str, said: date | datetime | None) -> list[date]:
     if digit >= 0:
         if stamps := set(STAMP.findall(lowered, digit)):
             # ISO dates and timestamps, the commonest by far ([RAW] entries): read at once, then out of the way.
-            days += [day for year, month, number in sorted(stamps) for day in _valid(year, int(month), number)]
+            days += [day for year, month, number in sorted(stamps) for day in _valid(year, month, number)]
             lowered = STAMP.sub("#", lowered)
         places = [match.span() for match in DIGITS.finditer(lowered, digit)]
     near = _day_words(lowered, places)
@@ -154,21 +154,20 @@ def find_time(text: str, now: datetime | None = None, *, nearest: bool = False) 
 
 
 def month_number(name: str) -> int:
-    """1-12 for a month name or its abbreviation."""
+    """1-12 for a month name, its abbreviation or its number."""
+    if name.isdigit():
+        return int(name)
     prefix = name.lower()[:3]
     return next(number for number, month in enumerate(MONTHS, start=1) if month.startswith(prefix))
 
 
 def _absolute_days(text: str, intent: TimeIntent) -> None:
     found: list[tuple[int, int, date]] = []
-    for match in DAY_MONTH_YEAR.finditer(text):
-        found += [(*match.span(), day) for day in _valid(match.group(3), month_number(match.group(2)), match.group(1))]
-    for match in MONTH_DAY_YEAR.finditer(text):
-        found += [(*match.span(), day) for day in _valid(match.group(3), month_number(match.group(1)), match.group(2))]
-    for match in ISO_DATE.finditer(text):
-        found += [(*match.span(), day) for day in _valid(match.group(1), int(match.group(2)), match.group(3))]
-    for match in DOTTED_DATE.finditer(text):
-        found += [(*match.span(), day) for day in _valid(match.group(3), int(match.group(2)), match.group(1))]
+    # (pattern, group of the year, of the month, of the day)
+    for pattern, year, month, day in ((DAY_MONTH_YEAR, 3, 2, 1), (MONTH_DAY_YEAR, 3, 1, 2), (ISO_DATE, 1, 2, 3),
+                                      (DOTTED_DATE, 3, 2, 1)):
+        for match in pattern.finditer(text):
+            found += [(*match.span(), named) for named in _valid(*match.group(year, month, day))]
     for start, end, day in sorted(found):
         intent.days.append(day)
         intent.spans.append((start, end))
@@ -183,7 +182,7 @@ def _yearless_days(text: str, today: date, intent: TimeIntent, nearest: bool) ->
         if intent.covers(start, end) or any(start < last and first < end for first, last in intent.spans):
             continue
         candidates = [day for year in (today.year - 1, today.year, today.year + 1)
-                      for day in _valid(str(year), month_number(name), number)]
+                      for day in _valid(str(year), name, number)]
         if not candidates:
             continue
         if nearest:
@@ -203,7 +202,7 @@ def _ranges(text: str, intent: TimeIntent) -> None:
             continue
         last = following[0][1]
         name, number = (match.group(1), match.group(2)) if match.group(1) else (match.group(4), match.group(3))
-        first = _valid(str(last.year), month_number(name), number)
+        first = _valid(str(last.year), name, number)
         if not first or not 0 < (last - first[0]).days <= MAX_RANGE_DAYS:
             continue
         intent.days += [first[0] + timedelta(days=offset) for offset in range((last - first[0]).days)]
@@ -249,8 +248,8 @@ def _relative(text: str, now: datetime, intent: TimeIntent) -> None:
         intent.spans.append(match.span())
 
 
-def _valid(year: str, month: int, day: str) -> list[date]:
+def _valid(year: str, month: str, day: str) -> list[date]:
     try:
-        return [date(int(year), month, int(day))]
+        return [date(int(year), month_number(month), int(day))]
     except ValueError:
         return []
