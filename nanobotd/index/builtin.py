@@ -178,7 +178,7 @@ class BuiltinIndex:
     def rescore(self, query: str, hits: list[SearchHit]) -> list[SearchHit]:
         """Hits of another backend scored as this index scores its own, so min_score means the same everywhere."""
         parsed = parse_query(query, now=self._clock())
-        rows = [ftsdb.MatchRow(index, 0, hit.path, hit.source, 0, 0, hit.when, hit.session_key, None,
+        rows = [ftsdb.MatchRow(index, hit.path, hit.source, 0, 0, hit.when, hit.session_key, None,
                                body=hit.text or hit.snippet, score=0.0, dates=_dates_of(hit.when))
                 for index, hit in enumerate(hits)]
         if not parsed.clauses or not rows:

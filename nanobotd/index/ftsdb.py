@@ -58,7 +58,6 @@ class FileRecord:
     """What the index knows about one source file."""
 
     file_id: int
-    path: str
     source: str
     fingerprint: str
 
@@ -68,7 +67,6 @@ class MatchRow:
     """One matching unit, with its text and location, best first."""
 
     unit_id: int
-    file_id: int
     path: str
     source: str
     first: int
@@ -155,7 +153,7 @@ def set_meta(connection: sqlite3.Connection, key: str, value: str) -> None:
 def all_files(connection: sqlite3.Connection) -> dict[str, FileRecord]:
     """Every indexed file by path."""
     rows = connection.execute("SELECT id, path, source, fingerprint FROM files")
-    return {row[1]: FileRecord(*row) for row in rows}
+    return {path: FileRecord(file_id, source, fingerprint) for file_id, path, source, fingerprint in rows}
 
 
 def save_file(connection: sqlite3.Connection, path: str, source: str, fingerprint: str,
@@ -256,7 +254,7 @@ def _with_locations(connection: sqlite3.Connection, ranked: list[tuple]) -> list
     meta = {
         row[0]: row
         for row in connection.execute(
-            "SELECT u.id, u.file_id, f.path, u.source, u.first, u.last, u.when_text, u.session_key, u.parts "
+            "SELECT u.id, f.path, u.source, u.first, u.last, u.when_text, u.session_key, u.parts "
             f"FROM units u JOIN files f ON f.id = u.file_id WHERE u.id IN ({marks})",
             [row[0] for row in ranked],
         )
