@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nanobotd import fsio
-from nanobotd.config.schema import ContextSettings
 from nanobotd.index.hit import SearchBackendError, SearchHit
 from nanobotd.memory.history import DREAM_CURSOR_NAME, HISTORY_NAME, HistoryEntry, parse_entry, read_cursor_file
 from nanobotd.sessions.file import SessionHeader, read_header
@@ -98,7 +97,7 @@ class Assembly:
             self.omitted.append({"name": part.name, "reason": "budget"})
 
 
-def build_context(workspace: Path, *, settings: ContextSettings, budget_tokens: int, query: str = "",
+def build_context(workspace: Path, *, budget_tokens: int, query: str = "",
                   search: Callable[[str, int], list[SearchHit]] | None = None,
                   session_key: str | None = None) -> dict:
     """The memory context for an agent turn, within *budget_tokens*: what the agent does not have yet.
@@ -106,9 +105,8 @@ def build_context(workspace: Path, *, settings: ContextSettings, budget_tokens: 
     Search hits for *query* come first, then history since the dream cursor with what is left. The files
     nanobot puts into every prompt itself (AGENT_INJECTED) are left out, as parts and as hits; so are hits
     from the asking session's messages the agent has not archived yet (*session_key*): they are in its
-    prompt too. *settings* keeps its caps for the dream (jobs.common); nothing here reads a file whole.
+    prompt too. Nothing here reads a file whole.
     """
-    del settings
     assembly = Assembly(budget_tokens)
     shown = add_search(assembly, Path(workspace), query, search, session_key)
     add_history(assembly, Path(workspace) / "memory", assembly.remaining(), shown)

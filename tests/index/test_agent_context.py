@@ -8,14 +8,11 @@ from datetime import datetime
 
 import pytest
 
-from nanobotd.config.schema import ContextSettings
 from nanobotd.index.agent_context import build_context
 from nanobotd.index.builtin import BuiltinIndex
 from nanobotd.index.hit import SearchBackendError, SearchHit
 from nanobotd.tokens import count_tokens
 from tests.support.workspace import conversation, make_workspace, write_session
-
-SETTINGS = ContextSettings()
 
 
 def history_line(cursor: int, content: str, key: str | None = None) -> str:
@@ -48,7 +45,7 @@ def search_with(index):
 @pytest.mark.parametrize("budget", [0, 1, 2, 5, 10, 20, 50, 80, 100, 200, 500, 1000, 2000, 5000, 8000, 20000, 100000])
 def test_the_budget_is_never_exceeded(rich, budget):
     workspace, index = rich
-    result = build_context(workspace, settings=SETTINGS, budget_tokens=budget, query="billing decision M-40",
+    result = build_context(workspace, budget_tokens=budget, query="billing decision M-40",
                            search=search_with(index), session_key="cli:direct")
     assert result["tokens"] == count_tokens(result["text"]) <= max(budget, 0)
     assert result["budget_tokens"] == budget
@@ -57,7 +54,7 @@ def test_the_budget_is_never_exceeded(rich, budget):
 
 def test_parts_come_in_order_with_their_headers(rich):
     workspace, index = rich
-    result = build_context(workspace, settings=SETTINGS, budget_tokens=100000, query="billing M-10",
+    result = build_context(workspace, budget_tokens=100000, query="billing M-10",
                            search=search_with(index))
     names = [part["name"] for part in result["parts"]]
     assert names == ["Search: billing M-10", "Recent history"]  # nanobot injects AGENTS/SOUL/USER/MEMORY.md itself
@@ -69,9 +66,9 @@ def test_parts_come_in_order_with_their_headers(rich):
 
 def test_recent_history_starts_after_the_dream_cursor_and_prefers_the_newest(rich):
     workspace, _ = rich
-    full = build_context(workspace, settings=SETTINGS, budget_tokens=100000)["text"]
+    full = build_context(workspace, budget_tokens=100000)["text"]
     assert "decision 21 " in full and "decision 60 " in full and "decision 20 " not in full
-    small = build_context(workspace, settings=SETTINGS, budget_tokens=150)
+    small = build_context(workspace, budget_tokens=150)
     history = small["text"].split("## Recent history\n", 1)[1]
     assert "decision 60 " in history and "decision 21 " not in history
     shown = [int(part.split(" ")[0]) for part in history.split("decision ")[1:]]
@@ -80,7 +77,7 @@ def test_recent_history_starts_after_the_dream_cursor_and_prefers_the_newest(ric
 
 def test_search_hits_carry_where_and_when_and_skip_what_the_context_already_has(rich):
     workspace, index = rich
-    result = build_context(workspace, settings=SETTINGS, budget_tokens=100000,
+    result = build_context(workspace, budget_tokens=100000,
                            query="kestrel staging billing wm12x3", search=search_with(index))
     search, history = result["text"].split("## Search: kestrel staging billing wm12x3\n", 1)[1].split(
         "## Recent history\n")
@@ -95,7 +92,7 @@ def test_search_hits_carry_where_and_when_and_skip_what_the_context_already_has(
 
 def test_hits_from_the_live_part_of_the_asking_session_are_left_out(rich):
     workspace, index = rich
-    asked = dict(settings=SETTINGS, budget_tokens=100000, search=search_with(index))
+    asked = dict(budget_tokens=100000, search=search_with(index))
     live = build_context(workspace, query="wm50x1", session_key="cli:direct", **asked)
     assert "## Search" not in live["text"] and {"name": "Search: wm50x1", "reason": "no hits"} in live["omitted"]
     archived = build_context(workspace, query="wm10x1", session_key="cli:direct", **asked)
@@ -108,7 +105,7 @@ def test_a_failing_search_backend_is_noted_not_fatal(rich):
     def broken(query, limit):
         raise SearchBackendError("qmd timed out")
 
-    result = build_context(workspace, settings=SETTINGS, budget_tokens=5000, query="x", search=broken)
+    result = build_context(workspace, budget_tokens=5000, query="x", search=broken)
     assert {"name": "Search: x", "reason": "search unavailable: qmd timed out"} in result["omitted"]
 
 
@@ -118,16 +115,16 @@ def test_a_huge_memory_file_is_never_read_and_bad_utf8_in_history_is_replaced(tm
     (workspace / "memory" / "history.jsonl").write_bytes(b"\xff garbage\n" + history_line(1, "caf\u00e9").encode()
                                                           + b'{"cursor": 2, "content": "bad \xff byte"}\n'
                                                           + history_line(3, "x" * 40000).encode())
-    result = build_context(workspace, settings=SETTINGS, budget_tokens=100000)
+    result = build_context(workspace, budget_tokens=100000)
     assert "END" not in result["text"] and "memory/MEMORY.md" not in result["text"]
     assert "bad \ufffd byte" in result["text"] and "café" in result["text"]
-    small = build_context(workspace, settings=SETTINGS, budget_tokens=3000)
+    small = build_context(workspace, budget_tokens=3000)
     assert small["tokens"] <= 3000 and "[... cut to fit the token budget]" in small["text"]
 
 
 def test_a_tiny_budget_gives_an_empty_text_and_says_why(rich):
     workspace, _ = rich
-    result = build_context(workspace, settings=SETTINGS, budget_tokens=3)
+    result = build_context(workspace, budget_tokens=3)
     assert result["text"] == "" and result["tokens"] == 0 and result["parts"] == []
     assert {"name": "Recent history", "reason": "budget"} in result["omitted"]
 
@@ -135,7 +132,7 @@ def test_a_tiny_budget_gives_an_empty_text_and_says_why(rich):
 def test_a_part_that_does_not_fit_is_cut_to_the_budget(rich):
     workspace, _ = rich
     (workspace / "memory" / "history.jsonl").write_text(history_line(61, "- [durable] " + "long words " * 400))
-    result = build_context(workspace, settings=SETTINGS, budget_tokens=120)
+    result = build_context(workspace, budget_tokens=120)
     assert result["parts"][0]["name"] == "Recent history" and result["parts"][0]["truncated"]
     assert result["text"].rstrip().endswith("[... cut to fit the token budget]")
     assert result["tokens"] <= 120
@@ -150,7 +147,7 @@ def test_search_hits_are_rendered_from_any_backend():
 
 
 def test_missing_workspace_files_are_omitted(tmp_path):
-    result = build_context(tmp_path / "nowhere", settings=SETTINGS, budget_tokens=1000, query="x",
+    result = build_context(tmp_path / "nowhere", budget_tokens=1000, query="x",
                            search=lambda query, limit: [])
     assert result["text"] == ""
     assert {"name": "Search: x", "reason": "no hits"} in result["omitted"]

@@ -80,7 +80,7 @@ async def context(core: Core, request: Request) -> dict:
     if query.strip():
         found = await run_search(core, workspace, query, agent_context.SEARCH_FETCH)
     answer = await blocking(core, lambda: agent_context.build_context(
-        workspace.settings.path, settings=settings, budget_tokens=budget, query=query,
+        workspace.settings.path, budget_tokens=budget, query=query,
         search=lambda text, limit: found.hits[:limit], session_key=session_key))
     if not str(answer.get("text") or "").strip():
         answer["warning"] = empty_context_warning(answer, budget)
