@@ -30,7 +30,6 @@ from nanobotd.index.selectivity import MATCH_BUDGET, ClauseSelector
 from nanobotd.index.sessionunits import STRIDE, WINDOW, is_skipped_session, session_key_for, session_units
 from nanobotd.index.sources import SourceSet, file_fingerprint
 from nanobotd.index.stems import Stemmer
-from nanobotd.index.timeintent import dates_column
 from nanobotd.index.units import (
     HISTORY_UNIT_CHARS,
     MAX_UNIT_CHARS,
@@ -40,6 +39,7 @@ from nanobotd.index.units import (
     markdown_units,
     note_date,
     parse_timestamp,
+    unit_dates,
 )
 from nanobotd.index.vectors import MAX_EMBED_PER_REFRESH, Embed, VectorIndex, with_vectors
 from nanobotd.tuning import CANDIDATES_PER_HIT, MIN_CANDIDATES
@@ -179,7 +179,8 @@ class BuiltinIndex:
         """Hits of another backend scored as this index scores its own, so min_score means the same everywhere."""
         parsed = parse_query(query, now=self._clock())
         rows = [ftsdb.MatchRow(index, hit.path, hit.source, 0, 0, hit.when, hit.session_key, None,
-                               body=hit.text or hit.snippet, score=0.0, dates=_dates_of(hit.when))
+                               body=hit.text or hit.snippet, score=0.0,
+                               dates=unit_dates("", parse_timestamp(hit.when)))  # dated by its own day alone
                 for index, hit in enumerate(hits)]
         if not parsed.clauses or not rows:
             return hits
@@ -390,8 +391,3 @@ class BuiltinIndex:
             return markdown_units(text, source, day.isoformat(), day)
         when = iso_seconds(datetime.fromtimestamp(path.stat().st_mtime))
         return markdown_units(text, source, when)
-
-
-def _dates_of(when: str) -> str:
-    moment = parse_timestamp(when)
-    return dates_column((moment.date(),)) if moment else ""
