@@ -149,8 +149,7 @@ class QmdBackend:
             # Someone cleared the state dir under us: without its config qmd would update nothing, and a
             # running server would keep reading the deleted index.
             await self._ensure_collection()
-            if self._mcp is not None:
-                await self._mcp.stop()
+            await self._mcp.stop()  # set by start() with _available, which _require_available() checked
         async with self._index_lock():
             requests_covered = self._requests_seen
             self._updating = True
@@ -367,11 +366,10 @@ class QmdBackend:
             collections = [word for name in self._collections() for word in ("-c", name)]
             result = await self._qmd(mode, "--format", "json", "-n", str(limit), *collections, "--", query,
                                      timeout=self.settings.timeout_seconds, check=True)
-            hits = self._hits(json_array(result.stdout), mode=mode, transport="cli")
+            return self._hits(json_array(result.stdout), mode=mode, transport="cli")
         except SearchBackendError as exc:
             self._last_error = str(exc)
             raise
-        return hits
 
     def _hits(self, items: list, *, mode: str, transport: str) -> list[SearchHit]:
         export = (self.export_name, self.export) if self.export is not None else None
