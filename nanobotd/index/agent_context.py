@@ -54,18 +54,15 @@ class Assembly:
         self.parts: list[tuple[Part, int]] = []
         self.omitted: list[dict] = []
 
-    @property
-    def used(self) -> int:
-        return sum(tokens for _, tokens in self.parts) + len(self.parts)
-
-    def remaining(self) -> int:
-        return self.budget - self.used - 1
+    def remaining(self, limit: int | None = None) -> int:
+        """The tokens left for another part (each part costs one more, its separator), at most *limit*."""
+        room = self.budget - sum(tokens for _, tokens in self.parts) - len(self.parts) - 1
+        return room if limit is None else min(room, limit)
 
     def fits(self, part: Part, limit: int | None = None) -> int | None:
         """The tokens *part* costs if it fits in what is left (and within *limit*), else None."""
-        room = self.remaining() if limit is None else min(self.remaining(), limit)
         tokens = count_tokens(part.render())
-        return tokens if tokens <= room else None
+        return tokens if tokens <= self.remaining(limit) else None
 
     def add(self, part: Part, tokens: int) -> None:
         """Accept a part whose cost was checked with fits()."""
@@ -78,8 +75,7 @@ class Assembly:
             self.add(part, tokens)
             return part
         if trim:
-            room = self.remaining() if limit is None else min(self.remaining(), limit)
-            cut = trim_part(part, room)
+            cut = trim_part(part, self.remaining(limit))
             if cut is not None:
                 self.add(cut, count_tokens(cut.render()))
                 return cut
