@@ -248,10 +248,9 @@ def add_search(assembly: Assembly, workspace: Path, query: str,
     if not fresh:
         assembly.omitted.append({"name": name, "reason": "no hits"})
         return []
-    header_tokens = count_tokens(Part(name, "").render()) + 1
     room = assembly.remaining()
     chosen: list[SearchHit] = []
-    used = header_tokens
+    used = count_tokens(Part(name, "").render()) + 1
     for hit in fresh:
         tokens = count_tokens(render_hit(hit)) + 1
         if used + tokens <= room:
