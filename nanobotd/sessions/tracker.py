@@ -331,7 +331,7 @@ class SessionTracker:
             self.spool.recount(session)
             self._save_session(session)
             with self.store.transaction() as db:
-                db.execute("DELETE FROM messages WHERE session_id=?", (session.session_id,))
+                db.execute("DELETE FROM message_blocks WHERE session_id=?", (session.session_id,))
             session.tail = None
             self.holding.release(session)  # no held row left: the deleted file's bytes are not kept
             return ScanResult(session.key, True, 0, len(self.spool.rows(session)), 0)

@@ -6,6 +6,7 @@ import os
 import shutil
 
 from nanobotd.sessions.file import filename_for_key
+from nanobotd.sessions.spool import read_message_cache
 from nanobotd.sessions.tracker import SessionTracker
 from nanobotd.state.store import StateStore
 from tests.support.workspace import SAMPLES, conversation, make_workspace, write_session
@@ -410,7 +411,7 @@ def _accounting(store, tracker) -> dict:
     for key, session in tracker.sessions.items():
         spool = store.query("SELECT digest, tokens, role FROM spool WHERE session_id=? ORDER BY digest",
                             (session.session_id,))
-        cache = store.query("SELECT COUNT(*), SUM(tokens) FROM messages WHERE session_id=?", (session.session_id,))
+        cache = list(read_message_cache(store, session.session_id))
         found[key] = (session.state, session.unarchived_messages, session.unarchived_tokens, session.total_tokens,
                       session.message_count, session.agent_archived, session.corrupt_lines, sorted(spool), cache)
     return found
