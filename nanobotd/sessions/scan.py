@@ -201,7 +201,7 @@ class _Reading:
 
     header: sessionfile.SessionHeader
     messages: MessageList
-    taken: _Taken
+    taken: _Taken | set[str]  # a plain set when no known message list is searched (a full parse)
     corrupt: int = 0
     region_start: int = 0
     region_end: int = 0
@@ -238,7 +238,10 @@ class _Reading:
     def take(self, fields: _Fields, flags: int, text: str | None, line: sessionfile.RawLine) -> None:
         """A newly parsed message, its *text* to estimate tokens of (None: it counts none); one over
         MAX_LINE_BYTES is counted as large (it will be archived raw)."""
-        self.lines.add(LINE_NONE if flags else LINE_NEW, line)
+        lines = self.lines  # MessageLines.add, inlined: a first start adds every message of every file
+        lines.kinds.append(LINE_NONE if flags else LINE_NEW)
+        lines.starts.append(line.start)
+        lines.ends.append(line.end)
         line_digest, digest, role, timestamp = fields  # blake2b hexdigests, packed as they are
         self.messages.add_packed(bytes.fromhex(line_digest), bytes.fromhex(digest), role, timestamp,
                                  estimate_tokens(text) if text else 0, flags)
@@ -247,7 +250,7 @@ class _Reading:
 
 
 def _parse_all(path: Path, handle: BinaryIO, cached: Sequence[MessageInfo]) -> ParseResult:
-    reading = _Reading(sessionfile.SessionHeader(), MessageList(), _Taken())
+    reading = _Reading(sessionfile.SessionHeader(), MessageList(), set())
     reading.cached = cached if isinstance(cached, MessageList) else MessageList(cached)
     for index, line_digest in enumerate(reading.cached.line_digests()):
         known = reading.cache.setdefault(line_digest, index)
@@ -333,7 +336,7 @@ def _count_corrupt(path: Path, line: sessionfile.RawLine, reading: _Reading) -> 
                      line.oversized, sessionfile.MESSAGE_LINE_BYTES >> 20)
 
 
-def _message_info(line_digest: str, record: dict, taken: _Taken) -> tuple[_Fields, int, str | None] | None:
+def _message_info(line_digest: str, record: dict, taken: _Taken | set[str]) -> tuple[_Fields, int, str | None] | None:
     """Parse one message: its MessageInfo fields but tokens and flags, its flags, and the text its tokens are
     estimated from (None: it counts none); a digest already taken in this file gets a numbered variant (#1, ...)."""
     fields = sessionfile.message_fields(record)
