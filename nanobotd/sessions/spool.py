@@ -38,23 +38,25 @@ Resolve = Callable[[list[LineRef | None]], list[str | None]]
 
 
 def insert_rows(db: sqlite3.Connection, session_id: int, rows: Iterable[tuple], handle: BinaryIO, now: float, *,
-                shift: int | None = None) -> None:
+                shift: int | None = None) -> list[tuple[str, int]]:
     """Spool *rows* (digest, role, timestamp, tokens, line ref) after the session's last sequence number,
-    taking them from *rows* a batch at a time.
+    taking them from *rows* a batch at a time; returns (digest, tokens) of each of *rows*.
 
     *shift* None: each record is copied, read from *handle* a batch at a time (a line whose bytes changed
     since the parse is left out). Otherwise the rows are held: only the line's offsets (less *shift*) and
     digest are kept, its bytes stay in the held version of the file (the one open in *handle*).
     """
     seq = db.execute("SELECT COALESCE(MAX(seq), 0) FROM spool WHERE session_id=?", (session_id,)).fetchone()[0]
-    rows = iter(rows)
+    rows, added = iter(rows), []
     while taken := list(itertools.islice(rows, SPOOL_BATCH)):
         batch = []
+        added += [(digest, tokens) for digest, _, _, tokens, _ in taken]
         for digest, role, stamp, tokens, ref in taken:
             seq += 1
             if shift is not None:
-                batch.append((session_id, digest, seq, role, stamp, tokens, HELD, now,
-                              ref.start - shift, ref.end - shift, ref.line_digest))
+                start, end, line_digest = ref
+                batch.append((session_id, digest, seq, role, stamp, tokens, HELD, now, start - shift, end - shift,
+                              line_digest))
                 continue
             data = read_line(handle, ref)  # the file's JSON text, not re-encoded; None: its bytes changed
             if data is not None:
@@ -62,6 +64,7 @@ def insert_rows(db: sqlite3.Connection, session_id: int, rows: Iterable[tuple], 
         db.executemany(
             "INSERT OR IGNORE INTO spool (session_id, digest, seq, role, timestamp, tokens, record, seen_at,"
             " line_start, line_end, line_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", batch)
+    return added
 
 
 def has_held_rows(store: StateStore, session_id: int) -> bool:

@@ -241,10 +241,12 @@ class SessionTracker:
         if appended:  # nothing left the file; a message that had may be back
             gone = self.spool.gone(session)
             gone = gone - set(messages.digests(first_fresh)) if gone else set()
-        else:
+        elif spooled:
             current = set(messages.digests())
             gone = {digest for digest in spooled if digest not in current}
             del current
+        else:  # nothing spooled (a file seen for the first time): nothing to miss
+            gone = set()
         below = set(messages.digests(0, agent_archived)) if agent_archived and spooled else set()
         to_spool = self._spool_rows(session, first_fresh, parsed, agent_archived)
         hold = self.holding.plan(session, parsed, handle, fast=same_bytes,
@@ -285,7 +287,7 @@ class SessionTracker:
             return []
         messages = parsed.messages
         wanted = [index for index in range(max(first_fresh, agent_archived), len(messages))
-                  if not (messages.flags(index) or messages.digest(index) in spooled)
+                  if not (messages.flags(index) or (spooled and messages.digest(index) in spooled))
                   and parsed.lines.kind(index) == LINE_NEW]
         archived = self.marks.archived_among(session, [messages.digest(index) for index in wanted])
         return [index for index in wanted if messages.digest(index) not in archived] if archived else wanted
@@ -303,15 +305,15 @@ class SessionTracker:
         try:
             with self.store.transaction() as db:
                 self.holding.apply(db, session, hold)
-                spooldb.insert_rows(db, session.session_id, parsed.spool_rows(to_spool), handle, now, shift=hold.shift)
+                added = spooldb.insert_rows(db, session.session_id, parsed.spool_rows(to_spool), handle, now,
+                                            shift=hold.shift)
                 bulk.delete_in(db, "spool", "digest", agent_done, where={"session_id": session.session_id})
                 store_message_cache(db, session.session_id, old, messages, known_prefix=known_prefix)
         except BaseException:
             self.holding.undo(session, hold, before)
             raise
         self.spool.drop(session, self.holding.finish(session, hold))
-        self.spool.spooled(session, ((messages.digest(index), messages.tokens(index)) for index in to_spool),
-                           agent_done)
+        self.spool.spooled(session, added, agent_done)
 
     def _save_session(self, session: SessionState) -> None:
         with self.store.transaction() as db:
