@@ -6,6 +6,7 @@ map are loaded from their own tables on first use and kept in step by the tracke
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -186,12 +187,13 @@ def store_message_cache(db, session_id: int, old: MessageList, new: MessageList,
                    " VALUES (?, ?, ?, ?, ?, ?)", ((session_id, *block) for block in new.blocks(first, MESSAGE_BLOCK)))
 
 
-def digests_in(store: StateStore, table: str, session_id: int, digests: list[str]) -> set[str]:
+def digests_in(store: StateStore, table: str, session_id: int, digests: Iterable[str]) -> set[str]:
     """Which of *digests* the session has rows for in *table* ("archived": nanobotd archived them), looked up a
     batch at a time."""
     found: set[str] = set()
-    if len(digests) > 1 and not store.query(f"SELECT 1 FROM {table} WHERE session_id=? LIMIT 1", (session_id,)):
-        return found  # none at all (nothing archived yet: every new session), found with one lookup, not a batch's
+    if not store.query(f"SELECT 1 FROM {table} WHERE session_id=? LIMIT 1", (session_id,)):
+        return found  # none at all (nothing archived yet: every new session): *digests* need not even be made
+    digests = list(digests)
     for first in range(0, len(digests), DIGEST_LOOKUP):
         batch = digests[first:first + DIGEST_LOOKUP]
         found.update(row[0] for row in store.query(

@@ -285,11 +285,12 @@ class SessionTracker:
         spooled = self.spool.rows(session)
         if session.skipped:
             return []
-        messages = parsed.messages
-        wanted = [index for index in range(max(first_fresh, agent_archived), len(messages))
-                  if not (messages.flags(index) or (spooled and messages.digest(index) in spooled))
-                  and parsed.lines.kind(index) == LINE_NEW]
-        archived = self.marks.archived_among(session, [messages.digest(index) for index in wanted])
+        messages, lines = parsed.messages, parsed.lines
+        begin = max(first_fresh, agent_archived, lines.first)  # a line parsed in this scan (LINE_NEW) counts
+        wanted = [begin + at for at, kind in enumerate(lines.kinds[begin - lines.first:]) if kind == LINE_NEW]
+        if spooled:
+            wanted = [index for index in wanted if messages.digest(index) not in spooled]
+        archived = self.marks.archived_among(session, (messages.digest(index) for index in wanted))
         return [index for index in wanted if messages.digest(index) not in archived] if archived else wanted
 
     def _write_spool(self, session: SessionState, parsed: ParseResult, to_spool: list[int], agent_done: list[str],
