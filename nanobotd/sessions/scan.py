@@ -216,8 +216,6 @@ class _Reading:
     def reuse(self, line: sessionfile.RawLine) -> bool:
         """Take the cached parse of *line* when there is one; a line may repeat (same bytes twice), so
         its k-th copy in the file reuses the k-th cached parse (each parse is taken out of the cache once)."""
-        if not self.cache:  # a first scan, or every cached parse taken: nothing to reuse
-            return False
         entry = self.cache.pop(line.line_digest, None)
         if entry is None:
             return False
@@ -303,7 +301,7 @@ def _read_lines(path: Path, handle: BinaryIO, reading: _Reading, *, offset: int 
         reading.region_end = line.end
         leading = reading.leading and sessionfile.is_metadata_line(line)
         reading.leading = leading
-        if reading.reuse(line):
+        if reading.cache and reading.reuse(line):  # nothing to reuse in a first scan
             continue
         record = sessionfile.decode_record(line)
         if record is None:  # corrupt: a message line (however it starts), as the fast path reads it
