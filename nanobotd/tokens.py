@@ -54,9 +54,8 @@ def workspace_encoding(mode: str, model: str) -> str:
 
 def estimate_tokens(text: str) -> int:
     """A message's tokens estimated from its UTF-8 size: what a scan, a reconcile and raw archiving go by."""
-    if not text:
-        return 0
-    return -(-len(text.encode("utf-8", "surrogatepass")) // ESTIMATE_BYTES_PER_TOKEN)
+    size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))  # ASCII: a byte a character
+    return -(-size // ESTIMATE_BYTES_PER_TOKEN)
 
 
 def tokenizer_dir() -> Path | None:

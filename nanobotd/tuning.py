@@ -76,6 +76,8 @@ MAX_COUNTED_CHARS = 4_000_000  # text past this is estimated even when counted: 
 TOKENIZER_IDLE_SECONDS = 60.0  # an encoding unused this long is let go (its memory back) and loaded again on demand
 CACHED_MESSAGES = 50_000  # message caches kept in memory for the sessions used last: memory against re-reads
 CACHE_IDLE_SECONDS = 300.0  # a session's caches go after this long unused: memory against reading them back
+MESSAGE_BLOCK = 256  # messages stored in one row of the message cache: rows written at a first start against the
+# block an append rewrites
 ROWS_BLOCK = 4096  # messages whose columns become strings together: speed of long reads against a block's memory
 HASH_BLOCK = 1 << 20  # bytes hashed a read at a time when a scan checks the known region
 READ_CHUNK = 1 << 20  # bytes a scan reads at a time: fewer reads against a chunk's memory

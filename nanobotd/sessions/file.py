@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import json
 import os
@@ -136,15 +137,15 @@ class _LineReader:
         self.position = offset  # where the chunk being read starts
 
     def lines_in(self, chunk: bytes) -> Iterator[RawLine]:
-        start, position = 0, self.position
+        start, position, find, limit = 0, self.position, chunk.find, self.max_line_bytes
         while True:
-            newline = chunk.find(b"\n", start)
-            if newline >= 0 and not (self.pending or self.skipping) and newline - start <= self.max_line_bytes:
+            newline = find(b"\n", start)
+            if newline >= 0 and not (self.pending or self.skipping) and newline - start <= limit:
                 self.number += 1
                 data = chunk[start:newline].strip()
-                if data:
-                    yield RawLine(self.number, data, line_digest(data), end=position + newline + 1,
-                                  start=position + start)
+                if data:  # RawLine's fields in order, made as a tuple is (its generated __new__ took a third)
+                    yield _new_line((self.number, data, _blake2b(data, digest_size=16).hexdigest(), 0,
+                                     position + newline + 1, True, position + start))
             else:
                 self._gather(chunk[start:] if newline < 0 else chunk[start:newline])
                 if newline < 0:
@@ -166,6 +167,10 @@ class _LineReader:
         if len(self.pending) > self.max_line_bytes:
             self.skipping = len(self.pending)
             self.pending.clear()
+
+
+_new_line = functools.partial(tuple.__new__, RawLine)
+_blake2b = hashlib.blake2b
 
 
 def _finish_line(number: int, pending: bytearray, skipping: int, end: int, terminated: bool) -> RawLine | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from loguru import logger
 
@@ -83,7 +83,7 @@ class ArchiveMarks:
             self.record(session, marked)
         return len(marked)
 
-    def archived_among(self, session: SessionState, digests: list[str]) -> set[str]:
+    def archived_among(self, session: SessionState, digests: Iterable[str]) -> set[str]:
         """Which of *digests* nanobotd archived, looked up in the database: a session's marks are not kept in memory
         (a long session's would be its every message, twice over)."""
         return digests_in(self.store, "archived", session.session_id, digests)

@@ -7,6 +7,7 @@ fraction of what MessageInfo objects with hex strings would. A MessageInfo is ma
 
 from __future__ import annotations
 
+import json
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -70,12 +71,35 @@ class MessageList:
         return messages.copy() if isinstance(messages, MessageList) else cls(messages)
 
     @classmethod
-    def from_rows(cls, rows: Iterable[tuple[str, str, str, str, int, int]]) -> MessageList:
-        """A MessageList of rows of MessageInfo fields (the message cache's columns, in their order)."""
+    def from_blocks(cls, blocks: Iterable[tuple[bytes, bytes, str, str | None]]) -> MessageList:
+        """A MessageList of the message cache's blocks (see blocks()), in order."""
         messages = cls()
-        for row in rows:
-            messages.add(*row)
+        for line_digests, digests, columns, odd in blocks:
+            names, roles, stamps, ends, tokens, flags = json.loads(columns)
+            base, stamp_base = len(messages), len(messages._stamps)
+            numbers = [messages._role_number(name) for name in names]
+            messages._line_digests += line_digests
+            messages._digests += digests
+            messages._roles.extend(numbers[role] for role in roles)
+            messages._stamps += stamps.encode("utf-8", "surrogatepass")
+            messages._stamp_ends.extend(end + stamp_base for end in ends)
+            messages._tokens.extend(tokens)
+            messages._flags.extend(flags)
+            for column, index, digest in json.loads(odd) if odd else ():
+                messages._odd[(column, base + index)] = digest
         return messages
+
+    def blocks(self, start: int, size: int) -> Iterator[tuple[int, bytes, bytes, str, str | None]]:
+        """The message cache's rows from the block holding message *start* on, *size* messages a block: (first
+        message, line digests, digests, the other columns as JSON, the odd digests as JSON or None). A row a block,
+        not a row a message: a first start stores every message of every file."""
+        for first in range(start - start % size, len(self), size):
+            part = self._slice(slice(first, first + size))
+            columns = json.dumps([part._role_names, part._roles.tolist(),
+                                  part._stamps.decode("utf-8", "surrogatepass"), part._stamp_ends.tolist(),
+                                  part._tokens.tolist(), list(part._flags)], separators=(",", ":"))
+            odd = json.dumps([[column, index, digest] for (column, index), digest in part._odd.items()])
+            yield first, bytes(part._line_digests), bytes(part._digests), columns, odd if part._odd else None
 
     # -- writing -------------------------------------------------------------------------------------
     def append(self, info: MessageInfo) -> None:
@@ -95,14 +119,18 @@ class MessageList:
         self._line_digests += line_digest
         self._digests += digest
         number = self._role_numbers.get(role)
-        if number is None:
-            number = self._role_numbers[role] = len(self._role_names)
-            self._role_names.append(role)
-        self._roles.append(number)
+        self._roles.append(number if number is not None else self._role_number(role))
         self._stamps += timestamp.encode("utf-8", "surrogatepass")
         self._stamp_ends.append(len(self._stamps))
         self._tokens.append(tokens)
         self._flags.append(flags)
+
+    def _role_number(self, role: str) -> int:
+        number = self._role_numbers.get(role)
+        if number is None:
+            number = self._role_numbers[role] = len(self._role_names)
+            self._role_names.append(role)
+        return number
 
     def _packed(self, column: int, index: int, digest: str) -> bytes:
         packed = self._packed_only(digest)

@@ -165,7 +165,6 @@ def read_line(handle: BinaryIO, ref: LineRef) -> bytes | None:
     return data if sessionfile.line_digest(data) == ref.line_digest else None
 
 
-_Fields = tuple[str, str, str, str]  # a MessageInfo's line_digest, digest, role and timestamp
 class _Taken:
     """The digests of the messages read so far, to number a copy of one (digest#1, ...).
 
@@ -201,7 +200,7 @@ class _Reading:
 
     header: sessionfile.SessionHeader
     messages: MessageList
-    taken: _Taken
+    taken: _Taken | set[str]  # a plain set when no known message list is searched (a full parse)
     corrupt: int = 0
     region_start: int = 0
     region_end: int = 0
@@ -216,8 +215,6 @@ class _Reading:
     def reuse(self, line: sessionfile.RawLine) -> bool:
         """Take the cached parse of *line* when there is one; a line may repeat (same bytes twice), so
         its k-th copy in the file reuses the k-th cached parse (each parse is taken out of the cache once)."""
-        if not self.cache:  # a first scan, or every cached parse taken: nothing to reuse
-            return False
         entry = self.cache.pop(line.line_digest, None)
         if entry is None:
             return False
@@ -235,19 +232,35 @@ class _Reading:
         self.lines.add(LINE_KNOWN if info.counts else LINE_NONE, line)
         return True
 
-    def take(self, fields: _Fields, flags: int, text: str | None, line: sessionfile.RawLine) -> None:
-        """A newly parsed message, its *text* to estimate tokens of (None: it counts none); one over
-        MAX_LINE_BYTES is counted as large (it will be archived raw)."""
-        self.lines.add(LINE_NONE if flags else LINE_NEW, line)
-        line_digest, digest, role, timestamp = fields  # blake2b hexdigests, packed as they are
-        self.messages.add_packed(bytes.fromhex(line_digest), bytes.fromhex(digest), role, timestamp,
-                                 estimate_tokens(text) if text else 0, flags)
+    def take(self, record: dict, line: sessionfile.RawLine) -> bool:
+        """A newly parsed message record (False: it is none); a digest already taken in this file gets a numbered
+        variant (#1, ...); one over MAX_LINE_BYTES is counted as large (it will be archived raw)."""
+        fields = sessionfile.message_fields(record)
+        if fields is None:
+            return False
+        role, text, timestamp = fields
+        role = sys.intern(role)  # a handful of roles, one string each instead of one per message
+        base = digest = sessionfile.message_digest(role, text, timestamp)
+        copy, taken = 0, self.taken
+        while digest in taken:
+            copy += 1
+            digest = hashlib.blake2b(f"{base}#{copy}".encode(), digest_size=16).hexdigest()
+        taken.add(digest)
+        flags = (FLAG_COMMAND if record.get("_command") else 0) | (FLAG_HIDDEN if record.get("_hidden_history") else 0)
+        lines = self.lines  # MessageLines.add, inlined: a first start adds every message of every file
+        lines.kinds.append(LINE_NONE if flags else LINE_NEW)
+        lines.starts.append(line.start)
+        lines.ends.append(line.end)
+        tokens = 0 if flags else estimate_tokens(sessionfile.message_text_for_tokens(record, text))
+        self.messages.add_packed(bytes.fromhex(line.line_digest), bytes.fromhex(digest), role, timestamp, tokens,
+                                 flags)
         if len(line.data) > sessionfile.MAX_LINE_BYTES:
             self.large += 1
+        return True
 
 
 def _parse_all(path: Path, handle: BinaryIO, cached: Sequence[MessageInfo]) -> ParseResult:
-    reading = _Reading(sessionfile.SessionHeader(), MessageList(), _Taken())
+    reading = _Reading(sessionfile.SessionHeader(), MessageList(), set())
     reading.cached = cached if isinstance(cached, MessageList) else MessageList(cached)
     for index, line_digest in enumerate(reading.cached.line_digests()):
         known = reading.cache.setdefault(line_digest, index)
@@ -300,7 +313,7 @@ def _read_lines(path: Path, handle: BinaryIO, reading: _Reading, *, offset: int 
         reading.region_end = line.end
         leading = reading.leading and sessionfile.is_metadata_line(line)
         reading.leading = leading
-        if reading.reuse(line):
+        if reading.cache and reading.reuse(line):  # nothing to reuse in a first scan
             continue
         record = sessionfile.decode_record(line)
         if record is None:  # corrupt: a message line (however it starts), as the fast path reads it
@@ -318,11 +331,8 @@ def _read_lines(path: Path, handle: BinaryIO, reading: _Reading, *, offset: int 
             continue
         if appending and sessionfile.message_fields(record) is not None and _base_digest(record) in reading.taken:
             return False  # a copy of an earlier message: its numbering needs the full parse
-        parsed = _message_info(line.line_digest, record, reading.taken)
-        if parsed is None:
+        if not reading.take(record, line):
             reading.corrupt += 1
-            continue
-        reading.take(*parsed, line)
     return True
 
 
@@ -331,25 +341,6 @@ def _count_corrupt(path: Path, line: sessionfile.RawLine, reading: _Reading) -> 
     if line.oversized:
         logger.error("{} line {}: {} bytes, over the {} MiB a message may have; not read", path, line.number,
                      line.oversized, sessionfile.MESSAGE_LINE_BYTES >> 20)
-
-
-def _message_info(line_digest: str, record: dict, taken: _Taken) -> tuple[_Fields, int, str | None] | None:
-    """Parse one message: its MessageInfo fields but tokens and flags, its flags, and the text its tokens are
-    estimated from (None: it counts none); a digest already taken in this file gets a numbered variant (#1, ...)."""
-    fields = sessionfile.message_fields(record)
-    if fields is None:
-        return None
-    role, text, timestamp = fields
-    role = sys.intern(role)  # a handful of roles, one string each instead of one per message
-    base = digest = sessionfile.message_digest(role, text, timestamp)
-    copy = 0
-    while digest in taken:
-        copy += 1
-        digest = hashlib.blake2b(f"{base}#{copy}".encode(), digest_size=16).hexdigest()
-    taken.add(digest)
-    flags = (FLAG_COMMAND if record.get("_command") else 0) | (FLAG_HIDDEN if record.get("_hidden_history") else 0)
-    counted = None if flags else sessionfile.message_text_for_tokens(record, text)
-    return (line_digest, digest, role, timestamp), flags, counted
 
 
 def _known_region(handle: BinaryIO, tail: Tail, header: sessionfile.SessionHeader) -> tuple[int, Any] | None:

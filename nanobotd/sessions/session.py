@@ -6,6 +6,7 @@ map are loaded from their own tables on first use and kept in step by the tracke
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from nanobotd.sessions.messages import MessageList
 from nanobotd.sessions.scan import Tail
 from nanobotd.state.store import StateStore
 from nanobotd.timestamps import iso_local
-from nanobotd.tuning import DIGEST_LOOKUP
+from nanobotd.tuning import DIGEST_LOOKUP, MESSAGE_BLOCK
 
 SKIPPED_PREFIXES = ("dream:",)
 SESSION_COLUMNS = ("id, key, path, inode, size, mtime_ns, agent_archived, messages, corrupt_lines, total_tokens,"
@@ -172,25 +173,27 @@ def digests_in_spans(messages: MessageList, spans: list[dict]) -> dict[str, str]
 
 def store_message_cache(db, session_id: int, old: MessageList, new: MessageList, *,
                         known_prefix: int = 0) -> None:
-    """Keep the cached message list in step with the file: rewrite only from the first line that differs."""
+    """Keep the cached message list in step with the file: rewrite only from the block of the first line that
+    differs."""
     prefix = known_prefix
     limit = min(len(old), len(new))
     while prefix < limit and old.line_digest(prefix) == new.line_digest(prefix):
         prefix += 1
-    if prefix < len(old):
-        db.execute("DELETE FROM messages WHERE session_id=? AND seq>=?", (session_id, prefix))
-    db.executemany(
-        "INSERT OR REPLACE INTO messages (session_id, seq, line_digest, digest, role, timestamp, tokens, flags)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        ((session_id, seq, *fields) for seq, fields in enumerate(new.rows(prefix), start=prefix)))  # made as written
+    if prefix == len(old) == len(new):
+        return
+    first = prefix - prefix % MESSAGE_BLOCK
+    db.execute("DELETE FROM message_blocks WHERE session_id=? AND first>=?", (session_id, first))
+    db.executemany("INSERT INTO message_blocks (session_id, first, line_digests, digests, columns, odd)"
+                   " VALUES (?, ?, ?, ?, ?, ?)", ((session_id, *block) for block in new.blocks(first, MESSAGE_BLOCK)))
 
 
-def digests_in(store: StateStore, table: str, session_id: int, digests: list[str]) -> set[str]:
-    """Which of *digests* the session has rows for in *table* ("archived": nanobotd archived them;
-    "messages": the session file has them), looked up a batch at a time."""
+def digests_in(store: StateStore, table: str, session_id: int, digests: Iterable[str]) -> set[str]:
+    """Which of *digests* the session has rows for in *table* ("archived": nanobotd archived them), looked up a
+    batch at a time."""
     found: set[str] = set()
-    if len(digests) > 1 and not store.query(f"SELECT 1 FROM {table} WHERE session_id=? LIMIT 1", (session_id,)):
-        return found  # none at all (nothing archived yet: every new session), found with one lookup, not a batch's
+    if not store.query(f"SELECT 1 FROM {table} WHERE session_id=? LIMIT 1", (session_id,)):
+        return found  # none at all (nothing archived yet: every new session): *digests* need not even be made
+    digests = list(digests)
     for first in range(0, len(digests), DIGEST_LOOKUP):
         batch = digests[first:first + DIGEST_LOOKUP]
         found.update(row[0] for row in store.query(

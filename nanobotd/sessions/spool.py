@@ -25,7 +25,7 @@ from nanobotd.memory.transcript import PendingMessage, record_json
 from nanobotd.sessions import file as sessionfile
 from nanobotd.sessions.messages import MessageList
 from nanobotd.sessions.scan import LineRef, read_line
-from nanobotd.sessions.session import SessionState, digests_in
+from nanobotd.sessions.session import SessionState
 from nanobotd.state.store import StateStore
 from nanobotd.tokens import count_tokens
 from nanobotd.tuning import SPOOL_BATCH
@@ -33,31 +33,30 @@ from nanobotd.tuning import SPOOL_BATCH
 T = TypeVar("T")
 HELD = ""  # the record of a held row: its line is in the session's held version of the file
 
-# the spool rows of a session (?) with no message in its message cache: their messages left the file
-VANISHED = ("FROM spool s WHERE s.session_id=? AND NOT EXISTS"
-            " (SELECT 1 FROM messages m WHERE m.session_id=s.session_id AND m.digest=s.digest)")
 # held lines -> their texts (None: unreadable), from the session's held version at the time of the query
 Resolve = Callable[[list[LineRef | None]], list[str | None]]
 
 
 def insert_rows(db: sqlite3.Connection, session_id: int, rows: Iterable[tuple], handle: BinaryIO, now: float, *,
-                shift: int | None = None) -> None:
+                shift: int | None = None) -> list[tuple[str, int]]:
     """Spool *rows* (digest, role, timestamp, tokens, line ref) after the session's last sequence number,
-    taking them from *rows* a batch at a time.
+    taking them from *rows* a batch at a time; returns (digest, tokens) of each of *rows*.
 
     *shift* None: each record is copied, read from *handle* a batch at a time (a line whose bytes changed
     since the parse is left out). Otherwise the rows are held: only the line's offsets (less *shift*) and
     digest are kept, its bytes stay in the held version of the file (the one open in *handle*).
     """
     seq = db.execute("SELECT COALESCE(MAX(seq), 0) FROM spool WHERE session_id=?", (session_id,)).fetchone()[0]
-    rows = iter(rows)
+    rows, added = iter(rows), []
     while taken := list(itertools.islice(rows, SPOOL_BATCH)):
         batch = []
+        added += [(digest, tokens) for digest, _, _, tokens, _ in taken]
         for digest, role, stamp, tokens, ref in taken:
             seq += 1
             if shift is not None:
-                batch.append((session_id, digest, seq, role, stamp, tokens, HELD, now,
-                              ref.start - shift, ref.end - shift, ref.line_digest))
+                start, end, line_digest = ref
+                batch.append((session_id, digest, seq, role, stamp, tokens, HELD, now, start - shift, end - shift,
+                              line_digest))
                 continue
             data = read_line(handle, ref)  # the file's JSON text, not re-encoded; None: its bytes changed
             if data is not None:
@@ -65,6 +64,7 @@ def insert_rows(db: sqlite3.Connection, session_id: int, rows: Iterable[tuple], 
         db.executemany(
             "INSERT OR IGNORE INTO spool (session_id, digest, seq, role, timestamp, tokens, record, seen_at,"
             " line_start, line_end, line_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", batch)
+    return added
 
 
 def has_held_rows(store: StateStore, session_id: int) -> bool:
@@ -104,8 +104,18 @@ def move_held(db: sqlite3.Connection, session_id: int, moves: list[tuple[str, Li
 
 def read_message_cache(store: StateStore, session_id: int) -> MessageList:
     """The session's message cache as stored at its last scan, in file order."""
-    return store.query_with("SELECT line_digest, digest, role, timestamp, tokens, flags FROM messages"
-                            " WHERE session_id=? ORDER BY seq", (session_id,), MessageList.from_rows)
+    return store.query_with("SELECT line_digests, digests, columns, odd FROM message_blocks WHERE session_id=?"
+                            " ORDER BY first", (session_id,), MessageList.from_blocks)
+
+
+def cached_digests(store: StateStore, session_id: int) -> set[str]:
+    """The digests of the session's message cache as stored (its digest column alone is read)."""
+    found: set[str] = set()
+    for digests, odd in store.query("SELECT digests, odd FROM message_blocks WHERE session_id=?", (session_id,)):
+        text = digests.hex()
+        found.update(text[at:at + 32] for at in range(0, len(text), 32))
+        found.update(digest for column, _, digest in json.loads(odd) if column == 1) if odd else None
+    return found
 
 
 def vanished_rows(store: StateStore, session_id: int, gone: set[str]) -> list[tuple[int, str]]:
@@ -297,9 +307,21 @@ class Spool:
         (the spool rows without a message in the message cache) when the caches were dropped."""
         with self.lock:
             if session.gone is None:
-                session.gone = {digest for (digest,) in self.store.query(f"SELECT s.digest {VANISHED}",
-                                                                         (session.session_id,))}
+                session.gone = self._vanished(session)
             return session.gone
+
+    def _present(self, session: SessionState) -> set[str]:
+        """The digests of the messages in the session file (its message cache)."""
+        if session.messages is not None:
+            return set(session.messages.digests())
+        return cached_digests(self.store, session.session_id)
+
+    def _vanished(self, session: SessionState) -> set[str]:
+        """The spooled digests without a message in the message cache: their messages left the file."""
+        present = self._present(session)
+        spooled = session.spool if session.spool is not None else (digest for (digest,) in self.store.query(
+            "SELECT digest FROM spool WHERE session_id=?", (session.session_id,)))
+        return {digest for digest in spooled if digest not in present}
 
     def recount(self, session: SessionState) -> None:
         """Unarchived = spooled messages still present in the file (vanished ones wait for the rescue): a full pass,
@@ -341,7 +363,7 @@ class Spool:
                  for offset, (digest, record, tokens) in enumerate(records)])
         with self.lock:
             rows, gone = self.rows(session), self.gone(session)
-            in_file = digests_in(self.store, "messages", session.session_id, [digest for digest, _, _ in records])
+            in_file = self._present(session)
             for digest, _, tokens in records:
                 if digest in rows:
                     continue
@@ -375,8 +397,9 @@ class Spool:
 
     # -- the jobs' reads ----------------------------------------------------------------------------
     def vanished_count(self, session: SessionState) -> int:
-        """Spooled messages no longer in the session file (in SQL: no message cache is loaded)."""
-        return self.store.query(f"SELECT count(*) {VANISHED}", (session.session_id,))[0][0]
+        """Spooled messages no longer in the session file (neither the spool nor the message cache is loaded)."""
+        with self.lock:
+            return len(session.gone if session.gone is not None else self._vanished(session))
 
     def pending(self, session: SessionState, *, vanished_only: bool = False) -> list[tuple[int, PendingMessage, bool]]:
         """Spooled messages in first-seen order: (seq, message, still present in the file), every record read and

@@ -241,10 +241,12 @@ class SessionTracker:
         if appended:  # nothing left the file; a message that had may be back
             gone = self.spool.gone(session)
             gone = gone - set(messages.digests(first_fresh)) if gone else set()
-        else:
+        elif spooled:
             current = set(messages.digests())
             gone = {digest for digest in spooled if digest not in current}
             del current
+        else:  # nothing spooled (a file seen for the first time): nothing to miss
+            gone = set()
         below = set(messages.digests(0, agent_archived)) if agent_archived and spooled else set()
         to_spool = self._spool_rows(session, first_fresh, parsed, agent_archived)
         hold = self.holding.plan(session, parsed, handle, fast=same_bytes,
@@ -283,11 +285,12 @@ class SessionTracker:
         spooled = self.spool.rows(session)
         if session.skipped:
             return []
-        messages = parsed.messages
-        wanted = [index for index in range(max(first_fresh, agent_archived), len(messages))
-                  if not (messages.flags(index) or messages.digest(index) in spooled)
-                  and parsed.lines.kind(index) == LINE_NEW]
-        archived = self.marks.archived_among(session, [messages.digest(index) for index in wanted])
+        messages, lines = parsed.messages, parsed.lines
+        begin = max(first_fresh, agent_archived, lines.first)  # a line parsed in this scan (LINE_NEW) counts
+        wanted = [begin + at for at, kind in enumerate(lines.kinds[begin - lines.first:]) if kind == LINE_NEW]
+        if spooled:
+            wanted = [index for index in wanted if messages.digest(index) not in spooled]
+        archived = self.marks.archived_among(session, (messages.digest(index) for index in wanted))
         return [index for index in wanted if messages.digest(index) not in archived] if archived else wanted
 
     def _write_spool(self, session: SessionState, parsed: ParseResult, to_spool: list[int], agent_done: list[str],
@@ -303,15 +306,15 @@ class SessionTracker:
         try:
             with self.store.transaction() as db:
                 self.holding.apply(db, session, hold)
-                spooldb.insert_rows(db, session.session_id, parsed.spool_rows(to_spool), handle, now, shift=hold.shift)
+                added = spooldb.insert_rows(db, session.session_id, parsed.spool_rows(to_spool), handle, now,
+                                            shift=hold.shift)
                 bulk.delete_in(db, "spool", "digest", agent_done, where={"session_id": session.session_id})
                 store_message_cache(db, session.session_id, old, messages, known_prefix=known_prefix)
         except BaseException:
             self.holding.undo(session, hold, before)
             raise
         self.spool.drop(session, self.holding.finish(session, hold))
-        self.spool.spooled(session, ((messages.digest(index), messages.tokens(index)) for index in to_spool),
-                           agent_done)
+        self.spool.spooled(session, added, agent_done)
 
     def _save_session(self, session: SessionState) -> None:
         with self.store.transaction() as db:
@@ -331,7 +334,7 @@ class SessionTracker:
             self.spool.recount(session)
             self._save_session(session)
             with self.store.transaction() as db:
-                db.execute("DELETE FROM messages WHERE session_id=?", (session.session_id,))
+                db.execute("DELETE FROM message_blocks WHERE session_id=?", (session.session_id,))
             session.tail = None
             self.holding.release(session)  # no held row left: the deleted file's bytes are not kept
             return ScanResult(session.key, True, 0, len(self.spool.rows(session)), 0)

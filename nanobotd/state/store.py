@@ -169,6 +169,21 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (workspace, day)
     );
     """,
+    # 7: the message cache a row per block of messages (sessions.messages: MessageList.blocks), not a row per
+    # message; the old cache is dropped and every file read whole once more
+    """
+    DROP TABLE messages;
+    CREATE TABLE message_blocks (
+        session_id INTEGER NOT NULL,
+        first INTEGER NOT NULL,
+        line_digests BLOB NOT NULL,
+        digests BLOB NOT NULL,
+        columns TEXT NOT NULL,
+        odd TEXT,
+        PRIMARY KEY (session_id, first)
+    );
+    UPDATE sessions SET inode=NULL, size=NULL, mtime_ns=NULL;
+    """,
 ]
 
 

@@ -86,6 +86,17 @@ def test_has_digest_answers_as_a_set_of_the_digests_would(items, others):
         assert messages.has_digest(digest) == (digest in present)
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.lists(infos, max_size=30), st.integers(min_value=1, max_value=8), st.integers(min_value=0, max_value=35))
+def test_the_message_cache_blocks_read_back_the_list_they_were_made_of(items, size, start):
+    messages = MessageList(items)
+    rows = list(messages.blocks(0, size))
+    assert [first for first, *_ in rows] == list(range(0, len(items), size))
+    assert list(MessageList.from_blocks(row[1:] for row in rows)) == items
+    again = list(messages.blocks(start, size))  # what a scan rewrites: the blocks from the one holding *start*
+    assert again == [row for row in rows if row[0] + size > start]
+
+
 def test_rows_and_digests_across_blocks_read_back_every_field():
     count = 2 * ROWS_BLOCK + 5
     items = [MessageInfo(_hex(f"l{n}") if n % 997 else "odd line", _hex(f"d{n}") if n % 1009 else f"odd {n}",

@@ -6,6 +6,7 @@ import os
 import shutil
 
 from nanobotd.sessions.file import filename_for_key
+from nanobotd.sessions.spool import read_message_cache
 from nanobotd.sessions.tracker import SessionTracker
 from nanobotd.state.store import StateStore
 from tests.support.workspace import SAMPLES, conversation, make_workspace, write_session
@@ -410,7 +411,7 @@ def _accounting(store, tracker) -> dict:
     for key, session in tracker.sessions.items():
         spool = store.query("SELECT digest, tokens, role FROM spool WHERE session_id=? ORDER BY digest",
                             (session.session_id,))
-        cache = store.query("SELECT COUNT(*), SUM(tokens) FROM messages WHERE session_id=?", (session.session_id,))
+        cache = list(read_message_cache(store, session.session_id))
         found[key] = (session.state, session.unarchived_messages, session.unarchived_tokens, session.total_tokens,
                       session.message_count, session.agent_archived, session.corrupt_lines, sorted(spool), cache)
     return found
@@ -529,3 +530,27 @@ def test_new_files_are_applied_together_and_a_group_whose_copies_cannot_sync_is_
     assert sorted(_accounting(store, tracker).values()) == sorted(_accounting(one_store, one).values())
     store.close()
     one_store.close()
+
+
+def test_a_state_database_with_the_older_message_cache_reads_each_known_file_whole_again(tmp_path):
+    """Schema 7 keeps the message cache a block a row; the per-message cache it drops is rebuilt by reading each
+    known file whole once more (its file identity forgotten), so nothing spooled counts as vanished."""
+    import sqlite3
+
+    _, sessions = make_workspace(tmp_path)
+    path = write_session(sessions, "cli:a", conversation(600))
+    store, tracker = make_tracker(tmp_path)
+    tracker.scan(path)
+    before = _accounting(store, tracker)
+    store.close()
+    db = sqlite3.connect(tmp_path / "state" / "state.db", isolation_level=None)
+    db.executescript("BEGIN; DROP TABLE message_blocks; CREATE TABLE messages (session_id INTEGER NOT NULL,"
+                     " seq INTEGER NOT NULL, line_digest TEXT NOT NULL, digest TEXT NOT NULL, role TEXT NOT NULL,"
+                     " timestamp TEXT NOT NULL, tokens INTEGER NOT NULL, flags INTEGER NOT NULL,"
+                     " PRIMARY KEY (session_id, seq)); PRAGMA user_version=6; COMMIT;")
+    db.close()
+    store, tracker = make_tracker(tmp_path)
+    assert tracker.sessions["cli:a"].fingerprint is None
+    assert tracker.scan(path).changed and tracker.vanished_count("cli:a") == 0
+    assert _accounting(store, tracker) == before
+    assert len(read_message_cache(store, tracker.sessions["cli:a"].session_id)) == 600
