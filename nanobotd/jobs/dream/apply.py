@@ -253,13 +253,13 @@ def recover_dream_run(run: RunRecord, *, store: StateStore, git: GitStore) -> st
             logger.warning("could not look for the commit of run {}: {}", run.run_id, exc)
         if manifest.get("commit"):
             stage = "committed"
+    for folder in (git.workspace, git.workspace / "memory"):  # the apply step's own undo copies, of no use now
+        for copy in folder.glob(f".*{UNDO_SUFFIX}"):
+            copy.unlink(missing_ok=True)
     if stage in ("committed", "compacting"):
         outcome = "written" if manifest.get("files_changed") else "no_change"
         store.finish_run(run.run_id, state="finished", outcome=outcome, manifest=manifest)
         return "finished"
-    for folder in (git.workspace, git.workspace / "memory"):  # the apply step's own undo copies, of no use now
-        for copy in folder.glob(f".*{UNDO_SUFFIX}"):
-            copy.unlink(missing_ok=True)
     if stage == "applying":
         manifest["left_alone"] = roll_back(git.workspace, manifest)
         manifest["cursor_after"] = manifest.get("cursor_before")

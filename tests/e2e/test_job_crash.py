@@ -1,0 +1,102 @@
+"""SIGKILL in the middle of a dream's apply step and of a lifecycle run: the next start finishes or rolls back
+the run, and no memory file, note, history entry or cursor is lost or left half-changed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from datetime import datetime, timedelta
+
+import pytest
+
+from tests.e2e.llmdaemon import llm_daemon
+from tests.support.fakellm import FakeLLM, Text, ToolCalls
+from tests.support.workspace import make_workspace
+
+AGENT_ENTRY = {"cursor": 1, "timestamp": "2026-11-20 10:00", "content": "- [durable] The user now drinks coffee.",
+               "session_key": "cli:a"}
+
+
+def git(workspace, *args) -> str:
+    return subprocess.run(["git", "-C", str(workspace), *args], capture_output=True, text=True, check=True).stdout
+
+
+def killed(daemon) -> None:
+    daemon.wait_for(lambda: daemon.proc.poll() is not None, timeout=60)
+    assert daemon.proc.returncode == -9, daemon.log()[-3000:]
+
+
+def run_of(daemon, run_id: str) -> dict:
+    return daemon.ctl_json("run", run_id)["run"]
+
+
+@pytest.fixture
+def fake():
+    with FakeLLM() as server:
+        yield server
+
+
+@pytest.mark.parametrize("stage", ["applying", "files_written", "cursor_written", "committed"])
+def test_sigkill_in_a_dreams_apply_step_is_rolled_back_or_finished_at_the_next_start(tmp_path, fake, daemon_process,
+                                                                                      stage):
+    daemon = llm_daemon(tmp_path, fake, daemon_process)
+    workspace = daemon.workspace
+    memory = workspace / "memory"
+    (memory / "history.jsonl").write_text(json.dumps(AGENT_ENTRY) + "\n")
+    daemon.env["NANOBOTD_FAULTS"] = f"dream.{stage}=kill"
+    daemon.start()
+    daemon.wait_reconciled()
+    user_before = (workspace / "USER.md").read_bytes()
+    fake.push(Text("[USER] correction: drinks coffee, not tea"),
+              ToolCalls([("edit_file", {"path": "USER.md",
+                                        "edits": [{"old_text": "- Likes tea.", "new_text": "- Likes coffee."}]})]),
+              Text("done"))
+    run_id = daemon.ctl_json("dream", "--no-wait")["run_id"]
+    killed(daemon)
+    daemon.env.pop("NANOBOTD_FAULTS")
+    daemon.start()
+    daemon.wait_reconciled(starts=2)
+    run = daemon.wait_for(lambda: (lambda r: r if r["state"] not in ("queued", "started") else None)(
+        run_of(daemon, run_id)))
+    user_after = (workspace / "USER.md").read_bytes()
+    cursor = (memory / ".dream_cursor").read_text() if (memory / ".dream_cursor").exists() else "0"
+    if stage == "committed":
+        assert run["state"] == "finished", run
+        assert b"Likes coffee" in user_after and cursor == "1"
+        assert f"Nanobot-Run: {run_id}" in git(workspace, "log", "--format=%B")
+    else:
+        assert run["state"] == "rolled_back", run
+        assert user_after == user_before and cursor == "0"
+    assert not [path.name for path in (*workspace.iterdir(), *memory.iterdir()) if path.name.endswith(".undo.tmp")]
+    assert git(workspace, "status", "--porcelain", "--", "USER.md", "SOUL.md", "memory/MEMORY.md") == ""
+    assert json.loads((memory / "history.jsonl").read_text()) == AGENT_ENTRY
+
+
+def write_note(memory, day: datetime, text: str):
+    path = memory / f"{day:%Y-%m-%d}.md"
+    path.write_text(f"# {day:%Y-%m-%d}\n\n## Decisions\n- {text}\n")
+    return path
+
+
+@pytest.mark.parametrize("action", ["move", "summarise", "delete"])
+def test_sigkill_between_lifecycle_steps_puts_every_note_and_entry_back_at_the_next_start(tmp_path, daemon_process,
+                                                                                          action):
+    workspace, _ = make_workspace(tmp_path)
+    memory = workspace / "memory"
+    today = datetime.now()
+    recent = write_note(memory, today - timedelta(days=10), "Recent decision on osprey.")
+    expired = write_note(memory, today - timedelta(days=120), "Old decision on kestrel.")
+    notes_before = {path: path.read_bytes() for path in (recent, expired)}
+    (memory / "history.jsonl").write_text(json.dumps(AGENT_ENTRY) + "\n")
+    daemon = daemon_process(workspace, env={"NANOBOTD_FAULTS": f"lifecycle.{action}=kill"}).start()
+    daemon.wait_reconciled()
+    queued = daemon.ctl_json("lifecycle", "--no-wait")
+    killed(daemon)
+    daemon.env.pop("NANOBOTD_FAULTS")
+    daemon.start()
+    daemon.wait_reconciled(starts=2)
+    run = run_of(daemon, queued["run_id"])
+    assert run["state"] == "rolled_back", run
+    assert {path: path.read_bytes() for path in notes_before if path.exists()} == notes_before
+    assert not list((memory / "archive").glob("*.md")) if (memory / "archive").exists() else True
+    assert [json.loads(line) for line in (memory / "history.jsonl").read_text().splitlines()] == [AGENT_ENTRY]
