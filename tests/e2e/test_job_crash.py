@@ -100,3 +100,27 @@ def test_sigkill_between_lifecycle_steps_puts_every_note_and_entry_back_at_the_n
     assert {path: path.read_bytes() for path in notes_before if path.exists()} == notes_before
     assert not list((memory / "archive").glob("*.md")) if (memory / "archive").exists() else True
     assert [json.loads(line) for line in (memory / "history.jsonl").read_text().splitlines()] == [AGENT_ENTRY]
+
+
+def test_an_edit_the_agent_writes_while_the_dream_applies_its_own_is_kept(tmp_path, fake, daemon_process):
+    daemon = llm_daemon(tmp_path, fake, daemon_process)
+    workspace, release = daemon.workspace, tmp_path / "release"
+    (workspace / "memory" / "history.jsonl").write_text(json.dumps(AGENT_ENTRY) + "\n")
+    daemon.env["NANOBOTD_FAULTS"] = f"dream.applying=hold:{release}"
+    daemon.start()
+    daemon.wait_reconciled()
+    fake.push(Text("[USER] correction: drinks coffee, not tea"),
+              ToolCalls([("edit_file", {"path": "USER.md",
+                                        "edits": [{"old_text": "- Likes tea.", "new_text": "- Likes coffee."}]})]),
+              Text("done"))
+    run_id = daemon.ctl_json("dream", "--no-wait")["run_id"]
+    daemon.wait_for(lambda: "fault point dream.applying: holding" in daemon.log(), timeout=60)
+    user = workspace / "USER.md"
+    user.write_text(user.read_text() + "\n## Work\n- Works nights at the observatory.\n")  # the agent's own edit
+    release.touch()
+    run = daemon.wait_for(lambda: (lambda r: r if r["state"] not in ("queued", "started") else None)(
+        run_of(daemon, run_id)))
+    text = user.read_text()
+    assert "Works nights at the observatory" in text, (run, text)
+    if run["state"] == "finished":
+        assert "Likes coffee" in text
