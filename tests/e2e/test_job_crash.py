@@ -10,8 +10,9 @@ from datetime import datetime, timedelta
 import pytest
 
 from tests.e2e.llmdaemon import llm_daemon
+from tests.support.daemonproc import FIRST_LLM_CALL_SECONDS
 from tests.support.fakellm import FakeLLM, Text, ToolCalls
-from tests.support.workspace import make_workspace
+from tests.support.workspace import conversation, make_workspace, write_session
 
 AGENT_ENTRY = {"cursor": 1, "timestamp": "2026-11-20 10:00", "content": "- [durable] The user now drinks coffee.",
                "session_key": "cli:a"}
@@ -124,3 +125,26 @@ def test_an_edit_the_agent_writes_while_the_dream_applies_its_own_is_kept(tmp_pa
     assert "Works nights at the observatory" in text, (run, text)
     if run["state"] == "finished":
         assert "Likes coffee" in text
+
+
+def test_a_bullet_the_agent_writes_to_todays_note_while_a_flush_merges_is_kept(tmp_path, daemon_process):
+    workspace, sessions = make_workspace(tmp_path)
+    release = tmp_path / "release"
+    with FakeLLM(default=Text("## Decisions\n- Backups go to the cold bucket.\n")) as fake:
+        daemon = daemon_process(workspace, env={"NANOBOTD_FAULTS": f"flush.journalled=hold:{release}"},
+                                extra_config=f'[llm]\nmodel = "{fake.model}"\napi_base = "{fake.base_url}"\n'
+                                             'max_retries = 0\n')
+        write_session(sessions, "cli:a", conversation(6))
+        daemon.start()
+        daemon.wait_for(lambda: daemon.session("cli:a"))
+        run_id = daemon.ctl_json("flush", "cli:a", "--no-wait")["run_id"]
+        daemon.wait_for(lambda: "fault point flush.journalled: holding" in daemon.log(), timeout=FIRST_LLM_CALL_SECONDS)
+        note = workspace / "memory" / (datetime.now().strftime("%Y-%m-%d") + ".md")
+        text = note.read_text() if note.exists() else "## Decisions\n"
+        note.write_text(text.replace("## Decisions\n", "## Decisions\n- The agent wrote this itself.\n"))
+        release.touch()
+        run = daemon.wait_for(lambda: (lambda r: r if r["state"] not in ("queued", "started") else None)(
+            run_of(daemon, run_id)))
+    text = note.read_text()
+    assert "The agent wrote this itself" in text, (run, text)
+    assert run["outcome"] == "written" and "cold bucket" in text, (run, text)
