@@ -148,3 +148,23 @@ def test_a_bullet_the_agent_writes_to_todays_note_while_a_flush_merges_is_kept(t
     text = note.read_text()
     assert "The agent wrote this itself" in text, (run, text)
     assert run["outcome"] == "written" and "cold bucket" in text, (run, text)
+
+
+def test_sigkill_after_a_lifecycles_history_compaction_puts_the_entries_back_at_the_next_start(tmp_path,
+                                                                                               daemon_process):
+    workspace, _ = make_workspace(tmp_path)
+    memory = workspace / "memory"
+    entries = [dict(AGENT_ENTRY, cursor=cursor, content=f"- [durable] fact {cursor}") for cursor in range(1, 7)]
+    (memory / "history.jsonl").write_text("".join(json.dumps(entry) + "\n" for entry in entries))
+    (memory / ".dream_cursor").write_text("6")
+    daemon = daemon_process(workspace, env={"NANOBOTD_FAULTS": "lifecycle.compact_history=kill"},
+                            extra_config="[lifecycle]\nmax_history_entries = 2\n").start()
+    daemon.wait_reconciled()
+    queued = daemon.ctl_json("lifecycle", "--no-wait")
+    killed(daemon)
+    assert len((memory / "history.jsonl").read_text().splitlines()) == 2
+    daemon.env.pop("NANOBOTD_FAULTS")
+    daemon.start()
+    daemon.wait_reconciled(starts=2)
+    assert run_of(daemon, queued["run_id"])["state"] == "rolled_back"
+    assert [json.loads(line) for line in (memory / "history.jsonl").read_text().splitlines()] == entries
