@@ -7,7 +7,7 @@ failure or a strange reply writes nothing and the run simply records why.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ NO_REPLY = "NO_REPLY"
 REPLY_MAX_TOKENS = 2048
 KNOWN_BULLETS_MAX_CHARS = 4000
 BACKUP_NAME = "note.before.md"
+WRITE_ATTEMPTS = 3  # a note the agent rewrites again and again while a flush merges into it fails the flush
 EMPTY_BULLETS = frozenset({"none", "(none)", "n/a", "nothing", "(nothing)", "-"})
 HEADING = re.compile(r"^\s*(?:#{1,6}\s*|\*\*)(?P<name>[^#*:]+?)\s*:?\s*(?:\*\*)?\s*:?\s*$")
 
@@ -77,6 +78,7 @@ async def flush_session(
     store: StateStore,
     run_id: str,
     now: datetime,
+    on_journalled: Callable[[], None] | None = None,
 ) -> dict:
     """Extract durable facts from *messages* into the note of *now*'s date; returns the run's manifest."""
     day = now.date()
@@ -118,7 +120,8 @@ async def flush_session(
     if facts is None:
         return _end("no_change", NO_REPLY)
     try:
-        written = write_facts(note, day, facts, manifest, store=store, run_id=run_id)
+        written = write_facts(note, day, facts, manifest, store=store, run_id=run_id,
+                              on_journalled=on_journalled)
     except (NoteError, OSError) as exc:
         return _end("error", f"note not written: {exc}")
     outcome, reason = ("written", "") if written else ("no_change", "every fact was already in the note")
@@ -190,36 +193,45 @@ def parse_facts(reply: str) -> dict[str, list[str]] | None:
 
 
 def write_facts(note: Path, day: date, facts: dict[str, list[str]], manifest: dict, *,
-                store: StateStore, run_id: str) -> bool:
-    """Merge *facts* into the note, journaling backup and additions first; False when nothing was new."""
+                store: StateStore, run_id: str, on_journalled: Callable[[], None] | None = None) -> bool:
+    """Merge *facts* into the note, journaling backup and additions first; False when nothing was new.
+
+    The agent may write the note in place at any time (without our lock): a note that changed between its read
+    and our write is merged again from its new text, so the agent's edit is never replaced by an older version.
+    *on_journalled* is called once the journal is written (fault point `flush.journalled`)."""
     # The history lock doubles as the memory folder's write lock, so two flushes never interleave.
     root = history.workspace_root(note.parent)
     with fsio.file_lock(note.parent / history.LOCK_NAME, timeout=history.LOCK_TIMEOUT, root=root):
-        if note.is_symlink():
-            raise NoteError(f"{note.name} is a symlink; left alone")
-        before = read_or_none(note)
-        parsed = decode_note(before, note.name) if before is not None else new_note(day)
-        missing = {name for name in NOTE_SECTIONS if parsed.section(name) is None}
-        added = {}
-        for section in NOTE_SECTIONS:
-            new = merge_bullets(parsed, section, facts.get(section, []))
-            if new:
-                added[section] = new
-        if not added:
-            return False
-        after = parsed.render().encode("utf-8")
-        if before is not None:
-            backup = store.run_dir(run_id) / BACKUP_NAME
-            fsio.atomic_write(backup, before, mode=0o600)
-            manifest["backup"] = str(backup)
-        manifest["added_bullets"] = added
-        manifest["created_sections"] = [name for name in added if name in missing]
-        manifest["before_sha256"] = digest(before) if before is not None else None
-        manifest["after_sha256"] = digest(after)
-        fsio.confine(note, root)
-        store.journal(run_id, manifest)
-        fsio.atomic_write(note, after, root=root)
-    return True
+        for _ in range(WRITE_ATTEMPTS):
+            if note.is_symlink():
+                raise NoteError(f"{note.name} is a symlink; left alone")
+            before = read_or_none(note)
+            parsed = decode_note(before, note.name) if before is not None else new_note(day)
+            missing = {name for name in NOTE_SECTIONS if parsed.section(name) is None}
+            added = {}
+            for section in NOTE_SECTIONS:
+                new = merge_bullets(parsed, section, facts.get(section, []))
+                if new:
+                    added[section] = new
+            if not added:
+                return False
+            after = parsed.render().encode("utf-8")
+            if before is not None:
+                backup = store.run_dir(run_id) / BACKUP_NAME
+                fsio.atomic_write(backup, before, mode=0o600)
+                manifest["backup"] = str(backup)
+            manifest["added_bullets"] = added
+            manifest["created_sections"] = [name for name in added if name in missing]
+            manifest["before_sha256"] = digest(before) if before is not None else None
+            manifest["after_sha256"] = digest(after)
+            fsio.confine(note, root)
+            store.journal(run_id, manifest)
+            if on_journalled is not None:
+                on_journalled()
+            if read_or_none(note) == before:
+                fsio.atomic_write(note, after, root=root)
+                return True
+        raise NoteError(f"{note.name} kept changing while the facts were merged into it")
 
 
 def _known_bullets(note: Path) -> str:
@@ -308,7 +320,8 @@ class Flush(JobDefaults):
         session_key = params["session_key"]
         messages = [message for _, message, present in env.tracker.pending(session_key) if present]
         manifest = await flush_session(env.settings, messages, session_key=session_key, llm=env.llm,
-                                       store=env.store, run_id=run_id, now=env.now())
+                                       store=env.store, run_id=run_id, now=env.now(),
+                                       on_journalled=lambda: env.faults.reach("flush.journalled"))
         if manifest.get("llm_failed"):
             failures = env.tracker.sessions[session_key].flush_failures + 1
             env.tracker.flush_failed(session_key, env.clock() + retry_delay(env.settings, failures))

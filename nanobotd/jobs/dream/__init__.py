@@ -26,7 +26,7 @@ class Dream(JobDefaults):
     async def run(self, env: JobEnv, run_id: str, params: Mapping[str, Any]) -> dict:
         """Dream the backlog (in batches, within the token budget) for an already created run."""
         result = await dream_workspace(env.settings, store=env.store, llm=env.llm, git=env.git, run_id=run_id,
-                                       clock=env.now)
+                                       clock=env.now, on_stage=lambda stage: env.faults.reach(f"dream.{stage}"))
         return result.manifest
 
     def recover(self, env: JobEnv, run: RunRecord) -> str:

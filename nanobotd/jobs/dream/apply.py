@@ -28,6 +28,7 @@ from nanobotd.state.store import RunRecord, StateStore
 
 KIND = "dream"
 UNDO_SUFFIX = ".undo.tmp"
+APPLY_ATTEMPTS = 3  # an agent editing a memory file again and again during the apply step fails the dream
 
 
 class DreamError(Exception):
@@ -42,13 +43,21 @@ class ApplyStep:
         """Write everything the completed batches changed, commit, compact; roll back on any failure."""
         undo = None
         try:
-            contents = self.final_contents()
-            # Never move the cursor back, should another dreamer have advanced it meanwhile.
-            cursor_after = max(cursor_after, read_dream_cursor(self.memory_dir))
-            self.back_up(contents, cursor_after)
-            self.journal("applying")
-            self.on_stage("applying")
-            undo = self.prepare_undo(contents, cursor_after)
+            for _ in range(APPLY_ATTEMPTS):
+                contents = self.final_contents()
+                # Never move the cursor back, should another dreamer have advanced it meanwhile.
+                cursor_after = max(cursor_after, read_dream_cursor(self.memory_dir))
+                self.back_up(contents, cursor_after)
+                self.journal("applying")
+                self.on_stage("applying")
+                undo = self.prepare_undo(contents, cursor_after)
+                if contents and self.git.available:
+                    self.git.snapshot_outside_edits(self.run_id)
+                if not self.edited_meanwhile():
+                    break
+                undo.discard()  # nothing written yet: replay the edits onto the agent's newer text
+            else:
+                raise DreamError("the agent kept changing the memory files while the dream applied its edits")
             self.write(contents, cursor_after)
             if contents and self.git.available:
                 self.manifest["commit"] = self.git.commit(
@@ -98,8 +107,6 @@ class ApplyStep:
 
     def write(self, contents: dict[str, str], cursor_after: int) -> None:
         """The files, then the cursor, then the note bullets read (roll_back undoes each)."""
-        if contents and self.git.available:
-            self.git.snapshot_outside_edits(self.run_id)
         for path, text in contents.items():
             fsio.atomic_write(self.staged.checked_path(path), text, root=self.memory_dir.parent)
         self.on_stage("files_written")
@@ -125,10 +132,11 @@ class ApplyStep:
 
     def final_contents(self) -> dict[str, str]:
         """The edited texts; edits are replayed onto a file the agent changed during the run."""
-        contents = {}
+        contents, self.replayed_onto = {}, {}
         for path, (base, text) in self.staged.changes().items():
             full = self.staged.checked_path(path)
             current = full.read_bytes() if full.exists() else None
+            self.replayed_onto[path] = current
             if current != base:
                 try:
                     text = self.staged.replay(path, (current or b"").decode("utf-8"))
@@ -136,6 +144,12 @@ class ApplyStep:
                     raise DreamError(f"{path} changed during the dream and the edits no longer apply") from exc
             contents[path] = text
         return contents
+
+    def edited_meanwhile(self) -> bool:
+        """Whether a file changed since final_contents read it (the agent writes its memory files in place, at
+        any time): writing the texts made from the older version would drop the agent's edit."""
+        return any(read_or_none(self.staged.checked_path(path)) != before
+                   for path, before in self.replayed_onto.items())
 
     def back_up(self, contents: dict[str, str], cursor_after: int) -> None:
         """Save the pre-run content of every file to be written into the run's folder, and plan the manifest."""
@@ -253,13 +267,13 @@ def recover_dream_run(run: RunRecord, *, store: StateStore, git: GitStore) -> st
             logger.warning("could not look for the commit of run {}: {}", run.run_id, exc)
         if manifest.get("commit"):
             stage = "committed"
+    for folder in (git.workspace, git.workspace / "memory"):  # the apply step's own undo copies, of no use now
+        for copy in folder.glob(f".*{UNDO_SUFFIX}"):
+            copy.unlink(missing_ok=True)
     if stage in ("committed", "compacting"):
         outcome = "written" if manifest.get("files_changed") else "no_change"
         store.finish_run(run.run_id, state="finished", outcome=outcome, manifest=manifest)
         return "finished"
-    for folder in (git.workspace, git.workspace / "memory"):  # the apply step's own undo copies, of no use now
-        for copy in folder.glob(f".*{UNDO_SUFFIX}"):
-            copy.unlink(missing_ok=True)
     if stage == "applying":
         manifest["left_alone"] = roll_back(git.workspace, manifest)
         manifest["cursor_after"] = manifest.get("cursor_before")

@@ -30,7 +30,8 @@ class Lifecycle(JobDefaults):
 
     async def run(self, env: JobEnv, run_id: str, params: Mapping[str, Any]) -> dict:
         """Execute today's plan as run *run_id*, journalling each step before it changes anything."""
-        return await run_lifecycle(env.settings, store=env.store, llm=env.llm, run_id=run_id, now=env.now())
+        return await run_lifecycle(env.settings, store=env.store, llm=env.llm, run_id=run_id, now=env.now(),
+                                   on_step=lambda action: env.faults.reach(f"lifecycle.{action}"))
 
     def recover(self, env: JobEnv, run: RunRecord) -> str:
         """An interrupted lifecycle run is rolled back whole: its journal says what each step changed."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -32,8 +33,10 @@ NOTES_BACKUP_DIR = "notes"
 
 
 async def run_lifecycle(ws: WorkspaceSettings, *, store: StateStore, llm: LLMClient, run_id: str,
-                        now: datetime, dry_run: bool = False) -> dict:
-    """Plan and (unless *dry_run*) execute the lifecycle; returns the manifest.
+                        now: datetime, dry_run: bool = False,
+                        on_step: Callable[[str], None] | None = None) -> dict:
+    """Plan and (unless *dry_run*) execute the lifecycle; returns the manifest. *on_step* is called with a
+    step's action once it has run, before the journal says so (fault points `lifecycle.<action>`).
 
     A dry run only reads (files and the store) and returns {"plan", "skipped", ...}; the real run's
     manifest["executed"] is that same list of steps once they all succeed.
@@ -53,6 +56,8 @@ async def run_lifecycle(ws: WorkspaceSettings, *, store: StateStore, llm: LLMCli
             note_progress(manifest, describe_step(step), index, len(plan))
             store.journal(run_id, manifest)
             await executor.execute(step)
+            if on_step is not None:
+                on_step(step["action"])
             manifest["executed"].append(step)
             manifest["pending"] = None
     except Exception as exc:  # a step failed: report it, keep what is done (restorable), carry on living
