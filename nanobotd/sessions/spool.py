@@ -114,7 +114,8 @@ def cached_digests(store: StateStore, session_id: int) -> set[str]:
     for digests, odd in store.query("SELECT digests, odd FROM message_blocks WHERE session_id=?", (session_id,)):
         text = digests.hex()
         found.update(text[at:at + 32] for at in range(0, len(text), 32))
-        found.update(digest for column, _, digest in json.loads(odd) if column == 1) if odd else None
+        if odd:
+            found.update(digest for column, _, digest in json.loads(odd) if column == 1)
     return found
 
 
