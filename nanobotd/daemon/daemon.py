@@ -260,8 +260,8 @@ class Daemon:
             logger.warning("reload: daemon.{} changed; only a restart applies it", ", daemon.".join(sorted(pending)))
 
     async def _swap_workspaces(self, configured: tuple[WorkspaceSettings, ...]) -> None:
-        """Close workspaces the config dropped or changed; add the new and changed ones (their first reconcile opens
-        them)."""
+        """Close workspaces the config dropped or changed, once their jobs have ended; add the new and changed ones
+        (their first reconcile opens them)."""
         workspaces = self.core.workspaces
         wanted = {settings.name: settings for settings in configured}
         for name, workspace in list(workspaces.items()):
@@ -269,12 +269,15 @@ class Daemon:
             if settings == workspace.settings and settings.api_key == workspace.settings.api_key:
                 continue
             logger.info("workspace {} {} the config", name, "changed in" if settings else "removed from")
+            del workspaces[name]  # no trigger finds it now: its jobs end (bounded) before it closes
+            await self.core.queue.drain(self.config.daemon.job_stop_seconds, workspace=name)
+            runs.recover_interrupted_runs(self.core, only=workspace)  # those it had to cut short
             companion.close(workspace)
             await workspace.close()
-            del workspaces[name]
             if self.core.locks is not None and not any(kept.path == workspace.settings.path
                                                        for kept in wanted.values()):
                 self.core.locks.release_workspace(workspace.settings.path)
         for name, settings in wanted.items():
             if name not in workspaces:  # opened by the reconcile that follows
                 workspaces[name] = self._new_workspace(settings)
+                runs.recover_interrupted_runs(self.core, only=workspaces[name])  # cut short when it was removed

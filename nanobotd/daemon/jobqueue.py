@@ -180,13 +180,16 @@ class JobQueue:
         if run is not None:
             logger.info("{}", runview.end_line(run))
 
-    async def drain(self, timeout: float) -> None:
-        """Stop accepting; cancel queued jobs; give running ones *timeout* seconds to reach their end."""
-        self._accepting = False
-        waiting = [job.task for job in self._jobs.values() if job.task is not None and job.phase != "running"]
+    async def drain(self, timeout: float, workspace: str | None = None) -> None:
+        """Cancel queued jobs and give running ones *timeout* seconds to reach their end: every job, and no new
+        one taken (the daemon stops), or those of *workspace* only (a reload closes it)."""
+        if workspace is None:
+            self._accepting = False
+        jobs = [job for job in self._jobs.values() if workspace in (None, job.target[0]) and job.task is not None]
+        waiting = [job.task for job in jobs if job.phase != "running"]
         for task in waiting:
             task.cancel()
-        tasks = [job.task for job in self._running.values() if job.task is not None]
+        tasks = [job.task for job in jobs if job.phase == "running"]
         if tasks:
             done, pending = await asyncio.wait(tasks, timeout=timeout)
             for task in pending:

@@ -90,12 +90,20 @@ def next_runs(core: Core, workspace: Workspace) -> dict:
     return result
 
 
-def recover_interrupted_runs(core: Core) -> None:
-    """Finish or roll back every run a crash left open; queued runs never started and are cancelled."""
+def recover_interrupted_runs(core: Core, only: Workspace | None = None) -> None:
+    """Finish or roll back every run a crash (or a reload removing its workspace) left open, or only *only*'s;
+    queued runs never started and are cancelled. A run of a workspace the config no longer has is left open
+    until a reload adds the workspace back (its journal may hold history appended and not yet marked)."""
     for run in core.store.list_runs(states=("queued", "started"), limit=100000):
-        workspace = core.workspaces.get(run.workspace)
-        if run.state == "queued" or workspace is None:
+        workspace = core.workspaces.get(run.workspace) if only is None else only
+        if only is not None and run.workspace != only.name:
+            continue
+        if run.state == "queued":
             core.store.finish_run(run.run_id, state="cancelled", outcome="cancelled")
+            continue
+        if workspace is None:
+            logger.warning("run {} of workspace {}, which the config no longer has, was interrupted; it is"
+                           " recovered when the workspace is configured again", run.run_id, run.workspace)
             continue
         try:
             outcome = job_kind(run.kind).recover(workspace.env, run)

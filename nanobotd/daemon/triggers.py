@@ -177,8 +177,8 @@ def restored(core: Core, workspace: Workspace, run_id: str) -> None:
 
 
 def trigger(core: Core, workspace: Workspace, key: str, *, vanished: int = 0) -> None:
-    """Submit the runs a session needs now (coalesced by the queue)."""
-    if core.queue is None or not core.queue.accepting:
+    """Submit the runs a session needs now (coalesced by the queue); none for a workspace a reload removed."""
+    if core.queue is None or not core.queue.accepting or core.workspaces.get(workspace.name) is not workspace:
         return
     for kind, reason in workspace.due_jobs(key, vanished):
         submit_due(core, workspace, kind, key, reason)
@@ -218,7 +218,8 @@ def _retry_flush_later(core: Core, workspace: Workspace, key: str) -> None:
                 workspace.name, key, session.flush_failures, delay)
 
     def retry() -> None:
-        if core.queue is not None and core.queue.accepting and workspace.may_flush(key):
+        if (core.queue is not None and core.queue.accepting and core.workspaces.get(workspace.name) is workspace
+                and workspace.may_flush(key)):
             submit_flush(core, workspace, key)
 
     asyncio.get_running_loop().call_later(delay, retry)

@@ -24,16 +24,14 @@ def reload(daemon, config: str, reloads: int) -> None:
     daemon.wait_for(lambda: daemon.log().count("config reloaded") >= reloads)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "daemon/daemon.py _swap_workspaces closes a removed workspace without waiting for its running consolidation, "
-    "and a reload that adds it back opens a second tracker on the same state while the old run goes on marking "
-    "through the first: the new tracker keeps the run's later messages as unarchived, so the budget trigger "
-    "queues consolidations that find nothing to archive, hundreds a second, for good"))
-def test_a_workspace_removed_by_a_reload_while_it_consolidates_and_added_back_settles(tmp_path, daemon_process):
+def removed_while_it_consolidates(tmp_path, daemon_process, job_stop_seconds: float):
+    """A daemon with a second workspace whose budget consolidation of 8,000 messages is held after its history
+    append (until *tmp_path*/release exists); returns (daemon, its config without the workspace, with it, the
+    workspace)."""
     first, _ = make_workspace(tmp_path)
     workspace, sessions = make_workspace(tmp_path / "two")
-    release = tmp_path / "release"
-    daemon = daemon_process(first, env={"NANOBOTD_FAULTS": f"consolidate.appended=hold:{release}"})
+    daemon = daemon_process(first, env={"NANOBOTD_FAULTS": f"consolidate.appended=hold:{tmp_path / 'release'}"},
+                            extra_config=f"job_stop_seconds = {job_stop_seconds}")
     alone = daemon.config_path.read_text()
     both = alone + f'\n[[workspaces]]\npath = "{workspace}"\nname = "two"\nconsolidation = {{ mode = "owner" }}\n'
     daemon.config_path.write_text(both)
@@ -42,15 +40,53 @@ def test_a_workspace_removed_by_a_reload_while_it_consolidates_and_added_back_se
     daemon.wait_reconciled()
     daemon.wait_for(lambda: daemon.api("/v1/sessions/cli%3Aa?workspace=two"), timeout=60)
     daemon.wait_for(lambda: "fault point consolidate.appended: holding" in daemon.log(), timeout=30)
-    reload(daemon, alone, 1)  # the budget's consolidation of cli:a is held mid-run
-    reload(daemon, both, 2)  # added back while that run is still going
+    return daemon, alone, both, workspace
+
+
+def settles_with_everything_archived_once(daemon, workspace) -> None:
     daemon.wait_for(lambda: daemon.api("/v1/sessions/cli%3Aa?workspace=two"), timeout=30)
-    release.touch()
-    time.sleep(2)
     daemon.ctl("--workspace", "two", "consolidate", "cli:a")
-    assert sorted(set(archived_markers(workspace))) == sorted({f"A-{index} " for index in range(8000)})
+    markers = archived_markers(workspace)
+    assert sorted(set(markers)) == sorted({f"A-{index} " for index in range(8000)})
+    assert len(markers) == 8000  # none archived twice
     before = len(daemon.ctl_json("runs", "--all", "--limit", "1000")["runs"])
     time.sleep(3)
     assert len(daemon.ctl_json("runs", "--all", "--limit", "1000")["runs"]) - before < 5
     session = daemon.api("/v1/sessions/cli%3Aa?workspace=two")["session"]
     assert session["unarchived_messages"] == 0, session
+
+
+def test_a_reload_removing_a_workspace_waits_for_its_consolidation_and_adding_it_back_settles(
+        tmp_path, daemon_process):
+    daemon, alone, both, workspace = removed_while_it_consolidates(tmp_path, daemon_process, 60)
+    daemon.config_path.write_text(alone)
+    daemon.proc.send_signal(signal.SIGHUP)
+    daemon.wait_for(lambda: "workspace two removed from the config" in daemon.log())
+    time.sleep(0.5)
+    assert "config reloaded" not in daemon.log()  # the reload waits for the run it holds
+    (tmp_path / "release").touch()
+    daemon.wait_for(lambda: "config reloaded" in daemon.log(), timeout=30)
+    runs = daemon.ctl_json("runs", "--all", "--limit", "1000")["runs"]
+    assert [run["state"] for run in runs if run["workspace"] == "two"][0] == "finished", runs
+    reload(daemon, both, 2)
+    settles_with_everything_archived_once(daemon, workspace)
+
+
+def test_a_consolidation_cut_short_by_a_reload_is_finished_when_its_workspace_comes_back(tmp_path, daemon_process):
+    daemon, alone, both, workspace = removed_while_it_consolidates(tmp_path, daemon_process, 1)
+    reload(daemon, alone, 1)  # the held run is cancelled after job_stop_seconds
+    reload(daemon, both, 2)
+    (tmp_path / "release").touch()
+    settles_with_everything_archived_once(daemon, workspace)
+
+
+def test_a_consolidation_cut_short_by_a_stop_is_finished_when_a_reload_brings_its_workspace_back(
+        tmp_path, daemon_process):
+    daemon, alone, both, workspace = removed_while_it_consolidates(tmp_path, daemon_process, 1)
+    daemon.stop()  # the held run is cut short after job_stop_seconds
+    daemon.config_path.write_text(alone)
+    daemon.start()
+    daemon.wait_for(lambda: "which the config no longer has, was interrupted" in daemon.log())
+    reload(daemon, both, 1)
+    (tmp_path / "release").touch()
+    settles_with_everything_archived_once(daemon, workspace)
