@@ -7,8 +7,6 @@ import re
 import signal
 import time
 
-import pytest
-
 from tests.support.workspace import conversation, make_workspace, write_session
 
 
