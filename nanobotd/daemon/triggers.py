@@ -97,14 +97,14 @@ async def reconcile_workspace(core: Core, workspace: Workspace) -> None:
         logger.info("workspace {}: start-up reconcile of {} session file(s) done in {:.2f} s ({} changed)",
                     workspace.name, len(results), workspace.last_reconcile_seconds or 0.0,
                     sum(result.changed for result in results))
+        if core.store.rebuilt:  # before any trigger: a run started meanwhile would archive those messages again
+            await loop.run_in_executor(core.executor, rebuild_archive_marks, workspace)
         results = await loop.run_in_executor(core.executor, with_vanished, workspace, results)
     for result in results:
         if result.changed or first:
             scanned(core, workspace, result)
     if workspace.mode == "companion":
         companion.poll_agent_history(core, workspace)
-    if first and core.store.rebuilt:
-        await loop.run_in_executor(core.executor, rebuild_archive_marks, workspace)
     if first:
         loop.create_task(open_workspace(core, workspace))
     elif workspace.opened:
