@@ -62,7 +62,7 @@ class Workspace:
         self.agent_base_tokens = settings.consolidation.agent_base_tokens  # learned at each agent compaction
         self.agent_archive = None  # companion mode's state (daemon.companion), made on first use
         self.llm = LLMClient(settings.llm, settings.api_key, worker=llm_worker)  # the daemon's worker, shared
-        self.git = GitStore(settings.path)
+        self.git = GitStore(settings.path, faults=faults)
         self.embedder = Embedder(settings.search.embeddings, settings.llm, settings.api_key,
                                  dimensions=settings.search.embedding_dimensions, worker=self.llm.worker)
         self.index = BuiltinIndex(settings.path, state_dir / "index" / f"{settings.name}.sqlite",

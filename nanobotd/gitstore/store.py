@@ -18,6 +18,7 @@ from typing import Any
 from loguru import logger
 
 from nanobotd import fsio
+from nanobotd.faults import FaultPoints
 from nanobotd.gitstore.repo import (
     DREAM_PREFIX,
     RUN_TRAILER,
@@ -47,6 +48,11 @@ SNAPSHOT_SUMMARY = "snapshot edits made outside the dream"
 DIFF_CAP = 8000
 DIFF_TRUNCATED = "... (diff truncated)"
 SHORT_SHA = 7
+REVERT_ATTEMPTS = 3  # an agent editing a file again and again while a restore merges it refuses the restore
+
+
+class EditedMeanwhile(GitStoreError):
+    """A file changed between the read a write was made from and the write; nothing was written."""
 
 
 def cap_diff(diff: str) -> str:
@@ -60,8 +66,10 @@ def cap_diff(diff: str) -> str:
 class GitStore:
     """The `<workspace>/.git` repository nanobot uses, or the reason git cannot be used there."""
 
-    def __init__(self, workspace: Path, *, lock_retry_delays: tuple[float, ...] = LOCK_RETRY_DELAYS):
+    def __init__(self, workspace: Path, *, lock_retry_delays: tuple[float, ...] = LOCK_RETRY_DELAYS,
+                 faults: FaultPoints | None = None):
         self.workspace = Path(workspace)
+        self.faults = faults or FaultPoints()  # "restore.merged": a revert merged, before it writes
         self.available = False
         self.opened = False
         self.reason = "not opened yet"
@@ -176,10 +184,13 @@ class GitStore:
             return self._write_and_commit(repo, paths_to_content, summary, run_id)
 
     def _write_and_commit(self, repo: Any, contents: dict[str, bytes | None], summary: str, run_id: str,
-                          notes: str = "") -> str | None:
-        """Snapshot outside edits, write *contents*, commit them; a failed commit puts the files back."""
+                          notes: str = "", expected: dict[str, bytes | None] | None = None) -> str | None:
+        """Snapshot outside edits, write *contents*, commit them; a failed commit puts the files back. EditedMeanwhile,
+        nothing written, when a file is no longer as *expected* (what the contents were made from)."""
         self._snapshot_outside_edits(repo, run_id)
         previous = {path: self._read(path) for path in contents}
+        if expected is not None and any(previous[path] != expected[path] for path in contents):
+            raise EditedMeanwhile(sorted(path for path in contents if previous[path] != expected[path]))
         self._write_files(contents)
         try:
             return self._commit(repo, sorted(contents), summary, f"{RUN_TRAILER}: {run_id}", notes=notes)
@@ -313,16 +324,23 @@ class GitStore:
             if len(commit.parents) != 1:
                 raise GitStoreError(f"commit {commit.hexsha[:SHORT_SHA]} has {len(commit.parents)} parents; "
                                     "only an ordinary commit can be restored")
-            merged = self._reverted_contents(repo, commit, set(overrides))
-            merged.update(overrides)
-            changed = {path: data for path, data in merged.items() if self._read(path) != data}
-            result = {"commit": None, "files": sorted(changed), "reverted": commit.hexsha}
-            if dry_run or not changed:
+            paths, notes = _changed_paths(repo, commit.parents[0], commit), f"This reverts commit {commit.hexsha}"
+            for _ in range(REVERT_ATTEMPTS):  # merged again onto an edit the agent wrote meanwhile
+                read = {path: self._read(path) for path in [*paths, *overrides]}
+                merged = {**self._reverted_contents(repo, commit, read, skip=tuple(overrides)), **overrides}
+                changed = {path: data for path, data in merged.items() if read[path] != data}
+                result = {"commit": None, "files": sorted(changed), "reverted": commit.hexsha}
+                if dry_run or not changed:
+                    return result
+                self.faults.reach("restore.merged")
+                try:
+                    result["commit"] = self._write_and_commit(repo, changed, f"restore {commit.hexsha[:SHORT_SHA]}",
+                                                              run_id, notes=f"{notes} ({commit.summary}).",
+                                                              expected=read)
+                except EditedMeanwhile:
+                    continue
                 return result
-            notes = f"This reverts commit {commit.hexsha} ({commit.summary})."
-            result["commit"] = self._write_and_commit(repo, changed, f"restore {commit.hexsha[:SHORT_SHA]}", run_id,
-                                                      notes=notes)
-            return result
+            raise GitStoreError("the agent kept changing the files while the restore merged them")
 
     def changed_files(self, sha: str) -> list[str]:
         """The paths an ordinary commit changed."""
@@ -330,12 +348,13 @@ class GitStore:
             commit = self._resolve(repo, sha)
             return _changed_paths(repo, commit.parents[0], commit) if len(commit.parents) == 1 else []
 
-    def _reverted_contents(self, repo: Any, commit: Any, skip: set[str]) -> dict[str, bytes | None]:
+    def _reverted_contents(self, repo: Any, commit: Any, read: dict[str, bytes | None],
+                           skip: tuple[str, ...] = ()) -> dict[str, bytes | None]:
+        """The commit's files with its change taken out of their *read* contents (GitConflict where it cannot)."""
         parent = commit.parents[0]
         merged, conflicts = {}, []
-        for path in (name for name in _changed_paths(repo, parent, commit) if name not in skip):
-            self._check_inside(path)
-            result = three_way(repo, ours=self._read(path), base=_blob(commit, path), theirs=_blob(parent, path))
+        for path in (name for name in read if name not in skip):
+            result = three_way(repo, ours=read[path], base=_blob(commit, path), theirs=_blob(parent, path))
             if result is False:
                 conflicts.append(path)
             else:
