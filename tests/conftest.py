@@ -15,6 +15,17 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# The test files that start real daemons and LLM workers (the long ones) are handed out first: pytest-xdist gives a
+# worker a file at a time, in collection order (`--no-loadscope-reorder`), and the many short unit files then fill in
+# beside the last long one, instead of a long file starting last while the other worker has nothing left.
+LONG_FIRST = ("tests/e2e/", "tests/llm/")
+
+
+def pytest_collection_modifyitems(items):
+    """Put the long directories' tests first, each file's tests still together and in order."""
+    items.sort(key=lambda item: not item.nodeid.startswith(LONG_FIRST))
+
+
 @pytest.fixture(autouse=True)
 def isolated_paths(tmp_path, monkeypatch):
     """No test touches the machine's real config, state or socket."""

@@ -1,4 +1,5 @@
-"""SIGKILL the daemon at random moments during consolidation, many times; nothing is lost or doubled."""
+"""SIGKILL the daemon at every stage of a consolidation, and during a cold start and a long offline archive: nothing
+is lost or doubled."""
 
 from __future__ import annotations
 
@@ -11,15 +12,20 @@ import time
 
 from nanobotd.faults import ENV_NAME
 from tests.support.daemonproc import FIRST_LLM_CALL_SECONDS
-from tests.support.fakellm import FakeLLM, Responder, Text
+from tests.support.fakellm import FakeLLM, Hang, Responder, Text
 from tests.support.histories import read_history
 from tests.support.observe import stat_fields
 from tests.support.workspace import make_workspace, write_session
 
-KILLS = 20
-EARLY = 8  # of the kills, those at a random moment before the LLM is asked (the run starting, litellm importing)
 SESSIONS = 4
 MARKER = re.compile(r"\bK\d+x\d+\b")
+# Where each start is killed, in this order, once each: a named fault point puts the kill exactly at its step (a
+# kill at a random moment lands wherever the machine's load puts it, so it took many to meet every step).
+# "asked": the runs are queued or starting and the LLM is not asked yet (its worker still imports litellm);
+# "in the call": a request is with the LLM; then the points a consolidation passes: its cursors journalled
+# (history not written: rolled back), its entries appended (not marked: finished), its messages marked archived
+# (the run not closed). Every start but the first also recovers what the kill before it interrupted.
+STAGES = ("asked", "in the call", "consolidate.journalled", "consolidate.appended", "consolidate.marked")
 
 
 def echo_markers(request: dict) -> Text:
@@ -34,13 +40,7 @@ def session_messages(session: int, count: int) -> list[dict]:
              "timestamp": f"2026-11-01T10:{i // 60:02d}:{i % 60:02d}"} for i in range(count)]
 
 
-def pending(proc) -> list[dict]:
-    """The consolidation runs queued or running (none left: this start had nothing to ask the LLM)."""
-    return [run for run in proc.ctl_json("runs", "--all", "--kind", "consolidate")["runs"]
-            if run["state"] in ("queued", "started")]
-
-
-def test_sigkill_during_consolidation_never_loses_or_duplicates_a_message(tmp_path, daemon_process):
+def test_sigkill_at_every_stage_of_consolidation_never_loses_or_duplicates_a_message(tmp_path, daemon_process):
     rng = random.Random(20261122)
     workspace, sessions = make_workspace(tmp_path, layout="current")
     counts = {session: 6 for session in range(SESSIONS)}
@@ -54,10 +54,11 @@ api_base = "{fake.base_url}"
 timeout_seconds = 5
 max_retries = 0
 """)
-        kinds = ["early"] * EARLY + ["asked"] * (KILLS - EARLY)
-        rng.shuffle(kinds)
-        for kind in kinds:
-            asked_before = len(fake.requests)
+        for stage in STAGES:
+            if "." in stage:
+                proc.env[ENV_NAME] = f"{stage}=kill"
+            if stage == "in the call":
+                fake.push(Hang(seconds=120))  # the first request is answered only once the daemon is gone
             proc.start()
             for session in rng.sample(range(SESSIONS), 2):
                 counts[session] += rng.randint(2, 8)
@@ -65,21 +66,32 @@ max_retries = 0
             # asked at once, before or after the daemon saw the new messages: a run archives what it has spooled
             for session in range(SESSIONS):
                 proc.ctl("consolidate", f"cli:s{session}", "--no-wait")
-            if kind == "early":
-                time.sleep(rng.uniform(0.05, 2.0))
-            else:  # once the LLM is asked (litellm's import took however long it took): in a call, an append, a mark
-                proc.wait_for(lambda before=asked_before: len(fake.requests) > before or not pending(proc),
-                              timeout=FIRST_LLM_CALL_SECONDS, interval=0.01)
-                time.sleep(rng.uniform(0.0, 0.5))
-            proc.kill()
+            kill_at(proc, fake, stage)
         proc.start()
         for session in range(SESSIONS):
             finished = proc.ctl("consolidate", f"cli:s{session}", "--wait", timeout=60)
             assert finished.returncode == 0, finished.stderr + proc.log()[-3000:]
         interrupted = proc.log().count("was interrupted; recovery")
         assert proc.stop() == 0
-        print(f"{KILLS} kills ({KILLS - EARLY} once the LLM was asked), {interrupted} interrupted runs recovered")
+        print(f"{len(STAGES)} kills, {interrupted} interrupted runs recovered")
+    assert interrupted >= len(STAGES) - 1, "every kill from the LLM call on leaves a run started, to recover"
 
+    assert_each_message_archived_once(workspace, counts)
+
+
+def kill_at(proc, fake, stage: str) -> None:
+    """The daemon dies at *stage*: killed by its armed fault point, or by the test once the stage is reached."""
+    if stage == "in the call":
+        proc.wait_for(lambda: fake.in_flight, timeout=FIRST_LLM_CALL_SECONDS, interval=0.01)
+    if "." in stage:
+        proc.wait_for(lambda: proc.proc.poll() is not None, timeout=FIRST_LLM_CALL_SECONDS, interval=0.01)
+        del proc.env[ENV_NAME]
+    else:
+        proc.kill()
+    assert proc.proc.returncode == -9, f"{stage}: " + proc.log()[-3000:]
+
+
+def assert_each_message_archived_once(workspace, counts: dict[int, int]) -> None:
     scan = read_history(workspace / "memory")
     assert scan.bad_lines == []
     cursors = [entry.cursor for entry in scan.entries]

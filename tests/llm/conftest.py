@@ -8,9 +8,9 @@ import pytest
 
 from nanobotd.config.schema import LLMSettings
 from nanobotd.llm.client import LLMClient
-from nanobotd.llm.process import LLMWorker
 from tests.llm.calls import API_KEY
 from tests.support.fakellm import FakeLLM
+from tests.support.llmworker import shared_worker
 
 
 @pytest.fixture
@@ -27,12 +27,13 @@ def sleeps():
 
 @pytest.fixture(scope="package")
 def worker():
-    """One worker process for the package's clients: litellm is imported once, not once per test, and
-    before the first test, so no test's timing includes it."""
-    shared = LLMWorker()
+    """The test process's one worker (tests/support/llmworker.py), shared with the clients of the other packages:
+    litellm is imported once per process, not once per test nor once more for this package, and before the
+    package's first test, so no test's timing includes it (a test that killed its child leaves the next call a new
+    one)."""
+    shared = shared_worker()
     asyncio.run(shared.start())
-    yield shared
-    shared.close(wait=5)
+    return shared
 
 
 @pytest.fixture

@@ -177,6 +177,7 @@ class PendingMarks:
         self.env.tracker.mark_archived(self.session_key, self.digests, self.run_id, seqs=seqs,
                                        also=lambda db: write_steps(db, self.run_id, steps, head))
         self.records, self.digests, self.seqs = [], [], []
+        self.env.faults.reach("consolidate.marked")
 
 
 async def _take_group(env: JobEnv, loads: ChunkLoads, chunks: list[Chunk],
