@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -103,17 +101,6 @@ def test_nanobotctl_status_imports_only_the_standard_library(socket_path: Path, 
     imported = {line.rsplit("|", 1)[-1].strip() for line in timed.stderr.splitlines() if line.startswith("import time")}
     assert "nanobotd.cli.nanobotctl" in imported
     assert [name for name in imported if name.startswith(HEAVY_MODULES)] == []
-
-
-def test_nanobotctl_status_answers_quickly(socket_path: Path, daemon: FakeDaemon) -> None:
-    durations = []
-    for _ in range(5):
-        started = time.perf_counter()
-        subprocess.run([str(NANOBOTCTL), "status"], capture_output=True, timeout=30, check=True,
-                       env=subprocess_env(socket_path))
-        durations.append(time.perf_counter() - started)
-    # The target is well under 200 ms; the bound leaves room for a loaded CI machine.
-    assert statistics.median(durations) < 0.5
 
 
 def subcommands_of(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
