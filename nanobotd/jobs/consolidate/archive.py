@@ -297,10 +297,12 @@ def recover_consolidation(env: JobEnv, run: RunRecord) -> str:
                 history.remove_entries(env.memory_dir, lambda entry, gone=set(found): entry.cursor not in gone)
             chunk["rolled_back"] = True
             rolled_back += 1
-    outcome = "recovered" if finished else "rolled_back"
+    # chunks marked before the crash count too: their entries stay in history, and a restore undoes them
+    kept = any(chunk.get("done") for chunk in manifest.get("chunks", []))
+    outcome = "recovered" if kept else "rolled_back"
     manifest["cursors"] = chunk_cursors(manifest)
     manifest["recovery"] = {"finished_chunks": finished, "rolled_back_chunks": rolled_back}
-    env.store.finish_run(run.run_id, state="finished" if finished else "rolled_back", outcome=outcome,
+    env.store.finish_run(run.run_id, state="finished" if kept else "rolled_back", outcome=outcome,
                          manifest=manifest)
     return outcome
 

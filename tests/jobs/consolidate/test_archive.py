@@ -360,3 +360,19 @@ def test_a_chunk_sent_to_the_llm_records_its_exact_count_and_a_raw_one_the_plann
     planned = offline.tracker.sessions["cli:a"].unarchived_tokens
     _, manifest = run_job(offline, "cli:a")
     assert manifest["chunks"][0]["tokens"] == planned
+
+
+def test_a_run_cut_short_after_every_chunk_was_marked_is_recovered_not_rolled_back(tmp_path):
+    env, sessions = make_context(tmp_path, LLMSettings(model="none"))
+    env.tracker.scan(write_session(sessions, "cli:a", conversation(6)))
+    run_id = env.store.create_run("consolidate", "ws", session_key="cli:a")
+    env.faults = FaultPoints({"consolidate.marked": "enospc"})  # every chunk marked archived, the run not closed
+    with pytest.raises(OSError):
+        asyncio.run(consolidate.consolidate_session(env, "cli:a", run_id, reason="manual"))
+    env.faults = FaultPoints()
+    assert consolidate.recover_consolidation(env, env.store.get_run(run_id)) == "recovered"
+    recovered = env.store.get_run(run_id)
+    assert recovered.state == "finished" and history_entries(env.settings.path)
+    consolidate.restore_consolidation(env, recovered, dry_run=False)  # its entries can still be undone
+    assert history_entries(env.settings.path) == []
+    assert len(env.tracker.pending("cli:a")) == 6
