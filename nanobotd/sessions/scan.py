@@ -28,7 +28,8 @@ from nanobotd.tuning import HASH_BLOCK, SEARCHED_LOOKUPS
 
 FLAG_COMMAND = 1
 FLAG_HIDDEN = 2
-LINE_NONE, LINE_NEW, LINE_KNOWN = 0, 1, 2  # a message's line: not kept, parsed in this scan, parse reused
+LINE_NONE, LINE_NEW, LINE_KNOWN = 0, 1, 2
+_PLAIN_CONTENT = (str, type(None))  # content that is its message's text as it is  # a message's line: not kept, parsed in this scan, parse reused
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +241,9 @@ class _Reading:
             return False
         role, text, timestamp = fields
         role = sys.intern(role)  # a handful of roles, one string each instead of one per message
-        base = digest = sessionfile.message_digest(role, text, timestamp)
+        # a line without a backslash has no character JSON escapes; a text made of content blocks may have
+        plain = b"\\" not in line.data and type(record.get("content", "")) in _PLAIN_CONTENT
+        base = digest = sessionfile.message_digest(role, text, timestamp, plain=plain)
         copy, taken = 0, self.taken
         while digest in taken:
             copy += 1
