@@ -16,8 +16,8 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from json.encoder import c_make_encoder, encode_basestring
+from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
 from nanobotd import fsio

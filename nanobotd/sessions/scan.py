@@ -28,8 +28,8 @@ from nanobotd.tuning import HASH_BLOCK, SEARCHED_LOOKUPS
 
 FLAG_COMMAND = 1
 FLAG_HIDDEN = 2
-LINE_NONE, LINE_NEW, LINE_KNOWN = 0, 1, 2
-_PLAIN_CONTENT = (str, type(None))  # content that is its message's text as it is  # a message's line: not kept, parsed in this scan, parse reused
+LINE_NONE, LINE_NEW, LINE_KNOWN = 0, 1, 2  # a message's line: not kept, parsed in this scan, parse reused
+_PLAIN_CONTENT = (str, type(None))  # content that is its message's text as it is
 
 
 @dataclass(frozen=True, slots=True)
