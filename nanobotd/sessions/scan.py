@@ -102,16 +102,15 @@ class ParseResult:
             return
         wanted = iter(numbers)
         number = next(wanted)
-        lines = self.lines
-        for index, (line_digest, digest, role, stamp, tokens, _) in enumerate(self.messages.rows(numbers[0]),
-                                                                              start=numbers[0]):
+        first, kinds, starts, ends = self.lines.first, self.lines.kinds, self.lines.starts, self.lines.ends
+        for index, (line_digest, digest, role, stamp, tokens, _) in enumerate(
+                self.messages.rows(numbers[0], numbers[-1] + 1), start=numbers[0]):
             if index != number:
                 continue
-            yield digest, role, stamp, tokens, (lines.ref(index, line_digest) if lines.kind(index) == LINE_NEW
-                                                else None)
+            at = index - first  # MessageLines.kind and .ref, inlined
+            new = 0 <= at < len(kinds) and kinds[at] == LINE_NEW
+            yield digest, role, stamp, tokens, LineRef(starts[at], ends[at], line_digest) if new else None
             number = next(wanted, None)
-            if number is None:
-                return
 
     @property
     def new_count(self) -> int:

@@ -49,18 +49,19 @@ def insert_rows(db: sqlite3.Connection, session_id: int, rows: Iterable[tuple], 
     seq = db.execute("SELECT COALESCE(MAX(seq), 0) FROM spool WHERE session_id=?", (session_id,)).fetchone()[0]
     rows, added = iter(rows), []
     while taken := list(itertools.islice(rows, SPOOL_BATCH)):
-        batch = []
         added += [(digest, tokens) for digest, _, _, tokens, _ in taken]
-        for digest, role, stamp, tokens, ref in taken:
-            seq += 1
-            if shift is not None:
-                start, end, line_digest = ref
-                batch.append((session_id, digest, seq, role, stamp, tokens, HELD, now, start - shift, end - shift,
-                              line_digest))
-                continue
-            data = read_line(handle, ref)  # the file's JSON text, not re-encoded; None: its bytes changed
-            if data is not None:
-                batch.append((session_id, digest, seq, role, stamp, tokens, line_text(data), now, None, None, None))
+        if shift is not None:
+            batch = [(session_id, digest, number, role, stamp, tokens, HELD, now, ref.start - shift, ref.end - shift,
+                      ref.line_digest) for number, (digest, role, stamp, tokens, ref) in enumerate(taken, seq + 1)]
+            seq += len(taken)
+        else:
+            batch = []
+            for digest, role, stamp, tokens, ref in taken:
+                seq += 1
+                data = read_line(handle, ref)  # the file's JSON text, not re-encoded; None: its bytes changed
+                if data is not None:
+                    batch.append((session_id, digest, seq, role, stamp, tokens, line_text(data), now, None, None,
+                                  None))
         db.executemany(
             "INSERT OR IGNORE INTO spool (session_id, digest, seq, role, timestamp, tokens, record, seen_at,"
             " line_start, line_end, line_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", batch)
