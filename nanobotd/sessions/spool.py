@@ -105,18 +105,16 @@ def move_held(db: sqlite3.Connection, session_id: int, moves: list[tuple[str, Li
 
 def read_message_cache(store: StateStore, session_id: int) -> MessageList:
     """The session's message cache as stored at its last scan, in file order."""
-    return store.query_with("SELECT line_digests, digests, columns, odd FROM message_blocks WHERE session_id=?"
+    return store.query_with("SELECT line_digests, digests, columns FROM message_blocks WHERE session_id=?"
                             " ORDER BY first", (session_id,), MessageList.from_blocks)
 
 
 def cached_digests(store: StateStore, session_id: int) -> set[str]:
     """The digests of the session's message cache as stored (its digest column alone is read)."""
     found: set[str] = set()
-    for digests, odd in store.query("SELECT digests, odd FROM message_blocks WHERE session_id=?", (session_id,)):
+    for (digests,) in store.query("SELECT digests FROM message_blocks WHERE session_id=?", (session_id,)):
         text = digests.hex()
         found.update(text[at:at + 32] for at in range(0, len(text), 32))
-        if odd:
-            found.update(digest for column, _, digest in json.loads(odd) if column == 1)
     return found
 
 
