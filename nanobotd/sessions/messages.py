@@ -16,11 +16,10 @@ from nanobotd.tuning import ROWS_BLOCK
 
 DIGEST_BYTES = 16  # blake2b digest_size of every message and line digest (file.line_digest, file.message_digest)
 _HEX = DIGEST_BYTES * 2
-_NO_DIGEST = bytes(DIGEST_BYTES)
 
 
 def digest_key(digest: str) -> bytes | str:
-    """*digest* as a compact dict key: its 16 bytes (a digest the columns cannot hold stays a string)."""
+    """*digest* as a compact dict key: its 16 bytes (a string that is no digest stays a string: it matches none)."""
     packed = MessageList._packed_only(digest)
     return digest if packed is None else packed
 
@@ -43,18 +42,15 @@ class MessageInfo:
 
 
 class MessageList:
-    """A session file's MessageInfos, in file order, in columns (a Sequence of MessageInfo).
+    """A session file's MessageInfos, in file order, in columns (a Sequence of MessageInfo); every digest is 32
+    lower-case hex digits, as blake2b's hexdigest makes them (a scan makes no other)."""
 
-    A digest that is not 32 lower-case hex digits (none the scan makes) is kept as a string beside the columns.
-    """
-
-    __slots__ = ("_line_digests", "_digests", "_odd", "_roles", "_role_names", "_role_numbers", "_stamps",
+    __slots__ = ("_line_digests", "_digests", "_roles", "_role_names", "_role_numbers", "_stamps",
                  "_stamp_ends", "_tokens", "_flags")
 
     def __init__(self, infos: Iterable[MessageInfo] = ()) -> None:
         self._line_digests = bytearray()
         self._digests = bytearray()
-        self._odd: dict[tuple[int, int], str] = {}  # (column, index) -> a digest the columns cannot hold
         self._roles = array("I")
         self._role_names: list[str] = []
         self._role_numbers: dict[str, int] = {}
@@ -71,12 +67,12 @@ class MessageList:
         return messages.copy() if isinstance(messages, MessageList) else cls(messages)
 
     @classmethod
-    def from_blocks(cls, blocks: Iterable[tuple[bytes, bytes, str, str | None]]) -> MessageList:
+    def from_blocks(cls, blocks: Iterable[tuple[bytes, bytes, str]]) -> MessageList:
         """A MessageList of the message cache's blocks (see blocks()), in order."""
         messages = cls()
-        for line_digests, digests, columns, odd in blocks:
+        for line_digests, digests, columns in blocks:
             names, roles, stamps, ends, tokens, flags = json.loads(columns)
-            base, stamp_base = len(messages), len(messages._stamps)
+            stamp_base = len(messages._stamps)
             numbers = [messages._role_number(name) for name in names]
             messages._line_digests += line_digests
             messages._digests += digests
@@ -85,21 +81,18 @@ class MessageList:
             messages._stamp_ends.extend(end + stamp_base for end in ends)
             messages._tokens.extend(tokens)
             messages._flags.extend(flags)
-            for column, index, digest in json.loads(odd) if odd else ():
-                messages._odd[(column, base + index)] = digest
         return messages
 
-    def blocks(self, start: int, size: int) -> Iterator[tuple[int, bytes, bytes, str, str | None]]:
+    def blocks(self, start: int, size: int) -> Iterator[tuple[int, bytes, bytes, str]]:
         """The message cache's rows from the block holding message *start* on, *size* messages a block: (first
-        message, line digests, digests, the other columns as JSON, the odd digests as JSON or None). A row a block,
-        not a row a message: a first start stores every message of every file."""
+        message, line digests, digests, the other columns as JSON). A row a block, not a row a message: a first
+        start stores every message of every file."""
         for first in range(start - start % size, len(self), size):
             part = self._slice(slice(first, first + size))
             columns = json.dumps([part._role_names, part._roles.tolist(),
                                   part._stamps.decode("utf-8", "surrogatepass"), part._stamp_ends.tolist(),
                                   part._tokens.tolist(), list(part._flags)], separators=(",", ":"))
-            odd = json.dumps([[column, index, digest] for (column, index), digest in part._odd.items()])
-            yield first, bytes(part._line_digests), bytes(part._digests), columns, odd if part._odd else None
+            yield first, bytes(part._line_digests), bytes(part._digests), columns
 
     # -- writing -------------------------------------------------------------------------------------
     def append(self, info: MessageInfo) -> None:
@@ -108,9 +101,7 @@ class MessageList:
 
     def add(self, line_digest: str, digest: str, role: str, timestamp: str, tokens: int, flags: int) -> None:
         """Add a message at the end from its fields (a MessageInfo's, in its order)."""
-        index = len(self._flags)
-        self.add_packed(self._packed(0, index, line_digest), self._packed(1, index, digest), role, timestamp, tokens,
-                        flags)
+        self.add_packed(self._packed(line_digest), self._packed(digest), role, timestamp, tokens, flags)
 
     def add_packed(self, line_digest: bytes, digest: bytes, role: str, timestamp: str, tokens: int,
                    flags: int) -> None:
@@ -132,12 +123,12 @@ class MessageList:
             self._role_names.append(role)
         return number
 
-    def _packed(self, column: int, index: int, digest: str) -> bytes:
-        packed = self._packed_only(digest)
-        if packed is not None:
-            return packed
-        self._odd[(column, index)] = digest
-        return _NO_DIGEST
+    @classmethod
+    def _packed(cls, digest: str) -> bytes:
+        packed = cls._packed_only(digest)
+        if packed is None:
+            raise ValueError(f"not a message or line digest: {digest!r}")
+        return packed
 
     @staticmethod
     def _packed_only(digest: str) -> bytes | None:
@@ -177,11 +168,11 @@ class MessageList:
 
     def line_digest(self, index: int) -> str:
         """Message *index*'s line digest (the parse cache key)."""
-        return self._unpacked(0, self._line_digests, index)
+        return self._line_digests[index * DIGEST_BYTES:(index + 1) * DIGEST_BYTES].hex()
 
     def digest(self, index: int) -> str:
         """Message *index*'s identity across rewrites."""
-        return self._unpacked(1, self._digests, index)
+        return self._digests[index * DIGEST_BYTES:(index + 1) * DIGEST_BYTES].hex()
 
     def timestamp(self, index: int) -> str:
         """Message *index*'s timestamp, as written in the file."""
@@ -196,44 +187,38 @@ class MessageList:
         """Message *index*'s flags (0: it counts)."""
         return self._flags[index]
 
-    def digest_key(self, index: int) -> bytes | str:
+    def digest_key(self, index: int) -> bytes:
         """Message *index*'s digest as digest_key() makes it, without making its hex string."""
-        if self._odd:
-            odd = self._odd.get((1, index))
-            if odd is not None:
-                return odd
         return bytes(self._digests[index * DIGEST_BYTES:(index + 1) * DIGEST_BYTES])
 
     def has_digest(self, digest: str) -> bool:
         """A message has *digest* (a search of the digest column: no string is made per message)."""
-        if self._odd and digest in (odd for (column, _), odd in self._odd.items() if column == 1):
-            return True
         packed = self._packed_only(digest)
         if packed is None:
             return False
         start = 0
         while (at := self._digests.find(packed, start)) >= 0:
-            if at % DIGEST_BYTES == 0 and (1, at // DIGEST_BYTES) not in self._odd:
+            if at % DIGEST_BYTES == 0:
                 return True
             start = at + 1
         return False
 
     def digests(self, start: int = 0, stop: int | None = None) -> Iterator[str]:
         """The digests of messages *start* to *stop*, without making their MessageInfos."""
-        return self._column(1, self._digests, start, stop)
+        return self._column(self._digests, start, stop)
 
     def line_digests(self) -> Iterator[str]:
         """The line digests of every message, without making their MessageInfos."""
-        return self._column(0, self._line_digests, 0, None)
+        return self._column(self._line_digests, 0, None)
 
-    def _column(self, number: int, data: bytearray, start: int, stop: int | None) -> Iterator[str]:
+    def _column(self, data: bytearray, start: int, stop: int | None) -> Iterator[str]:
         start, stop, _ = slice(start, stop).indices(len(self))
         for first in range(start, stop, ROWS_BLOCK):
             last = min(first + ROWS_BLOCK, stop)
             column = data[first * DIGEST_BYTES:last * DIGEST_BYTES].hex()
             for index in range(first, last):
                 at = (index - first) * _HEX
-                yield self._odd.get((number, index), column[at:at + _HEX]) if self._odd else column[at:at + _HEX]
+                yield column[at:at + _HEX]
 
     def rows(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[str, str, str, str, int, int]]:
         """The fields of the messages from *start* (to *stop*), in MessageInfo's order, made a block of columns
@@ -249,29 +234,18 @@ class MessageList:
         stamps = self._stamps[base:self._stamp_ends[last - 1]]
         text = stamps.decode("utf-8", "surrogatepass")
         ascii_only = len(text) == len(stamps)  # then byte offsets are character offsets
-        names, roles, ends, tokens, flags, odd = (self._role_names, self._roles, self._stamp_ends, self._tokens,
-                                                  self._flags, self._odd)
+        names, roles, ends, tokens, flags = self._role_names, self._roles, self._stamp_ends, self._tokens, self._flags
         start = 0
         for index in range(first, last):
             end = ends[index] - base
             stamp = text[start:end] if ascii_only else stamps[start:end].decode("utf-8", "surrogatepass")
             at = (index - first) * _HEX
-            line, digest = lines[at:at + _HEX], digests[at:at + _HEX]
-            if odd:
-                line, digest = odd.get((0, index), line), odd.get((1, index), digest)
-            yield line, digest, names[roles[index]], stamp, tokens[index], flags[index]
+            yield lines[at:at + _HEX], digests[at:at + _HEX], names[roles[index]], stamp, tokens[index], flags[index]
             start = end
 
     def total_tokens(self, start: int = 0, stop: int | None = None) -> int:
         """The tokens of messages *start* to *stop*."""
         return sum(self._tokens[start:stop])
-
-    def _unpacked(self, column: int, data: bytearray, index: int) -> str:
-        if self._odd:
-            odd = self._odd.get((column, index))
-            if odd is not None:
-                return odd
-        return data[index * DIGEST_BYTES:(index + 1) * DIGEST_BYTES].hex()
 
     # -- copies --------------------------------------------------------------------------------------
     def copy(self) -> MessageList:
@@ -286,8 +260,6 @@ class MessageList:
         copy = MessageList()
         copy._line_digests = self._line_digests[start * DIGEST_BYTES:stop * DIGEST_BYTES]
         copy._digests = self._digests[start * DIGEST_BYTES:stop * DIGEST_BYTES]
-        copy._odd = {(column, index - start): digest for (column, index), digest in self._odd.items()
-                     if start <= index < stop}
         copy._roles = self._roles[start:stop]
         copy._role_names = list(self._role_names)
         copy._role_numbers = dict(self._role_numbers)

@@ -29,6 +29,7 @@ from nanobotd.tuning import HASH_BLOCK, SEARCHED_LOOKUPS
 FLAG_COMMAND = 1
 FLAG_HIDDEN = 2
 LINE_NONE, LINE_NEW, LINE_KNOWN = 0, 1, 2  # a message's line: not kept, parsed in this scan, parse reused
+_PLAIN_CONTENT = (str, type(None))  # content that is its message's text as it is
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,16 +102,15 @@ class ParseResult:
             return
         wanted = iter(numbers)
         number = next(wanted)
-        lines = self.lines
-        for index, (line_digest, digest, role, stamp, tokens, _) in enumerate(self.messages.rows(numbers[0]),
-                                                                              start=numbers[0]):
+        first, kinds, starts, ends = self.lines.first, self.lines.kinds, self.lines.starts, self.lines.ends
+        for index, (line_digest, digest, role, stamp, tokens, _) in enumerate(
+                self.messages.rows(numbers[0], numbers[-1] + 1), start=numbers[0]):
             if index != number:
                 continue
-            yield digest, role, stamp, tokens, (lines.ref(index, line_digest) if lines.kind(index) == LINE_NEW
-                                                else None)
+            at = index - first  # MessageLines.kind and .ref, inlined
+            new = 0 <= at < len(kinds) and kinds[at] == LINE_NEW
+            yield digest, role, stamp, tokens, LineRef(starts[at], ends[at], line_digest) if new else None
             number = next(wanted, None)
-            if number is None:
-                return
 
     @property
     def new_count(self) -> int:
@@ -240,7 +240,9 @@ class _Reading:
             return False
         role, text, timestamp = fields
         role = sys.intern(role)  # a handful of roles, one string each instead of one per message
-        base = digest = sessionfile.message_digest(role, text, timestamp)
+        # a line without a backslash has no character JSON escapes; a text made of content blocks may have
+        plain = b"\\" not in line.data and type(record.get("content", "")) in _PLAIN_CONTENT
+        base = digest = sessionfile.message_digest(role, text, timestamp, plain=plain)
         copy, taken = 0, self.taken
         while digest in taken:
             copy += 1

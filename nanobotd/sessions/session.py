@@ -183,8 +183,8 @@ def store_message_cache(db, session_id: int, old: MessageList, new: MessageList,
         return
     first = prefix - prefix % MESSAGE_BLOCK
     db.execute("DELETE FROM message_blocks WHERE session_id=? AND first>=?", (session_id, first))
-    db.executemany("INSERT INTO message_blocks (session_id, first, line_digests, digests, columns, odd)"
-                   " VALUES (?, ?, ?, ?, ?, ?)", ((session_id, *block) for block in new.blocks(first, MESSAGE_BLOCK)))
+    db.executemany("INSERT INTO message_blocks (session_id, first, line_digests, digests, columns)"
+                   " VALUES (?, ?, ?, ?, ?)", ((session_id, *block) for block in new.blocks(first, MESSAGE_BLOCK)))
 
 
 def digests_in(store: StateStore, table: str, session_id: int, digests: Iterable[str]) -> set[str]:

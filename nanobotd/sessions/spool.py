@@ -49,18 +49,19 @@ def insert_rows(db: sqlite3.Connection, session_id: int, rows: Iterable[tuple], 
     seq = db.execute("SELECT COALESCE(MAX(seq), 0) FROM spool WHERE session_id=?", (session_id,)).fetchone()[0]
     rows, added = iter(rows), []
     while taken := list(itertools.islice(rows, SPOOL_BATCH)):
-        batch = []
         added += [(digest, tokens) for digest, _, _, tokens, _ in taken]
-        for digest, role, stamp, tokens, ref in taken:
-            seq += 1
-            if shift is not None:
-                start, end, line_digest = ref
-                batch.append((session_id, digest, seq, role, stamp, tokens, HELD, now, start - shift, end - shift,
-                              line_digest))
-                continue
-            data = read_line(handle, ref)  # the file's JSON text, not re-encoded; None: its bytes changed
-            if data is not None:
-                batch.append((session_id, digest, seq, role, stamp, tokens, line_text(data), now, None, None, None))
+        if shift is not None:
+            batch = [(session_id, digest, number, role, stamp, tokens, HELD, now, ref.start - shift, ref.end - shift,
+                      ref.line_digest) for number, (digest, role, stamp, tokens, ref) in enumerate(taken, seq + 1)]
+            seq += len(taken)
+        else:
+            batch = []
+            for digest, role, stamp, tokens, ref in taken:
+                seq += 1
+                data = read_line(handle, ref)  # the file's JSON text, not re-encoded; None: its bytes changed
+                if data is not None:
+                    batch.append((session_id, digest, seq, role, stamp, tokens, line_text(data), now, None, None,
+                                  None))
         db.executemany(
             "INSERT OR IGNORE INTO spool (session_id, digest, seq, role, timestamp, tokens, record, seen_at,"
             " line_start, line_end, line_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", batch)
@@ -104,18 +105,16 @@ def move_held(db: sqlite3.Connection, session_id: int, moves: list[tuple[str, Li
 
 def read_message_cache(store: StateStore, session_id: int) -> MessageList:
     """The session's message cache as stored at its last scan, in file order."""
-    return store.query_with("SELECT line_digests, digests, columns, odd FROM message_blocks WHERE session_id=?"
+    return store.query_with("SELECT line_digests, digests, columns FROM message_blocks WHERE session_id=?"
                             " ORDER BY first", (session_id,), MessageList.from_blocks)
 
 
 def cached_digests(store: StateStore, session_id: int) -> set[str]:
     """The digests of the session's message cache as stored (its digest column alone is read)."""
     found: set[str] = set()
-    for digests, odd in store.query("SELECT digests, odd FROM message_blocks WHERE session_id=?", (session_id,)):
+    for (digests,) in store.query("SELECT digests FROM message_blocks WHERE session_id=?", (session_id,)):
         text = digests.hex()
         found.update(text[at:at + 32] for at in range(0, len(text), 32))
-        if odd:
-            found.update(digest for column, _, digest in json.loads(odd) if column == 1)
     return found
 
 

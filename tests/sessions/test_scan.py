@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 from nanobotd import tokens
 from nanobotd.sessions import file as sessionfile
 from nanobotd.sessions.scan import LINE_KNOWN, LINE_NEW, SEARCHED_LOOKUPS, parse_session, read_line
-from tests.sessions.test_file import LINES
+from tests.sessions.test_file import LINES, RECORDS
 from tests.support.workspace import conversation, make_workspace, write_session
 
 
@@ -163,6 +164,25 @@ def estimates(messages: list[dict]) -> list[int]:
         hidden = record.get("_command") or record.get("_hidden_history")
         counts.append(0 if hidden else tokens.estimate_tokens(sessionfile.message_text_for_tokens(record, text)))
     return counts
+
+
+@settings(max_examples=300, deadline=None)
+@given(records=st.lists(RECORDS, max_size=6), ascii_only=st.booleans())
+def test_a_scan_digests_each_message_as_message_digest_does_from_its_decoded_fields(records, ascii_only):
+    """Digests are stored: a line read without escaping its fields again (no backslash in it) digests the same."""
+    lines = [json.dumps(record, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass") for record in records]
+    folder = Path(tempfile.mkdtemp(prefix="nbd-"))
+    path = folder / "c2Vzc2lvbg.jsonl"
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    expected = []
+    for line in lines:
+        record = sessionfile.decode_record(sessionfile.RawLine(0, line, ""))
+        fields = sessionfile.message_fields(record) if record is not None else None
+        if fields is not None:
+            expected.append(sessionfile.message_digest(*fields))
+    digests = [info.digest for info in parse_session(path).messages]
+    assert set(expected) <= set(digests)  # a copy of a message gets a numbered variant beside it
+    assert digests == expected or len(set(expected)) < len(expected)
 
 
 def test_each_message_gets_its_size_estimate_fully_and_incrementally_and_no_encoding_is_loaded(tmp_path):
