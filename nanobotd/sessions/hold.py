@@ -34,7 +34,7 @@ from nanobotd import fsio
 from nanobotd.faults import FaultPoints
 from nanobotd.sessions import file as sessionfile
 from nanobotd.sessions import spool as spooldb
-from nanobotd.sessions.scan import LineRef, ParseResult
+from nanobotd.sessions.scan import LineRef, ParseResult, parse_session
 from nanobotd.sessions.session import SessionState, save_hold
 from nanobotd.state import bulk
 from nanobotd.state.store import StateStore
@@ -172,8 +172,17 @@ class Holding:
         if lost:
             session.fingerprint = None
             logger.error("session {}: its file was written in place while nanobotd held it by a hard link; {}"
-                         " unarchived message(s) are not where they were and, unless still in the file, cannot be"
-                         " archived", session.key, len(lost))
+                         " unarchived message(s) left it and cannot be archived", session.key, len(self._cut(made,
+                         session, lost)))
+
+    def _cut(self, made: int, session: SessionState, lost: list[str]) -> list[str]:
+        """Which of *lost* the copy *made* of the file (0: none) has no message for."""
+        try:
+            with fsio.open_regular(self._path(session.session_id, made)) as handle:
+                present = set(parse_session(session.path, handle=handle).messages.digests())
+        except OSError:
+            return lost
+        return [digest for digest in lost if digest not in present]
 
     # -- the rows -------------------------------------------------------------------------------------
     def resolver(self, session: SessionState) -> spooldb.Resolve:
