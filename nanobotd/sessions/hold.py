@@ -158,22 +158,27 @@ class Holding:
                          session.key, exc)
             return
         session.hold_generation, lost = made, []
-        for rows in spooldb.held_row_batches(self.store, session_id):  # a batch in memory at a time
-            texts = self._read(session, [line for _, line in rows]) if made else [None] * len(rows)
-            lost += [digest for (digest, _), text in zip(rows, texts, strict=True) if text is None]
-        with self.store.transaction() as db:
-            bulk.delete_in(db, "spool", "digest", lost, where={"session_id": session_id})
-            db.execute("DELETE FROM held_links WHERE session_id=?", (session_id,))
-            if lost:
-                db.execute("DELETE FROM message_blocks WHERE session_id=?", (session_id,))
-                db.execute("UPDATE sessions SET inode=NULL, size=NULL, mtime_ns=NULL WHERE id=?", (session_id,))
-            save_hold(db, session)
+        try:
+            for rows in spooldb.held_row_batches(self.store, session_id):  # a batch in memory at a time
+                texts = self._read(session, [line for _, line in rows]) if made else [None] * len(rows)
+                lost += [digest for (digest, _), text in zip(rows, texts, strict=True) if text is None]
+            with self.store.transaction() as db:
+                bulk.delete_in(db, "spool", "digest", lost, where={"session_id": session_id})
+                db.execute("DELETE FROM held_links WHERE session_id=?", (session_id,))
+                if lost:
+                    db.execute("DELETE FROM message_blocks WHERE session_id=?", (session_id,))
+                    db.execute("UPDATE sessions SET inode=NULL, size=NULL, mtime_ns=NULL WHERE id=?", (session_id,))
+                save_hold(db, session)
+        except BaseException:
+            session.hold_generation = linked
+            self._drop(session_id, made)
+            raise
         self._drop(session_id, linked)
         if lost:
             session.fingerprint = None
-            logger.error("session {}: its file was written in place while nanobotd held it by a hard link; {}"
-                         " unarchived message(s) left it and cannot be archived", session.key, len(self._cut(made,
-                         session, lost)))
+            if cut := self._cut(made, session, lost):
+                logger.error("session {}: its file was written in place while nanobotd held it by a hard link; {}"
+                             " unarchived message(s) left it and cannot be archived", session.key, len(cut))
 
     def _cut(self, made: int, session: SessionState, lost: list[str]) -> list[str]:
         """Which of *lost* the copy *made* of the file (0: none) has no message for."""
