@@ -85,6 +85,8 @@ SEARCHED_LOOKUPS = 64  # an append's digests searched in the known column before
 SPOOL_BATCH = 1000  # spool rows written, moved or read together: fewer statements against rows held in memory
 DIGEST_LOOKUP = 500  # digests looked up in one query (SQLite's bound-parameter limit is far above)
 ROWS_PER_STATEMENT = 500  # rows in one JSON array statement: a long session's rows are never one huge string
+HOLD_MIN_BYTES = 64 << 10  # a scan's new rows this long (and most of the file) are held in a copy of it, not
+# spooled as text: a copy and its sync against their text written to the state database
 HELD_READ_SPAN = 4 << 20  # held lines next to each other read with one read of up to this many bytes
 HELD_READ_GAP = 64 << 10  # ... with at most this many bytes between two of them (fewer reads against wasted bytes)
 STREAM_BLOCK = 1 << 20  # a copy the kernel will not make between two filesystems is streamed in blocks this long

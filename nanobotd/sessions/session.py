@@ -19,7 +19,7 @@ from nanobotd.tuning import DIGEST_LOOKUP, MESSAGE_BLOCK
 SKIPPED_PREFIXES = ("dream:",)
 SESSION_COLUMNS = ("id, key, path, inode, size, mtime_ns, agent_archived, messages, corrupt_lines, total_tokens,"
                    " unarchived_messages, unarchived_tokens, last_write, flushed_cycle, cycle, state, agent_marked,"
-                   " hold_generation, hold_shift, hold_links")
+                   " hold_generation")
 
 
 @dataclass
@@ -41,10 +41,7 @@ class SessionState:
     cycle: int = 0
     state: str = "active"
     agent_marked: bool = False
-    hold_generation: int = 0  # the held version of the file the spool's held rows are in (0: none)
-    hold_shift: int = 0  # added to a held row's offsets to find its line in that version
-    hold_links: bool = False  # the held version is a hard link (the file is replaced on save), not a copy
-    hold_of: tuple[int, int, int] | None = None  # the fingerprint of the version held (not kept across restarts)
+    hold_generation: int = 0  # the held copy of the file the spool's held rows are in (0: none)
     messages: MessageList | None = None
     # spooled digests no longer in the session file (usually few; None: read from the database when needed)
     gone: set[str] | None = None
@@ -103,11 +100,11 @@ def load_sessions(store: StateStore, workspace_name: str) -> list[SessionState]:
     sessions = []
     for row in rows:
         (session_id, key, path, inode, size, mtime_ns, agent_archived, messages, corrupt, total, un_msgs,
-         un_tokens, last_write, flushed_cycle, cycle, state, agent_marked, generation, shift, links) = row
+         un_tokens, last_write, flushed_cycle, cycle, state, agent_marked, generation) = row
         fingerprint = (inode, size, mtime_ns) if inode is not None else None
         sessions.append(SessionState(
             session_id, key, Path(path), fingerprint, agent_archived, messages, corrupt, total, un_msgs,
-            un_tokens, last_write, flushed_cycle, cycle, state, bool(agent_marked), generation, shift, bool(links)))
+            un_tokens, last_write, flushed_cycle, cycle, state, bool(agent_marked), generation))
     return sessions
 
 
@@ -135,9 +132,8 @@ def save_session(db, session: SessionState, now: float) -> None:
 
 
 def save_hold(db, session: SessionState) -> None:
-    """Write *session*'s held version, shift and kind (in the transaction that moves its held rows)."""
-    db.execute("UPDATE sessions SET hold_generation=?, hold_shift=?, hold_links=? WHERE id=?",
-               (session.hold_generation, session.hold_shift, int(session.hold_links), session.session_id))
+    """Write *session*'s held version (in the transaction that holds rows in it or lets it go)."""
+    db.execute("UPDATE sessions SET hold_generation=? WHERE id=?", (session.hold_generation, session.session_id))
 
 
 def record_archived_twice(store: StateStore, session_id: int, digests: list[str], now: float) -> int:

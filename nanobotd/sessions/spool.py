@@ -1,8 +1,8 @@
 """What is unarchived: each session's spool, its rows in the state database and what is kept of it in memory.
 
 The spool keeps every conversation message that neither the agent nor nanobotd archived yet: where its line
-is in the session's held version of the file (`sessions.hold`), or, once the file no longer has it (or the
-session cannot be held), its line's JSON text; so a rewrite of the session file cannot lose it. The tracker
+is in the session's held copy of the file (`sessions.hold`), or its line's JSON text (a message that came when
+no copy was made for it); so a rewrite of the session file cannot lose it. The tracker
 decides what goes in and out. The functions move rows (and the per-session message cache) between the database
 and Python; `Spool` keeps, per session, the spooled digests and their tokens, the ones no longer in the session
 file (`gone`: they wait for the rescue) and the running totals of the rest, and answers the jobs' reads.
@@ -89,18 +89,6 @@ def held_row_batches(source: sqlite3.Connection | StateStore, session_id: int,
                         (session_id, after, HELD, size)):
         after = rows[-1][0]
         yield [(digest, LineRef(start, end, line)) for _, digest, start, end, line in rows]
-
-
-def copy_held(db: sqlite3.Connection, session_id: int, copies: list[tuple[str, str]]) -> None:
-    """Held rows become copies: (digest, record text)."""
-    db.executemany("UPDATE spool SET record=?, line_start=NULL, line_end=NULL, line_digest=NULL"
-                   " WHERE session_id=? AND digest=?", [(text, session_id, digest) for digest, text in copies])
-
-
-def move_held(db: sqlite3.Connection, session_id: int, moves: list[tuple[str, LineRef]]) -> None:
-    """Held rows now point at their lines in another version of the file: (digest, where its line is)."""
-    db.executemany("UPDATE spool SET line_start=?, line_end=?, line_digest=? WHERE session_id=? AND digest=?",
-                   [(ref.start, ref.end, ref.line_digest, session_id, digest) for digest, ref in moves])
 
 
 def read_message_cache(store: StateStore, session_id: int) -> MessageList:

@@ -234,7 +234,6 @@ class SessionTracker:
         header, messages = parsed.header, parsed.messages
         agent_archived = header.last_archived if header.last_archived <= len(messages) else 0
         old = session.messages if session.messages is not None else MessageList()
-        same_bytes = appended  # the file still starts with the bytes read last time (where held lines are)
         appended = appended and session.messages is not None and session.agent_archived == agent_archived
         spooled = self.spool.rows(session)
         first_fresh = len(old) if appended else 0  # the messages from here on are new to this scan's accounting
@@ -249,10 +248,7 @@ class SessionTracker:
             gone = set()
         below = set(messages.digests(0, agent_archived)) if agent_archived and spooled else set()
         to_spool = self._spool_rows(session, first_fresh, parsed, agent_archived)
-        hold = self.holding.plan(session, parsed, handle, fast=same_bytes,
-                               fingerprint=fingerprint,
-                               tail_start=session.tail.start if same_bytes and session.tail else None,
-                               new_rows=bool(to_spool))
+        hold = self.holding.plan(session, parsed, handle, to_spool)
         agent_done = [digest for digest in spooled if digest in below]
         agent_done_tokens = [spooled[digest] for digest in agent_done]
         vanished = 0 if appended else len(gone)
@@ -295,14 +291,14 @@ class SessionTracker:
 
     def _write_spool(self, session: SessionState, parsed: ParseResult, to_spool: list[int], agent_done: list[str],
                      old: MessageList, *, known_prefix: int, handle: BinaryIO, hold) -> None:
-        """Spool the messages numbered *to_spool*, drop those the agent archived, move the held rows (*hold*, a
-        HoldPlan), store the message cache: one transaction.
+        """Spool the messages numbered *to_spool*, drop those the agent archived, store the message cache: one
+        transaction.
 
-        New rows are held (their lines stay in the held version of the file, open in *handle*) or, when the
-        session cannot be held, copied from *handle* a batch at a time, as their lines are.
+        New rows are held (*hold*, a HoldPlan, made a copy of the version open in *handle* for them) or copied as
+        text from *handle* a batch at a time, as their lines are.
         """
         now, messages = self.clock(), parsed.messages
-        before = (session.hold_generation, session.hold_shift, session.hold_links, session.hold_of)
+        before = session.hold_generation
         try:
             with self.store.transaction() as db:
                 self.holding.apply(db, session, hold)
@@ -313,8 +309,10 @@ class SessionTracker:
         except BaseException:
             self.holding.undo(session, hold, before)
             raise
-        self.spool.drop(session, self.holding.finish(session, hold))
+        self.holding.finish(session, hold)
         self.spool.spooled(session, added, agent_done)
+        if agent_done:  # the agent archived: maybe the last rows held
+            self.holding.release(session)
 
     def _save_session(self, session: SessionState) -> None:
         with self.store.transaction() as db:

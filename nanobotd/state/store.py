@@ -184,6 +184,18 @@ MIGRATIONS: list[str] = [
     );
     UPDATE sessions SET inode=NULL, size=NULL, mtime_ns=NULL;
     """,
+    # 8: held versions are private copies only (a hard link shared the session file's writes in place): the
+    # sessions a link holds are listed for sessions.hold to copy and check at start; each held row's offsets
+    # take in its session's shift (a copy is never shifted). hold_shift and hold_links stay, 0 and unused (no
+    # DROP COLUMN: SQLite before 3.35 has none)
+    """
+    CREATE TABLE IF NOT EXISTS held_links (session_id INTEGER PRIMARY KEY);
+    INSERT OR IGNORE INTO held_links SELECT id FROM sessions WHERE hold_links != 0 AND hold_generation > 0;
+    UPDATE spool SET line_start = line_start + (SELECT hold_shift FROM sessions WHERE id = spool.session_id),
+                     line_end = line_end + (SELECT hold_shift FROM sessions WHERE id = spool.session_id)
+        WHERE line_digest IS NOT NULL AND session_id IN (SELECT id FROM sessions WHERE hold_shift != 0);
+    UPDATE sessions SET hold_shift = 0, hold_links = 0 WHERE hold_shift != 0 OR hold_links != 0;
+    """,
 ]
 
 

@@ -287,7 +287,7 @@ def test_the_running_totals_match_a_recount_through_archive_restore_and_the_agen
 def test_the_spool_keeps_each_record_as_the_file_has_it(tmp_path):
     _, sessions = make_workspace(tmp_path)
     store, tracker = make_tracker(tmp_path)
-    path = write_session(sessions, "cli:a", conversation(3))
+    path = write_session(sessions, "cli:a", conversation(3, words=3000))  # most of the file, new: held in a copy
     tracker.scan(path)
     lines = path.read_text(encoding="utf-8").splitlines()[1:]
     spooled = [text for _, _, text in tracker.spooled_messages("cli:a", [1, 2, 3])]
@@ -511,7 +511,7 @@ def test_new_files_are_applied_together_and_a_group_whose_copies_cannot_sync_is_
     from nanobotd.faults import FaultPoints
 
     _, sessions = make_workspace(tmp_path / "ws")
-    paths = [write_session(sessions, f"cli:g{number}", conversation(20 + number, tag=f"g{number}"))
+    paths = [write_session(sessions, f"cli:g{number}", conversation(20 + number, words=600, tag=f"g{number}"))
              for number in range(8)]
     store = StateStore(tmp_path / "state").open()
     failing = SessionTracker("ws", store, faults=FaultPoints({"holds.sync": "enospc"}))
