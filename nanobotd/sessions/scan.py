@@ -22,7 +22,7 @@ from loguru import logger
 
 from nanobotd import fsio
 from nanobotd.sessions import file as sessionfile
-from nanobotd.sessions.messages import MessageInfo, MessageList, digest_key
+from nanobotd.sessions.messages import MessageInfo, MessageList
 from nanobotd.tokens import estimate_tokens
 from nanobotd.tuning import HASH_BLOCK, SEARCHED_LOOKUPS
 
@@ -116,31 +116,6 @@ class ParseResult:
     def new_count(self) -> int:
         """How many counted messages this scan parsed."""
         return self.lines.kinds.count(LINE_NEW)
-
-    def finder(self, kinds: tuple[int, ...] = (LINE_NEW, LINE_KNOWN)) -> LineFinder:
-        """The lines of the counted messages of *kinds*, found by digest."""
-        return LineFinder(self, kinds)
-
-
-class LineFinder:
-    """Where a parse found its counted messages' lines, looked up by digest: their 16-byte digests map to their
-    message numbers (not hex digests to LineRef objects: a full re-parse of a long session looks up every held
-    row), and a LineRef is made when one is found."""
-
-    def __init__(self, parsed: ParseResult, kinds: tuple[int, ...]) -> None:
-        self._lines, self._messages = lines, messages = parsed.lines, parsed.messages
-        self._numbers = {messages.digest_key(lines.first + at): lines.first + at
-                         for at, kind in enumerate(lines.kinds) if kind in kinds}
-
-    def get(self, digest: str) -> LineRef | None:
-        """The line of the message with *digest*, None when the parse has no such counted message."""
-        index = self._numbers.get(digest_key(digest))
-        return None if index is None else self._lines.ref(index, self._messages.line_digest(index))
-
-    def items(self) -> Iterator[tuple[str, LineRef]]:
-        """(digest, line) of every message found, in file order."""
-        for index in self._numbers.values():
-            yield self._messages.digest(index), self._lines.ref(index, self._messages.line_digest(index))
 
 
 def parse_session(path: Path, *, cached: Sequence[MessageInfo] | None = None, tail: Tail | None = None,

@@ -19,7 +19,9 @@ from tests.support.workspace import conversation, make_workspace, write_session
 
 def records(parsed, *kinds: int) -> dict:
     """The lines of a parse's counted messages of *kinds* (new in it, or reused), by digest."""
-    return dict(parsed.finder(kinds).items())
+    lines, messages = parsed.lines, parsed.messages
+    return {messages.digest(index): lines.ref(index, messages.line_digest(index))
+            for index in range(lines.first, lines.first + len(lines.kinds)) if lines.kind(index) in kinds}
 
 
 def full_then_append(tmp_path, first, second):
