@@ -18,12 +18,6 @@ DIGEST_BYTES = 16  # blake2b digest_size of every message and line digest (file.
 _HEX = DIGEST_BYTES * 2
 
 
-def digest_key(digest: str) -> bytes | str:
-    """*digest* as a compact dict key: its 16 bytes (a string that is no digest stays a string: it matches none)."""
-    packed = MessageList._packed_only(digest)
-    return digest if packed is None else packed
-
-
 @dataclass(frozen=True, slots=True)
 class MessageInfo:
     """What the tracker remembers of one message line (never its content)."""
@@ -186,10 +180,6 @@ class MessageList:
     def flags(self, index: int) -> int:
         """Message *index*'s flags (0: it counts)."""
         return self._flags[index]
-
-    def digest_key(self, index: int) -> bytes:
-        """Message *index*'s digest as digest_key() makes it, without making its hex string."""
-        return bytes(self._digests[index * DIGEST_BYTES:(index + 1) * DIGEST_BYTES])
 
     def has_digest(self, digest: str) -> bool:
         """A message has *digest* (a search of the digest column: no string is made per message)."""
