@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import re
 import shutil
 
+from tests.support.histories import archived_markers
 from tests.support.workspace import conversation, make_workspace, write_session
-
-
-def archived_markers(workspace) -> list[str]:
-    path = workspace / "memory" / "history.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return re.findall(r"\bA-\d+ ", "\n".join(json.loads(line)["content"] for line in lines))
 
 
 def test_a_wiped_state_folder_archives_nothing_twice_over_budget(tmp_path, daemon_process):

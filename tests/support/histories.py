@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,3 +27,11 @@ def read_history(memory_dir: Path) -> HistoryScan:
         else:
             entries.append(entry)
     return HistoryScan(entries, bad_lines)
+
+
+def archived_markers(workspace: Path) -> list[str]:
+    """The `A-<n> ` markers of tests.support.workspace.conversation messages archived in history.jsonl, with
+    repeats (a message archived twice is there twice)."""
+    path = workspace / "memory" / "history.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return re.findall(r"\bA-\d+ ", "\n".join(json.loads(line)["content"] for line in lines))
