@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tests.support.fakellm import Text, ToolCalls
 from tests.support.workspace import make_workspace
 
 USER = "# User\n\n## Preferences\n- Likes tea.\n"
@@ -23,3 +24,11 @@ debounce_seconds = 0.2
 """)
     proc.workspace, proc.sessions = workspace, sessions
     return proc
+
+
+def push_tea_to_coffee_dream(fake) -> None:
+    """The fake model's answers for one dream that changes USER's "- Likes tea." into "- Likes coffee."."""
+    fake.push(Text("[USER] correction: drinks coffee, not tea"),
+              ToolCalls([("edit_file", {"path": "USER.md",
+                                        "edits": [{"old_text": "- Likes tea.", "new_text": "- Likes coffee."}]})]),
+              Text("done"))

@@ -9,9 +9,9 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from tests.e2e.llmdaemon import llm_daemon
+from tests.e2e.llmdaemon import llm_daemon, push_tea_to_coffee_dream
 from tests.support.daemonproc import FIRST_LLM_CALL_SECONDS
-from tests.support.fakellm import FakeLLM, Text, ToolCalls
+from tests.support.fakellm import FakeLLM, Text
 from tests.support.workspace import conversation, make_workspace, write_session
 
 AGENT_ENTRY = {"cursor": 1, "timestamp": "2026-11-20 10:00", "content": "- [durable] The user now drinks coffee.",
@@ -48,10 +48,7 @@ def test_sigkill_in_a_dreams_apply_step_is_rolled_back_or_finished_at_the_next_s
     daemon.start()
     daemon.wait_reconciled()
     user_before = (workspace / "USER.md").read_bytes()
-    fake.push(Text("[USER] correction: drinks coffee, not tea"),
-              ToolCalls([("edit_file", {"path": "USER.md",
-                                        "edits": [{"old_text": "- Likes tea.", "new_text": "- Likes coffee."}]})]),
-              Text("done"))
+    push_tea_to_coffee_dream(fake)
     run_id = daemon.ctl_json("dream", "--no-wait")["run_id"]
     killed(daemon)
     daemon.env.pop("NANOBOTD_FAULTS")
@@ -110,10 +107,7 @@ def test_an_edit_the_agent_writes_while_the_dream_applies_its_own_is_kept(tmp_pa
     daemon.env["NANOBOTD_FAULTS"] = f"dream.applying=hold:{release}"
     daemon.start()
     daemon.wait_reconciled()
-    fake.push(Text("[USER] correction: drinks coffee, not tea"),
-              ToolCalls([("edit_file", {"path": "USER.md",
-                                        "edits": [{"old_text": "- Likes tea.", "new_text": "- Likes coffee."}]})]),
-              Text("done"))
+    push_tea_to_coffee_dream(fake)
     run_id = daemon.ctl_json("dream", "--no-wait")["run_id"]
     daemon.wait_for(lambda: "fault point dream.applying: holding" in daemon.log(), timeout=60)
     user = workspace / "USER.md"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.llmdaemon import llm_daemon
-from tests.support.fakellm import FakeLLM, Text, ToolCalls
+from tests.e2e.llmdaemon import llm_daemon, push_tea_to_coffee_dream
+from tests.support.fakellm import FakeLLM
 
 
 @pytest.fixture
@@ -27,10 +27,7 @@ def test_an_edit_the_agent_writes_while_a_restore_merges_is_kept(tmp_path, fake,
     daemon.env["NANOBOTD_FAULTS"] = f"restore.merged=hold:{release}"
     daemon.start()
     daemon.wait_reconciled()
-    fake.push(Text("[USER] correction: drinks coffee, not tea"),
-              ToolCalls([("edit_file", {"path": "USER.md",
-                                        "edits": [{"old_text": "- Likes tea.", "new_text": "- Likes coffee."}]})]),
-              Text("done"))
+    push_tea_to_coffee_dream(fake)
     dream = ended(daemon, daemon.ctl_json("dream")["run_id"])
     assert dream["state"] == "finished", dream
     user = workspace / "USER.md"
