@@ -22,5 +22,6 @@ fi
 # the layer contracts (pyproject [tool.importlinter]) and the linter hold before any test runs
 .venv/bin/lint-imports --no-cache >/dev/null || { .venv/bin/lint-imports --no-cache; exit 1; }
 .venv/bin/ruff check -q nanobotd tests scripts
-# two workers, one test file each at a time (tests in a file share fixtures and daemons); `-n 0` runs sequentially
-exec .venv/bin/python -m pytest -q -n 2 --dist loadfile "$@"
+# three workers on two cores (most e2e tests wait on a daemon, not the CPU), one test file each at a time (tests
+# in a file share fixtures and daemons); `-n 0` runs sequentially
+exec .venv/bin/python -m pytest -q -n 3 --dist loadfile "$@"
