@@ -213,6 +213,17 @@ class Holding:
         self._copy(session.session_id, handle, held + 1)
         return HoldPlan(held + 1, held)
 
+    def hold_whole(self, session: SessionState, handle: BinaryIO) -> HoldPlan:
+        """A copy of the version open in *handle*, for a long file seen the first time that is held unread (no
+        other version of it is held: it has no row)."""
+        held = session.hold_generation
+        self._copy(session.session_id, handle, held + 1)
+        return HoldPlan(held + 1, held)
+
+    def open_held(self, session: SessionState) -> BinaryIO:
+        """The session's held version, open for reading (OSError when it cannot be)."""
+        return fsio.open_regular(self._path(session.session_id, session.hold_generation))
+
     def apply(self, db: sqlite3.Connection, session: SessionState, plan: HoldPlan) -> None:
         """Inside the scan's transaction: the session's held version."""
         if plan.made:
@@ -226,13 +237,14 @@ class Holding:
     def undo(self, session: SessionState, plan: HoldPlan, before: int) -> None:
         """The transaction failed: the session keeps its held version; a copy made for it goes."""
         session.hold_generation = before
-        self._drop(session.session_id, plan.made)
+        if plan.made != before:
+            self._drop(session.session_id, plan.made)
 
     def release(self, session: SessionState) -> None:
         """No held row left: the held version goes."""
         with self.lock:
             generation = session.hold_generation
-            if not generation or spooldb.has_held_rows(self.store, session.session_id):
+            if not generation or session.unread or spooldb.has_held_rows(self.store, session.session_id):
                 return
             with self.store.transaction() as db:
                 session.hold_generation = 0

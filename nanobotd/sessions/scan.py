@@ -24,7 +24,7 @@ from nanobotd import fsio
 from nanobotd.sessions import file as sessionfile
 from nanobotd.sessions.messages import MessageInfo, MessageList
 from nanobotd.tokens import estimate_tokens
-from nanobotd.tuning import HASH_BLOCK, SEARCHED_LOOKUPS
+from nanobotd.tuning import ESTIMATE_BYTES_PER_TOKEN, HASH_BLOCK, LINE_OVERHEAD, READ_CHUNK, SEARCHED_LOOKUPS
 
 FLAG_COMMAND = 1
 FLAG_HIDDEN = 2
@@ -116,6 +116,54 @@ class ParseResult:
     def new_count(self) -> int:
         """How many counted messages this scan parsed."""
         return self.lines.kinds.count(LINE_NEW)
+
+
+@dataclass(frozen=True, slots=True)
+class Sketch:
+    """A session file told from its bytes, no line decoded: its leading metadata, and its lines after them
+    (every one taken for a message) and theirs after the agent's mark, with their tokens estimated from their
+    size less LINE_OVERHEAD a line."""
+
+    header: sessionfile.SessionHeader
+    size: int
+    lines: int
+    tokens: int
+    unarchived_lines: int
+    unarchived_bytes: int
+    unarchived_tokens: int
+
+    @property
+    def agent_archived(self) -> int:
+        """The agent's mark, as a parse takes it (0 when it is past the end)."""
+        return self.header.last_archived if self.header.last_archived <= self.lines else 0
+
+
+def sketch_session(handle: BinaryIO) -> Sketch:
+    """Read the file open in *handle* for a Sketch: its newlines counted a block at a time."""
+    header = sessionfile.SessionHeader()
+    handle.seek(0)
+    start = _read_leading_metadata(handle, header)
+    mark, lines, position, mark_at, last = header.last_archived, 0, start, start, b"\n"
+    handle.seek(start)
+    while block := handle.read(READ_CHUNK):
+        count = block.count(b"\n")
+        if lines < mark <= lines + count:  # the mark's line ends in this block
+            at = -1
+            for _ in range(mark - lines):
+                at = block.find(b"\n", at + 1)
+            mark_at = position + at + 1
+        lines, position, last = lines + count, position + len(block), block[-1:]
+    lines += last != b"\n"  # an unterminated last line
+    archived = header.last_archived if header.last_archived <= lines else 0
+    if not archived:
+        mark_at = start
+    total_bytes, unarchived_bytes = position - start, position - mark_at
+    return Sketch(header, position, lines, _estimate(total_bytes, lines), lines - archived, unarchived_bytes,
+                  _estimate(unarchived_bytes, lines - archived))
+
+
+def _estimate(size: int, lines: int) -> int:
+    return -(-max(0, size - LINE_OVERHEAD * lines) // ESTIMATE_BYTES_PER_TOKEN)
 
 
 def parse_session(path: Path, *, cached: Sequence[MessageInfo] | None = None, tail: Tail | None = None,

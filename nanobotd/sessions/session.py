@@ -19,7 +19,7 @@ from nanobotd.tuning import DIGEST_LOOKUP, MESSAGE_BLOCK
 SKIPPED_PREFIXES = ("dream:",)
 SESSION_COLUMNS = ("id, key, path, inode, size, mtime_ns, agent_archived, messages, corrupt_lines, total_tokens,"
                    " unarchived_messages, unarchived_tokens, last_write, flushed_cycle, cycle, state, agent_marked,"
-                   " hold_generation")
+                   " hold_generation, unread")
 
 
 @dataclass
@@ -42,6 +42,9 @@ class SessionState:
     state: str = "active"
     agent_marked: bool = False
     hold_generation: int = 0  # the held copy of the file the spool's held rows are in (0: none)
+    # held as it was first seen and not read yet: its counters are estimates, it has no spool rows and no
+    # message list (the tracker reads the held copy when a decision needs them)
+    unread: bool = False
     messages: MessageList | None = None
     # spooled digests no longer in the session file (usually few; None: read from the database when needed)
     gone: set[str] | None = None
@@ -100,11 +103,11 @@ def load_sessions(store: StateStore, workspace_name: str) -> list[SessionState]:
     sessions = []
     for row in rows:
         (session_id, key, path, inode, size, mtime_ns, agent_archived, messages, corrupt, total, un_msgs,
-         un_tokens, last_write, flushed_cycle, cycle, state, agent_marked, generation) = row
+         un_tokens, last_write, flushed_cycle, cycle, state, agent_marked, generation, unread) = row
         fingerprint = (inode, size, mtime_ns) if inode is not None else None
         sessions.append(SessionState(
             session_id, key, Path(path), fingerprint, agent_archived, messages, corrupt, total, un_msgs,
-            un_tokens, last_write, flushed_cycle, cycle, state, bool(agent_marked), generation))
+            un_tokens, last_write, flushed_cycle, cycle, state, bool(agent_marked), generation, bool(unread)))
     return sessions
 
 
@@ -124,11 +127,11 @@ def save_session(db, session: SessionState, now: float) -> None:
     db.execute(
         "UPDATE sessions SET path=?, inode=?, size=?, mtime_ns=?, agent_archived=?, messages=?,"
         " corrupt_lines=?, total_tokens=?, unarchived_messages=?, unarchived_tokens=?, last_write=?,"
-        " flushed_cycle=?, cycle=?, state=?, agent_marked=?, updated_at=? WHERE id=?",
+        " flushed_cycle=?, cycle=?, state=?, agent_marked=?, unread=?, updated_at=? WHERE id=?",
         (str(session.path), inode, size, mtime_ns, session.agent_archived, session.message_count,
          session.corrupt_lines, session.total_tokens, session.unarchived_messages,
          session.unarchived_tokens, session.last_write, session.flushed_cycle, session.cycle,
-         session.state, int(session.agent_marked), now, session.session_id))
+         session.state, int(session.agent_marked), int(session.unread), now, session.session_id))
 
 
 def save_hold(db, session: SessionState) -> None:

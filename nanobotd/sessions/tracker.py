@@ -28,11 +28,12 @@ from nanobotd.sessions import file as sessionfile
 from nanobotd.sessions import spool as spooldb
 from nanobotd.sessions.caches import MessageCaches
 from nanobotd.sessions.file import key_from_filename
-from nanobotd.sessions.hold import Holding
+from nanobotd.sessions.hold import Holding, HoldPlan
 from nanobotd.sessions.marks import ArchiveMarks
 from nanobotd.sessions.messages import MessageList
-from nanobotd.sessions.scan import LINE_NEW, ParseResult, parse_session
+from nanobotd.sessions.scan import LINE_NEW, ParseResult, Sketch, parse_session, sketch_session
 from nanobotd.sessions.session import (
+    SKIPPED_PREFIXES,
     ScanResult,
     SessionState,
     archived_twice_count,
@@ -46,7 +47,7 @@ from nanobotd.sessions.spool import Spool
 from nanobotd.state import bulk
 from nanobotd.state.metrics import FLUSH_KIND, MISSED_OUTCOME
 from nanobotd.state.store import StateStore
-from nanobotd.tuning import CACHED_MESSAGES, SCAN_SLICE_SECONDS
+from nanobotd.tuning import CACHED_MESSAGES, HOLD_MIN_BYTES, SCAN_SLICE_SECONDS
 
 T = TypeVar("T")
 
@@ -175,6 +176,8 @@ class SessionTracker:
         known = self._session_by_path(path)
         if known is not None and known.fingerprint == fingerprint_of(stat) and not force:
             return ScanResult(known.key, False)
+        if known is not None and known.unread:  # what changed is told against the version held
+            self._read_held(known)
         try:
             handle = fsio.open_regular(path)
         except OSError as exc:
@@ -184,6 +187,8 @@ class SessionTracker:
             # the open file is what is read (twice: the parse, then the new lines for the spool), so a rename
             # over the path meanwhile cannot mix two versions
             stat = os.fstat(handle.fileno())
+            if known is None and (sketch := self._long_and_new(handle, stat)) is not None:
+                return self._hold_unread(path, handle, stat, sketch, started)
             try:  # only new messages are decoded (see sessions.scan)
                 parsed = parse_session(path, handle=handle) if known is None else parse_session(
                     path, cached=self.caches.messages(known), tail=known.tail, corrupt_before=known.corrupt_lines,
@@ -206,18 +211,88 @@ class SessionTracker:
             self.sessions = {**self.sessions, key: session}
         self.caches.messages(session)
         self.caches.trim(self.sessions, session)
-        if corrupt:
-            logger.warning("session {}: skipped {} corrupt line(s)", key, corrupt)
+        self._report(key, parsed)
+        return ScanResult(key, True, parsed.new_count, vanished, corrupt, time.perf_counter() - started,
+                          mark_moved, tail_before)
+
+    def _report(self, key: str, parsed: ParseResult) -> None:
+        if parsed.corrupt:
+            logger.warning("session {}: skipped {} corrupt line(s)", key, parsed.corrupt)
         if parsed.large:
             self.large_messages += parsed.large
             logger.warning("session {}: {} message(s) over {} MiB read whole; they are archived raw, in parts",
                            key, parsed.large, sessionfile.MAX_LINE_BYTES >> 20)
-        return ScanResult(key, True, parsed.new_count, vanished, corrupt, time.perf_counter() - started,
-                          mark_moved, tail_before)
+
+    def _long_and_new(self, handle: BinaryIO, stat: os.stat_result) -> Sketch | None:
+        """A Sketch of a file seen the first time whose unarchived lines a copy would hold anyway (HOLD_MIN_BYTES
+        and most of the file, as Holding.plan asks), under a key of its own (its leading metadata names it); None
+        for the files a scan reads now."""
+        if stat.st_size < HOLD_MIN_BYTES:
+            return None
+        sketch = sketch_session(handle)
+        key = sketch.header.key
+        if (key is None or key in self.sessions or sketch.unarchived_bytes < HOLD_MIN_BYTES
+                or 2 * sketch.unarchived_bytes < sketch.size):
+            return None
+        return None if key.startswith(SKIPPED_PREFIXES) else sketch
+
+    def _hold_unread(self, path: Path, handle: BinaryIO, stat: os.stat_result, sketch: Sketch,
+                     started: float) -> ScanResult:
+        """Hold a long new file as it is, unread: a copy of it, and counters estimated from its bytes. Its lines
+        are decoded when a decision needs its messages (_read_held): at a cold start most never are."""
+        session = self._session_for(sketch.header.key, path)
+        self.faults.reach("scan.apply")
+        plan = self.holding.hold_whole(session, handle)
+        session.unread, session.state, session.messages, session.gone = True, "active", None, set()
+        session.fingerprint, session.last_write = fingerprint_of(stat), stat.st_mtime
+        session.agent_archived, session.agent_marked = sketch.agent_archived, sketch.header.marked
+        session.message_count, session.total_tokens = sketch.lines, sketch.tokens
+        session.unarchived_messages, session.unarchived_tokens = sketch.unarchived_lines, sketch.unarchived_tokens
+        try:
+            with self.store.transaction() as db:
+                self.holding.apply(db, session, plan)
+                save_session(db, session, self.clock())
+        except BaseException:
+            self.holding.undo(session, plan, plan.drop)
+            raise
+        self.holding.finish(session, plan)
+        self.sessions = {**self.sessions, session.key: session}
+        return ScanResult(session.key, True, sketch.unarchived_lines, 0, 0, time.perf_counter() - started)
+
+    def _read_held(self, session: SessionState) -> None:
+        """Read an unread session's held version as its first scan would have (under the lock): its messages, and
+        spool rows held in that same copy. Its fingerprint stays that version's, so a scan of the file compares
+        against it as usual."""
+        with self.holding.open_held(session) as handle:
+            parsed = parse_session(session.path, handle=handle)
+            hold = HoldPlan(session.hold_generation, 0)
+            try:
+                with self.store.transaction() as db:
+                    self._apply(session, parsed, session.fingerprint, session.last_write, handle=handle, hold=hold)
+                    session.unread = False
+                    session.corrupt_lines, session.tail = parsed.corrupt, parsed.tail
+                    save_session(db, session, self.clock())
+            except BaseException:
+                session.unread = True
+                self.caches.let_go(self.sessions, session.key)
+                session.messages, session.spool, session.gone, session.tail = None, None, set(), None
+                raise
+        self.caches.messages(session)
+        self.caches.trim(self.sessions, session)
+        self._report(session.key, parsed)
+        self.holding.release(session)
+
+    def _ready(self, session: SessionState | None) -> SessionState | None:
+        """*session*, its held version read first when it is unread (see _hold_unread)."""
+        if session is not None and session.unread:
+            with self._lock:
+                if session.unread:
+                    self._read_held(session)
+        return session
 
     def count_tail(self, key: str) -> int:
         """The unarchived tail's exact tokens, for a decision near a threshold (see Spool.count_tail)."""
-        session = self.sessions.get(key)
+        session = self._ready(self.sessions.get(key))
         return self.spool.count_tail(session, self.encoding) if session is not None else 0
 
     def _session_by_path(self, path: Path) -> SessionState | None:
@@ -225,7 +300,7 @@ class SessionTracker:
         return self.sessions.get(key) if key is not None else None
 
     def _apply(self, session: SessionState, parsed: ParseResult, fingerprint, mtime: float, *, appended: bool = False,
-               handle: BinaryIO) -> int:
+               handle: BinaryIO, hold: HoldPlan | None = None) -> int:
         """Update counters, the spool and the message cache; return how many spooled messages vanished.
 
         *appended*: the old messages are an unchanged prefix of the parsed ones (the fast path), so only the
@@ -248,7 +323,8 @@ class SessionTracker:
             gone = set()
         below = set(messages.digests(0, agent_archived)) if agent_archived and spooled else set()
         to_spool = self._spool_rows(session, first_fresh, parsed, agent_archived)
-        hold = self.holding.plan(session, parsed, handle, to_spool)
+        if hold is None:
+            hold = self.holding.plan(session, parsed, handle, to_spool)
         agent_done = [digest for digest in spooled if digest in below]
         agent_done_tokens = [spooled[digest] for digest in agent_done]
         vanished = 0 if appended else len(gone)
@@ -324,6 +400,8 @@ class SessionTracker:
             session = self._session_by_path(Path(path))
             if session is None or session.state == "deleted":
                 return None
+            if session.unread:  # its messages are all in the held version: spooled, then vanished
+                self._read_held(session)
             session.fingerprint = None
             session.state = "deleted"
             session.messages = MessageList()
@@ -340,7 +418,7 @@ class SessionTracker:
     # -- the spool, as the jobs read it ----------------------------------------------------------------
     def pending(self, key: str, *, vanished_only: bool = False) -> list[tuple[int, PendingMessage, bool]]:
         """Spooled messages of a session in first-seen order: (seq, message, still present in the file)."""
-        session = self.sessions.get(key)
+        session = self._ready(self.sessions.get(key))
         return self.spool.pending(session, vanished_only=vanished_only) if session is not None else []
 
     def vanished(self, key: str) -> list[str]:
@@ -359,11 +437,11 @@ class SessionTracker:
 
     def plan_window(self, key: str, use: Callable[[spooldb.PlanWindow], T]) -> T:
         """What *use* makes of a session's plan read a part at a time (`spool.PlanWindow`), as of one state."""
-        return self.spool.plan_window(self.sessions.get(key), use)
+        return self.spool.plan_window(self._ready(self.sessions.get(key)), use)
 
     def spooled_messages(self, key: str, seqs: list[int]) -> list[tuple[int, PendingMessage, str]]:
         """The spooled messages at *seqs* that are still spooled: (seq, message, its record as JSON text)."""
-        session = self.sessions.get(key)
+        session = self._ready(self.sessions.get(key))
         return self.spool.messages(session, seqs) if session is not None else []
 
     # -- archive marks --------------------------------------------------------------------------------
@@ -371,13 +449,13 @@ class SessionTracker:
                       also: Callable | None = None) -> None:
         """Messages reached history.jsonl: marked archived and out of the spool; *seqs*, their spool sequence
         numbers when known; *also* runs inside the same transaction (a run's journal step)."""
-        session = self.sessions[key]
+        session = self._ready(self.sessions[key])
         self.marks.record(session, {digest: run_id for digest in digests}, seqs=seqs, also=also)
         self.holding.release(session)
 
     def drop_agent_archived(self, key: str, digests: list[str]) -> None:
         """Messages that left the file and that the agent archived itself: out of the spool, not archived again."""
-        session = self.sessions[key]
+        session = self._ready(self.sessions[key])
         self.marks.drop_agent_archived(session, digests)
         self.holding.release(session)
 
@@ -387,7 +465,7 @@ class SessionTracker:
 
     def apply_history_spans(self, key: str, spans: list[dict]) -> int:
         """Rebuild nanobotd's archive marks from the spans its history entries carry (after a lost DB)."""
-        session = self.sessions.get(key)
+        session = self._ready(self.sessions.get(key))
         if session is None:
             return 0
         marked = self.marks.from_spans(session, self.caches.messages(session), spans)
@@ -396,7 +474,7 @@ class SessionTracker:
 
     def unarchive(self, key: str, run_id: str, records: list[tuple[str, dict, int]]) -> int:
         """Undo an archive run: forget its archive marks and put its messages back in the spool."""
-        session = self.sessions.get(key)
+        session = self._ready(self.sessions.get(key))
         if session is None:
             return 0
         restored = self.spool.respool(session, run_id, records)

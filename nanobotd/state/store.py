@@ -196,6 +196,11 @@ MIGRATIONS: list[str] = [
         WHERE line_digest IS NOT NULL AND session_id IN (SELECT id FROM sessions WHERE hold_shift != 0);
     UPDATE sessions SET hold_shift = 0, hold_links = 0 WHERE hold_shift != 0 OR hold_links != 0;
     """,
+    # 9: a long session file seen the first time is held as it is and read when a decision needs its messages
+    # (sessions.tracker): until then its counters are estimates from its bytes and it has no spool rows
+    """
+    ALTER TABLE sessions ADD COLUMN unread INTEGER NOT NULL DEFAULT 0;
+    """,
 ]
 
 
