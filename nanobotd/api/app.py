@@ -63,6 +63,8 @@ class Request:
     """One control request: params holds the decoded `{name}` segments of its route, body the parsed JSON
     (None when there was none)."""
 
+    method: str
+    path: str
     params: dict[str, str] = field(default_factory=dict)
     query: dict[str, str] = field(default_factory=dict)
     body: Any = None
@@ -165,7 +167,7 @@ async def read_request(request: StarletteRequest, read_timeout: float) -> Reques
         raise ApiError(408, "request_timeout", f"request not received within {read_timeout:g}s") from None
     except ClientDisconnect:
         raise ApiError(400, "bad_request", "the client went away mid-request") from None
-    return Request(dict(request.path_params), dict(request.query_params), parse_json(body))
+    return Request(request.method, raw_path, dict(request.path_params), dict(request.query_params), parse_json(body))
 
 
 def parse_json(body: bytes) -> Any:

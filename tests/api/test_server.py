@@ -188,6 +188,8 @@ def test_get_passes_decoded_path_params_and_query(socket_path: Path) -> None:
         assert body == {"key": "telegram:42/thread one"}
         status, _, body = request(socket_path, "GET", "/v1/status?workspace=main&q=a+b%26c")
         assert body["query"] == {"workspace": "main", "q": "a b&c"}
+    assert calls[0].method == "GET"
+    assert calls[0].path == "/v1/sessions/telegram%3A42%2Fthread%20one"
     assert calls[0].query == {"x": "1", "empty": ""}
 
 
