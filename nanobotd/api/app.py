@@ -87,16 +87,23 @@ class Request:
             raise ApiError(400, "bad_param", f"field '{name}' must be {KIND_NAMES.get(kind, kind.__name__)}")
         return value
 
-    def query_int(self, name: str, default: int | None = None, *, minimum: int | None = None,
-                  maximum: int | None = None) -> int | None:
-        """An integer query parameter (blank counts as absent); 400 when it is not a number or out of range."""
+    def query_value(self, name: str, default: Any, parse: Callable[[str], Any], accepts: str) -> Any:
+        """A query parameter through *parse* (blank counts as absent); 400 `must be <accepts>` when it raises
+        ValueError."""
         raw = self.query.get(name, "").strip()
         if not raw:
             return default
         try:
-            value = int(raw)
+            return parse(raw)
         except ValueError:
-            raise ApiError(400, "bad_param", f"query parameter '{name}' must be an integer") from None
+            raise ApiError(400, "bad_param", f"query parameter '{name}' must be {accepts}") from None
+
+    def query_int(self, name: str, default: int | None = None, *, minimum: int | None = None,
+                  maximum: int | None = None) -> int | None:
+        """An integer query parameter (blank counts as absent); 400 when it is not a number or out of range."""
+        value = self.query_value(name, None, int, "an integer")
+        if value is None:
+            return default
         if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
             bounds = f"{minimum if minimum is not None else '-inf'}..{maximum if maximum is not None else 'inf'}"
             raise ApiError(400, "bad_param", f"query parameter '{name}' must be in {bounds}")
@@ -118,7 +125,8 @@ def endpoint(handler: Handler, read_timeout: float) -> Callable[[StarletteReques
     """*handler* as a starlette endpoint: the request read within the limits, every failure a JSON error."""
     async def serve(request: StarletteRequest) -> StarletteResponse:
         try:
-            return encode(as_response(await handler(await read_request(request, read_timeout))))
+            result = await handler(await read_request(request, read_timeout))
+            return encode(result if isinstance(result, Response) else Response(200, result))
         except ApiError as error:
             return encode(error.to_response())
         except asyncio.CancelledError:  # uvicorn cancels a request only when stop() ran out of grace for it
@@ -170,15 +178,6 @@ def parse_json(body: bytes) -> Any:
         return json.loads(body)
     except (ValueError, RecursionError) as exc:
         raise ApiError(400, "bad_json", f"the request body is not valid JSON: {str(exc)[:200]}") from None
-
-
-def as_response(result: Any) -> Response:
-    """A handler's result as a Response: a dict means 200."""
-    if isinstance(result, Response):
-        return result
-    if isinstance(result, dict):
-        return Response(200, result)
-    raise TypeError(f"a control handler returned {type(result).__name__}, not a dict or Response")
 
 
 def encode(response: Response) -> StarletteResponse:

@@ -27,7 +27,7 @@ from loguru import logger
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from nanobotd import fsio
-from nanobotd.api.app import Routes, build_app
+from nanobotd.api.app import ApiError, Routes, build_app, encode
 from nanobotd.tuning import BACKLOG, MAX_HEAD_BYTES, READ_TIMEOUT_SECONDS, STOP_GRACE_SECONDS
 
 PROBE_TIMEOUT_SECONDS = 2.0
@@ -237,10 +237,7 @@ class PeerProtocol(H11Protocol):
     async def forbidden(self, scope, receive, send) -> None:
         """The ASGI app a peer that is not allowed gets: 403, its request unread."""
         who = "the daemon's own user, root" + (" and the socket group" if self.control.socket_gid is not None else "")
-        body = json.dumps({"error": {"code": "forbidden", "message": f"only {who} may use this socket"}}).encode()
-        await send({"type": "http.response.start", "status": 403, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)), (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
+        await encode(ApiError(403, "forbidden", f"only {who} may use this socket").to_response())(scope, receive, send)
 
 def ensure_private_dir(directory: Path, *, own_name: str = "", group: int | None = None) -> None:
     """Make *directory* a 0700 directory owned by us (0710 of *group*); refuse one of another uid or shared.

@@ -91,6 +91,8 @@ def load_config(
     source = Path(config_path).expanduser() if config_path is not None else paths.default_config_path(environ)
     data = _read_toml(source) if source is not None else {}
     workspace_args = list(workspace_args or [])
+    # the start-up log's first words on where the settings came from
+    origin = f"config file {source} read" if source is not None else "no config file found (defaults apply)"
     if not workspace_args and not data.get("workspaces"):
         workspace, nanobot_config = paths.nanobot_workspace(environ)
         if not workspace.is_dir():
@@ -101,17 +103,11 @@ def load_config(
         config = build_config(data, source=source, workspace_args=[str(workspace)], environ=environ)
         named_by = f"named by {nanobot_config}" if nanobot_config else "nanobot's default"
         return dataclasses.replace(config, workspace_args=(), origin=(
-            f"{_file_origin(source)}; workspace {workspace} ({named_by}: no workspace configured)"))
-    config = build_config(data, source=source, workspace_args=workspace_args, environ=environ)
-    origin = _file_origin(source)
+            f"{origin}; workspace {workspace} ({named_by}: no workspace configured)"))
     if workspace_args:
         origin += f"; --workspace {' '.join(workspace_args)} over the file's workspaces"
+    config = build_config(data, source=source, workspace_args=workspace_args, environ=environ)
     return dataclasses.replace(config, origin=origin)
-
-
-def _file_origin(source: Path | None) -> str:
-    """The start-up log's first words on where the settings came from."""
-    return f"config file {source} read" if source is not None else "no config file found (defaults apply)"
 
 
 def build_config(data: dict, *, source: Path | None, workspace_args: list[str], environ: Mapping[str, str]) -> Config:

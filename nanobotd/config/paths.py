@@ -39,12 +39,11 @@ def nanobot_workspace(environ: Mapping[str, str]) -> tuple[Path, Path | None]:
     agents = data.get("agents") if isinstance(data, dict) else None
     defaults = agents.get("defaults") if isinstance(agents, dict) else None
     named = defaults.get("workspace") if isinstance(defaults, dict) else None
-    if not isinstance(named, str) or not named.strip():
+    named = named.strip() if isinstance(named, str) else ""
+    if not named:
         return home / NANOBOT_WORKSPACE, config_json
-    workspace = Path(named.strip())
-    if named.strip().startswith("~"):
-        workspace = home / Path(named.strip()[1:].lstrip("/"))
-    return (workspace if workspace.is_absolute() else home / workspace), config_json
+    # `~` is the HOME given, and a relative path is taken from it (`/` joined to an absolute path gives that path)
+    return home / (named[1:].lstrip("/") if named.startswith("~") else named), config_json
 
 
 def default_state_dir(environ: Mapping[str, str]) -> Path:

@@ -48,22 +48,13 @@ class JobQueue:
 
     def __init__(self, store: StateStore, *, llm_concurrency: int = 2):
         self.store = store
-        self.llm_concurrency = max(1, llm_concurrency)
-        self.llm_slots = LLMSlots(self.llm_concurrency)  # one per LLM request in flight
-        self.llm_job_limit = self.llm_concurrency * JOBS_PER_LLM_SLOT
-        self._llm_jobs = asyncio.Semaphore(self.llm_job_limit)
+        self.llm_slots = LLMSlots(max(1, llm_concurrency))  # one per LLM request in flight
+        self._llm_jobs = asyncio.Semaphore(self.llm_slots.count * JOBS_PER_LLM_SLOT)
         self._target_locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._queued: dict[tuple[str, str, str], _Job] = {}  # the job a submit for this key joins
         self._running: dict[str, _Job] = {}
         self._jobs: dict[str, _Job] = {}  # every job not yet ended, by run id
-        self._accepting = True
-        self.llm_jobs_running = 0
-        self.llm_jobs_running_max = 0
-
-    @property
-    def accepting(self) -> bool:
-        """False once the daemon is stopping."""
-        return self._accepting
+        self.accepting = True  # False once the daemon is stopping
 
     def submit(self, kind: str, workspace: str, target: str, body: JobBody, *, session_key: str | None = None,
                uses_llm: bool = True, manifest: dict | None = None, join_running: bool = False,
@@ -74,7 +65,7 @@ class JobQueue:
         with *join_running*, so is a running one (a nightly job is never started twice at once, nor queued
         again behind itself).
         """
-        if not self._accepting:
+        if not self.accepting:
             raise RuntimeError("the daemon is stopping and takes no new jobs")
         coalesce_key = (kind, workspace, target)
         joined = self.joinable(kind, workspace, target, scope=scope, join_running=join_running)
@@ -154,9 +145,6 @@ class JobQueue:
         self._running[job.run_id] = job
         job.phase = "running"
         self.store.start_run(job.run_id)
-        if job.uses_llm:
-            self.llm_jobs_running += 1
-            self.llm_jobs_running_max = max(self.llm_jobs_running_max, self.llm_jobs_running)
         try:
             await job.body(job.run_id)
         except Exception as exc:  # a job's bug must not take the daemon down (a cancellation is no Exception)
@@ -166,8 +154,6 @@ class JobQueue:
                 manifest = dict(run.manifest, error=f"{type(exc).__name__}: {exc}")
                 self.store.finish_run(job.run_id, state="failed", outcome="error", manifest=manifest)
         finally:
-            if job.uses_llm:
-                self.llm_jobs_running -= 1
             self._running.pop(job.run_id, None)
             self._log_end(job.run_id)
 
@@ -184,7 +170,7 @@ class JobQueue:
         """Cancel queued jobs and give running ones *timeout* seconds to reach their end: every job, and no new
         one taken (the daemon stops), or those of *workspace* only (a reload closes it)."""
         if workspace is None:
-            self._accepting = False
+            self.accepting = False
         jobs = [job for job in self._jobs.values() if workspace in (None, job.target[0]) and job.task is not None]
         waiting = [job.task for job in jobs if job.phase != "running"]
         for task in waiting:

@@ -23,11 +23,6 @@ LATE_LOG_SECONDS = 60.0  # a run this late says why in the log
 ONE_SECOND = timedelta(seconds=1)  # cron's resolution
 
 
-def make_trigger(expression: str, timezone: tzinfo) -> CronTrigger:
-    """A cron trigger from a 5-field crontab line (day-of-week by name, checked by config)."""
-    return CronTrigger.from_crontab(expression, timezone=timezone)
-
-
 def previous_fire_time(trigger: CronTrigger, now: datetime) -> datetime | None:
     """The last time *trigger* should have fired at or before *now* (within the look-back)."""
     candidate = trigger.get_next_fire_time(None, now - CATCH_UP_LOOKBACK)
@@ -36,14 +31,6 @@ def previous_fire_time(trigger: CronTrigger, now: datetime) -> datetime | None:
         previous = candidate
         candidate = trigger.get_next_fire_time(candidate, candidate + ONE_SECOND)
     return previous
-
-
-def missed_run(trigger: CronTrigger, last_success: float | None, now: datetime) -> bool:
-    """True when a scheduled run fell due after the last success (the daemon was down then)."""
-    if last_success is None:
-        return False
-    previous = previous_fire_time(trigger, now)
-    return previous is not None and previous.timestamp() > last_success
 
 
 @dataclass
@@ -73,7 +60,7 @@ class JobScheduler:
 
     def add(self, job_id: str, expression: str, func: Callable[[], Awaitable[object]]) -> None:
         """Schedule *func* by cron *expression* under *job_id* (replacing an earlier one)."""
-        trigger = make_trigger(expression, self.timezone)
+        trigger = CronTrigger.from_crontab(expression, timezone=self.timezone)  # day-of-week by name: config checks
         self.jobs[job_id] = PlannedJob(trigger, func, trigger.get_next_fire_time(None, self.now()))
 
     def start(self) -> None:
@@ -136,11 +123,12 @@ class JobScheduler:
         return job.next_run.isoformat(timespec="seconds") if job and job.next_run else None
 
     def is_missed(self, job_id: str, last_success: float | None, now: datetime) -> bool:
-        """Whether *job_id* missed a run since *last_success*."""
+        """Whether *job_id* fell due after *last_success* (the daemon was down then)."""
         job = self.jobs.get(job_id)
-        if job is None:
+        if job is None or last_success is None:
             return False
-        missed = missed_run(job.trigger, last_success, now)
+        previous = previous_fire_time(job.trigger, now)
+        missed = previous is not None and previous.timestamp() > last_success
         if missed:
             logger.info("job {} missed a scheduled run while the daemon was down; running it once now", job_id)
         return missed

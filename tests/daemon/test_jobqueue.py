@@ -17,21 +17,24 @@ def test_llm_concurrency_is_bounded_and_every_job_runs(tmp_path):
 
     async def scenario():
         queue = JobQueue(store, llm_concurrency=2)
-        order = []
+        order, running = [], {"now": 0, "most": 0}
 
         def body(name):
             async def run(run_id):
+                running["now"] += 1
+                running["most"] = max(running["most"], running["now"])
                 await asyncio.sleep(0.05)
+                running["now"] -= 1
                 order.append(name)
                 store.finish_run(run_id, state="finished", outcome="ok")
             return run
 
         ids = [queue.submit("consolidate", "ws", f"session:{n}", body(n)) for n in range(8)]
         await queue.wait_idle()
-        return queue, ids, order
+        return ids, order, running["most"]
 
-    queue, ids, order = asyncio.run(scenario())
-    assert queue.llm_jobs_running_max == 2 * JOBS_PER_LLM_SLOT
+    ids, order, most_running = asyncio.run(scenario())
+    assert most_running == 2 * JOBS_PER_LLM_SLOT
     assert sorted(order) == list(range(8)) and len(set(ids)) == 8
     assert all(store.get_run(run_id).state == "finished" for run_id in ids)
 
@@ -43,7 +46,7 @@ def test_llm_requests_share_the_queue_slots_across_clients_and_jobs_overlap_thei
     """Two workspaces' clients, six LLM jobs each doing local work after every request: never more requests at
     the server than llm.concurrency, and requests are answered while other jobs do their local work."""
     store = StateStore(tmp_path).open()
-    local = {"now": 0, "requests_during_local_work": 0}
+    local = {"now": 0, "requests_during_local_work": 0, "jobs": 0, "most_jobs": 0}
 
     def answer(request):
         local["requests_during_local_work"] += local["now"] > 0
@@ -58,25 +61,28 @@ def test_llm_requests_share_the_queue_slots_across_clients_and_jobs_overlap_thei
 
         def body(client):
             async def run(run_id):
+                local["jobs"] += 1
+                local["most_jobs"] = max(local["most_jobs"], local["jobs"])
                 for _ in range(2):
                     await client.complete([{"role": "user", "content": "archive this"}])
                     local["now"] += 1  # the journal and history append between requests (long enough that a
                     await asyncio.sleep(LOCAL_WORK_SECONDS)  # loaded machine still starts the next request in it)
                     local["now"] -= 1
+                local["jobs"] -= 1
                 store.finish_run(run_id, state="finished", outcome="ok")
             return run
 
         ids = [queue.submit("consolidate", "ws", f"session:{n}", body(clients[n % 2])) for n in range(6)]
         await queue.wait_idle()
-        return queue, ids
+        return ids
 
     worker = shared_worker()  # the test process's one worker child: litellm imported once
     with FakeLLM(latency=0.2, default=Responder(answer)) as fake:
-        queue, ids = asyncio.run(scenario(fake))
+        ids = asyncio.run(scenario(fake))
         assert len(fake.requests) == 12
         assert fake.max_in_flight == 2, "llm.concurrency bounds requests daemon-wide, over both clients"
     assert all(store.get_run(run_id).state == "finished" for run_id in ids)
-    assert queue.llm_jobs_running_max == 2 * JOBS_PER_LLM_SLOT
+    assert local["most_jobs"] == 2 * JOBS_PER_LLM_SLOT
     assert local["requests_during_local_work"] > 0, "no request was answered while another job did local work"
 
 

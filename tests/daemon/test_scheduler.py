@@ -11,9 +11,11 @@ from datetime import datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+from apscheduler.triggers.cron import CronTrigger
+
 from nanobotd.config.load import load_config
 from nanobotd.daemon.daemon import Daemon
-from nanobotd.daemon.scheduler import JobScheduler, make_trigger, missed_run, previous_fire_time
+from nanobotd.daemon.scheduler import JobScheduler, previous_fire_time
 from nanobotd.notify import Notifier
 from tests.support.observe import wait_until
 from tests.support.workspace import make_workspace
@@ -23,18 +25,20 @@ TZ = ZoneInfo("Europe/Paris")
 
 def test_previous_fire_time_of_a_nightly_and_a_weekly_job():
     now = datetime(2026, 11, 22, 10, 0, tzinfo=TZ)
-    assert previous_fire_time(make_trigger("15 4 * * *", TZ), now) == datetime(2026, 11, 22, 4, 15, tzinfo=TZ)
-    assert previous_fire_time(make_trigger("0 5 * * mon", TZ), now) == datetime(2026, 11, 16, 5, 0, tzinfo=TZ)
+    nightly, weekly = (CronTrigger.from_crontab(line, timezone=TZ) for line in ("15 4 * * *", "0 5 * * mon"))
+    assert previous_fire_time(nightly, now) == datetime(2026, 11, 22, 4, 15, tzinfo=TZ)
+    assert previous_fire_time(weekly, now) == datetime(2026, 11, 16, 5, 0, tzinfo=TZ)
 
 
 def test_a_run_missed_while_down_is_detected_once():
-    trigger = make_trigger("15 4 * * *", TZ)
+    scheduler = JobScheduler(TZ)
+    scheduler.add("dream:ws", "15 4 * * *", lambda: None)
     now = datetime(2026, 11, 22, 10, 0, tzinfo=TZ)
     two_days_ago = datetime(2026, 11, 20, 4, 16, tzinfo=TZ).timestamp()
     this_morning = datetime(2026, 11, 22, 4, 16, tzinfo=TZ).timestamp()
-    assert missed_run(trigger, two_days_ago, now) is True
-    assert missed_run(trigger, this_morning, now) is False
-    assert missed_run(trigger, None, now) is False
+    assert scheduler.is_missed("dream:ws", two_days_ago, now) is True
+    assert scheduler.is_missed("dream:ws", this_morning, now) is False
+    assert scheduler.is_missed("dream:ws", None, now) is False
 
 
 class Clocks:

@@ -69,7 +69,7 @@ def start_runs(invocation: Invocation, answer: dict, *, epilogue: Epilogue | Non
     if "plan" in answer:
         return invocation.answer(answer, lambda data: _plan_lines(data, dry_run_subject, apply_hint))
     if not run_ids or not invocation.args.wait:
-        return invocation.answer(answer, lambda data: _queued_lines(data, run_ids))
+        return invocation.answer(answer, lambda data: _queued_lines(run_ids))
     try:
         runs = wait_for_runs(invocation, run_ids)
     except StoppedWaiting as stopped:
@@ -91,7 +91,7 @@ def start_runs(invocation: Invocation, answer: dict, *, epilogue: Epilogue | Non
     return EXIT_DAEMON_ERROR if any(run.get("state") in FAILED_STATES for run in runs) else EXIT_OK
 
 
-def _queued_lines(data: dict, run_ids: list[str]) -> list[str]:
+def _queued_lines(run_ids: list[str]) -> list[str]:
     if not run_ids:
         return ["nothing to do: no run was started"]
     lines = [f"queued run {run_id}" for run_id in run_ids]

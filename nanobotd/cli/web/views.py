@@ -25,7 +25,6 @@ class TokenBar:
     tokens: int
     budget: int
     flush_threshold: int
-    state: str
 
     @property
     def percent(self) -> float:
@@ -47,9 +46,8 @@ def token_bars(sessions: Iterable[Mapping[str, Any]], workspace: Mapping[str, An
     """The workspace's live sessions, fullest first."""
     budget = int(workspace.get("budget") or 0)
     threshold = int(workspace.get("flush_threshold") or 0)
-    bars = [TokenBar(str(row.get("key")), int(row.get("unarchived_tokens") or 0), budget, threshold,
-                     str(row.get("state") or "")) for row in sessions
-            if row.get("workspace") == workspace.get("name") and row.get("state") != "deleted"]
+    bars = [TokenBar(str(row.get("key")), int(row.get("unarchived_tokens") or 0), budget, threshold)
+            for row in sessions if row.get("workspace") == workspace.get("name") and row.get("state") != "deleted"]
     return sorted(bars, key=lambda bar: (-bar.tokens, bar.key))
 
 

@@ -27,7 +27,7 @@ async def audit_report(core: Core, request: Request) -> dict:
 
 async def outcome_metrics(core: Core, request: Request) -> dict:
     """Job outcomes since `since` (default 7d) and archived twice per workspace."""
-    named_workspaces(core, request)  # an unknown workspace is a 404 here too
+    workspaces = named_workspaces(core, request)  # an unknown workspace is a 404 here too
     try:
         since = metrics.parse_since(request.query.get("since") or "7d")
     except ValueError as exc:
@@ -35,7 +35,7 @@ async def outcome_metrics(core: Core, request: Request) -> dict:
     now = core.clock()
     summary = metrics.summarize_outcomes(core.store, since=now - since, now=now)
     summary["archived_twice"] = {workspace.name: workspace.tracker.totals()["archived_twice"]
-                                 for workspace in named_workspaces(core, request)}
+                                 for workspace in workspaces}
     return summary
 
 

@@ -29,7 +29,7 @@ async def search(core: Core, request: Request) -> dict:
     if mode not in SEARCH_MODES:
         raise ApiError(400, "bad_param", f"mode must be one of {', '.join(SEARCH_MODES)}")
     workspace = one_workspace(core, request)
-    min_score = query_score(request, workspace.settings.search.min_score)
+    min_score = request.query_value("min_score", workspace.settings.search.min_score, unit_number, "a number in 0..1")
     found = await run_search(core, workspace, query, limit, mode, min_score)
     answer = {"query": query, "mode": mode, **found.summary(), "hits": [hit.to_json() for hit in found.hits]}
     reasons = (answer.get("fallback"), mode_fallback(workspace, mode, found.backend, found.hits))
@@ -127,17 +127,16 @@ def empty_context_warning(answer: dict, budget: int) -> str:
 def query_date(request: Request, name: str, default: date | None = None) -> date:
     """A YYYY-MM-DD query parameter; 400 naming it when missing or not a real date."""
     raw = request.query.get(name, "").strip()
-    if not raw:
-        if default is None:
-            raise ApiError(400, "bad_param", f"query parameter '{name}' is required (YYYY-MM-DD)")
-        return default
-    try:
-        if not DATE.fullmatch(raw):
-            raise ValueError(raw)
-        return date.fromisoformat(raw)
-    except ValueError:
-        message = f"query parameter '{name}' must be a date as YYYY-MM-DD, not {raw!r}"
-        raise ApiError(400, "bad_param", message) from None
+    if not raw and default is None:
+        raise ApiError(400, "bad_param", f"query parameter '{name}' is required (YYYY-MM-DD)")
+    return request.query_value(name, default, day, f"a date as YYYY-MM-DD, not {raw!r}")
+
+
+def day(text: str) -> date:
+    """A date written YYYY-MM-DD (fromisoformat alone takes 20261120 too); ValueError otherwise."""
+    if not DATE.fullmatch(text):
+        raise ValueError(text)
+    return date.fromisoformat(text)
 
 
 @dataclass(frozen=True)
@@ -157,17 +156,10 @@ class Found:
         return answer
 
 
-def query_score(request: Request, default: float) -> float:
-    """The min_score query parameter, a number in 0..1; 400 naming it otherwise."""
-    raw = request.query.get("min_score", "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-        if not 0.0 <= value <= 1.0:
-            raise ValueError(raw)
-    except ValueError:
-        raise ApiError(400, "bad_param", "query parameter 'min_score' must be a number in 0..1") from None
+def unit_number(text: str) -> float:
+    """A number in 0..1 (a score); ValueError otherwise."""
+    if not 0.0 <= (value := float(text)) <= 1.0:
+        raise ValueError(text)
     return value
 
 
