@@ -66,7 +66,9 @@ class SessionTracker:
         self.store = store
         self.encoding = encoding  # what count_tail counts in
         self.clock = clock
-        self.faults = faults or FaultPoints()  # "scan.apply": reached before a scan writes what it read
+        # "scan.apply": reached before a scan writes what it read; "scan.read_held": inside the read of an unread
+        # session's held version, before it commits
+        self.faults = faults or FaultPoints()
         # Copy-on-write: a scan on the executor replaces the dict instead of growing it, so a reader on the
         # loop iterating `sessions` (GET /v1/sessions, status) always walks a consistent snapshot.
         self.sessions: dict[str, SessionState] = {}
@@ -272,6 +274,7 @@ class SessionTracker:
                     session.unread = False
                     session.corrupt_lines, session.tail = parsed.corrupt, parsed.tail
                     save_session(db, session, self.clock())
+                    self.faults.reach("scan.read_held")  # its rows written, not committed
             except BaseException:
                 session.unread = True
                 self.caches.let_go(self.sessions, session.key)
