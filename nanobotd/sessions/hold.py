@@ -1,7 +1,8 @@
 """The held versions of session files: the spool keeps where an unarchived message's line is, not a copy of it.
 
 When a scan finds many new unarchived messages at once (a file seen the first time, a cold start, a backlog) and
-no version of the file is held, it makes a private copy of the version it read, `held/<session id>.<generation>`,
+no version of the file is held, it makes a private copy of the version it read (a long file seen the first time
+is copied before it is even read: the tracker holds it unread), `held/<session id>.<generation>`,
 and their spool rows keep only their lines' offsets and digests. Nothing writes a copy again, whatever the agent,
 the user or an editor does to the session file, so a held line stays readable until its message is archived. (A
 hard link would not do: it is the file itself for every write in place, `: > file` or vim's save of a file with

@@ -7,6 +7,10 @@ file the spool's rows point into; `sessions.caches.MessageCaches` bounds the mes
 tracker applies a scan to them, one transaction a file (a group of new files together at a first start), and
 answers the jobs and the daemon by session key. Tokens are estimates (`tokens.estimate_tokens`); `count_tail`
 counts a session's tail exactly when a decision is near a threshold.
+
+A long file seen the first time is held unread (`_hold_unread`): copied as it is, its counters estimated from
+its bytes, no line decoded. Every call that needs its messages reads the held copy first (`_ready`), as the
+first scan would have read the file; most of a cold start's old sessions never need it.
 """
 
 from __future__ import annotations
