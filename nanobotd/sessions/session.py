@@ -80,6 +80,7 @@ class SessionState:
             "unarchived_tokens": self.tail_tokens, "state": self.state,
             "updated_at": iso_local(self.last_write),
             "compaction_cycle": self.cycle, "flushed_cycle": self.flushed_cycle,
+            "estimated": self.unread,  # held unread: its figures are estimates from its bytes until it is read
         }
 
 

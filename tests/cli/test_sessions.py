@@ -69,3 +69,16 @@ def test_an_open_run_shows_how_far_it_has_got(socket_path: Path, daemon: FakeDae
 
 def test_an_unknown_run_exits_1_with_the_daemons_message(socket_path: Path, daemon: FakeDaemon) -> None:
     assert run_ctl(socket_path, "run", "nope")[::2] == (1, "nanobotctl: no run 'nope'\n")
+
+
+def test_a_session_held_unread_shows_its_estimated_counts_with_a_tilde() -> None:
+    from nanobotd.cli.commands.sessions import ESTIMATED_NOTE, _session_lines
+
+    row = {"workspace": "main", "key": "telegram:7", "messages": 200, "unarchived_messages": 200,
+           "unarchived_tokens": 41000, "agent_archived": 0, "daemon_archived": 0, "corrupt_lines": 0,
+           "updated_at": "2026-11-29T10:00", "state": "active"}
+    lines = _session_lines({"sessions": [row, {**row, "key": "telegram:8", "estimated": True}]})
+    assert lines[1].split()[2:5] == ["200", "200", "41000"]
+    assert lines[2].split()[2:5] == ["~200", "~200", "~41000"]
+    assert ESTIMATED_NOTE in lines
+    assert ESTIMATED_NOTE not in _session_lines({"sessions": [row]})

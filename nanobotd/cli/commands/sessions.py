@@ -17,6 +17,9 @@ SESSION_COLUMNS = [("WORKSPACE", "workspace"), ("KEY", "key"), ("MESSAGES", "mes
                    ("CORRUPT", "corrupt_lines"), ("UPDATED", "updated_at"), ("STATE", "state")]
 TOKENS_NOTE = ("TOKENS: tokens of the UNARCHIVED messages only, as nanobotd counts them (the agent's prompt adds "
                "its system prompt and tools; `nanobotctl session KEY` shows the budget they are held to)")
+ESTIMATED_COLUMNS = ("messages", "unarchived_messages", "unarchived_tokens")
+ESTIMATED_NOTE = ("~: a long file seen the first time, its figures estimated from its size; its lines are read "
+                  "when a job or a change needs them")
 RUN_COLUMNS = [("RUN_ID", "run_id"), ("KIND", "kind"), ("WORKSPACE", "workspace"), ("SESSION", "session_key"),
                ("STATE", "state"), ("OUTCOME", "outcome"), ("STARTED", "started_at"), ("FINISHED", "finished_at")]
 
@@ -30,9 +33,18 @@ def _session_lines(data: Mapping[str, Any]) -> list[str]:
     scanning = data.get("scanning") or []
     notes = [f"scanning: the first scan of {', '.join(scanning)} is not done yet; more sessions may appear"
              ] if scanning else []
-    rows = data.get("sessions") or []
+    rows = [_marked_estimates(row) for row in data.get("sessions") or []]
     lines = notes + format_rows(SESSION_COLUMNS, rows, "no sessions found yet" if scanning else "no sessions tracked")
+    if any(row.get("estimated") for row in rows):
+        lines.append(ESTIMATED_NOTE)
     return lines + [TOKENS_NOTE] if rows else lines
+
+
+def _marked_estimates(row: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A session held unread shows its counts with a ~: estimated from the file's bytes."""
+    if not row.get("estimated"):
+        return row
+    return {**row, **{name: f"~{row.get(name)}" for name in ESTIMATED_COLUMNS}}
 
 
 def session(invocation: Invocation) -> int:
