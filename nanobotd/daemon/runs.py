@@ -28,6 +28,8 @@ def submit(core: Core, workspace: Workspace, kind: str, *, on_done: Callable[[],
     workspace.llm.share_slots(core.queue.llm_slots)
 
     async def body(run_id: str) -> None:
+        if params.get("session_key") is not None:  # its counters and marks are whole only after the first scan
+            await workspace.first_scan_done.wait()
         await job.run(workspace.env, run_id, params)
         if job.scheduled:
             run = core.store.get_run(run_id)

@@ -90,16 +90,20 @@ async def reconcile_workspace(core: Core, workspace: Workspace) -> None:
         workspace.begin_open()
         if workspace.settings.consolidation.mode != "owner":
             companion.agent_archive(core, workspace)  # the cursor, saved: an agent entry written during the scan counts
-    await loop.run_in_executor(core.executor, workspace.discover)
-    watch_folders(core, workspace)
-    results = await loop.run_in_executor(core.executor, functools.partial(workspace.reconcile, first=first))
-    if first:
-        logger.info("workspace {}: start-up reconcile of {} session file(s) done in {:.2f} s ({} changed)",
-                    workspace.name, len(results), workspace.last_reconcile_seconds or 0.0,
-                    sum(result.changed for result in results))
-        if core.store.rebuilt:  # before any trigger: a run started meanwhile would archive those messages again
-            await loop.run_in_executor(core.executor, rebuild_archive_marks, workspace)
-        results = await loop.run_in_executor(core.executor, with_vanished, workspace, results)
+    try:
+        await loop.run_in_executor(core.executor, workspace.discover)
+        watch_folders(core, workspace)
+        results = await loop.run_in_executor(core.executor, functools.partial(workspace.reconcile, first=first))
+        if first:
+            logger.info("workspace {}: start-up reconcile of {} session file(s) done in {:.2f} s ({} changed)",
+                        workspace.name, len(results), workspace.last_reconcile_seconds or 0.0,
+                        sum(result.changed for result in results))
+            if core.store.rebuilt:  # before any job: a run started meanwhile would archive those messages again
+                await loop.run_in_executor(core.executor, rebuild_archive_marks, workspace)
+            results = await loop.run_in_executor(core.executor, with_vanished, workspace, results)
+    finally:
+        if workspace.last_reconcile is not None:  # a session job queued meanwhile (runs.submit) goes on now
+            workspace.first_scan_done.set()
     for result in results:
         if result.changed or first:
             scanned(core, workspace, result)

@@ -78,6 +78,8 @@ class Workspace:
         self.held_elsewhere: str | None = None  # another daemon holds this workspace's lock (daemon.lock)
         self.torn_lines = 0
         self.opening: asyncio.Task | None = None  # the git store opening (begin_open), beside the first scan
+        # set once the first scan and what must follow it before any job (archive marks rebuilt) are done
+        self.first_scan_done = asyncio.Event()
         self.opened = False
         self.reconciling = False
         self.pending_paths: dict[Path, float] = {}  # changed file -> when it last changed (loop time)
