@@ -152,28 +152,33 @@ def iter_entries(memory_dir: Path) -> Iterator[HistoryEntry]:
     yield from (entry for _, entry in iter_history(memory_dir) if entry is not None)
 
 
-def lines_from_end(path: Path, block_bytes: int = TAIL_BLOCK) -> Iterator[bytes]:
-    """Every non-blank line of *path*, the last first, read backwards a block at a time; nothing when missing."""
+def lines_from_end(path: Path, block_bytes: int = TAIL_BLOCK, max_line_bytes: int | None = None) -> Iterator[bytes]:
+    """Every non-blank line of *path*, the last first, read backwards a block at a time; nothing when missing.
+    A line over *max_line_bytes* is skipped, never held whole."""
     try:
         handle = fsio.open_regular(path, follow=True)
     except FileNotFoundError:
         return
     with handle:
         position = handle.seek(0, 2)
-        carry = b""
+        carry, skipping = b"", False
         while position > 0:
             start = max(0, position - block_bytes)
             handle.seek(start)
-            chunk = handle.read(position - start) + carry
+            lines = (handle.read(position - start) + carry).split(b"\n")
             position = start
-            lines = chunk.split(b"\n")
+            if skipping:  # the end of this block is the head of the oversized line
+                if len(lines) == 1:
+                    continue
+                lines.pop()
+                skipping = False
             # the first piece may be the tail of a line that began in the block before this one
             carry = lines.pop(0) if position > 0 else b""
             for line in reversed(lines):
-                if line.strip():
+                if line.strip() and (max_line_bytes is None or len(line) <= max_line_bytes):
                     yield line
-        if carry.strip():
-            yield carry
+            if max_line_bytes is not None and len(carry) > max_line_bytes:
+                carry, skipping = b"", True
 
 
 def largest_cursor_in_file(path: Path) -> int:

@@ -287,3 +287,13 @@ def test_lines_from_end_are_the_files_lines_reversed_whatever_the_block_size(tmp
 
 def test_a_missing_file_has_no_lines(tmp_path: Path) -> None:
     assert list(history.lines_from_end(tmp_path / "history.jsonl")) == []
+
+
+@given(lines=st.lists(st.integers(min_value=0, max_value=30), max_size=12),
+       block=st.integers(min_value=1, max_value=40))
+def test_lines_from_end_skip_a_line_over_the_cap_whatever_the_block_size(tmp_path_factory, lines, block) -> None:
+    path = tmp_path_factory.mktemp("h") / "history.jsonl"
+    texts = [b"L" + b"x" * size for size in lines]
+    path.write_bytes(b"\n".join(texts) + b"\n")
+    wanted = [text for text in reversed(texts) if len(text) <= 16]
+    assert list(history.lines_from_end(path, block, max_line_bytes=16)) == wanted
