@@ -271,10 +271,9 @@ def repair_torn_line(memory_dir: Path) -> int:
                                      is_whole=lambda line: parse_entry(line) is not None)
 
 
-def remove_entries(memory_dir: Path, keep: Callable[[HistoryEntry], bool],
-                   on_removed: Callable[[HistoryEntry], None] | None = None) -> int:
-    """Atomically rewrite history.jsonl keeping entries *keep* accepts, and every line it cannot read; each removed
-    entry goes to *on_removed*. Returns how many were removed."""
+def remove_entries(memory_dir: Path, keep: Callable[[HistoryEntry], bool]) -> int:
+    """Atomically rewrite history.jsonl keeping entries *keep* accepts, and every line it cannot read; returns how
+    many were removed."""
     root = workspace_root(memory_dir)
     removed, largest = 0, 0
 
@@ -285,8 +284,6 @@ def remove_entries(memory_dir: Path, keep: Callable[[HistoryEntry], bool],
             if entry is not None and not keep(entry):
                 removed += 1
                 largest = max(largest, entry.cursor)
-                if on_removed is not None:
-                    on_removed(entry)
             else:
                 writer.write(line)
         fsio.confine(memory_dir / CURSOR_NAME, root)
