@@ -348,7 +348,7 @@ def _rewrite(memory_dir: Path, copy: Callable[[Iterator[tuple[int, bytes]], fsio
         if source is not None:
             stack.enter_context(source)
         writer = stack.enter_context(fsio.AtomicWriter(path, root=root))
-        if not copy(_whole_lines(source), writer):
+        if not copy(whole_lines(source), writer):
             return False
         partial = b""
         if source is not None:
@@ -366,7 +366,7 @@ def _split_partial(data: bytes) -> tuple[bytes, bytes]:
     return data[:cut], data[cut:]
 
 
-def _whole_lines(source: BinaryIO | None) -> Iterator[tuple[int, bytes]]:
+def whole_lines(source: BinaryIO | None) -> Iterator[tuple[int, bytes]]:
     """(line number, line) of every non-blank whole line; stops before an unfinished last line, left unread."""
     if source is None:
         return
