@@ -10,14 +10,14 @@ from nanobotd.jobs.dream.apply import recover_dream_run
 from nanobotd.jobs.dream.restore import restore_dream_commit, restore_dream_run
 from nanobotd.jobs.dream.run import KIND, DreamRun
 from nanobotd.jobs.env import JobEnv
-from nanobotd.jobs.job import HISTORY_FILE, JobDefaults, QueuePolicy
+from nanobotd.jobs.job import HISTORY_FILE, Job, QueuePolicy
 from nanobotd.state.store import RunRecord
 
 OFFLINE_DREAM = "the dream needs an LLM and this workspace runs offline (llm.model = \"none\")"
 DREAM_CURSOR_FILE = "memory/.dream_cursor"
 
 
-class Dream(JobDefaults):
+class Dream(Job):
     """params: none."""
 
     kind = KIND
