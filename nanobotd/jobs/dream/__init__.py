@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from nanobotd.gitstore.store import CURSOR_FILE
 from nanobotd.jobs.dream.apply import recover_dream_run
 from nanobotd.jobs.dream.restore import restore_dream_commit, restore_dream_run
 from nanobotd.jobs.dream.run import KIND, DreamRun
@@ -14,7 +15,6 @@ from nanobotd.jobs.job import HISTORY_FILE, Job, QueuePolicy
 from nanobotd.state.store import RunRecord
 
 OFFLINE_DREAM = "the dream needs an LLM and this workspace runs offline (llm.model = \"none\")"
-DREAM_CURSOR_FILE = "memory/.dream_cursor"
 
 
 class Dream(Job):
@@ -67,5 +67,5 @@ class Dream(Job):
             cursor = f"{before} -> {after}" + ("" if files else " only (no memory file changed: the entries read "
                                                                 "held nothing new for them)")
         return {"entries_removed": removed, "dream_cursor": cursor,
-                "files": files + ([HISTORY_FILE] if removed else []) + ([DREAM_CURSOR_FILE] if moved else []),
+                "files": files + ([HISTORY_FILE] if removed else []) + ([CURSOR_FILE] if moved else []),
                 "commits": [manifest.get("commit")]}
