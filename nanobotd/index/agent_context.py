@@ -15,14 +15,7 @@ from pathlib import Path
 
 from nanobotd import fsio
 from nanobotd.index.hit import SearchBackendError, SearchHit
-from nanobotd.memory.history import (
-    DREAM_CURSOR_NAME,
-    HISTORY_NAME,
-    HistoryEntry,
-    lines_from_end,
-    parse_entry,
-    read_cursor_file,
-)
+from nanobotd.memory.history import HISTORY_NAME, HistoryEntry, lines_from_end, parse_entry, read_dream_cursor
 from nanobotd.sessions.file import SessionHeader, read_header
 from nanobotd.tokens import DEFAULT_ENCODING, count_tokens, get_encoding
 
@@ -147,7 +140,7 @@ def add_history(assembly: Assembly, memory_dir: Path, room: int, shown: list[str
     """Entries after the dream cursor, newest first while they fit in *room*, leaving out those whose text
     a search hit showed already (*shown*). The chosen entries are shown oldest first, as a timeline."""
     name = "Recent history"
-    after = read_cursor_file(memory_dir / DREAM_CURSOR_NAME)
+    after = read_dream_cursor(memory_dir)
     chosen: list[str] = []
     used = count_tokens(Part(name, "").render()) + 1
     try:
