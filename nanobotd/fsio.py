@@ -302,9 +302,10 @@ def file_lock(path: Path | str, *, shared: bool = False, timeout: float = 10.0,
         os.close(fd)
 
 
-def read_text_lossy(path: Path, limit: int | None = None) -> str:
-    """Read a regular text file as UTF-8, replacing undecodable bytes, optionally at most *limit* bytes."""
-    with open_regular(path, follow=True) as handle:
+def read_text_lossy(path: Path, limit: int | None = None, *, follow: bool = True) -> str:
+    """Read a regular text file as UTF-8, replacing undecodable bytes, optionally at most *limit* bytes (through
+    a symlink unless not *follow*)."""
+    with open_regular(path, follow=follow) as handle:
         data = handle.read() if limit is None else handle.read(limit)
     return data.decode("utf-8", errors="replace")
 

@@ -9,14 +9,13 @@ backwards in bounded blocks whatever its size, and bad UTF-8 is replaced, never 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from nanobotd import fsio
 from nanobotd.index.hit import SearchBackendError, SearchHit
-from nanobotd.memory.history import DREAM_CURSOR_NAME, HISTORY_NAME, HistoryEntry, parse_entry, read_cursor_file
+from nanobotd.memory.history import HISTORY_NAME, HistoryEntry, lines_from_end, parse_entry, read_dream_cursor
 from nanobotd.sessions.file import SessionHeader, read_header
 from nanobotd.tokens import DEFAULT_ENCODING, count_tokens, get_encoding
 
@@ -28,7 +27,6 @@ SEARCH_LIMIT = 10
 SEARCH_FETCH = 30
 MIN_PART_TOKENS = 8
 BUDGET_MARKER = "[... cut to fit the token budget]"
-HISTORY_BLOCK = 64 * 1024
 MAX_HISTORY_LINE_BYTES = 1024 * 1024
 MAX_QUERY_IN_HEADER = 200
 
@@ -142,7 +140,7 @@ def add_history(assembly: Assembly, memory_dir: Path, room: int, shown: list[str
     """Entries after the dream cursor, newest first while they fit in *room*, leaving out those whose text
     a search hit showed already (*shown*). The chosen entries are shown oldest first, as a timeline."""
     name = "Recent history"
-    after = read_cursor_file(memory_dir / DREAM_CURSOR_NAME)
+    after = read_dream_cursor(memory_dir)
     chosen: list[str] = []
     used = count_tokens(Part(name, "").render()) + 1
     try:
@@ -183,41 +181,12 @@ def render_entry(entry: HistoryEntry) -> str:
 
 def entries_newest_first(path: Path, after_cursor: int) -> Iterator[HistoryEntry]:
     """Valid entries with cursor > *after_cursor*, read backwards from the end in blocks (bounded memory)."""
-    try:
-        handle = open(path, "rb")
-    except FileNotFoundError:
-        return
-    with handle:
-        handle.seek(0, os.SEEK_END)
-        position = handle.tell()
-        pending, skipping = b"", False
-        while position > 0:
-            step = min(HISTORY_BLOCK, position)
-            position -= step
-            handle.seek(position)
-            pieces = (handle.read(step) + pending).split(b"\n")
-            if skipping:
-                if len(pieces) == 1:
-                    continue
-                pieces, skipping = pieces[:-1], False
-            pending = pieces[0]
-            for raw in reversed(pieces[1:]):
-                entry = _entry(raw)
-                if entry is not None:
-                    if entry.cursor <= after_cursor:
-                        return
-                    yield entry
-            if len(pending) > MAX_HISTORY_LINE_BYTES:
-                pending, skipping = b"", True
-        entry = None if skipping else _entry(pending)
-        if entry is not None and entry.cursor > after_cursor:
+    for line in lines_from_end(path, max_line_bytes=MAX_HISTORY_LINE_BYTES):
+        entry = parse_entry(line.decode("utf-8", errors="replace"))
+        if entry is not None:
+            if entry.cursor <= after_cursor:
+                return
             yield entry
-
-
-def _entry(raw: bytes) -> HistoryEntry | None:
-    if not raw.strip():
-        return None
-    return parse_entry(raw.decode("utf-8", errors="replace"))
 
 
 # -- search -----------------------------------------------------------------------------------------

@@ -22,11 +22,10 @@ from pathlib import Path
 
 from loguru import logger
 
-from nanobotd import fsio
 from nanobotd.index.sessionunits import decode_line, is_skipped_session, render_message, session_key_for
 from nanobotd.index.sources import SourceSet, file_fingerprint
 from nanobotd.index.units import parse_timestamp, text_digest
-from nanobotd.memory.history import parse_entry
+from nanobotd.memory.history import iter_lines, parse_entry
 from nanobotd.sessions.file import is_metadata_line, iter_raw_lines
 
 ENTRIES_PER_FILE = 20
@@ -166,18 +165,17 @@ def _history_files(path: Path) -> dict[str, str]:
     blocks: dict[int, list[str]] = {}
     lines: dict[int, dict[str, int]] = {}
     keys: dict[int, dict[str, str]] = {}
-    with fsio.open_regular(path, follow=True) as handle:  # line by line: history.jsonl can be tens of MB
-        for number, raw in enumerate(handle, start=1):
-            entry = parse_entry(raw, number)
-            if entry is None or not entry.content.strip():
-                continue
-            block = entry.cursor // ENTRIES_PER_FILE
-            session = f" · session {entry.session_key}" if entry.session_key else ""
-            blocks.setdefault(block, []).append(
-                f"## history #{entry.cursor} · {_when(entry.timestamp)}{session}\n\n{entry.content.strip()}\n")
-            lines.setdefault(block, {})[str(entry.cursor)] = number
-            if entry.session_key:
-                keys.setdefault(block, {})[str(entry.cursor)] = entry.session_key
+    for number, raw in iter_lines(path):  # line by line: history.jsonl can be tens of MB
+        entry = parse_entry(raw, number)
+        if entry is None or not entry.content.strip():
+            continue
+        block = entry.cursor // ENTRIES_PER_FILE
+        session = f" · session {entry.session_key}" if entry.session_key else ""
+        blocks.setdefault(block, []).append(
+            f"## history #{entry.cursor} · {_when(entry.timestamp)}{session}\n\n{entry.content.strip()}\n")
+        lines.setdefault(block, {})[str(entry.cursor)] = number
+        if entry.session_key:
+            keys.setdefault(block, {})[str(entry.cursor)] = entry.session_key
     files = {}
     for block, sections in blocks.items():
         origin = json.dumps({"path": str(path), "lines": lines[block], "keys": keys.get(block, {})},

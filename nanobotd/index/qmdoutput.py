@@ -19,8 +19,8 @@ from loguru import logger
 from nanobotd.index.hit import SearchBackendError, SearchHit
 from nanobotd.index.qmdexport import Location, QmdExport
 from nanobotd.index.query import parse_query
+from nanobotd.index.sources import MEMORY_FILES
 
-MEMORY_FILES = frozenset({"SOUL.md", "USER.md", "memory/MEMORY.md"})
 HUNK_PATTERN = re.compile(r"^@@ -(\d+),(\d+) @@")
 HTTP_LINE_NUMBER = re.compile(r"^\d+: ?")
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

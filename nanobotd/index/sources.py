@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from nanobotd.index.units import NOTE_NAME
+from nanobotd.memory.dailynote import NOTE_NAME
 from nanobotd.sessions.file import is_session_file
 
 MEMORY_FILES = ("SOUL.md", "USER.md", "memory/MEMORY.md")

@@ -24,11 +24,11 @@ BATCH = 500
 class Stemmer:
     """Maps words to FTS5 stems, with a bounded cache; safe to share between threads."""
 
-    def __init__(self, tokenizer: str = TOKENIZER):
+    def __init__(self):
         self._lock = threading.Lock()
         self._cache: dict[str, str] = {}
         self._connection = sqlite3.connect(":memory:", check_same_thread=False)
-        self._connection.execute(f"CREATE VIRTUAL TABLE probe USING fts5(word, tokenize='{tokenizer}')")
+        self._connection.execute(f"CREATE VIRTUAL TABLE probe USING fts5(word, tokenize='{TOKENIZER}')")
         self._connection.execute("CREATE VIRTUAL TABLE probe_terms USING fts5vocab(probe, 'instance')")
 
     def stems(self, words: Iterable[str]) -> list[str]:

@@ -17,13 +17,13 @@ from datetime import date, datetime
 from pathlib import Path
 
 from nanobotd.index.timeintent import dates_column, event_days
+from nanobotd.memory import dailynote
 from nanobotd.memory.history import parse_entry
 from nanobotd.sessions.file import iter_raw_lines
 from nanobotd.tuning import HISTORY_UNIT_CHARS, MAX_UNIT_CHARS
 
 SECTION_HEADING = re.compile(r"^##(?!#)\s*\S")
 FENCE = re.compile(r"^\s*(```|~~~)")
-NOTE_NAME = re.compile(r"^(\d{4})-(\d{2})-(\d{2})\.md$")
 
 
 @dataclass(frozen=True)
@@ -73,12 +73,9 @@ def parse_timestamp(text: str) -> datetime | None:
 
 def note_date(path: Path) -> date | None:
     """The day a daily note (memory/YYYY-MM-DD.md) is about, from its name."""
-    match = NOTE_NAME.match(path.name)
-    if not match:
-        return None
     try:
-        return date(int(match.group(1)), int(match.group(2)), int(match.group(3)))
-    except ValueError:
+        return dailynote.note_date(path.name)
+    except dailynote.NoteError:
         return None
 
 

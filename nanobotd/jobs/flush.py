@@ -16,7 +16,7 @@ from nanobotd import fsio
 from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.jobs.env import JobEnv, end_run, note_progress
 from nanobotd.jobs.errors import RestoreRefused
-from nanobotd.jobs.job import JobDefaults, QueuePolicy
+from nanobotd.jobs.job import Job, QueuePolicy
 from nanobotd.jobs.runfiles import digest, read_or_none, write_or_delete
 from nanobotd.llm.client import LLMClient
 from nanobotd.llm.failures import LLMError
@@ -307,7 +307,7 @@ def retry_delay(ws: WorkspaceSettings, failures: int) -> float:
     return ws.consolidation.flush_retry_seconds * 2 ** max(0, failures - 1)
 
 
-class Flush(JobDefaults):
+class Flush(Job):
     """params: session_key. An interrupted flush is only reported: it writes its note in one atomic replace, so
     the file is whole either way, and restore can undo it."""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 from nanobotd.jobs.env import JobEnv
 from nanobotd.jobs.errors import RestoreError
@@ -31,48 +31,13 @@ class QueuePolicy:
     join_running: bool = False
 
 
-class Job(Protocol):
-    """A job kind. *scheduled*: a cron job, caught up after downtime; *restorable*: its runs change what a restore
-    can undo; *writes_memory*: the indexes refresh after each run; *refresh_waits*: while one runs, the index
-    refresh waits for its end (it rewrites memory all along); *trigger_key*: the manifest key saying why it ran,
-    shown as the run's trigger."""
+class Job:
+    """A job kind: each kind subclasses this and overrides what it does differently from these defaults.
 
-    kind: ClassVar[str]
-    scheduled: ClassVar[bool]
-    restorable: ClassVar[bool]
-    writes_memory: ClassVar[bool]
-    refresh_waits: ClassVar[bool]
-    trigger_key: ClassVar[str | None]
-
-    async def run(self, env: JobEnv, run_id: str, params: Mapping[str, Any]) -> dict:
-        """Do the work as run *run_id* (created queued in the ledger); returns its manifest."""
-
-    def recover(self, env: JobEnv, run: RunRecord) -> str:
-        """Finish or roll back a run a crash interrupted; returns the outcome."""
-
-    async def restore(self, env: JobEnv, run: RunRecord, *, restore_run_id: str | None, force: bool,
-                      dry_run: bool) -> dict:
-        """Undo what *run* changed (its plan only, with *dry_run*)."""
-
-    async def reapply(self, env: JobEnv, original: RunRecord | None, restore_run: RunRecord, *,
-                      restore_run_id: str | None, force: bool, dry_run: bool) -> dict:
-        """Undo the restore *restore_run* of *original*."""
-
-    def finish_restore(self, env: JobEnv, step: dict) -> dict | None:
-        """Finish a journalled restore step a crash cut short; None when the kind journals none."""
-
-    def queue_policy(self, env: JobEnv, params: Mapping[str, Any]) -> QueuePolicy:
-        """How the queue treats a run of this kind with *params*."""
-
-    def off_reason(self, env: JobEnv) -> str | None:
-        """Why the job cannot run in this workspace (it is then never scheduled), or None."""
-
-    def changes(self, manifest: dict) -> dict:
-        """What a run changed, read from its manifest: counts, "files", "commits" (runview shows them)."""
-
-
-class JobDefaults:
-    """What most kinds answer alike; each kind overrides what it does differently."""
+    *scheduled*: a cron job, caught up after downtime; *restorable*: its runs change what a restore can undo;
+    *writes_memory*: the indexes refresh after each run; *refresh_waits*: while one runs, the index refresh waits
+    for its end (it rewrites memory all along); *trigger_key*: the manifest key saying why it ran, shown as the
+    run's trigger."""
 
     kind: ClassVar[str] = ""
     scheduled: ClassVar[bool] = False
@@ -81,27 +46,38 @@ class JobDefaults:
     refresh_waits: ClassVar[bool] = True
     trigger_key: ClassVar[str | None] = None
 
+    async def run(self, env: JobEnv, run_id: str, params: Mapping[str, Any]) -> dict:
+        """Do the work as run *run_id* (created queued in the ledger); returns its manifest."""
+        raise NotImplementedError
+
     def recover(self, env: JobEnv, run: RunRecord) -> str:
-        """A run that leaves every file whole whenever it stops: an interrupted one is only reported."""
+        """Finish or roll back a run a crash interrupted; returns the outcome. By default the run leaves every file
+        whole whenever it stops, so an interrupted one is only reported."""
         env.store.finish_run(run.run_id, state="failed", outcome="interrupted")
         return "interrupted"
 
     async def restore(self, env: JobEnv, run: RunRecord, *, restore_run_id: str | None, force: bool,
                       dry_run: bool) -> dict:
+        """Undo what *run* changed (its plan only, with *dry_run*)."""
         raise RestoreError(f"runs of kind {self.kind!r} change nothing that could be restored")
 
     async def reapply(self, env: JobEnv, original: RunRecord | None, restore_run: RunRecord, *,
                       restore_run_id: str | None, force: bool, dry_run: bool) -> dict:
+        """Undo the restore *restore_run* of *original*."""
         raise RestoreError(f"re-applying a {self.kind} run is not supported; run the job again instead")
 
     def finish_restore(self, env: JobEnv, step: dict) -> dict | None:
+        """Finish a journalled restore step a crash cut short; None when the kind journals none."""
         return None
 
     def queue_policy(self, env: JobEnv, params: Mapping[str, Any]) -> QueuePolicy:
+        """How the queue treats a run of this kind with *params*."""
         return QueuePolicy(target=self.kind, join_running=True)
 
     def off_reason(self, env: JobEnv) -> str | None:
+        """Why the job cannot run in this workspace (it is then never scheduled), or None."""
         return None
 
     def changes(self, manifest: dict) -> dict:
+        """What a run changed, read from its manifest: counts, "files", "commits" (runview shows them)."""
         return {}

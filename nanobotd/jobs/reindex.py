@@ -11,12 +11,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from nanobotd.jobs.env import JobEnv
-from nanobotd.jobs.job import JobDefaults
+from nanobotd.jobs.job import Job
 
 KIND = "reindex"
 
 
-class Reindex(JobDefaults):
+class Reindex(Job):
     """params: none."""
 
     kind = KIND

@@ -14,7 +14,7 @@ from typing import Any
 from nanobotd.gitstore.repo import DREAM_PREFIX, GitStoreError
 from nanobotd.jobs.env import JobEnv
 from nanobotd.jobs.errors import EXPIRED, RestoreError, RestoreRefused, UnknownRun
-from nanobotd.jobs.job import HISTORY_FILE, JobDefaults, QueuePolicy
+from nanobotd.jobs.job import HISTORY_FILE, Job, QueuePolicy
 from nanobotd.jobs.runfiles import RESTORE_STEP_KEY
 from nanobotd.state.store import RunRecord
 
@@ -89,7 +89,7 @@ async def _dispatch(env: JobEnv, target: str, *, restore_run_id: str | None, for
     return dict(result, kind=run.kind)
 
 
-class Restore(JobDefaults):
+class Restore(Job):
     """params: target (a run id, or a dream commit's sha), force."""
 
     kind = KIND

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from nanobotd import fsio
-from nanobotd.memory.history import HistoryEntry, history_path, parse_entry
+from nanobotd.memory.history import HistoryEntry, history_path, parse_entry, whole_lines
 from nanobotd.memory.transcript import PendingMessage
 
 RAW_PREFIX = "[RAW]"
@@ -81,17 +81,12 @@ class HistoryFollower:
             self._identity, self._offset = identity, 0
         if stat.st_size == self._offset:
             return []
-        entries = []
         with fsio.open_regular(self.path, follow=True) as handle:  # line by line: the file can be tens of MB
             handle.seek(self._offset)
-            while self._offset < stat.st_size:
-                line = handle.readline(stat.st_size - self._offset)
-                if not line.endswith(b"\n"):
-                    break  # a line still being written is read next time
-                self._offset += len(line)
-                entry = parse_entry(line) if line.strip() else None
-                if entry is not None and entry.cursor > self.last_cursor:
-                    entries.append(entry)
+            # a line still being written is read next time
+            entries = [entry for _, line in whole_lines(handle)
+                       if (entry := parse_entry(line)) is not None and entry.cursor > self.last_cursor]
+            self._offset = handle.tell()
         if entries:
             self.last_cursor = max(entry.cursor for entry in entries)
         return entries

@@ -152,28 +152,33 @@ def iter_entries(memory_dir: Path) -> Iterator[HistoryEntry]:
     yield from (entry for _, entry in iter_history(memory_dir) if entry is not None)
 
 
-def lines_from_end(path: Path, block_bytes: int = TAIL_BLOCK) -> Iterator[bytes]:
-    """Every non-blank line of *path*, the last first, read backwards a block at a time; nothing when missing."""
+def lines_from_end(path: Path, block_bytes: int = TAIL_BLOCK, max_line_bytes: int | None = None) -> Iterator[bytes]:
+    """Every non-blank line of *path*, the last first, read backwards a block at a time; nothing when missing.
+    A line over *max_line_bytes* is skipped, never held whole."""
     try:
         handle = fsio.open_regular(path, follow=True)
     except FileNotFoundError:
         return
     with handle:
         position = handle.seek(0, 2)
-        carry = b""
+        carry, skipping = b"", False
         while position > 0:
             start = max(0, position - block_bytes)
             handle.seek(start)
-            chunk = handle.read(position - start) + carry
+            lines = (handle.read(position - start) + carry).split(b"\n")
             position = start
-            lines = chunk.split(b"\n")
+            if skipping:  # the end of this block is the head of the oversized line
+                if len(lines) == 1:
+                    continue
+                lines.pop()
+                skipping = False
             # the first piece may be the tail of a line that began in the block before this one
             carry = lines.pop(0) if position > 0 else b""
             for line in reversed(lines):
-                if line.strip():
+                if line.strip() and (max_line_bytes is None or len(line) <= max_line_bytes):
                     yield line
-        if carry.strip():
-            yield carry
+            if max_line_bytes is not None and len(carry) > max_line_bytes:
+                carry, skipping = b"", True
 
 
 def largest_cursor_in_file(path: Path) -> int:
@@ -266,10 +271,9 @@ def repair_torn_line(memory_dir: Path) -> int:
                                      is_whole=lambda line: parse_entry(line) is not None)
 
 
-def remove_entries(memory_dir: Path, keep: Callable[[HistoryEntry], bool],
-                   on_removed: Callable[[HistoryEntry], None] | None = None) -> int:
-    """Atomically rewrite history.jsonl keeping entries *keep* accepts, and every line it cannot read; each removed
-    entry goes to *on_removed*. Returns how many were removed."""
+def remove_entries(memory_dir: Path, keep: Callable[[HistoryEntry], bool]) -> int:
+    """Atomically rewrite history.jsonl keeping entries *keep* accepts, and every line it cannot read; returns how
+    many were removed."""
     root = workspace_root(memory_dir)
     removed, largest = 0, 0
 
@@ -280,8 +284,6 @@ def remove_entries(memory_dir: Path, keep: Callable[[HistoryEntry], bool],
             if entry is not None and not keep(entry):
                 removed += 1
                 largest = max(largest, entry.cursor)
-                if on_removed is not None:
-                    on_removed(entry)
             else:
                 writer.write(line)
         fsio.confine(memory_dir / CURSOR_NAME, root)
@@ -346,7 +348,7 @@ def _rewrite(memory_dir: Path, copy: Callable[[Iterator[tuple[int, bytes]], fsio
         if source is not None:
             stack.enter_context(source)
         writer = stack.enter_context(fsio.AtomicWriter(path, root=root))
-        if not copy(_whole_lines(source), writer):
+        if not copy(whole_lines(source), writer):
             return False
         partial = b""
         if source is not None:
@@ -364,7 +366,7 @@ def _split_partial(data: bytes) -> tuple[bytes, bytes]:
     return data[:cut], data[cut:]
 
 
-def _whole_lines(source: BinaryIO | None) -> Iterator[tuple[int, bytes]]:
+def whole_lines(source: BinaryIO | None) -> Iterator[tuple[int, bytes]]:
     """(line number, line) of every non-blank whole line; stops before an unfinished last line, left unread."""
     if source is None:
         return

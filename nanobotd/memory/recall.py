@@ -3,7 +3,6 @@ cut to a character budget that names what it cut, so the caller can ask for fewe
 
 from __future__ import annotations
 
-import stat
 from dataclasses import asdict, dataclass
 from datetime import date, timedelta
 from pathlib import Path
@@ -54,20 +53,13 @@ def note_items(memory_dir: Path, day: date, limit_bytes: int | None = None) -> l
     found = []
     for source, folder in (("daily note", memory_dir), ("archived note", memory_dir / dailynote.ARCHIVE_DIR_NAME)):
         path = dailynote.note_path(folder, day)
-        text = read_regular_file(path, limit_bytes)
-        if text is not None and text.strip():
+        try:  # missing, a symlink (never followed out) or not a regular file: no note
+            text = fsio.read_text_lossy(path, limit_bytes, follow=False)
+        except OSError:
+            continue
+        if text.strip():
             found.append(RecallItem(source, day.isoformat(), str(path.relative_to(memory_dir.parent)), text))
     return found
-
-
-def read_regular_file(path: Path, limit_bytes: int | None = None) -> str | None:
-    """A note's text, or None when it is missing, a symlink or not a regular file (never followed out)."""
-    try:
-        if not stat.S_ISREG(path.lstat().st_mode):
-            return None
-        return fsio.read_text_lossy(path, limit_bytes)
-    except OSError:
-        return None
 
 
 def history_items(memory_dir: Path, days: set[str]) -> list[RecallItem]:

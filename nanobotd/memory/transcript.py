@@ -45,9 +45,9 @@ def render_message(message: PendingMessage, max_chars: int | None = None) -> str
     return f"[{stamp}] {message.role.upper()}: {text}"
 
 
-def transcript(messages: list[PendingMessage], max_chars_per_message: int | None = None) -> str:
+def transcript(messages: list[PendingMessage]) -> str:
     """The messages as a prompt transcript, one rendered message per paragraph."""
-    return "\n".join(render_message(message, max_chars_per_message) for message in messages)
+    return "\n".join(map(render_message, messages))
 
 
 def raw_entries(messages: list[PendingMessage], max_chars: int = RAW_MAX_CHARS) -> list[str]:

@@ -73,9 +73,9 @@ def test_rewrite_keeps_unparsable_lines_and_never_lowers_the_cursor(tmp_path):
     history.append_entries(tmp_path, [("a", None), ("b", None), ("c", None)], NOW)
     with open(tmp_path / "history.jsonl", "a") as handle:
         handle.write("garbage\n")
-    removed: list[history.HistoryEntry] = []
-    assert history.remove_entries(tmp_path, lambda entry: entry.cursor != 3, removed.append) == 1
-    assert [entry.cursor for entry in removed] == [3]
+    removed = [entry for entry in history.iter_entries(tmp_path) if entry.cursor == 3]
+    assert history.remove_entries(tmp_path, lambda entry: entry.cursor != 3) == 1
+    assert [entry.cursor for entry in history.iter_entries(tmp_path)] == [1, 2]
     assert "garbage" in (tmp_path / "history.jsonl").read_text()
     assert history.append_entries(tmp_path, [("d", None)], NOW)[0].cursor == 4
     assert history.insert_entries(tmp_path, removed) == 1
@@ -166,8 +166,8 @@ def test_any_history_file_reads_as_entries_and_bad_lines_and_a_torn_tail_repairs
 
 def test_insert_merges_entries_before_the_first_larger_cursor_and_keeps_unreadable_lines_in_place(tmp_path):
     history.append_entries(tmp_path, [(text, None) for text in "abcdef"], NOW)
-    removed: list[history.HistoryEntry] = []
-    history.remove_entries(tmp_path, lambda entry: entry.cursor not in (1, 3, 6), removed.append)
+    removed = [entry for entry in history.iter_entries(tmp_path) if entry.cursor in (1, 3, 6)]
+    history.remove_entries(tmp_path, lambda entry: entry.cursor not in (1, 3, 6))
     with open(tmp_path / "history.jsonl", "ab") as handle:
         handle.write(b"garbage after 5\n")
     lines = (tmp_path / "history.jsonl").read_bytes().splitlines()
@@ -184,9 +184,7 @@ def test_remove_entries_counts_what_it_streams_out_and_an_empty_removal_writes_n
     before = (tmp_path / "history.jsonl").stat()
     assert history.remove_entries(tmp_path, lambda entry: True) == 0
     assert (tmp_path / "history.jsonl").stat().st_ino == before.st_ino
-    seen = []
-    assert history.remove_entries(tmp_path, lambda entry: entry.cursor % 2 == 1, seen.append) == 2
-    assert [entry.cursor for entry in seen] == [2, 4]
+    assert history.remove_entries(tmp_path, lambda entry: entry.cursor % 2 == 1) == 2
     assert [entry.cursor for entry in history.iter_entries(tmp_path)] == [1, 3]
     assert (tmp_path / ".cursor").read_text() == "4"
 
@@ -258,7 +256,8 @@ def test_every_line_the_agent_appends_during_a_rewrite_is_kept(tmp_path, rewrite
         for round_number in range(12):
             doomed = {round_number * 10 + 1}
             if rewrite == "remove" or round_number % 2 == 0:
-                history.remove_entries(tmp_path, lambda entry, gone=doomed: entry.cursor not in gone, removed.append)
+                removed += [entry for entry in history.iter_entries(tmp_path) if entry.cursor in doomed]
+                history.remove_entries(tmp_path, lambda entry, gone=doomed: entry.cursor not in gone)
             else:
                 assert history.insert_entries(tmp_path, removed) == len(removed)
                 removed = []
@@ -287,3 +286,13 @@ def test_lines_from_end_are_the_files_lines_reversed_whatever_the_block_size(tmp
 
 def test_a_missing_file_has_no_lines(tmp_path: Path) -> None:
     assert list(history.lines_from_end(tmp_path / "history.jsonl")) == []
+
+
+@given(lines=st.lists(st.integers(min_value=0, max_value=30), max_size=12),
+       block=st.integers(min_value=1, max_value=40))
+def test_lines_from_end_skip_a_line_over_the_cap_whatever_the_block_size(tmp_path_factory, lines, block) -> None:
+    path = tmp_path_factory.mktemp("h") / "history.jsonl"
+    texts = [b"L" + b"x" * size for size in lines]
+    path.write_bytes(b"\n".join(texts) + b"\n")
+    wanted = [text for text in reversed(texts) if len(text) <= 16]
+    assert list(history.lines_from_end(path, block, max_line_bytes=16)) == wanted

@@ -69,5 +69,6 @@ def test_symlinked_notes_and_a_missing_memory_folder_give_nothing(tmp_path):
     secret = tmp_path / "secret.md"
     secret.write_text("# secret\n\n## Topics\n- do not read\n")
     os.symlink(secret, memory / "2026-11-20.md")
-    assert recall.collect(memory, date(2026, 11, 20), date(2026, 11, 20))["items"] == []
+    os.mkfifo(memory / "2026-11-21.md")  # would block a plain read forever
+    assert recall.collect(memory, date(2026, 11, 20), date(2026, 11, 21))["items"] == []
     assert recall.collect(tmp_path / "none" / "memory", date(2026, 11, 20), date(2026, 11, 21))["items"] == []

@@ -14,14 +14,14 @@ from nanobotd.jobs.consolidate.archive import (
     restore_consolidation,
 )
 from nanobotd.jobs.env import JobEnv
-from nanobotd.jobs.job import HISTORY_FILE, JobDefaults, QueuePolicy
+from nanobotd.jobs.job import HISTORY_FILE, Job, QueuePolicy
 from nanobotd.state.store import RunRecord
 
 KIND = "consolidate"
 NARROW_REASONS = ("budget",)  # a budget run archives only down to its target; any other reason, everything
 
 
-class Consolidate(JobDefaults):
+class Consolidate(Job):
     """params: session_key, reason (budget, idle, manual, rescue, mend), vanished_only (only messages that left
     the session file: beside an agent that archives the rest itself)."""
 

@@ -6,18 +6,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from nanobotd.gitstore.store import CURSOR_FILE
 from nanobotd.jobs.dream.apply import recover_dream_run
 from nanobotd.jobs.dream.restore import restore_dream_commit, restore_dream_run
-from nanobotd.jobs.dream.run import KIND, dream_workspace
+from nanobotd.jobs.dream.run import KIND, DreamRun
 from nanobotd.jobs.env import JobEnv
-from nanobotd.jobs.job import HISTORY_FILE, JobDefaults, QueuePolicy
+from nanobotd.jobs.job import HISTORY_FILE, Job, QueuePolicy
 from nanobotd.state.store import RunRecord
 
 OFFLINE_DREAM = "the dream needs an LLM and this workspace runs offline (llm.model = \"none\")"
-DREAM_CURSOR_FILE = "memory/.dream_cursor"
 
 
-class Dream(JobDefaults):
+class Dream(Job):
     """params: none."""
 
     kind = KIND
@@ -25,9 +25,9 @@ class Dream(JobDefaults):
 
     async def run(self, env: JobEnv, run_id: str, params: Mapping[str, Any]) -> dict:
         """Dream the backlog (in batches, within the token budget) for an already created run."""
-        result = await dream_workspace(env.settings, store=env.store, llm=env.llm, git=env.git, run_id=run_id,
-                                       clock=env.now, on_stage=lambda stage: env.faults.reach(f"dream.{stage}"))
-        return result.manifest
+        dream = DreamRun(env.settings, store=env.store, llm=env.llm, git=env.git, run_id=run_id, clock=env.now,
+                         on_stage=lambda stage: env.faults.reach(f"dream.{stage}"))
+        return (await dream.run()).manifest
 
     def recover(self, env: JobEnv, run: RunRecord) -> str:
         """Finish a dream whose commit exists, else roll its file writes back (start-up, before other git work)."""
@@ -67,5 +67,5 @@ class Dream(JobDefaults):
             cursor = f"{before} -> {after}" + ("" if files else " only (no memory file changed: the entries read "
                                                                 "held nothing new for them)")
         return {"entries_removed": removed, "dream_cursor": cursor,
-                "files": files + ([HISTORY_FILE] if removed else []) + ([DREAM_CURSOR_FILE] if moved else []),
+                "files": files + ([HISTORY_FILE] if removed else []) + ([CURSOR_FILE] if moved else []),
                 "commits": [manifest.get("commit")]}

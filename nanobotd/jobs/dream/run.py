@@ -30,7 +30,7 @@ from nanobotd.memory.history import read_dream_cursor
 from nanobotd.state.store import StateStore
 from nanobotd.tuning import CHARS_PER_TOKEN, INPUT_SHARE
 
-__all__ = ["KIND", "DreamError", "DreamResult", "DreamRun", "dream_workspace"]
+__all__ = ["KIND", "DreamError", "DreamResult", "DreamRun"]
 
 ITERATION_BOUND = "iteration bound"
 TOKEN_BUDGET = "token budget"
@@ -49,37 +49,20 @@ class DreamResult:
     manifest: dict
 
 
-async def dream_workspace(
-    workspace: WorkspaceSettings,
-    *,
-    store: StateStore,
-    llm: LLMClient,
-    git: GitStore,
-    run_id: str,
-    clock: Callable[[], datetime] = datetime.now,
-    max_history_entries: int | None = None,
-    on_stage: Callable[[str], None] | None = None,
-) -> DreamResult:
-    """Dream the backlog of history and note bullets into SOUL.md / USER.md / MEMORY.md for a created run.
+class DreamRun(ApplyStep):
+    """One dream of the backlog of history and note bullets into SOUL.md / USER.md / MEMORY.md, for a created run:
+    `run` on the event loop, `apply` on the git thread.
 
     Never raises for LLM, git or file trouble: the run ends failed with outcome "error" and the cursor
     unchanged. *on_stage* is called on the git thread at "applying", "files_written", "cursor_written",
     "notes_written" and "committed" (a test seam for crashes).
     """
-    if max_history_entries is None:
-        max_history_entries = workspace.lifecycle.max_history_entries
-    dream = DreamRun(workspace, store, llm, git, run_id, clock, max_history_entries, on_stage)
-    return await dream.run()
 
-
-class DreamRun(ApplyStep):
-    """The state of one dream run; `run` on the event loop, `apply` on the git thread."""
-
-    def __init__(self, workspace: WorkspaceSettings, store: StateStore, llm: LLMClient, git: GitStore,
-                 run_id: str, clock: Callable[[], datetime], max_history_entries: int,
-                 on_stage: Callable[[str], None] | None):
+    def __init__(self, workspace: WorkspaceSettings, *, store: StateStore, llm: LLMClient, git: GitStore,
+                 run_id: str, clock: Callable[[], datetime] = datetime.now,
+                 on_stage: Callable[[str], None] | None = None):
         self.workspace, self.store, self.llm, self.git = workspace, store, llm, git
-        self.run_id, self.max_history_entries = run_id, max_history_entries
+        self.run_id, self.max_history_entries = run_id, workspace.lifecycle.max_history_entries
         self.on_stage = on_stage or (lambda stage: None)
         self.memory_dir = workspace.path / "memory"
         self.meter = UsageMeter()

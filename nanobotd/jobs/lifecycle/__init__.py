@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nanobotd.jobs.env import JobEnv
-from nanobotd.jobs.job import HISTORY_FILE, JobDefaults
+from nanobotd.jobs.job import HISTORY_FILE, Job
 from nanobotd.jobs.lifecycle.run import LIFECYCLE_KIND as KIND
 from nanobotd.jobs.lifecycle.run import run_lifecycle
 from nanobotd.jobs.lifecycle.undo import restore_lifecycle_run
@@ -22,7 +22,7 @@ async def plan(env: JobEnv) -> dict:
                                dry_run=True)
 
 
-class Lifecycle(JobDefaults):
+class Lifecycle(Job):
     """params: none."""
 
     kind = KIND

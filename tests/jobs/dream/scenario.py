@@ -11,7 +11,7 @@ from pathlib import Path
 from nanobotd.config.schema import ContextSettings, DreamSettings, LifecycleSettings, LLMSettings, WorkspaceSettings
 from nanobotd.gitstore.store import GitStore
 from nanobotd.jobs.dream.restore import restore_dream_run
-from nanobotd.jobs.dream.run import DreamResult, dream_workspace
+from nanobotd.jobs.dream.run import DreamResult, DreamRun
 from nanobotd.state.store import StateStore
 from tests.support.fakellm import FakeLLM, Text, ToolCalls
 from tests.support.llmworker import llm_client
@@ -64,22 +64,22 @@ def git_cli(root: Path, *args: str) -> str:
 
 
 def settings_for(workspace: Path, fake: FakeLLM | None, context: ContextSettings | None = None,
-                 **dream: object) -> WorkspaceSettings:
+                 max_history_entries: int = 1000, **dream: object) -> WorkspaceSettings:
     llm = LLMSettings()
     if fake is not None:
         llm = LLMSettings(model=fake.model, api_base=fake.base_url, max_retries=0, timeout_seconds=5)
     return WorkspaceSettings(path=workspace, name="ws", llm=llm, dream=DreamSettings(**dream),
-                             lifecycle=LifecycleSettings(max_history_entries=1000),
+                             lifecycle=LifecycleSettings(max_history_entries=max_history_entries),
                              context=context or ContextSettings())
 
 
 def dream(workspace: Path, store: StateStore, git: GitStore, fake: FakeLLM | None, *, on_stage=None,
-          max_history_entries: int | None = None, context: ContextSettings | None = None,
+          max_history_entries: int = 1000, context: ContextSettings | None = None,
           **overrides: object) -> DreamResult:
-    settings = settings_for(workspace, fake, context, **overrides)
+    settings = settings_for(workspace, fake, context, max_history_entries, **overrides)
     run_id = store.create_run("dream", "ws")
-    return asyncio.run(dream_workspace(settings, store=store, llm=llm_client(settings.llm), git=git, run_id=run_id,
-                                       max_history_entries=max_history_entries, on_stage=on_stage))
+    return asyncio.run(DreamRun(settings, store=store, llm=llm_client(settings.llm), git=git, run_id=run_id,
+                                on_stage=on_stage).run())
 
 
 def restore(store: StateStore, git: GitStore, run_id: str, **options: object) -> tuple[str, dict]:

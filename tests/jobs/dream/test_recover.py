@@ -89,7 +89,8 @@ KILL_SCRIPT = textwrap.dedent("""
     def kill(stage):
         if stage == "files_written":
             os.kill(os.getpid(), signal.SIGKILL)
-    run = DreamRun(WorkspaceSettings(path=workspace, name="ws"), store, None, git, run_id, datetime.now, 1000, kill)
+    run = DreamRun(WorkspaceSettings(path=workspace, name="ws"), store=store, llm=None, git=git, run_id=run_id,
+                   on_stage=kill)
     run.staged = StagedFiles(workspace)
     run.staged.run("edit_file", {"path": "USER.md", "edits": [{"old_text": "- Likes tea", "new_text": "- Likes rum"}]})
     run.manifest.update(entries=[1, 5], cursor_before=0, analysis=["[USER] likes rum"])
