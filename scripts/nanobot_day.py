@@ -21,6 +21,7 @@ model call `mcp_nanobotd_memory_search`. Printed at the end:
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import json
 import os
@@ -37,6 +38,8 @@ sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from nanobot_agent import (  # noqa: E402
+    SESSIONS,
+    WORDS,
     Remember,
     ScriptedModel,
     Step,
@@ -277,6 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default="INFO", help="nanobotd's log level (its log: WORKDIR/nanobotd.log)")
     parser.add_argument("--model-seconds", type=float, default=1.0,
                         help="how long the fake model takes per request (a real one takes seconds)")
+    parser.add_argument("--seed-messages", type=int, default=0,
+                        help="start from a nanobot that has run before: N old messages at the start of each day "
+                             "session (no markers) and an idle old session cli:old of N (MSG-old-i), written "
+                             "before either starts")
     args = parser.parse_args(argv)
     nanobot_python = args.nanobot_python or Path(subprocess.run(
         ["bash", str(REPO_ROOT / "scripts" / "install-nanobot.sh")], check=True, capture_output=True,
@@ -294,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
                               idle_minutes=args.idle_minutes, mcp_command=[str(nanobotctl), "mcp", "--socket",
                                                                             str(socket)])
         timeline.setup = setup
+        if args.seed_messages:
+            seed_sessions(setup, args.seed_messages)
         daemon = Nanobotd(workdir, setup.workspace, workdir / "home", fake, args.log_level).start()
         probe = FreshnessProbe(setup.workspace / "memory" / "MEMORY.md", REMEMBERED).start(daemon)
         try:
@@ -307,6 +316,29 @@ def main(argv: list[str] | None = None) -> int:
     figures["nanobotd exit code"] = code
     print_figures(report, figures)
     return 0 if figures["archived twice"] == 0 and all(step.ok for step in report.steps) else 1
+
+
+def seed_sessions(setup, count: int) -> None:
+    """Session files as an earlier nanobot left them, in the folder this workspace's id names (made here, as
+    nanobot makes it): *count* old messages at the start of each day session, and an idle session cli:old."""
+    marker = setup.workspace / ".nanobot" / "workspace-id"
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(hashlib.md5(str(setup.workspace).encode()).hexdigest())
+    folder = setup.config_path.parent / "sessions" / marker.read_text()
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / ".workspace").write_text(f"{setup.workspace}\n")  # the namespace's owner, as nanobot records it
+    for key in (*SESSIONS, "cli:old"):
+        name = key.split(":")[1]
+        lines = [{"_type": "metadata", "key": key, "created_at": "2026-10-01T09:00:00.000000",
+                  "updated_at": "2026-10-01T18:00:00.000000", "metadata": {}, "last_archived": 0,
+                  "last_consolidated": 0}]
+        for index in range(count):
+            tag = f"MSG-old-{index}: " if key == "cli:old" else f"earlier talk {index} in {name}: "
+            lines.append({"role": "user" if index % 2 == 0 else "assistant",
+                          "content": tag + " ".join(WORDS[(index + word) % len(WORDS)] for word in range(200)),
+                          "timestamp": f"2026-10-01T{9 + index * 8 // max(count, 1):02d}:{index % 60:02d}:00"})
+        path = folder / (base64.urlsafe_b64encode(key.encode()).decode().rstrip("=") + ".jsonl")
+        path.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
 
 
 def collect(daemon: Nanobotd, setup, timeline: Timeline, report) -> dict:
