@@ -1,6 +1,7 @@
 """Named fault points, where a test kills the daemon or fails a write at the exact step instead of hoping a timed
 kill lands there. Armed through the environment, `NANOBOTD_FAULTS="restore.history_rewritten=kill,..."`:
-`kill` (SIGKILL), `enospc` (OSError ENOSPC), `drop` (the point's code skips its work: `drops(name)`),
+`kill` (SIGKILL), `enospc` (OSError ENOSPC), `drop` (the point's code skips its work: `drops(name)`), `abort`
+(raises FaultAbort, which no handler of nanobotd's catches: a kill at that step, inside a test's own process),
 `hold:PATH` (the step waits there until PATH exists, at most HOLD_SECONDS, so a test can act in the middle of it).
 """
 
@@ -17,8 +18,12 @@ from pathlib import Path
 from loguru import logger
 
 ENV_NAME = "NANOBOTD_FAULTS"
-ACTIONS = ("kill", "enospc", "drop", "hold:PATH")
+ACTIONS = ("kill", "enospc", "drop", "abort", "hold:PATH")
 HOLD_SECONDS = 120.0
+
+
+class FaultAbort(BaseException):
+    """The step died at a fault point armed with `abort` (a BaseException, as a kill passes every handler)."""
 
 
 @dataclass(frozen=True)
@@ -33,7 +38,7 @@ class FaultPoints:
         armed = {}
         for item in filter(None, (part.strip() for part in environ.get(ENV_NAME, "").split(","))):
             name, _, action = item.partition("=")
-            if action not in ACTIONS[:3] and not action.startswith("hold:/"):
+            if action not in ACTIONS[:4] and not action.startswith("hold:/"):
                 raise ValueError(f"{ENV_NAME}: {item!r}: the action must be one of {', '.join(ACTIONS)}")
             armed[name] = action
         return cls(armed)
@@ -43,6 +48,8 @@ class FaultPoints:
         action = self.armed.get(name)
         if action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        elif action == "abort":
+            raise FaultAbort(f"fault point {name}")
         elif action == "enospc":
             raise OSError(errno.ENOSPC, f"No space left on device (fault point {name})")
         elif action is not None and action.startswith("hold:"):

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from nanobotd.faults import ENV_NAME, FaultPoints
+from nanobotd.faults import ENV_NAME, FaultAbort, FaultPoints
 
 
 def test_an_unarmed_point_does_nothing_and_an_enospc_point_raises_a_full_disk_error():
@@ -25,6 +25,15 @@ def test_an_unarmed_point_does_nothing_and_an_enospc_point_raises_a_full_disk_er
 def test_an_unknown_action_is_refused():
     with pytest.raises(ValueError, match="must be one of kill, enospc"):
         FaultPoints.from_environ({ENV_NAME: "a.step=explode"})
+
+
+def test_an_abort_point_passes_every_exception_handler():
+    faults = FaultPoints.from_environ({ENV_NAME: "a.step=abort"})
+    with pytest.raises(FaultAbort, match="a.step"):
+        try:
+            faults.reach("a.step")
+        except Exception:  # a handler of the code under test: not what an abort stops at
+            pytest.fail("caught as an Exception")
 
 
 def test_a_kill_point_ends_the_process_with_sigkill():

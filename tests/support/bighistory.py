@@ -7,6 +7,8 @@ prints the same figures for any checkout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import json
 import time
 import tracemalloc
@@ -18,6 +20,7 @@ from types import SimpleNamespace
 
 from nanobotd.config.schema import LLMSettings, WorkspaceSettings
 from nanobotd.daemon.triggers import rebuild_archive_marks
+from nanobotd.faults import FaultAbort, FaultPoints
 from nanobotd.jobs.audit import audit_workspace
 from nanobotd.jobs.compaction import compact_history, compaction_candidates
 from nanobotd.jobs.consolidate import archive
@@ -94,19 +97,9 @@ def crashed_consolidation(big: BigHistory):
     ctx = big.ctx
     ctx.tracker.scan(write_session(big.sessions, "cli:crash", conversation(4)))
     run_id = ctx.store.create_run("consolidate", "ws", session_key="cli:crash")
-    append = history.append_prepared
-
-    def append_then_die(*args, **kwargs):
-        append(*args, **kwargs)
-        raise KeyboardInterrupt("killed after the append")
-
-    history.append_prepared = append_then_die
-    try:
-        asyncio.run(archive.consolidate_session(ctx, "cli:crash", run_id, reason="manual"))
-    except KeyboardInterrupt:
-        pass
-    finally:
-        history.append_prepared = append
+    dying = dataclasses.replace(ctx, faults=FaultPoints({"consolidate.appended": "abort"}))
+    with contextlib.suppress(FaultAbort):
+        asyncio.run(archive.consolidate_session(dying, "cli:crash", run_id, reason="manual"))
     return ctx.store.get_run(run_id)
 
 
