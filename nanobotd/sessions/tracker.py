@@ -268,8 +268,18 @@ class SessionTracker:
     def _read_held(self, session: SessionState) -> None:
         """Read an unread session's held version as its first scan would have (under the lock): its messages, and
         spool rows held in that same copy. Its fingerprint stays that version's, so a scan of the file compares
-        against it as usual."""
-        with self.holding.open_held(session) as handle:
+        against it as usual. A copy that cannot be read (the state folder damaged) leaves the file to be read
+        whole as it is now, at its next scan."""
+        try:
+            handle = self.holding.open_held(session)
+        except OSError as exc:
+            logger.error("session {}: its held copy cannot be read ({}); its file is read again as it is now",
+                         session.key, exc)
+            session.unread, session.fingerprint, session.tail = False, None, None
+            self.spool.recount(session)
+            self._save_session(session)
+            return
+        with handle:
             parsed = parse_session(session.path, handle=handle)
             hold = HoldPlan(session.hold_generation, 0)
             try:
@@ -296,6 +306,10 @@ class SessionTracker:
                 if session.unread:
                     self._read_held(session)
         return session
+
+    def read_unread(self, key: str) -> None:
+        """Read session *key*'s held copy now when it is unread (a job does, on the executor, before it starts)."""
+        self._ready(self.sessions.get(key))
 
     def count_tail(self, key: str) -> int:
         """The unarchived tail's exact tokens, for a decision near a threshold (see Spool.count_tail)."""
@@ -425,7 +439,7 @@ class SessionTracker:
     # -- the spool, as the jobs read it ----------------------------------------------------------------
     def pending(self, key: str, *, vanished_only: bool = False) -> list[tuple[int, PendingMessage, bool]]:
         """Spooled messages of a session in first-seen order: (seq, message, still present in the file)."""
-        session = self._ready(self.sessions.get(key))
+        session = self.sessions.get(key) if vanished_only else self._ready(self.sessions.get(key))
         return self.spool.pending(session, vanished_only=vanished_only) if session is not None else []
 
     def vanished(self, key: str) -> list[str]:

@@ -109,3 +109,16 @@ def test_short_files_and_files_the_agent_mostly_archived_are_read_at_once(tmp_pa
     tracker.scan(archived)
     assert not tracker.sessions[KEY].unread and not tracker.sessions["cli:b"].unread
     assert spool_rows(store) == 10 + 5
+
+
+def test_an_unread_session_whose_copy_is_gone_is_read_again_from_its_file(tmp_path):
+    _, sessions = make_workspace(tmp_path)
+    store, tracker = make_tracker(tmp_path)
+    messages = long_conversation(10)
+    path = write_session(sessions, KEY, messages)
+    tracker.scan(path)
+    for held in (store.state_dir / "held").iterdir():
+        held.unlink()  # the state folder damaged
+    assert spooled(tracker) == [] and not tracker.sessions[KEY].unread
+    assert tracker.scan(path).changed  # its fingerprint forgotten: the file is read whole
+    assert spooled(tracker) == [message["content"] for message in messages]
