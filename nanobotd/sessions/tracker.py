@@ -535,6 +535,7 @@ class SessionTracker:
         live = [session for session in sessions if session.state != "deleted"]
         return {
             "sessions_watched": len(live),
+            "sessions_estimated": sum(session.unread for session in live),
             "unarchived_messages": sum(session.unarchived_messages for session in sessions),
             "unarchived_tokens": sum(session.unarchived_tokens for session in sessions),
             "corrupt_lines": sum(session.corrupt_lines for session in live),

@@ -84,6 +84,12 @@ def _field_rows(data: Mapping[str, Any], prefix: str = "") -> Rows:
     return rows
 
 
+def _estimated_text(workspace: Mapping[str, Any]) -> str:
+    estimated = workspace.get("sessions_estimated") or 0
+    return (f" (~: {estimated} long session{'s' if estimated != 1 else ''} not read yet, estimated from their size)"
+            if estimated else "")
+
+
 def _health_rows(workspace: Mapping[str, Any]) -> Rows:
     watcher = workspace.get("watcher") or {}
     watcher_state = "healthy" if watcher.get("healthy") else "UNHEALTHY"
@@ -91,7 +97,8 @@ def _health_rows(workspace: Mapping[str, Any]) -> Rows:
         ("sessions", "sessions_dir", f"{format_cell(workspace.get('sessions_dir'))} "
                                      f"({format_cell(workspace.get('sessions_watched'))} watched)"),
         ("unarchived", "unarchived_messages", f"{format_cell(workspace.get('unarchived_messages'))} messages, "
-                                              f"{format_cell(workspace.get('unarchived_tokens'))} tokens"),
+                                              f"{format_cell(workspace.get('unarchived_tokens'))} tokens"
+                                              + _estimated_text(workspace)),
         ("watcher", "watcher", f"{watcher_state} ({format_cell(watcher.get('mode'))}), "
                                f"last reconcile {format_cell(watcher.get('last_reconcile'))}"),
         ("llm", "llm_mode", _llm_text(workspace)),
