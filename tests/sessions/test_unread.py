@@ -6,20 +6,10 @@ from __future__ import annotations
 import json
 import os
 
-from nanobotd.sessions.tracker import SessionTracker
-from nanobotd.state.store import StateStore
+from tests.sessions.test_hold import long_conversation, make_tracker
 from tests.support.workspace import conversation, make_workspace, write_session
 
 KEY = "cli:a"
-
-
-def make_tracker(tmp_path):
-    store = StateStore(tmp_path / "state").open()
-    return store, SessionTracker("ws", store)
-
-
-def long_conversation(count: int, tag: str = "m") -> list[dict]:
-    return conversation(count, words=1000, tag=tag)
 
 
 def spooled(tracker, key: str = KEY) -> list[str]:
