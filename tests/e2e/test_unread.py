@@ -119,10 +119,11 @@ def test_long_sessions_over_budget_at_start_are_read_once_by_their_runs_and_arch
     daemon = daemon_process(workspace, extra_config=OWNER_CONFIG)
     go = tmp_path / "go"
     daemon.env[ENV_NAME] = f"scan.read_held=hold:{go}"  # the first read of a copy waits there
-    daemon.start()
+    daemon.start(wait=False)  # (its API may wait on the read held there)
     daemon.wait_for(lambda: "fault point scan.read_held: holding" in daemon.log(), timeout=30)
     assert_held_unread(daemon, TAGS)  # the reconcile held them all; the first budget run reads its own
     go.touch()
+    daemon.wait_ready()
     archive_all(daemon, TAGS)
     assert unread(daemon) == {key_of(tag): 0 for tag in TAGS}
     assert held_files(daemon) == [], "a held copy outlived its last unarchived message"
@@ -192,12 +193,13 @@ def answer(request: dict) -> Text:
 
 
 def test_beside_the_agent_a_long_unread_session_is_archived_once_between_it_and_nanobotd(tmp_path, daemon_process):
-    """The agent moves its mark over part of a session held unread, then its tail grows to a flush, then /new cuts
+    """The agent moves its mark further into a session held unread, then its tail grows to a flush, then /new cuts
     it with no archive entry of the agent: nanobotd flushes, rescues only what the agent did not archive, and
     counts nothing archived twice."""
     workspace, sessions = make_workspace(tmp_path, layout="current")
-    key, marked = key_of("a"), 6
-    write_session(sessions, key, long_conversation("a"))
+    key, first_mark, marked, count = key_of("a"), 2, 6, MESSAGES + 2  # ten unarchived: ~80 KB, held unread
+    agent_entry(workspace, key, fact_lines(f"A-{number}" for number in range(first_mark)))  # before nanobotd
+    write_session(sessions, key, long_conversation("a", count), last_archived=first_mark)
     with FakeLLM(default=Responder(answer)) as fake:
         daemon = daemon_process(workspace, mode="auto", extra_config=f"""
 [llm]
@@ -217,16 +219,18 @@ agent_base_tokens = 1000
         daemon.wait_for(lambda: daemon.ctl_json("status")["workspaces"][0]["git"]["available"])
         assert daemon.ctl_json("status")["workspaces"][0]["consolidation_mode"] == "companion"
         assert_held_unread(daemon, ["a"])
+        session = daemon.session(key)  # its counters, from its bytes: the agent's mark found
+        assert (session["agent_archived"], session["unarchived_messages"]) == (first_mark, count - first_mark)
 
-        # the agent archives the first six messages itself (its entry, then the file with its mark) and goes on
-        agent_entry(workspace, key, fact_lines(f"A-{number}" for number in range(marked)))
-        count = MESSAGES + 2
+        # the agent archives four more messages itself (its entry, then the file with its mark) and goes on
+        agent_entry(workspace, key, fact_lines(f"A-{number}" for number in range(first_mark, marked)))
+        count += 2
         write_session(sessions, key, long_conversation("a", count), last_archived=marked)
         daemon.wait_for(lambda: (daemon.session(key) or {}).get("agent_archived") == marked)
         assert daemon.session(key)["unarchived_messages"] == count - marked
         assert unread(daemon) == {key: 0}
         while not flush_runs(daemon):  # the tail grows turn by turn to the agent's flush threshold
-            assert count < MESSAGES + 20, "no flush as the agent's tail grew:\n" + daemon.log()[-3000:]
+            assert count < MESSAGES + 24, "no flush as the agent's tail grew:\n" + daemon.log()[-3000:]
             count += 2
             write_session(sessions, key, long_conversation("a", count), last_archived=marked)
             daemon.wait_for(lambda count=count: daemon.session(key)["messages"] == count)
