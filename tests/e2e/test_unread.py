@@ -253,3 +253,36 @@ agent_base_tokens = 1000
 
 def flush_runs(daemon) -> list[dict]:
     return daemon.ctl_json("runs", "--kind", "flush", "--all")["runs"]
+
+
+def test_beside_the_agent_a_new_cutting_unread_sessions_is_archived_once_by_whoever_archives(
+        tmp_path, daemon_process):
+    """/new cuts two sessions still held unread: the one the agent's entry archives within the grace is not archived
+    by nanobotd; the one no entry comes for is rescued from its held copy, only past the agent's mark."""
+    workspace, sessions = make_workspace(tmp_path, layout="current")
+    first_mark, count = 2, MESSAGES + 2
+    for tag in ("a", "b"):
+        agent_entry(workspace, key_of(tag), fact_lines(f"{tag.upper()}-{number}" for number in range(first_mark)))
+        write_session(sessions, key_of(tag), long_conversation(tag, count), last_archived=first_mark)
+    daemon = daemon_process(workspace, mode="auto", extra_config=f"""
+[consolidation]
+agent_grace_seconds = {GRACE}
+""")
+    daemon.start()
+    daemon.wait_reconciled()
+    daemon.wait_for(lambda: daemon.ctl_json("status")["workspaces"][0]["git"]["available"])
+    assert_held_unread(daemon, ["a", "b"])
+
+    for tag in ("a", "b"):
+        write_session(sessions, key_of(tag), [])  # /new
+    daemon.wait_for(lambda: all(daemon.session(key_of(tag))["vanished_messages"] for tag in ("a", "b")))
+    agent_entry(workspace, key_of("a"), fact_lines(f"A-{number}" for number in range(first_mark, count)))
+    daemon.wait_for(lambda: all(daemon.session(key_of(tag))["vanished_messages"] == 0 for tag in ("a", "b")),
+                    timeout=GRACE + 20)
+    rescued = Counter((tag.lower(), int(number)) for entry in nanobotd_entries(workspace)
+                      for tag, number in MARKER.findall(entry["content"]))
+    assert rescued == Counter(("b", number) for number in range(first_mark, count))
+    assert daemon.ctl_json("status")["workspaces"][0]["archived_twice"] == 0
+    assert daemon.stop() == 0
+    assert_archived_once(workspace, {"a": count, "b": count})
+    assert held_files(daemon) == []
