@@ -129,4 +129,6 @@ max_retries = 0
         assert proc.proc.wait(timeout=30) == 0
         took = time.monotonic() - began
         assert "stopped" in proc.log()
-        assert took < 0.6, f"{took:.2f}s from SIGTERM to exit"
+        # a hang (threads left waiting on litellm's worker, a queue never drained) takes the 30 s above; an exit
+        # that only competes for a loaded machine's two cores takes well under this bound
+        assert took < 10, f"{took:.2f}s from SIGTERM to exit"
