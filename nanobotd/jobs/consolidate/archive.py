@@ -223,9 +223,11 @@ async def archive_chunks(env: JobEnv, session_key: str, run_id: str, group: list
     # cursors (before the append), or with done (no entry to append), not on its own before.
 
     def append() -> list[int]:
-        for _, record, _, _, chunk in records:
-            chunk.back_up(Path(record["backup"]))
-        fsio.fsync_dir(env.store.run_dir(run_id))  # the backups' names, durable before the journal names them
+        backups = [Path(record["backup"]) for _, record, *_ in records]
+        for (*_, chunk), backup in zip(records, backups, strict=True):
+            chunk.back_up(backup)
+        # the backups and their names, durable together before the journal names them
+        fsio.sync_folder(env.store.run_dir(run_id), backups)
         # each chunk's entries ready for history; one left empty once cleaned is not appended
         prepared = [[entry for entry in map(history.prepare_entry, contents) if entry is not None]
                     for contents, _ in parts]
