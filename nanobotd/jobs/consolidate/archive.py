@@ -182,14 +182,15 @@ class PendingMarks:
 
 async def _take_group(env: JobEnv, loads: ChunkLoads, chunks: list[Chunk],
                       number: int) -> tuple[list[tuple[int, Chunk]], int]:
-    """Chunk *number* (none when none of its messages is left) and, in a run without an LLM, the chunks after it
-    whose records are read already, up to APPEND_GROUP_CHUNKS and APPEND_GROUP_TOKENS: they are appended together.
-    Returns them, and the number of the first chunk not taken."""
+    """Chunk *number* (none when none of its messages is left) and, in a run without an LLM, the chunks after it,
+    up to APPEND_GROUP_CHUNKS and APPEND_GROUP_TOKENS: they are appended together (waiting for their reads costs
+    little, the next ones being read meanwhile; an append a chunk costs its syncs). Returns them, and the number
+    of the first chunk not taken."""
     if not await loads.take(number):
         return [], number + 1
     group = [(number, chunks[number])]
     tokens, following = chunks[number].planned_tokens, number + 1
-    while (env.llm.offline and len(group) < APPEND_GROUP_CHUNKS and loads.ready(following)
+    while (env.llm.offline and len(group) < APPEND_GROUP_CHUNKS and following < len(chunks)
            and tokens + chunks[following].planned_tokens <= APPEND_GROUP_TOKENS):
         if await loads.take(following):
             group.append((following, chunks[following]))
