@@ -26,6 +26,7 @@ from nanobotd.tuning import FILE_LOCK_POLL_SECONDS as LOCK_POLL_SECONDS
 TORN_SUFFIX = ".torn"
 TORN_TAIL_LIMIT = 64 * 1024 * 1024  # a longer unterminated tail is no torn line but a file without newlines
 TEMP_SUFFIX = ".tmp"
+SECTOR_BYTES = 512  # a write this long at offset 0 lands whole or not at all (the unit disks write atomically)
 
 
 class LockTimeout(TimeoutError):
@@ -132,6 +133,37 @@ def atomic_write(path: Path | str, data: bytes | str, mode: int | None = None, *
     with AtomicWriter(path, mode, root=root) as writer:
         writer.write(data.encode("utf-8") if isinstance(data, str) else data)
         writer.commit()
+
+
+def overwrite_counter(path: Path | str, text: str, *, root: Path | str | None = None) -> None:
+    """Put a growing counter's decimal *text* in *path* in place, synced: one write at offset 0 (a few bytes in the
+    first sector, so a power cut leaves the old value or the new) and an fdatasync, instead of a temp file, its
+    sync, a rename and a folder sync. The old text is never longer than the new but for a trailing newline, which
+    stays until the truncate that follows (`123\\n` -> `124\\n`, read as 124). atomic_write where the file is
+    missing, not a regular file or linked elsewhere too."""
+    path = confine(path, root)
+    data = text.encode("ascii")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise
+        atomic_write(path, data, root=root)
+        return
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or len(data) > SECTOR_BYTES:
+            os.close(fd)
+            fd = -1
+            atomic_write(path, data, root=root)
+            return
+        os.pwrite(fd, data, 0)
+        if info.st_size > len(data):
+            os.ftruncate(fd, len(data))
+        os.fdatasync(fd)
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 class AtomicWriter:

@@ -61,7 +61,7 @@ PLAN_PAGE = 1024  # plan messages a budget run reads at a time: fewer queries vs
 MARK_BATCH_CHUNKS = 16  # archive marks committed together, up to this many chunks: fewer commits vs work redone
 MARK_BATCH_SECONDS = 0.5  # ... or this long after the first: how long archived messages wait for their mark
 APPEND_GROUP_CHUNKS = 8  # raw chunks read ahead and appended at once (one lock, one fsync): speed vs memory held
-APPEND_GROUP_TOKENS = 400_000  # ... up to this many tokens (~4 bytes each, held two or three times over)
+APPEND_GROUP_TOKENS = 800_000  # ... up to this many tokens (~3-4 bytes each, held two or three times over)
 INPUT_SHARE = 0.4  # of the context window, what a flush, dream batch or note summary sends: input vs reply room
 CHARS_PER_TOKEN = 4  # the estimate where a count would not change the decision (a cut, a batch's size)
 # --- sessions and tokens ---

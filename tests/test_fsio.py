@@ -184,3 +184,33 @@ def test_sync_folder_makes_a_group_of_files_durable_at_once_and_names_a_folder_i
     assert [path.read_bytes() for path in files] == [b"line\n"] * 3
     with pytest.raises(FileNotFoundError):
         fsio.sync_folder(tmp_path / "missing", [])
+
+
+def test_overwrite_counter_rewrites_the_file_in_place(tmp_path):
+    path = tmp_path / ".cursor"
+    path.write_text("123\n")
+    inode = path.stat().st_ino
+    fsio.overwrite_counter(path, "124", root=tmp_path)
+    assert path.read_text() == "124"
+    assert path.stat().st_ino == inode  # no rename: the same file
+
+
+def test_overwrite_counter_creates_a_missing_file_and_replaces_a_symlink(tmp_path):
+    fsio.overwrite_counter(tmp_path / ".cursor", "7", root=tmp_path)
+    assert (tmp_path / ".cursor").read_text() == "7"
+    target = tmp_path / "elsewhere"
+    target.write_text("1")
+    (tmp_path / "linked").symlink_to(target)
+    fsio.overwrite_counter(tmp_path / "linked", "8", root=tmp_path)
+    assert not (tmp_path / "linked").is_symlink()
+    assert (tmp_path / "linked").read_text() == "8"
+    assert target.read_text() == "1"
+
+
+def test_overwrite_counter_leaves_a_hard_linked_file_alone(tmp_path):
+    path, other = tmp_path / ".cursor", tmp_path / "other"
+    path.write_text("5")
+    os.link(path, other)
+    fsio.overwrite_counter(path, "6", root=tmp_path)
+    assert path.read_text() == "6"
+    assert other.read_text() == "5"

@@ -258,7 +258,7 @@ def _append(memory_dir: Path, count: int, now: datetime, lines: Callable[[int, s
         fsio.confine(path, root)
         # The cursors are reserved in .cursor before the append: an append that then fails (and is cut back
         # off) leaves only a gap in the numbering, never entries that .cursor does not cover.
-        fsio.atomic_write(memory_dir / CURSOR_NAME, str(last), root=root)
+        fsio.overwrite_counter(memory_dir / CURSOR_NAME, str(last), root=root)
         fsio.ensure_trailing_newline(path, root=root)
         fsio.append_record(path, payload, root=root)
     return start

@@ -182,14 +182,15 @@ class PendingMarks:
 
 async def _take_group(env: JobEnv, loads: ChunkLoads, chunks: list[Chunk],
                       number: int) -> tuple[list[tuple[int, Chunk]], int]:
-    """Chunk *number* (none when none of its messages is left) and, in a run without an LLM, the chunks after it
-    whose records are read already, up to APPEND_GROUP_CHUNKS and APPEND_GROUP_TOKENS: they are appended together.
-    Returns them, and the number of the first chunk not taken."""
+    """Chunk *number* (none when none of its messages is left) and, in a run without an LLM, the chunks after it,
+    up to APPEND_GROUP_CHUNKS and APPEND_GROUP_TOKENS: they are appended together (waiting for their reads costs
+    little, the next ones being read meanwhile; an append a chunk costs its syncs). Returns them, and the number
+    of the first chunk not taken."""
     if not await loads.take(number):
         return [], number + 1
     group = [(number, chunks[number])]
     tokens, following = chunks[number].planned_tokens, number + 1
-    while (env.llm.offline and len(group) < APPEND_GROUP_CHUNKS and loads.ready(following)
+    while (env.llm.offline and len(group) < APPEND_GROUP_CHUNKS and following < len(chunks)
            and tokens + chunks[following].planned_tokens <= APPEND_GROUP_TOKENS):
         if await loads.take(following):
             group.append((following, chunks[following]))
@@ -223,9 +224,11 @@ async def archive_chunks(env: JobEnv, session_key: str, run_id: str, group: list
     # cursors (before the append), or with done (no entry to append), not on its own before.
 
     def append() -> list[int]:
-        for _, record, _, _, chunk in records:
-            chunk.back_up(Path(record["backup"]))
-        fsio.fsync_dir(env.store.run_dir(run_id))  # the backups' names, durable before the journal names them
+        backups = [Path(record["backup"]) for _, record, *_ in records]
+        for (*_, chunk), backup in zip(records, backups, strict=True):
+            chunk.back_up(backup)
+        # the backups and their names, durable together before the journal names them
+        fsio.sync_folder(env.store.run_dir(run_id), backups)
         # each chunk's entries ready for history; one left empty once cleaned is not appended
         prepared = [[entry for entry in map(history.prepare_entry, contents) if entry is not None]
                     for contents, _ in parts]

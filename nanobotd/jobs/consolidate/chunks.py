@@ -55,8 +55,8 @@ class Chunk:
         return self.planned_tokens if self.counted is None else self.counted
 
     def back_up(self, path: Path) -> None:
-        """The chunk's messages in its new backup file *path* (`archive.backup_path`), synced; its folder is
-        synced by the caller, once for the chunks appended together, before the journal names the file."""
+        """The chunk's messages in its new backup file *path* (`archive.backup_path`), its writeback started; the
+        caller syncs it with its folder, once for the chunks appended together, before the journal names it."""
         if self.backed_up:
             return
         # each message's record as the spool holds its JSON text (not re-encoded)
@@ -66,7 +66,8 @@ class Chunk:
         with open(fd, "wb") as handle:
             handle.write(("\n".join(lines) + "\n").encode("utf-8"))
             handle.flush()
-            os.fsync(fd)
+            # the advice starts the writeback now (Linux): the group's sync finds it done or going
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         self.backed_up = True
 
     def load(self, env: JobEnv, session_key: str) -> bool:
@@ -208,8 +209,8 @@ class ChunkLoads:
     event loop never reads records itself. At most *ahead* + 1 chunks' records are in memory.
 
     With *backups* (a run without an LLM: each chunk is archived as read), a chunk read ahead is backed up there
-    too, its fsync beside the run's appends; the backups of chunks read ahead that the run never took (it failed
-    or was cancelled first) go when it ends.
+    too, its writeback started beside the run's appends (a group's backups are synced together before its journal);
+    the backups of chunks read ahead that the run never took (it failed or was cancelled first) go when it ends.
     """
 
     def __init__(self, env: JobEnv, session_key: str, chunks: list[Chunk], *, ahead: int = 1,
