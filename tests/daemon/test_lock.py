@@ -114,3 +114,40 @@ def test_a_workspace_on_a_read_only_mount_is_worked_on_unlocked_with_a_warning(t
         finally:
             logger.remove(sink)
         assert len(messages) == 1 and "Read-only file system" in messages[0]
+
+
+def test_a_session_job_on_a_workspace_another_daemon_holds_is_refused(tmp_path, short_dir):
+    """The state folder remembers the workspace's sessions, but another daemon holds the workspace now: a run
+    asked for would wait for a first scan that never comes."""
+    from nanobotd.cli.client import Client, DaemonError
+
+    workspace, sessions = make_workspace(tmp_path)
+    write_session(sessions, "cli:a", conversation(4))
+    socket = short_dir / "sock" / "n.sock"
+    config_path = tmp_path / "nanobotd.toml"
+    config_path.write_text(f'[daemon]\nsocket = "{socket}"\nstate_dir = "{short_dir}/state"\n\n[[workspaces]]\n'
+                           f'name = "ws"\npath = "{workspace}"\nconsolidation = {{ mode = "owner" }}\n')
+    other = DaemonLocks(tmp_path / "other.sock")
+
+    async def scenario():
+        async with running_daemon(config_path) as daemon:
+            await wait_until(lambda: daemon.server is not None and daemon.server.listening)
+            await wait_until(lambda: "cli:a" in daemon.core.workspaces["ws"].tracker.sessions)
+        away = tmp_path / "away"
+        os.rename(workspace, away)  # gone at the next start, then moved back in held by another daemon
+        other.take_workspace("ws", away)
+        async with running_daemon(config_path) as daemon:
+            await wait_until(lambda: daemon.server is not None and daemon.server.listening)
+            os.rename(away, workspace)
+            await wait_until(lambda: daemon.core.workspaces["ws"].held_elsewhere)
+            assert "cli:a" in daemon.core.workspaces["ws"].tracker.sessions  # remembered by the state folder
+            try:
+                await asyncio.to_thread(Client(socket, 10).post, "/v1/consolidate", {"session": "cli:a"})
+            except DaemonError as exc:
+                return exc.status, exc.code
+            return None
+
+    try:
+        assert asyncio.run(scenario()) == (409, "held_elsewhere")
+    finally:
+        other.release_all()

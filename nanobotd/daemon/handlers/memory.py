@@ -20,7 +20,10 @@ def session_job(core: Core, request: Request) -> tuple[Workspace, str]:
     key = body.get("session")
     if not isinstance(key, str) or not key:
         raise ApiError(400, "bad_request", "body needs \"session\": the session key")
-    return session_workspace(core, key, body.get("workspace")), key
+    workspace = session_workspace(core, key, body.get("workspace"))
+    if workspace.held_elsewhere:  # its first scan never comes while another daemon holds it: a run would wait for it
+        raise ApiError(409, "held_elsewhere", f"workspace {workspace.name} is left alone: {workspace.held_elsewhere}")
+    return workspace, key
 
 
 async def consolidate(core: Core, request: Request) -> Response:
