@@ -206,7 +206,7 @@ class Holding:
         the database); into the spool as text otherwise."""
         lines = parsed.lines
         size = sum(lines.ends[index - lines.first] - lines.starts[index - lines.first] for index in to_spool)
-        if size < HOLD_MIN_BYTES or 2 * size < os.fstat(handle.fileno()).st_size:
+        if not worth_a_copy(size, os.fstat(handle.fileno()).st_size):
             return HoldPlan()
         held = session.hold_generation
         if held and spooldb.has_held_rows(self.store, session.session_id):
@@ -251,6 +251,12 @@ class Holding:
                 session.hold_generation = 0
                 save_hold(db, session)
             self._drop(session.session_id, generation)
+
+
+def worth_a_copy(held_bytes: int, file_bytes: int) -> bool:
+    """Rows whose lines are *held_bytes* of a file of *file_bytes* are held in a copy of it: at least
+    HOLD_MIN_BYTES and half the file (the copy costs the file's bytes, text rows their own twice)."""
+    return held_bytes >= HOLD_MIN_BYTES and 2 * held_bytes >= file_bytes
 
 
 def read_held_lines(path: Path, lines: list[LineRef | None], *, span_bytes: int = HELD_READ_SPAN,

@@ -32,7 +32,7 @@ from nanobotd.sessions import file as sessionfile
 from nanobotd.sessions import spool as spooldb
 from nanobotd.sessions.caches import MessageCaches
 from nanobotd.sessions.file import key_from_filename
-from nanobotd.sessions.hold import Holding, HoldPlan
+from nanobotd.sessions.hold import Holding, HoldPlan, worth_a_copy
 from nanobotd.sessions.marks import ArchiveMarks
 from nanobotd.sessions.messages import MessageList
 from nanobotd.sessions.scan import LINE_NEW, ParseResult, Sketch, parse_session, sketch_session
@@ -51,7 +51,7 @@ from nanobotd.sessions.spool import Spool
 from nanobotd.state import bulk
 from nanobotd.state.metrics import FLUSH_KIND, MISSED_OUTCOME
 from nanobotd.state.store import StateStore
-from nanobotd.tuning import CACHED_MESSAGES, HOLD_MIN_BYTES, SCAN_SLICE_SECONDS
+from nanobotd.tuning import CACHED_MESSAGES, SCAN_SLICE_SECONDS
 
 T = TypeVar("T")
 
@@ -230,15 +230,13 @@ class SessionTracker:
                            key, parsed.large, sessionfile.MAX_LINE_BYTES >> 20)
 
     def _long_and_new(self, handle: BinaryIO, stat: os.stat_result) -> Sketch | None:
-        """A Sketch of a file seen the first time whose unarchived lines a copy would hold anyway (HOLD_MIN_BYTES
-        and most of the file, as Holding.plan asks), under a key of its own (its leading metadata names it); None
-        for the files a scan reads now."""
-        if stat.st_size < HOLD_MIN_BYTES:
+        """A Sketch of a file seen the first time whose unarchived lines a copy would hold anyway (hold.worth_a_copy),
+        under a key of its own (its leading metadata names it); None for the files a scan reads now."""
+        if not worth_a_copy(stat.st_size, stat.st_size):
             return None
         sketch = sketch_session(handle)
         key = sketch.header.key
-        if (key is None or key in self.sessions or sketch.unarchived_bytes < HOLD_MIN_BYTES
-                or 2 * sketch.unarchived_bytes < sketch.size):
+        if key is None or key in self.sessions or not worth_a_copy(sketch.unarchived_bytes, sketch.size):
             return None
         return None if key.startswith(SKIPPED_PREFIXES) else sketch
 
