@@ -16,6 +16,7 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from nanobotd.cli.commands import setup
+from nanobotd.config import paths
 from nanobotd.sessions.agent_config import read_agent_settings
 from tests.cli.fakedaemon import NANOBOTCTL, run_ctl
 from tests.cli.twoworkspaces import SECRET
@@ -261,3 +262,22 @@ def run_entry(entry: dict, calls: list[tuple[str, dict]]) -> list[str]:
                 return ["\n".join(block.text for block in result.content) for result in results]
 
     return asyncio.run(asyncio.wait_for(session(), 60))
+
+
+
+@pytest.mark.parametrize("named", ["notes/ws", "~/notes/ws", "~", "/srv/agent/ws"])
+def test_the_entry_names_the_workspace_the_daemon_reads_from_the_same_config(tmp_path: Path, monkeypatch,
+                                                                            named: str) -> None:
+    home = tmp_path / "home"
+    config = home / ".nanobot" / "config.json"
+    config.parent.mkdir(parents=True)
+    data = json.loads(FIXTURE.read_text())
+    data["agents"]["defaults"]["workspace"] = named
+    config.write_text(json.dumps(data, indent=2))
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    daemon_reads, _ = paths.nanobot_workspace({"HOME": str(home)})
+    code, out, err = run_ctl(SOCKET, "setup", "nanobot")
+    assert code == 0 and f"--workspace {os.path.abspath(daemon_reads)}`" in out, out
+    assert ("is the relative path 'notes/ws'" in err) == (named == "notes/ws"), err
+

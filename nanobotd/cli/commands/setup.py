@@ -14,9 +14,9 @@ from pathlib import Path
 
 from nanobotd.cli.client import CannotConnect, Client, DaemonError
 from nanobotd.cli.invocation import EXIT_DAEMON_ERROR, EXIT_OK, Invocation
+from nanobotd.config import paths
 
 DEFAULT_NANOBOT_CONFIG = "~/.nanobot/config.json"
-DEFAULT_NANOBOT_WORKSPACE = "~/.nanobot/workspace"  # nanobot's own default for agents.defaults.workspace
 SERVER_NAME = "nanobotd"
 DREAM_INTERVAL_HOURS = 87_600
 BACKUP_INFIX = ".nanobotd-backup-"
@@ -45,7 +45,7 @@ def setup(invocation: Invocation) -> int:
         invocation.warn(str(exc) if isinstance(exc, SetupRefused) else
                         f"{path} cannot be changed without rewriting what it holds: {exc}; nothing was written")
         return EXIT_DAEMON_ERROR
-    for warning in warnings + daemon_warnings(invocation, workspace):
+    for warning in warnings + relative_workspace(data, args.workspace) + daemon_warnings(invocation, workspace):
         invocation.warn(warning)
     if new_text == old_text:
         invocation.out(f"{path} already runs nanobotd beside nanobot: nothing to change.")
@@ -109,12 +109,21 @@ def nanobotctl_program(argv0: str | None = None, executable: str | None = None) 
 
 
 def nanobot_workspace(data: dict) -> str:
-    """The absolute path of the workspace the config's agent works in (agents.defaults.workspace)."""
-    agents = data.get("agents") if isinstance(data.get("agents"), dict) else {}
-    defaults = agents.get("defaults") if isinstance(agents.get("defaults"), dict) else {}
-    workspace = defaults.get("workspace")
-    text = workspace if isinstance(workspace, str) and workspace.strip() else DEFAULT_NANOBOT_WORKSPACE
-    return os.path.abspath(os.path.expanduser(text.strip()))
+    """The absolute path of the workspace the config's agent works in, read as the daemon reads it
+    (config.paths.named_workspace), so the MCP entry and the daemon name the same folder."""
+    return os.path.abspath(Path.home() / (paths.named_workspace(data) or paths.NANOBOT_WORKSPACE))
+
+
+def relative_workspace(data: dict, given: str | None) -> list[str]:
+    """A warning when the config names its workspace by a relative path: nanobot reads it from the folder it
+    starts in, which neither nanobotctl nor the daemon can know."""
+    named = paths.named_workspace(data)
+    text = data["agents"]["defaults"]["workspace"].strip() if named is not None else ""
+    if given or named is None or text.startswith(("/", "~")):
+        return []
+    return [f"agents.defaults.workspace is the relative path '{text}': nanobot reads it from the folder it starts"
+            f" in, nanobotd from your home folder ({nanobot_workspace(data)}); write it as an absolute path so"
+            " both use the same folder"]
 
 
 def mcp_server_entry(program: str, socket_path: Path, workspace: str) -> dict:
