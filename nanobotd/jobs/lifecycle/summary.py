@@ -71,18 +71,19 @@ async def _summarise_batch(batch: list[tuple[str, str]], llm: LLMClient, meter: 
 
 
 def note_batches(texts: list[tuple[str, str]], budget: int, encoding: str) -> list[tuple[list, bool]]:
-    """Consecutive notes grouped to fit *budget* tokens; a note over the budget alone is (note, False)."""
+    """Consecutive notes grouped to fit *budget* tokens, in their order; a note over the budget alone is
+    (note, False)."""
     batches: list[tuple[list, bool]] = []
     current: list[tuple[str, str]] = []
     used = 0
     for path, text in texts:
         cost = count_tokens(text, encoding) + 16
+        if current and used + cost > budget:  # also before a note over the budget: history stays in date order
+            batches.append((current, True))
+            current, used = [], 0
         if cost > budget:
             batches.append(([(path, text)], False))
             continue
-        if current and used + cost > budget:
-            batches.append((current, True))
-            current, used = [], 0
         current.append((path, text))
         used += cost
     if current:

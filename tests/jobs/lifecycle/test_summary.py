@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nanobotd.config.schema import LLMSettings
-from nanobotd.jobs.lifecycle.summary import summary_entries
+from nanobotd.jobs.lifecycle.summary import note_batches, summary_entries
 from nanobotd.memory import history
 from tests.jobs.lifecycle.scenario import (
     lifecycle,
@@ -76,3 +76,11 @@ def test_summary_entries_never_exceed_the_hard_cap():
     entries = summary_entries([("memory/archive/2026-01-01.md", "")], facts)
     assert len(entries) > 1 and all(len(entry) <= history.ENTRY_HARD_CAP for entry in entries)
     assert all(f"- [durable] fact {number} " in "".join(entries) for number in range(1000))
+
+
+def test_a_note_too_big_to_summarise_keeps_its_place_among_the_notes_around_it():
+    notes = [("memory/2026-01-01.md", "- small one"), ("memory/2026-01-02.md", "- small two"),
+             ("memory/2026-01-03.md", "- word" * 400), ("memory/2026-01-04.md", "- small four")]
+    batches = note_batches(notes, 200, "cl100k_base")
+    assert [path for batch, _ in batches for path, _ in batch] == [path for path, _ in notes]
+    assert [fits for _, fits in batches] == [True, False, True]
