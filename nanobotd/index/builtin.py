@@ -50,8 +50,8 @@ MAX_LIMIT = 500
 # Bump when the way files become units changes: an index made the old way is then rebuilt
 # (2: the dates column holds a key per day and month; 3: calls of nanobotd's memory tools left out, and
 # the dates column holds the days a text names as well as its own; 4: windows sized in characters;
-# 5: the dates column holds only the keys).
-UNITS_VERSION = 5
+# 5: the dates column holds only the keys; 6: "last night" and weekends are dated).
+UNITS_VERSION = 6
 
 
 class BuiltinIndex:

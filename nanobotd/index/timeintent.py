@@ -46,7 +46,7 @@ RANGE_START = re.compile(rf"\b(?:between|from)\s+(?:({MONTH_ALTERNATION})\.?\s+(
                          rf"(\d{{1,2}}){ORDINAL}\s+(?:of\s+)?({MONTH_ALTERNATION}))\.?,?\s+(?:and|to|until)\s+", re.I)
 DAYS_AGO = re.compile(r"\b(\d{1,3})\s+(days?|weeks?)\s+ago\b", re.I)
 LAST_WEEKDAY = re.compile(r"\blast\s+(" + "|".join(WEEKDAYS) + r")\b", re.I)
-RELATIVE = re.compile(r"\b(today|yesterday|(?:last|this|past)\s+(?:week|month))\b", re.I)
+RELATIVE = re.compile(r"\b(today|yesterday|last\s+night|(?:last|this|past)\s+(?:week|month))\b", re.I)
 MAX_RANGE_DAYS = 62
 
 
@@ -86,7 +86,8 @@ def event_days(text: str, said: date | datetime | None) -> list[date]:
     now = said if isinstance(said, datetime) else datetime.combine(said, datetime.min.time()) if said else None
     # str.find, not a regular expression: a regular expression's pass over every text cost more than the rest.
     digit = min((at for at in map(lowered.find, "0123456789") if at >= 0), default=-1)
-    if digit < 0 and "day" not in lowered and "tomorrow" not in lowered and " week" not in lowered:
+    if digit < 0 and "day" not in lowered and "tomorrow" not in lowered and " week" not in lowered \
+            and "last night" not in lowered:
         return []
     days: list[date] = []
     places = []
@@ -104,7 +105,11 @@ def event_days(text: str, said: date | datetime | None) -> list[date]:
     if now is not None:
         today = now.date()
         days += [today + timedelta(days=offset) for offset in near + ([1] if "tomorrow" in lowered else [])]
-        if "last week" in lowered or "past week" in lowered:
+        if "last night" in lowered:  # an evening's event told the next day
+            days.append(today - timedelta(days=1))
+        if "last weekend" in lowered or "this weekend" in lowered:
+            days += weekend(today, last="last weekend" in lowered)
+        elif "last week" in lowered or "past week" in lowered:
             days += [today - timedelta(days=offset) for offset in range(1, 8)]
     return list(dict.fromkeys(days))[:MAX_EVENT_DAYS]
 
@@ -215,7 +220,7 @@ def _relative(text: str, now: datetime, intent: TimeIntent) -> None:
         phrase = " ".join(match.group(1).lower().split())
         if phrase == "today":
             intent.days.append(today)
-        elif phrase == "yesterday":
+        elif phrase in ("yesterday", "last night"):
             intent.days.append(today - timedelta(days=1))
         elif phrase.endswith("week"):
             back = range(1, 8) if phrase.startswith(("last", "past")) else range(0, today.weekday() + 1)
@@ -246,6 +251,15 @@ def _relative(text: str, now: datetime, intent: TimeIntent) -> None:
         days = int(match.group(1)) * (7 if match.group(2).lower().startswith("week") else 1)
         intent.days.append(today + timedelta(days=days))
         intent.spans.append(match.span())
+
+
+def weekend(today: date, *, last: bool) -> list[date]:
+    """The Saturday and Sunday of the weekend before *today* (*last*), or of this one (the coming, or the one
+    *today* is in): read in messages only, since in a query "weekend" is a word worth searching."""
+    saturday = today - timedelta(days=1) if today.weekday() == 6 else today + timedelta(days=5 - today.weekday())
+    if last:
+        saturday -= timedelta(days=7)
+    return [saturday, saturday + timedelta(days=1)]
 
 
 def _valid(year: str, month: str, day: str) -> list[date]:

@@ -474,6 +474,9 @@ def test_a_day_a_message_names_is_found_by_that_date_as_well_as_by_its_own(index
          "timestamp": "2026-01-28T10:00:30"},
         {"role": "user", "content": "The lease ends 31.12.2026, remind me.", "timestamp": "2026-01-28T10:01:00"},
     ])
+    for day, text in (("2026-02-11", "The band played until the small hours last night."),
+                      ("2026-02-16", "We hiked up the ridge to the old lighthouse last weekend.")):  # a Monday
+        write_session(sessions, f"cli:diary-{day}", [{"role": "user", "content": text, "timestamp": f"{day}T09:00:00"}])
     write(root / "memory" / "2026-03-02.md", "## Log\n- Gym was closed yesterday.\n")
     index.refresh()
 
@@ -486,6 +489,8 @@ def test_a_day_a_message_names_is_found_by_that_date_as_well_as_by_its_own(index
     assert "sail to Pemba" in found("where are we going on the 10th of February?")  # nearest 10 Feb to now
     assert "Gym was closed" in found("gym on 1 March 2026")
     assert "sail to Pemba" in found("January 28 2026 ferry")  # the message's own day still counts
+    assert "band played" in found("what did we do on 10 February 2026?")  # told the next morning
+    assert "hiked up the ridge" in found("where did we go on Saturday 14 February 2026?")
 
 
 def test_a_question_naming_only_a_speaker_scores_that_speakers_messages(index, workspace):

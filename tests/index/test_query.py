@@ -58,6 +58,7 @@ def test_relative_dates_need_the_clock():
     assert find_time("last friday", now).days == [date(2023, 10, 13)]
     assert find_time("2 days ago", now).days == [date(2023, 10, 12)]
     assert len(find_time("last week", now).days) == 7
+    assert find_time("what did we do last night", now).days == [date(2023, 10, 13)]
 
 
 def test_impossible_dates_are_ignored():
