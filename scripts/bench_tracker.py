@@ -17,7 +17,8 @@
    start-up reconcile; and real daemon starts on the warm DB (scripts/bench_startup.py).
 5. Idle memory with an LLM configured: a real daemon against the fake OpenAI-compatible server runs one
    consolidation through the LLM, then sits idle; its RSS (and its children's: the LLM worker) 5 minutes
-   after the last LLM answer (--llm-idle-seconds), sampled on the way (scripts/bench_llm_idle.py).
+   after the last LLM answer (--llm-idle-seconds, also the worker's llm.idle_exit_seconds), sampled on the
+   way (scripts/bench_llm_idle.py).
 
     scripts/bench_tracker.py [--quick] [--idle-seconds N] [--llm-idle-seconds N] [--sessions N]
                              [--messages N] [--only PARTS] [--json FILE]
@@ -278,7 +279,9 @@ def main(argv: list[str] | None = None) -> int:
             if "reconcile" in parts:
                 figures["reconcile"] = bench_reconcile(root, workspace, sessions, count, messages)
         if "llm-idle" in parts:
-            figures["llm_idle"] = bench_llm_idle(root, sizes.llm_idle_seconds)
+            # the worker's idle exit set to the window read, so a shorter run (--quick) measures the same
+            # thing as the full one: what stays once the worker is gone
+            figures["llm_idle"] = bench_llm_idle(root, sizes.llm_idle_seconds, sizes.llm_idle_seconds)
     save_figures(args.json, figures)
     return 0
 
