@@ -179,6 +179,41 @@ def test_files_rewritten_cut_in_place_or_deleted_while_down_and_unread_lose_and_
     assert_archived_once(workspace, counts)
 
 
+def test_restoring_the_runs_that_archived_unread_sessions_brings_every_message_back_to_be_archived_once(
+        tmp_path, daemon_process):
+    """A user undoes every run that archived sessions held unread (one of them deleted while unread, so its messages
+    were only in its copy): each message is unarchived, then archived again exactly once."""
+    workspace, sessions = make_workspace(tmp_path)
+    tags = (*TAGS, "d")
+    counts = write_long_sessions(sessions, tags)
+    daemon = daemon_process(workspace, extra_config=OWNER_CONFIG)
+    daemon.env[ENV_NAME] = "reconcile.startup_scanned=kill"  # held unread, no run started yet
+    daemon.start(wait=False)
+    wait_killed(daemon)
+    (sessions / filename_for_key(key_of("d"))).unlink()
+    daemon.start()
+    archive_all(daemon, TAGS)
+    daemon.wait_for(lambda: daemon.session(key_of("d"))["vanished_messages"] == 0, timeout=30)
+    assert_archived_once(workspace, counts)
+
+    first_entries = {entry["cursor"] for entry in history_entries(workspace)}
+    runs = [run["run_id"] for run in daemon.ctl_json("runs", "--kind", "consolidate", "--all")["runs"]]
+    assert runs
+    for run_id in runs:  # newest first, as a user undoes
+        restored = daemon.ctl("restore", run_id, timeout=60)
+        assert restored.returncode == 0, restored.stderr + daemon.log()[-3000:]
+    restores = daemon.ctl_json("runs", "--kind", "restore", "--all")["runs"]
+    assert len(restores) == len(runs) and {run["outcome"] for run in restores} == {"restored"}, restores
+    archive_all(daemon, TAGS)  # the budget runs archive again as well
+    cursors = {entry["cursor"] for entry in history_entries(workspace)}  # .cursor only grows: none is used twice
+    assert first_entries.isdisjoint(cursors), "an entry outlived the run restored"
+    daemon.wait_for(lambda: daemon.session(key_of("d"))["vanished_messages"] == 0, timeout=30)
+    assert held_files(daemon) == []
+    assert daemon.ctl_json("status")["workspaces"][0]["archived_twice"] == 0
+    assert daemon.stop() == 0
+    assert_archived_once(workspace, counts)
+
+
 def fact_lines(markers) -> str:
     """An archive entry's fact lines, one naming each of *markers* (followed by a space, as in its message)."""
     return "\n".join(f"- [durable] saw {marker} in the transcript" for marker in markers)
