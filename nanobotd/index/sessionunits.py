@@ -101,8 +101,7 @@ def session_units(
 
 def _message_lines(path: Path) -> Iterator[list[bytes]]:
     """The file's non-blank, non-metadata lines, stripped, a chunk at a time up to its size at the open (OVERSIZED for
-    one over MAX_LINE_BYTES). bytes.split per chunk, not per line: a refresh after an append re-reads the whole session.
-    """
+    one over MAX_LINE_BYTES). bytes.split per chunk, not per line: a refresh after an append re-reads the session."""
     with fsio.open_regular(path) as handle:
         remaining = os.fstat(handle.fileno()).st_size
         rest, skipping = b"", False
@@ -140,9 +139,9 @@ def _sizes(lines: list[bytes]) -> list[int]:
 
 
 def window_spans(before: list[int], window: int, stride: int) -> tuple[list[tuple[int, int]], int]:
-    """The (first, last) positions of windows closing within these lines, and where the first unclosed one starts.
-    *before*: characters before each line; a window closes at *window* characters or MAX_MESSAGES lines, and the next
-    starts *stride* characters or half as many lines after it (from 0; len(before) - 1 when none is open)."""
+    """The (first, last) positions of windows closing within these lines (the first starting at 0), and where the first
+    unclosed one starts (len(before) - 1 if none). *before*: characters before each line; a window closes at *window*
+    characters or MAX_MESSAGES lines, the next starting *stride* characters or half as many lines after it."""
     count, start, closed = len(before) - 1, 0, []
     while start < count:
         last = min(bisect_left(before, before[start] + window, start + 1) - 1, start + MAX_MESSAGES - 1)
