@@ -1,5 +1,5 @@
-"""The memory tools an agent calls through `nanobotctl mcp` (standard library only; adapted by commands/mcp.py). Answers
-stay under MAX_RESULT_CHARS (nanobot makes a longer one a file to open); a tool never raises: errors are sentences."""
+"""The memory tools an agent calls through `nanobotctl mcp` (standard library only; adapted by commands/mcp.py).
+Answers stay under MAX_RESULT_CHARS (nanobot swaps a longer one for a file); tools never raise: errors are sentences."""
 
 from __future__ import annotations
 

@@ -4,8 +4,9 @@ It runs calls from stdin concurrently, classifies failures where litellm's excep
 object a line, ends with its stdin (the daemon closing it, or dying) and leaves after argv[1] idle seconds.
 
 A call with slots ([KEY, COUNT]) holds one of COUNT (a Semaphore per KEY) only while its HTTP request is out: taken
-after litellm builds the request, given back once the answer's body is read, before litellm parses it. That happens in
-the HTTP transport of OpenAI SDK requests (`litellm.aclient_session`); a model not seen there holds it all call long."""
+after litellm builds the request, given back once the answer's body is read (before litellm parses it), so the next
+request goes out at once. That happens in the HTTP transport of OpenAI SDK requests (`litellm.aclient_session`); a model
+not seen there holds its slot for the whole call."""
 
 from __future__ import annotations
 
