@@ -75,10 +75,7 @@ async def check_fingerprints(core: Core, workspace: Workspace) -> list[Path]:
 
 def schedule_refresh(core: Core, workspace: Workspace, paths: set[Path] | None) -> None:
     """Remember what changed and (re)arm the refresh for a debounce after the first changed file went quiet, but at most
-    MAX_WAIT_FACTOR x debounce after the first change (empty *paths*: look again a debounce from now).
-
-    A busy agent saves its session every second or so: a plain debounce would keep the index stale for the whole
-    exchange, and a fact it wrote to MEMORY.md with it."""
+    MAX_WAIT_FACTOR x debounce after the first change (empty *paths*: look again a debounce from now)."""
     loop = asyncio.get_running_loop()
     now = loop.time()
     if not workspace.pending_paths:
@@ -87,6 +84,7 @@ def schedule_refresh(core: Core, workspace: Workspace, paths: set[Path] | None) 
         workspace.pending_paths[path] = now
     debounce = workspace.settings.search.debounce_seconds
     quiet = min(workspace.pending_paths.values()) if paths or paths is None else now
+    # Capped: a busy agent saves every second or so, and a plain debounce would keep the index stale all exchange long.
     delay = max(0.0, min(quiet + debounce, workspace.pending_since + debounce * MAX_WAIT_FACTOR) - now)
     if workspace.refresh_handle is not None:
         workspace.refresh_handle.cancel()

@@ -214,8 +214,7 @@ def clear(connection: sqlite3.Connection) -> None:
 
 def match(connection: sqlite3.Connection, expression: str, limit: int, *, newest_first: bool = False) -> list[MatchRow]:
     """The *limit* best units for an FTS5 expression by bm25 (higher is better), or the newest; ranking reads no text.
-    bm25() first counts every unit holding each phrase: for words found everywhere, *newest_first* reads only *limit*.
-    """
+    bm25() first counts every unit holding each phrase; for words found everywhere *newest_first* reads only *limit*."""
     if newest_first:
         sql = "SELECT rowid, 0.0 FROM units_fts WHERE units_fts MATCH ? ORDER BY rowid DESC LIMIT ?"
     else:

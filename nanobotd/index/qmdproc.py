@@ -247,8 +247,7 @@ class McpServer:
 
     async def post(self, path: str, payload: dict, *, timeout: float) -> dict:
         """POST JSON to the running child, return its JSON answer; SearchBackendError on failure. A connection failure
-        marks the child dead (restart with backoff), an HTTP error fails only this request; success resets the backoff.
-        """
+        marks the child dead (restart with backoff), an HTTP error fails only this request; success resets backoff."""
         if not self.ready:
             raise SearchBackendError("qmd mcp server is not running")
         try:
