@@ -1,9 +1,7 @@
-"""Named fault points, where a test kills the daemon or fails a write at the exact step instead of hoping a timed
-kill lands there. Armed through the environment, `NANOBOTD_FAULTS="restore.history_rewritten=kill,..."`:
-`kill` (SIGKILL), `enospc` (OSError ENOSPC), `drop` (the point's code skips its work: `drops(name)`), `abort`
-(raises FaultAbort, which no handler of nanobotd's catches: a kill at that step, inside a test's own process),
-`hold:PATH` (the step waits there until PATH exists, at most HOLD_SECONDS, so a test can act in the middle of it).
-"""
+"""Named fault points, where a test kills the daemon or fails a write at the exact step instead of hoping a timed kill
+lands there. Armed through the environment, `NANOBOTD_FAULTS="restore.history_rewritten=kill,..."`: `kill` (SIGKILL),
+`enospc` (OSError ENOSPC), `drop` (the point's code skips its work: `drops(name)`), `abort` (FaultAbort, which nanobotd
+never catches: a kill inside a test's own process), `hold:PATH` (wait there until PATH exists, at most HOLD_SECONDS)."""
 
 from __future__ import annotations
 

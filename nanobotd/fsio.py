@@ -1,9 +1,8 @@
 """Crash-safe file I/O: the only place that writes files that matter.
 
-Whole files go temp file -> fsync -> os.replace -> fsync(dir); appends are one write per record, fsynced, cut
-back off when they fail; flocks time out. A write may name the folder it must stay in (`root`, see `confine`);
-files others own are read through `open_regular`.
-"""
+Whole files go temp file -> fsync -> os.replace -> fsync(dir); appends are one fsynced write per record, cut back when
+they fail; flocks time out. A write may name the folder it must stay in (`root`, `confine`); files others own are read
+through `open_regular`."""
 
 from __future__ import annotations
 
@@ -136,11 +135,10 @@ def atomic_write(path: Path | str, data: bytes | str, mode: int | None = None, *
 
 
 def overwrite_counter(path: Path | str, text: str, *, root: Path | str | None = None) -> None:
-    """Put a growing counter's decimal *text* in *path* in place, synced: one write at offset 0 (a few bytes in the
-    first sector, so a power cut leaves the old value or the new) and an fdatasync, instead of a temp file, its
-    sync, a rename and a folder sync. The old text is never longer than the new but for a trailing newline, which
-    stays until the truncate that follows (`123\\n` -> `124\\n`, read as 124). atomic_write where the file is
-    missing, not a regular file or linked elsewhere too."""
+    """Put a growing counter's decimal *text* in *path* in place: one write at offset 0 (a few bytes in the first
+    sector, so a power cut leaves old or new) and an fdatasync, not temp file, rename and folder sync. The new digits
+    cover the old (an old trailing newline stays until the truncate after it); atomic_write for a file missing,
+    not regular or hard-linked."""
     path = confine(path, root)
     data = text.encode("ascii")
     try:

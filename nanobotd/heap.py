@@ -1,9 +1,5 @@
-"""Giving freed memory back to the operating system.
-
-CPython frees objects into glibc's heap, which keeps the pages: after a large transient (an encoding
-loaded then dropped, the index refresh of a long transcript) the daemon's RSS stays where the transient
-took it, and the next transient adds to that instead of reusing it. `malloc_trim` hands the free pages back.
-"""
+"""Giving freed memory back to the operating system: CPython frees into glibc's heap, which keeps the pages, so after a
+large transient (an encoding, a long transcript's refresh) RSS stays high; `malloc_trim` hands the free pages back."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Token counts: a byte estimate everywhere, exact tiktoken counts only where a decision needs them.
-
-The exact counts use the encoding files litellm ships (cl100k_base, o200k_base), read from its package folder
-without importing litellm and without touching tiktoken's download cache or the environment.
+"""Token counts: a byte estimate everywhere, exact tiktoken counts only where a decision needs them. The exact ones use
+the encodings litellm ships, read from its folder without importing it or touching tiktoken's cache or the environment.
 """
 
 from __future__ import annotations

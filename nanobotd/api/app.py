@@ -1,9 +1,5 @@
-"""The control API as a starlette app: every handler a starlette route, through one adapter.
-
-Handlers are `async def handler(request) -> Response | dict`; they raise ApiError for anything the caller got
-wrong, and the adapter turns it into `{"error": {"code", "message"}}` with its status. Every answer closes
-its connection: nanobotctl and agents make few, small calls.
-"""
+"""The control API as a starlette app: every handler a starlette route, through one adapter that turns ApiError into
+`{"error": {"code", "message"}}` with its status. Every answer closes its connection: calls are few and small."""
 
 from __future__ import annotations
 
@@ -47,10 +43,8 @@ class ApiError(Exception):
 
 @dataclass
 class Response:
-    """A JSON response with an explicit status (202 for queued runs, errors, ...).
-
-    A str body with another *content_type* goes on the wire as it is (the Prometheus text format).
-    """
+    """A JSON response with an explicit status (202 for queued runs, errors, ...); a str body with another
+    *content_type* goes on the wire as it is (the Prometheus text format)."""
 
     status: int
     body: Any = None

@@ -1,9 +1,8 @@
 """The control API server: uvicorn serving the starlette app over a private Unix socket, on the daemon's loop.
 
-This module owns what uvicorn does not: the socket's folder and modes, the lock and the stale-socket takeover,
-and a protocol that checks the peer's credentials, gives a stalled request head its deadline, and answers a
-request h11 refuses in the API's JSON error shape. Nothing a client sends can stop the server short of stop().
-"""
+Owns what uvicorn does not: the socket's folder and modes, the lock and stale-socket takeover, and a protocol that
+checks peer credentials, gives a stalled request head its deadline, and answers what h11 refuses in our JSON error
+shape. Nothing a client sends can stop the server short of stop()."""
 
 from __future__ import annotations
 
@@ -63,10 +62,8 @@ def peer_credentials(sock: Any) -> PeerCredentials | None:
 
 
 def peer_groups(pid: int) -> set[int]:
-    """The peer process's primary and supplementary group ids (from /proc); empty when it cannot be read.
-
-    SO_PEERCRED names only the primary gid, so a peer allowed through a supplementary group is found here.
-    """
+    """The peer process's primary and supplementary group ids (from /proc); empty when unreadable. SO_PEERCRED names
+    only the primary gid, so a peer allowed through a supplementary group is found here."""
     groups: set[int] = set()
     try:
         with open(f"/proc/{int(pid)}/status", encoding="ascii", errors="replace") as status:
@@ -240,11 +237,8 @@ class PeerProtocol(H11Protocol):
         await encode(ApiError(403, "forbidden", f"only {who} may use this socket").to_response())(scope, receive, send)
 
 def ensure_private_dir(directory: Path, *, own_name: str = "", group: int | None = None) -> None:
-    """Make *directory* a 0700 directory owned by us (0710 of *group*); refuse one of another uid or shared.
-
-    A looser directory of ours is tightened only when it holds nothing but our own socket files, so a
-    socket misconfigured into /run or /tmp never changes the mode of a directory others rely on.
-    """
+    """Make *directory* a 0700 directory of ours (0710 of *group*); refuse another uid's or a shared one. A looser one
+    of ours is tightened only if it holds just our socket files: a socket set in /run or /tmp changes no shared mode."""
     try:
         info = os.lstat(directory)
     except FileNotFoundError:

@@ -1,8 +1,5 @@
-"""The memory tools an agent calls through `nanobotctl mcp` (standard library only; commands/mcp.py adapts them).
-
-Answers are compact labelled text under MAX_RESULT_CHARS (nanobot swaps a longer tool result for a file the
-model must open). A tool never raises: a daemon that is down or refuses gives a sentence the model can act on.
-"""
+"""The memory tools an agent calls through `nanobotctl mcp` (standard library only; adapted by commands/mcp.py).
+Answers stay under MAX_RESULT_CHARS (nanobot swaps a longer one for a file); tools never raise: errors are sentences."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""A JSON config file (nanobot's, shared with the user) read safely and changed in place: parsed strictly, each
-change spliced into the old text at the span of the value it replaces, so all else stays byte for byte; the
-result is parsed again and must equal the intended data.
-"""
+"""A JSON config file (nanobot's, shared with the user) changed in place: each change spliced into the old text at its
+value's span, so all else stays byte for byte; the result is parsed again and must equal the intended data."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""nanobotctl's argument parser and main: standard library only (nothing of nanobotd but `cli` and `config.paths`),
-so it starts in tens of milliseconds. Exit codes: 0 ok, 1 refused or a run failed, 2 cannot connect or usage,
-130 interrupted. The commands live in `nanobotd.cli.commands`. Option values are checked here: a bad one is
-`argument --limit: must be ...` and exit 2 before the daemon is asked (whose error would speak of query
-parameters)."""
+"""nanobotctl's parser and main: standard library only (of nanobotd only `cli` and `config.paths`), so it starts in tens
+of milliseconds. Exits: 0 ok, 1 refused or a run failed, 2 cannot connect or usage, 130 interrupted. Option values are
+checked here: a bad one exits 2 naming the option, not with the daemon's words about query parameters."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """Load, validate and resolve nanobotd's TOML config into typed settings; the only place that reads os.environ.
 
-Every mistake raises ConfigError naming the key, so `nanobotd` exits 2 at once (a NaN debounce or a state_dir
-that is a file would otherwise fail long after start). Relative paths in the file are taken from the file's
-folder (so `/` under systemd changes nothing), `--workspace` arguments from the current one.
-"""
+Every mistake raises ConfigError naming the key, so `nanobotd` exits 2 at once, not long after start. Relative paths in
+the file are from its folder (so `/` under systemd changes nothing), `--workspace` ones from the current one."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """Companion mode: beside an agent that archives by itself, nanobotd archives only what the agent lost.
 
-The agent (nanobot 0.3.x) writes its own history entries. An entry it writes while compacting in place
-comes just before its save moves `last_archived`; an entry for `/new` comes just after the file is cut.
-So each new agent entry of a session waits, unclaimed, until the tracker sees that session's mark move
-(the entry belonged to that compaction) or its messages vanish (the entry archived them). Messages that
-vanished with no agent entry within the grace period are archived by nanobotd from the spool.
-"""
+The agent (nanobot 0.3.x) writes its own history entries: one from compacting in place comes just before its save moves
+`last_archived`, one for `/new` just after the file is cut. So each new agent entry waits, unclaimed, until the tracker
+sees a session's mark move (the entry was that compaction's) or its messages vanish (the entry archived them); messages
+that vanished with no agent entry within the grace period are archived by nanobotd from the spool."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""The Daemon: start, run, stop. One asyncio loop owns all state.
+"""The Daemon: start, run, stop. One asyncio loop owns all state; signal handlers only set flags.
 
-Signal handlers only set flags; one tick loop sends watchdog pings (only while the watcher and the
-scheduler are healthy), starts the nightly jobs that are due, runs the periodic reconcile and the idle trigger,
-and applies a reload.
-The daemon builds a small `Core` and hands it down; nothing below holds the daemon.
-"""
+One tick loop sends watchdog pings (only while the watcher and scheduler are healthy), starts due nightly jobs, runs the
+reconcile and the idle trigger, and applies a reload. The daemon hands a small `Core` down; nothing below holds it."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Keeping the search indexes fresh: debounced, single-flight refreshes after session and memory changes.
 
-Memory files change under three hands: nanobotd's jobs (each calls changed() when it ends), the agent's
-own file tools and the user's editor (seen by the watcher on the memory folders), and anything the watcher
-missed (caught at the next reconcile by comparing every indexed file's inode, size and mtime with what the
-index recorded).
-"""
+Memory files change under three hands: nanobotd's jobs (each calls changed() when it ends), the agent's file tools and
+the user's editor (seen by the watcher), and anything the watcher missed (caught at the next reconcile by comparing each
+indexed file's inode, size and mtime with the index's record)."""
 
 from __future__ import annotations
 
@@ -44,9 +42,8 @@ def memory_folders(workspace: Workspace) -> list[Path]:
 
 
 def is_memory_file(workspace: Workspace, path: Path) -> bool:
-    """*path* (in a memory folder) is a file an index reads: the builtin's memory files, notes and history, or
-    for QMD any markdown file of the memory folders (its collection mask). Swap files, backups (`~`), editors'
-    probe files (vim's `4913`) and nanobotd's lock and cursor files are not."""
+    """*path* (in a memory folder) is a file an index reads (for QMD any markdown file: its collection mask); not swap
+    files, backups (`~`), editors' probe files (vim's `4913`), nanobotd's lock and cursor files."""
     kind = workspace.index.sources.classify(path)
     if kind is not None:
         return kind != "session"
@@ -62,10 +59,8 @@ def memory_path_changed(core: Core, path: Path) -> None:
 
 
 async def check_fingerprints(core: Core, workspace: Workspace) -> list[Path]:
-    """At a reconcile: refresh the indexes when a covered file changed, appeared or went away without an event.
-
-    Skipped while a refresh is pending or running: that refresh reads every file it needs anyway.
-    """
+    """At a reconcile: refresh the indexes when a covered file changed, appeared or went away without an event. Skipped
+    while a refresh is pending or running: that refresh reads every file it needs anyway."""
     if workspace.pending_paths or workspace.refreshing:
         return []
     stale = await asyncio.get_running_loop().run_in_executor(core.executor, workspace.index.stale_files)
@@ -79,13 +74,8 @@ async def check_fingerprints(core: Core, workspace: Workspace) -> list[Path]:
 
 
 def schedule_refresh(core: Core, workspace: Workspace, paths: set[Path] | None) -> None:
-    """Remember what changed and (re)arm the refresh for when the first changed file has been quiet for a
-    debounce, never later than MAX_WAIT_FACTOR x debounce after the first change (an empty *paths*: look again
-    a debounce from now).
-
-    An agent busy in a long exchange saves its session every second or so: a plain debounce would keep the
-    index stale for as long as the exchange lasts, and a fact it wrote to MEMORY.md once would wait as long.
-    """
+    """Remember what changed and (re)arm the refresh for a debounce after the first changed file went quiet, but at most
+    MAX_WAIT_FACTOR x debounce after the first change (empty *paths*: look again a debounce from now)."""
     loop = asyncio.get_running_loop()
     now = loop.time()
     if not workspace.pending_paths:
@@ -94,6 +84,7 @@ def schedule_refresh(core: Core, workspace: Workspace, paths: set[Path] | None) 
         workspace.pending_paths[path] = now
     debounce = workspace.settings.search.debounce_seconds
     quiet = min(workspace.pending_paths.values()) if paths or paths is None else now
+    # Capped: a busy agent saves every second or so, and a plain debounce would keep the index stale all exchange long.
     delay = max(0.0, min(quiet + debounce, workspace.pending_since + debounce * MAX_WAIT_FACTOR) - now)
     if workspace.refresh_handle is not None:
         workspace.refresh_handle.cancel()
@@ -101,10 +92,8 @@ def schedule_refresh(core: Core, workspace: Workspace, paths: set[Path] | None) 
 
 
 async def refresh_index(core: Core, workspace: Workspace) -> dict | None:
-    """Bring the builtin index up to date with what changed (single-flight). While a job writes the workspace's
-    memory (an archive changes history and the sessions' spool all along) the refresh waits for its end, as long as
-    the changes may wait (MAX_WAIT_FACTOR): a refresh beside it would share the CPU and the GIL with it, and the
-    job's end refreshes anyway."""
+    """Bring the builtin index up to date (single-flight), waiting (up to MAX_WAIT_FACTOR) for the end of a job writing
+    memory: beside it a refresh would share the CPU and GIL, and the job's end refreshes anyway."""
     if not workspace.pending_paths:
         return None  # a refresh that started after this one was armed took the changes
     if workspace.refreshing or _writing(core, workspace):
@@ -131,12 +120,8 @@ async def refresh_index(core: Core, workspace: Workspace) -> dict | None:
 
 
 async def sample_daily(core: Core, workspace: Workspace, *, new_day_only: bool = False) -> None:
-    """Keep today's archived-twice count and index size in the daily samples (the page charts them over days).
-
-    Taken after each index refresh, which follows whatever changes them (a scan that finds messages archived
-    twice changes a session file; an archive changes history), and at a reconcile only when the day has none
-    yet (*new_day_only*), so an idle day has its sample too and an idle daemon writes one row a day.
-    """
+    """Keep today's archived-twice count and index size in the daily samples: after each index refresh (which follows
+    what changes them), and at a reconcile when the day has none (*new_day_only*), so an idle day gets one row."""
     day = core.now().date().isoformat()
     if new_day_only and workspace.sampled_day == day:
         return

@@ -1,18 +1,14 @@
 """The job queue: every job is a run; one job per session at a time; bounded LLM concurrency.
 
-`llm.concurrency` bounds the LLM requests in flight, daemon-wide: each request takes one of `llm_slots`
-(shared with every workspace's LLM client) for its own duration only. A job's work between its requests
-(journal, history append, archive marks, its next prompt) holds no slot, so LLM jobs are let run up to
-JOBS_PER_LLM_SLOT x concurrency at once: while one does its local work, another's request is already
-waiting for the slot, prepared by the LLM worker, and is sent the moment a slot is freed (`llm.worker`), so
-the slots stay busy through a burst of sessions.
+`llm.concurrency` bounds LLM requests in flight daemon-wide: each request holds one of `llm_slots` (shared by every
+workspace's client) only while it runs. A job's local work between requests holds no slot, so up to JOBS_PER_LLM_SLOT x
+concurrency LLM jobs run at once: while one works locally, another's request waits, prepared by the LLM worker, and goes
+the moment a slot frees (`llm.worker`), keeping the slots busy through a burst of sessions.
 
-Submitting a job that is already queued for the same target returns the queued run (coalescing), so a
-burst of triggers costs one run; a queued job of smaller scope (a budget consolidation) is not joined by
-one that must do more (a manual one), which queues behind it instead. Runs are created in the ledger as
-"queued" before anything happens, so `nanobotctl run RUN_ID` can follow a job from the 202 answer on,
-and every run that ends gets one INFO line in the log.
-"""
+Submitting a job already queued for the same target returns the queued run, so a burst of triggers costs one run; a
+queued job of smaller scope (a budget consolidation) is not joined by one that must do more (a manual one), which queues
+behind it. Runs are created "queued" in the ledger first, so `nanobotctl run RUN_ID` can follow a job from the 202
+answer on; every run that ends gets one INFO log line."""
 
 from __future__ import annotations
 
@@ -59,12 +55,8 @@ class JobQueue:
     def submit(self, kind: str, workspace: str, target: str, body: JobBody, *, session_key: str | None = None,
                uses_llm: bool = True, manifest: dict | None = None, join_running: bool = False,
                scope: int = 0) -> str:
-        """Queue a job; returns its run_id.
-
-        An already queued job for the same kind and target is reused when its *scope* is at least this one's;
-        with *join_running*, so is a running one (a nightly job is never started twice at once, nor queued
-        again behind itself).
-        """
+        """Queue a job; returns its run_id. A queued job of this kind and target is reused if its *scope* is at least
+        this one's, with *join_running* a running one too (no nightly job runs twice at once or queues after itself)."""
         if not self.accepting:
             raise RuntimeError("the daemon is stopping and takes no new jobs")
         coalesce_key = (kind, workspace, target)

@@ -1,8 +1,6 @@
-"""One daemon per state folder and per workspace (two would both archive every message): an flock on
-`nanobotd.lock` in the state folder and `.nanobotd.lock` atop each workspace, held for the daemon's life, the
-file naming its pid and socket so a second daemon names the first and exits 1. The kernel drops an flock when
-its holder dies, so a lock file left behind holds nothing.
-"""
+"""One daemon per state folder and per workspace (two would both archive every message): an flock on `nanobotd.lock` in
+the state folder and `.nanobotd.lock` atop each workspace, held for life, the file naming pid and socket so a second
+daemon names the first and exits 1. The kernel drops a dead holder's flock, so a lock file left behind holds nothing."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Starting runs: submission by kind through the job registry, the cron schedule, crash recovery.
-
-Every job kind is run, recovered, restored and queued through its `Job` (jobs/registry.py); nothing here
-knows one kind from another.
-"""
+"""Starting runs: submission by kind through the job registry, the cron schedule, crash recovery. Every kind goes
+through its `Job` (jobs/registry.py); nothing here knows one kind from another."""
 
 from __future__ import annotations
 
@@ -20,10 +17,8 @@ from nanobotd.timestamps import iso_local
 
 def submit(core: Core, workspace: Workspace, kind: str, *, on_done: Callable[[], None] | None = None,
            **params) -> str:
-    """Queue a run of *kind* in *workspace* with the kind's *params*; returns its run_id.
-
-    The run's LLM requests take their slots from the queue's, shared by every workspace's client.
-    """
+    """Queue a run of *kind* in *workspace* with the kind's *params*; returns its run_id. Its LLM requests take their
+    slots from the queue's, shared by every workspace's client."""
     job = job_kind(kind)
     workspace.llm.share_slots(core.queue.llm_slots)
 
@@ -95,9 +90,8 @@ def next_runs(core: Core, workspace: Workspace) -> dict:
 
 
 def recover_interrupted_runs(core: Core, only: Workspace | None = None) -> None:
-    """Finish or roll back every run a crash (or a reload removing its workspace) left open, or only *only*'s;
-    queued runs never started and are cancelled. A run of a workspace the config no longer has is left open
-    until a reload adds the workspace back (its journal may hold history appended and not yet marked)."""
+    """Finish or roll back every run (or *only*'s) a crash or a reload left open; queued ones are cancelled. A run of a
+    workspace no longer configured stays open until it is back: its journal may hold appends not yet marked."""
     for run in core.store.list_runs(states=("queued", "started"), limit=100000):
         workspace = core.workspaces.get(run.workspace) if only is None else only
         if only is not None and run.workspace != only.name:

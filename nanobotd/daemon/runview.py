@@ -1,8 +1,5 @@
-"""What a run changed and how far it has got, read from its ledger record for people and for the log.
-
-Each job kind writes its own manifest and reads it back (`Job.changes`), so `nanobotctl`, the control API and
-the daemon's log line at the end of a run all tell the same story.
-"""
+"""What a run changed and how far it has got, read from its ledger record for people and for the log. Each kind reads
+its own manifest (`Job.changes`), so `nanobotctl`, the API and the end-of-run log line tell the same story."""
 
 from __future__ import annotations
 

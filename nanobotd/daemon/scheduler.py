@@ -1,9 +1,8 @@
 """Cron scheduling of the nightly jobs, checked on the daemon's tick against its wall clock, with catch-up.
 
-A timer would count monotonic time, which neither a wall clock step nor a suspend moves (the job would come
-hours late or be skipped); so each tick starts, once, every run whose wall time has passed, and a backward jump
-re-plans the next runs. A run missed while the daemon was down runs once at start (last success in the state DB).
-"""
+A timer counts monotonic time, which neither a clock step nor a suspend moves (jobs would come hours late or never), so
+each tick starts, once, every run whose wall time has passed, and a backward jump re-plans. A run missed while the
+daemon was down runs once at start (last success in the state DB)."""
 
 from __future__ import annotations
 

@@ -34,12 +34,8 @@ async def scan_and_trigger(core: Core, workspace: Workspace, path: Path) -> None
 
 
 async def reconcile_all(core: Core, *, waiting_only: bool = False) -> None:
-    """Scan every workspace (catches missed events, overflow, recreated folders); a workspace's first reconcile
-    opens it, whether it existed at start or appeared later.
-
-    *waiting_only*: only workspaces not opened yet, or whose sessions folder has not appeared yet (checked every
-    tick, so the agent's first session is watched from its first save, not a reconcile interval later).
-    """
+    """Scan every workspace (catches missed events, overflow, recreated folders), opening each at its first reconcile.
+    *waiting_only* (every tick): those unopened or without a sessions folder yet, so a first save is seen at once."""
     for workspace in list(core.workspaces.values()):
         if workspace.reconciling or (waiting_only and not waiting(workspace)):
             continue
@@ -81,9 +77,8 @@ def claimed(core: Core, workspace: Workspace) -> bool:
 
 
 async def reconcile_workspace(core: Core, workspace: Workspace) -> None:
-    """Watch one workspace's folders, then scan its session files (a change made during the scan is rescanned, not
-    missed), and start what the counters call for. The first reconcile opens the workspace: git beside the scan,
-    the agent's history followed from before it, the rest after it."""
+    """Watch a workspace's folders, scan its session files (a change during the scan is rescanned) and start what the
+    counters call for. The first one opens it: git beside the scan, the agent's history followed from before it."""
     loop = asyncio.get_running_loop()
     first = workspace.last_reconcile is None
     if first:
@@ -140,11 +135,8 @@ def with_vanished(workspace: Workspace, results: list[ScanResult]) -> list[ScanR
 
 
 def rebuild_archive_marks(workspace: Workspace, batch: int = 1_000) -> None:
-    """The state DB was lost: nanobotd's own history entries say which messages it archived.
-
-    The history is streamed and its spans handed over *batch* at a time (marks only add up), so a long
-    history never sits in memory, nor do all of its spans.
-    """
+    """The state DB was lost: nanobotd's own history entries say which messages it archived. The history is streamed and
+    its spans handed over *batch* at a time (marks only add up), so neither it nor its spans sit in memory."""
     spans: dict[str, list[dict]] = {}
     pending = marked = 0
     for entry in history.iter_entries(workspace.env.memory_dir):

@@ -1,12 +1,9 @@
-"""One managed workspace at run time: tracker, LLM client, git store, search indexes and the job env.
+"""One managed workspace at run time: tracker, LLM client, git store, search indexes and the job env. Git opens on its
+own thread beside the first scan, the rest after it; closed whole on stop or when a reload drops or changes it.
 
-Its git store opens on its own thread beside its first scan; the rest (QMD, skill file, first index refresh)
-after that scan. It is closed as a whole on stop or when a reload drops or changes it.
-
-Triggers (DESIGN.md §4): the unarchived tail reaching the budget -> consolidate; reaching the flush
-threshold -> flush, once per compaction cycle; messages vanished from a rewritten file -> rescue;
-no writes for idle_minutes -> consolidate everything.
-"""
+Triggers (DESIGN.md §4): the unarchived tail reaching the budget -> consolidate; reaching the flush threshold -> flush,
+once per compaction cycle; messages vanished from a rewritten file -> rescue; idle_minutes without writes -> consolidate
+everything."""
 
 from __future__ import annotations
 
@@ -249,11 +246,8 @@ class Workspace:
 
     # -- triggers ------------------------------------------------------------------------------------
     def due_jobs(self, key: str, vanished: int = 0) -> list[tuple[str, str]]:
-        """(kind, reason) jobs a session needs now, from its counters and the messages that vanished.
-
-        Beside an agent that archives by itself (companion) only the flush is due here: what vanished waits
-        for the agent's own entry (daemon.companion), and nothing still in the file is archived.
-        """
+        """(kind, reason) jobs a session needs now, from its counters and vanished messages. Beside an archiving agent
+        only the flush: what vanished waits for the agent's entry (daemon.companion), none in the file is archived."""
         session = self.tracker.sessions.get(key)
         if session is None or session.skipped:
             return []
@@ -299,9 +293,8 @@ class Workspace:
         return self.agent.budget - min(self.settings.consolidation.soft_threshold, room // 2)
 
     def budgets(self) -> dict:
-        """The budget and flush threshold that decide this workspace's jobs, and whose they are: beside an agent
-        that archives by itself (companion) the agent's prompt against its own budget, else nanobotd's tail
-        against the one [llm] gives."""
+        """The budget and flush threshold that decide this workspace's jobs, and whose they are: the agent's prompt
+        against its own budget beside an archiving agent (companion), else nanobotd's tail against [llm]'s."""
         if self.mode == "companion":
             return {"budget": self.agent.budget, "flush_threshold": self.agent_flush_threshold(),
                     "budget_source": f"the agent's ({self.agent.path or 'nanobot defaults'}), against its prompt"}
@@ -314,11 +307,8 @@ class Workspace:
         return None if last is None else dict(last, at=iso_local(last["at"]))
 
     def learn_agent_base(self, tail_before: int) -> None:
-        """The agent just compacted: its prompt had reached its budget, so its base is what the tail did not fill.
-
-        nanobot's base (system prompt, bootstrap files, tool schemas) cannot be read from its files; this keeps
-        the estimate honest after the first compaction seen (it errs large: the new message is not counted).
-        """
+        """The agent just compacted, so its base is what the tail left of its budget: nanobot's base (system prompt,
+        bootstrap files, tool schemas) is not in any file. The estimate errs large (the new message is not counted)."""
         budget = self.agent.budget
         self.agent_base_tokens = min(int(budget * 0.95), max(0, budget - tail_before))
 

@@ -1,6 +1,5 @@
-"""Calling git for the store: every call through `git_options()` (nanobot's identity, no prompts, a timeout),
-a failure reaching callers only as GitStoreError; the run trailer of a commit message; merges that keep what
-someone else wrote (one file of a revert three ways, as `git revert` does; ignore rules beside the user's own)."""
+"""Calling git for the store through `git_options()` (nanobot's identity, no prompts, a timeout), failures as
+GitStoreError; the run trailer; merges keeping others' work (a revert three-way per file; ignores beside theirs)."""
 
 from __future__ import annotations
 

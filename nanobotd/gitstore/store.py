@@ -1,8 +1,5 @@
-"""The workspace's git store: a nanobot-compatible repository, `dream:` commits, exact reverts as new commits.
-
-GitPython is not thread-safe and leaks handles when a Repo stays open: each operation opens and closes one, and
-runs on the store's single git thread (`await store.call(store.method, ...)`; tests may call methods directly).
-"""
+"""The workspace's git store: a nanobot-compatible repository, `dream:` commits, exact reverts as new commits. GitPython
+is not thread-safe and leaks handles on an open Repo: each operation opens and closes one, on the git thread."""
 
 from __future__ import annotations
 

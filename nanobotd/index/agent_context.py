@@ -1,10 +1,5 @@
 """The budgeted memory context an agent asks for: what matches its query, then recent history.
-
-Only what the agent does not have already: the files nanobot injects into every prompt (AGENT_INJECTED)
-are left out, so the budget goes to the matching memory whole rather than to a fragment of it. The whole
-text never exceeds the token budget, counted exactly with tiktoken on the final text; history is read
-backwards in bounded blocks whatever its size, and bad UTF-8 is replaced, never fatal.
-"""
+Never over budget (tiktoken on the final text); history is read backwards in bounded blocks, bad UTF-8 replaced."""
 
 from __future__ import annotations
 
@@ -94,13 +89,8 @@ class Assembly:
 def build_context(workspace: Path, *, budget_tokens: int, query: str = "",
                   search: Callable[[str, int], list[SearchHit]] | None = None,
                   session_key: str | None = None) -> dict:
-    """The memory context for an agent turn, within *budget_tokens*: what the agent does not have yet.
-
-    Search hits for *query* come first, then history since the dream cursor with what is left. The files
-    nanobot puts into every prompt itself (AGENT_INJECTED) are left out, as parts and as hits; so are hits
-    from the asking session's messages the agent has not archived yet (*session_key*): they are in its
-    prompt too. Nothing here reads a file whole.
-    """
+    """The context for an agent turn within *budget_tokens*: hits for *query*, then history since the dream cursor.
+    Left out, being in the agent's prompt already: AGENT_INJECTED files, and *session_key*'s unarchived messages."""
     assembly = Assembly(budget_tokens)
     shown = add_search(assembly, Path(workspace), query, search, session_key)
     add_history(assembly, Path(workspace) / "memory", assembly.remaining(), shown)

@@ -1,11 +1,7 @@
-"""The builtin search index: SQLite FTS5 over a workspace's memory, history and session transcripts.
-
-One database per workspace, kept in the daemon's state directory. Sources are re-read only when their
-fingerprint (inode, size, mtime_ns) changes, and then only the units whose key is new are indexed,
-so a growing 100,000-message session or history costs hashing, not re-indexing. Everything here is
-synchronous: the daemon calls it from an executor thread, and one lock serialises the connection.
-A damaged database is deleted and rebuilt; it only ever holds what the workspace can give again.
-"""
+"""The builtin search index: SQLite FTS5 over a workspace's memory, history and session transcripts, one DB each.
+Only sources whose (inode, size, mtime_ns) changed are re-read, and only their units with new keys indexed: a growing
+session costs hashing, not re-indexing. Synchronous (the daemon calls it from an executor thread; one lock serialises
+the connection); a damaged database is rebuilt, as it holds only what the workspace can give again."""
 
 from __future__ import annotations
 
@@ -83,11 +79,8 @@ class BuiltinIndex:
     # -- public interface -------------------------------------------------------------------------
 
     def set_sessions_dirs(self, folders: Iterable[Path]) -> None:
-        """Cover exactly these sessions folders; a change makes the next refresh check every file.
-
-        No lock: the daemon calls this at every reconcile and must not wait for a long refresh; swapping
-        the tuple is atomic, and a refresh running meanwhile sees the old or the new folders.
-        """
+        """Cover exactly these sessions folders; a change makes the next refresh check every file. No lock: called at
+        every reconcile, it must not wait for a refresh; a refresh sees the old tuple or the new (swaps are atomic)."""
         if self.sources.set_sessions_dirs(folders):
             self._refill = True
 
@@ -101,9 +94,8 @@ class BuiltinIndex:
         return totals
 
     def stale_files(self) -> list[Path]:
-        """Covered files whose inode, size or mtime differ from what the index recorded, new ones and vanished
-        ones: a change the watcher missed shows up here (the daemon asks at every reconcile). Empty while a
-        refresh holds the index (it reads what changed anyway)."""
+        """Covered files changed, new or gone since the index saw them: what the watcher missed (asked each reconcile).
+        Empty while a refresh holds the index, which reads what changed anyway."""
         if not self._lock.acquire(blocking=False):
             return []
         try:

@@ -1,8 +1,5 @@
-"""The SQLite FTS5 database behind the builtin index: schema, unit storage, ranked matching.
-
-The database only ever holds what can be rebuilt from the workspace, so it favours speed over
-durability (WAL, synchronous=NORMAL) and a damaged file is simply deleted and built again.
-"""
+"""The SQLite FTS5 database behind the builtin index: schema, unit storage, ranked matching. It holds only what the
+workspace can rebuild, so speed beats durability (WAL, synchronous=NORMAL) and a damaged file is deleted and rebuilt."""
 
 from __future__ import annotations
 
@@ -216,12 +213,8 @@ def clear(connection: sqlite3.Connection) -> None:
 
 
 def match(connection: sqlite3.Connection, expression: str, limit: int, *, newest_first: bool = False) -> list[MatchRow]:
-    """The *limit* best units for an FTS5 expression by bm25 (higher is better), or the newest ones.
-
-    bm25() counts every unit holding each phrase before it ranks any, so callers keep expressions
-    whose words are everywhere for *newest_first*, which reads only the first *limit* matches. The
-    ranking reads no text: only the units kept have theirs read, afterwards.
-    """
+    """The *limit* best units for an FTS5 expression by bm25 (higher is better), or the newest; ranking reads no text.
+    bm25() first counts every unit holding each phrase; for words found everywhere *newest_first* reads only *limit*."""
     if newest_first:
         sql = "SELECT rowid, 0.0 FROM units_fts WHERE units_fts MATCH ? ORDER BY rowid DESC LIMIT ?"
     else:

@@ -11,26 +11,18 @@ class SearchBackendError(RuntimeError):
 
 @dataclass(frozen=True)
 class SearchHit:
-    """One ranked unit of memory and where it lives.
+    """One ranked unit of memory and where it lives (the fields' units are noted beside them)."""
 
-    source: "memory" (a ## section of SOUL/USER/MEMORY.md), "note" (daily or archived note section),
-    "history" (a history.jsonl entry) or "session" (a window of session turns).
-    path: workspace-relative file path; for "session" the session file path.
-    line_start/line_end: 1-based inclusive line range in *path* (files and history.jsonl).
-    session_key/message_start/message_end: for session windows, the 0-based message index range.
-    when: the best timestamp known for the unit (ISO text), "" when unknown.
-    """
-
-    source: str
-    path: str
+    source: str  # "memory" (a ## section of SOUL/USER/MEMORY.md), "note", "history" (an entry) or "session"
+    path: str  # workspace-relative; for "session" the session file
     snippet: str
     score: float
     text: str = ""
-    when: str = ""
-    line_start: int | None = None
+    when: str = ""  # the best timestamp known for the unit (ISO text), "" when unknown
+    line_start: int | None = None  # line_start/line_end: 1-based inclusive, in *path* (files and history.jsonl)
     line_end: int | None = None
     session_key: str | None = None
-    message_start: int | None = None
+    message_start: int | None = None  # message_start/message_end: session windows, 0-based inclusive
     message_end: int | None = None
     backend: str = "builtin"
     extra: dict = field(default_factory=dict)

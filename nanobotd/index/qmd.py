@@ -1,19 +1,12 @@
 """The QMD search backend: one QMD collection per workspace, kept fresh by debounced single-flight updates.
 
-QMD keeps its config (`<name>.yml`) and SQLite index (`qmd/<name>.sqlite`) where QMD_CONFIG_DIR and
-XDG_CACHE_HOME point; both point into nanobotd's state dir, so nothing lands in the workspace or the
-user's home. Layout under `<state_dir>/qmd/`: `config/`, `cache/qmd/` (index files, and `models/` for
-vector models), `<name>.update.lock`. Every call passes `--index <name>` and runs from that folder, so a
-`.qmd/` folder above some working directory can never redirect the index.
-
-A second collection holds the workspace's history entries and session transcripts exported as markdown
-(index.qmdexport, under `<state_dir>/export/`), synced before every `qmd update`, so QMD searches every
-source the builtin index does. BM25 searches go to a long-lived `qmd mcp --http` child when it is up
-(~30 ms) and to the CLI otherwise (~0.3 s); a whole search is bounded by search.qmd_timeout_seconds.
-Vector modes (vsearch, query) need local models that may be missing, downloading or broken: when they
-are off or fail, the search is answered with BM25 and each hit says why in extra["degraded"]. One failure
-rests them for VECTOR_RETRY_SECONDS, so searches do not each pay for it again.
-"""
+QMD_CONFIG_DIR and XDG_CACHE_HOME point into `<state_dir>/qmd/` (`config/`, `cache/qmd/` with index and models,
+`<name>.update.lock`), so nothing lands in the workspace or home; every call passes `--index <name>` and runs from
+there, so no `.qmd/` folder above a working directory can redirect the index. A second collection holds history and
+transcripts exported as markdown (index.qmdexport), synced before every `qmd update`. BM25 goes to a long-lived
+`qmd mcp --http` child when it is up, else to the CLI, bounded by search.qmd_timeout_seconds. Vector modes need local
+models that may be missing or broken: then BM25 answers, each hit saying why in extra["degraded"], and one failure
+rests them for VECTOR_RETRY_SECONDS."""
 
 from __future__ import annotations
 

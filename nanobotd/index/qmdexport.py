@@ -1,15 +1,8 @@
-"""History entries and session transcripts as markdown, so QMD (which reads only markdown) can search them.
+"""History entries and session transcripts as markdown in the state dir, for QMD, which reads only markdown.
 
-The export lives in the daemon's state dir, never in the workspace. History entries go into files of
-ENTRIES_PER_FILE cursors (`history/c0000040.md` holds cursors 40-59), session messages into files of
-MESSAGES_PER_FILE positions (`sessions/<file stem>/m000020.md` holds messages 20-29), each entry or
-message under its own `##` heading that names where it comes from. Appending an entry or a message
-changes one small file, and a refresh writes only the files whose text changed (manifest.json keeps
-a digest per file and a fingerprint per source), so `qmd update` re-reads little.
-
-A QMD hit in the export comes back as the lines of one file; `locate` turns it into the session key and
-message range, or the history cursor and line, that the headings name.
-"""
+Entries and messages go into small numbered files (ENTRIES_PER_FILE, MESSAGES_PER_FILE) under `##` headings naming
+their source, and a refresh writes only files whose text changed (manifest.json), so `qmd update` re-reads little.
+`locate` turns a QMD hit's lines back into the session key and message range, or the history cursor and line."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""What qmd prints and stores, read back: JSON search results, `collection show`, and its SQLite index.
-
-QMD's formats are not a stable API (`qmd status` and `collection show` have no machine-readable
-output), so every parse of them lives here, where a new qmd version needs looking at.
-"""
+"""What qmd prints and stores, read back: JSON search results, `collection show`, and its SQLite index. QMD's
+formats are no stable API (no machine-readable `qmd status`), so every parse lives here, for a new qmd to check."""
 
 from __future__ import annotations
 
@@ -127,10 +124,8 @@ def collection_path(item: dict, collection: str) -> str | None:
 
 
 def parse_snippet(snippet: str, line: object, *, numbered: bool) -> tuple[str, int | None, int | None]:
-    """Split QMD's `@@ -start,count @@` header off a snippet; the header gives the line range.
-
-    The HTTP server also prefixes every snippet line with a number of its own, which is dropped.
-    """
+    """Split QMD's `@@ -start,count @@` header, which gives the line range, off a snippet.
+    With *numbered* (the HTTP server), the number it prefixes to every line is dropped too."""
     lines = ANSI_ESCAPE.sub("", snippet).split("\n")
     if numbered:
         lines = [HTTP_LINE_NUMBER.sub("", text, count=1) for text in lines]
@@ -143,11 +138,8 @@ def parse_snippet(snippet: str, line: object, *, numbered: bool) -> tuple[str, i
 
 
 def read_index_stats(index_path: Path, collection: str) -> IndexStats:
-    """Document and pending-embedding counts of *collection*, read-only; empty stats when unreadable.
-
-    Pending embeddings count distinct content hashes without a complete set of vectors, as `qmd status`
-    does, though for any embedding model rather than only the configured one.
-    """
+    """Document and pending-embedding counts of *collection*, read-only; empty stats when unreadable. Pending: distinct
+    content hashes without a full set of vectors, as `qmd status` counts, but for any embedding model."""
     try:
         files = (index_path, Path(f"{index_path}-wal"))
         write_times = [path.stat().st_mtime for path in files if path.exists()]

@@ -1,11 +1,8 @@
 """The qmd program as processes: finding and checking it, bounded calls, a supervised `qmd mcp --http` child.
 
-Every qmd child is a subprocess.Popen started in its own session, so one killpg ends it and all it started:
-qmd is a launcher that runs node, which loads native model code that may spawn helpers or hang on a
-download. Spawning is one synchronous call (no await between fork and the try that ends the child), exits
-are awaited on a pidfd, and a child's group is killed while its leader is unreaped, so the group id cannot
-have been reused. Reading what qmd prints and stores lives in `index.qmdoutput`.
-"""
+Each child gets a session of its own, so one killpg ends all it started (qmd runs node, whose native model code may
+spawn helpers or hang on a download). Spawning has no await between fork and the try that ends the child, exits are
+awaited on a pidfd, and a group is killed while its leader is unreaped, so its id cannot have been reused."""
 
 from __future__ import annotations
 
@@ -52,10 +49,8 @@ class QmdTimeout(SearchBackendError):
 def spawn(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, stdout, stderr,
           die_with_daemon: bool = False) -> subprocess.Popen:
     """Start one qmd child in a session (and process group) of its own; SearchBackendError when it cannot start.
-
-    *die_with_daemon*: the kernel SIGKILLs the child when the daemon dies, even by SIGKILL, which no stop()
-    outlives (Linux's parent-death signal, kept across the launcher's exec of node). The signal follows the thread
-    that forked, so such a child is spawned from the event loop's thread, which lives as long as the daemon."""
+    *die_with_daemon*: the kernel SIGKILLs it when the daemon dies, even by SIGKILL (PR_SET_PDEATHSIG, kept on exec).
+    That signal follows the thread that forked, so such children are spawned from the event loop's thread."""
     try:
         return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=dict(env),
                                 cwd=cwd, start_new_session=True,
@@ -78,11 +73,8 @@ def _parent_death_signal(parent: int) -> Callable[[], None]:
 
 async def run_qmd(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout: float,
                   check: bool = False) -> QmdResult:
-    """Run one qmd command to completion within *timeout* seconds; kill its process group otherwise.
-
-    Raises SearchBackendError when the executable cannot be started (or, with *check*, exits non-zero) and
-    QmdTimeout on timeout.
-    """
+    """Run one qmd command within *timeout* seconds, killing its process group otherwise. SearchBackendError when
+    it cannot start (or, with *check*, exits non-zero); QmdTimeout on timeout."""
     # Output goes to unlinked files: nothing to drain while it runs, and a grandchild holding them blocks nothing.
     with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
         process = spawn(argv, env=env, cwd=cwd, stdout=stdout, stderr=stderr)
@@ -155,8 +147,7 @@ def _describe(argv: Sequence[str]) -> str:
 
 @contextlib.asynccontextmanager
 async def index_lock(mutex: asyncio.Lock, lock_path: Path, timeout: float) -> AsyncIterator[None]:
-    """Exclusive use of a qmd index: *mutex* within this process, an flock on *lock_path* across processes.
-
+    """Exclusive use of a qmd index: *mutex* in this process, an flock on *lock_path* across processes.
     The flock is tried on the loop, not waited for on a thread, so a cancelled wait leaves nothing behind."""
     async with mutex:
         loop = asyncio.get_running_loop()
@@ -210,12 +201,8 @@ def child_environment(home: Path, environ: Mapping[str, str]) -> dict[str, str]:
 
 
 class McpServer:
-    """A lazily started, health-checked `qmd mcp --http` child that answers BM25 searches in ~30 ms.
-
-    The CLI pays a Node start per call; this child keeps the index open and sees updates made by other
-    qmd processes. It is only ever a fast path: any failure makes the caller use the CLI, and the
-    child is restarted with growing backoff.
-    """
+    """A lazily started, health-checked `qmd mcp --http` child: the index kept open (seeing other processes'
+    updates), no Node start per search. Only a fast path: a failure means the CLI, and a restart with more backoff."""
 
     def __init__(self, base_argv: Sequence[str], *, env: Mapping[str, str], cwd: Path,
                  clock: Callable[[], float]) -> None:
@@ -259,11 +246,8 @@ class McpServer:
         return self.ready
 
     async def post(self, path: str, payload: dict, *, timeout: float) -> dict:
-        """POST JSON to the running child and return its JSON answer.
-
-        A connection failure marks the child dead (restart with backoff); an HTTP error status only
-        fails this request. Both raise SearchBackendError. A good answer starts the next backoff from the start.
-        """
+        """POST JSON to the running child, return its JSON answer; SearchBackendError on failure. A connection failure
+        marks the child dead (restart with backoff), an HTTP error fails only this request; success resets backoff."""
         if not self.ready:
             raise SearchBackendError("qmd mcp server is not running")
         try:

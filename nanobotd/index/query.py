@@ -1,12 +1,9 @@
 """Turn any user query string into a safe FTS5 match expression.
 
-Users and agents type free text ("what did we decide about C++ (NEAR the deadline)?"), so the text is
-never handed to FTS5 as syntax: words are extracted, stopwords dropped, each word quoted, and the words
-joined with OR (implicit AND would lose every unit that misses one word). Dates named in the query
-("13 October 2023", "2023-10-13", "yesterday", "last week", "between May 2 and May 5 2023") become
-keys of days and months matched against the `dates` column instead of words (index.timeintent). A query that names
-only a time ("what did we discuss yesterday?") searches nothing but that time: a filter, not a boost.
-"""
+Free text is never FTS5 syntax: words are extracted, stopwords dropped, each quoted, joined with OR (implicit AND
+loses every unit missing one word). Named dates ("yesterday", "2023-10-13", "between May 2 and May 5 2023") become
+day and month keys matched in the `dates` column (index.timeintent); a query naming only a time searches only that
+time: a filter, not a boost."""
 
 from __future__ import annotations
 
@@ -41,16 +38,12 @@ happen happened happening discuss discussed talk talked say said mention mention
 
 @dataclass(frozen=True)
 class Query:
-    """A parsed query: the words searched, the dates named, and their FTS5 clauses (none = no search).
-
-    date_keys: the one-word key of each day and month named (index.timeintent), matched in the `dates` column.
-    time_only: the query names a time and no word worth searching, so only that time is searched.
-    """
+    """A parsed query: the words searched, the dates named, and their FTS5 clauses (none = no search)."""
 
     terms: list[str] = field(default_factory=list)
-    date_keys: list[str] = field(default_factory=list)
+    date_keys: list[str] = field(default_factory=list)  # day and month keys (index.timeintent), for `dates`
     clauses: list[str] = field(default_factory=list)
-    time_only: bool = False
+    time_only: bool = False  # a time and no word worth searching: only that time is searched
 
 
 def parse_query(text: str, now: datetime | None = None) -> Query:

@@ -1,11 +1,6 @@
 """From ranked FTS rows to search hits: trim overlapping session windows, pick a snippet.
-
-Session windows overlap (stride < window), so the second-best window is often half the best one
-again. Showing each message once and trimming later windows to their unseen messages keeps the top
-hits distinct: on LoCoMo it cut the words of the top 10 by a fifth (1,132 -> 887) at equal recall.
-Hits stay in plain bm25 order across sources; interleaving sources by reciprocal rank fusion lost
-recall there (scripts/bench_locomo.py --history observations).
-"""
+Windows overlap (stride < window), so each message is shown once and later windows are trimmed to unseen messages,
+keeping the top hits distinct. Hits stay in bm25 order across sources: rank fusion lost recall (bench_locomo.py)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
 """Second-stage ranking of what FTS5 found: the unit as a whole, its best part, and a score that means something.
 
-FTS5 only fetches candidates (on a large index, with the rarer query words alone: index.selectivity);
-every candidate is then scored here against the whole query, with the BM25 of the unit fused with the
-BM25 of its best part (a session message, a line of a section or history entry), both scaled to the
-best candidate: a window where one turn answers the query beats one that spreads the words over four.
-On LoCoMo this ranks as well as bm25() alone (within half a point on either half of the dev set,
-scripts/bench_locomo.py), and it stays the same ranking when the expression had to drop words.
-
-The score a hit shows is absolute, in [0, 1]: the fused score scaled to the best candidate, times
-how much of the query the hit matches, weighted by rarity (a hit holding only the commonest query
-word scores low even when it is the best there is). min_score filters on it.
-"""
+Each candidate is scored against the whole query: the unit's BM25 fused with its best part's (a message, a line),
+both scaled to the best candidate, so one turn answering beats four spreading the words. Ranks as well as bm25() on
+LoCoMo (scripts/bench_locomo.py) and holds when the expression dropped words. The score shown is absolute, in [0, 1]:
+the fused score times how much of the query the hit matches, weighted by rarity; min_score filters on it."""
 
 from __future__ import annotations
 
@@ -105,17 +98,15 @@ def _scored(rows: list[MatchRow], weights: QueryWeights, stemmer: Stemmer,
 
 
 def _prefixes(weights: QueryWeights) -> tuple[str, ...]:
-    """What a word must start with to stem to a query stem: stemming only those keeps reranking cheap. A
-    Porter stem is a prefix of its word but for a final y turned i, so every such word starts with the
-    stem less its last letter."""
+    """What a word must start with to stem to a query stem, so only those are stemmed. A Porter stem is a prefix of its
+    word but for a final y turned i, hence the stem less its last letter."""
     return tuple(sorted({stem[:max(len(stem) - 1, min(len(stem), MIN_PREFIX_CHARS))] for stem in weights.stems},
                         key=len, reverse=True))
 
 
 def find_words(lowered: str, prefixes: tuple[str, ...]) -> list[str]:
-    """The words of lowercased text that start with one of *prefixes* (whole words: a prefix inside a
-    word does not count), each occurrence once. str.find, not a regular expression: compiling one per
-    query cost more than the search itself."""
+    """Each occurrence of a whole word of lowercased text that starts with one of *prefixes*. str.find, not a
+    regular expression: compiling one per query cost more than the search itself."""
     found: dict[int, str] = {}
     for prefix in prefixes:
         at = lowered.find(prefix)
@@ -128,9 +119,8 @@ def find_words(lowered: str, prefixes: tuple[str, ...]) -> list[str]:
 
 
 def _candidate_words(text: str, prefixes: tuple[str, ...]) -> tuple[list[str], int, float]:
-    """The lowercased words of *text* that may match the query (non-ASCII ones always: diacritics fold),
-    how many words it has (split on whitespace: close enough for BM25's length, and cheap), and what one
-    match in it counts (less in a question)."""
+    """The lowercased words of *text* that may match (non-ASCII ones always: diacritics fold), its word count (split on
+    whitespace: close enough for BM25), and what one match in it counts (less in a question)."""
     lowered = text.lower()
     found = find_words(lowered, prefixes) if prefixes else []
     if not text.isascii():

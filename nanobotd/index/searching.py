@@ -1,8 +1,5 @@
 """One builtin search: choose affordable clauses, fetch candidates from FTS5, rerank them in Python.
-
-Kept apart from the index's refresh and recovery logic (index.builtin) so the ranking can be read,
-benchmarked and changed on its own.
-"""
+Apart from refresh and recovery (index.builtin), so ranking can be read, benchmarked and changed on its own."""
 
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
 """Keep a query affordable on a large index: rank with the rarer words, fall back to the newest matches.
 
-FTS5's bm25() first walks the whole posting list of every phrase in the expression (to count the units
-holding it), then scores every matching unit: about 80 ns per posting plus 2 µs per matching unit. "2026"
-on a year of history is 150,000 postings: 30 ms. So clauses are kept rarest first while the units they
-match fit MATCH_BUDGET (1,000: about 3 ms); a word found in that many units adds little to the
-ranking anyway (its IDF is low), and the reranker still weighs it in every candidate's text. When even
-the rarest word is everywhere, no bm25() runs at all: the newest units holding any of the words are
-the candidates (FTS5 reads them newest first and stops at the limit), and the reranker orders them.
-
-How common a clause is gets counted up to the budget (counting stops there) and cached until the index
-grows or shrinks by a tenth: the counts steer which words are searched and weigh them in the reranker.
-"""
+bm25() walks every posting of each phrase, then scores every matching unit, so a word common in a year of history
+("2026") costs tens of ms. Clauses are kept rarest first while their matches fit MATCH_BUDGET (so common a word weighs
+little, and the reranker still sees it); when even the rarest is everywhere, the newest units holding any word are
+the candidates, with no bm25(). Counts stop at the budget and are cached until the index changes by a tenth."""
 
 from __future__ import annotations
 

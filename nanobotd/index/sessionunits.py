@@ -1,19 +1,11 @@
 """Session transcripts as index units: overlapping windows of consecutive messages, sized in characters.
 
-A window holds messages until their lines reach WINDOW characters, and a new one starts every STRIDE
-characters (positions count the file's records other than metadata, 0-based), so a window is about as
-long whatever the messages are: four LoCoMo turns, ten short chat messages, one long answer. Windows
-counted in messages (four, every two) showed ten short chat messages only 310 words in the top 10
-(scripts/bench_locomo.py --chat); the sizes were chosen on LoCoMo, its chat form and LongMemEval together.
-The size of a message is told from its line's bytes less LINE_OVERHEAD, so laying out the windows
-decodes nothing.
-
-A window's key is a digest of the raw bytes of its lines, so re-reading a changed 100,000-message
-session only hashes the lines; only windows whose key is new are decoded and indexed (after an append
-that is the last one or two). Slash commands (`_command`), nanobot's checkpoint prompts
-(`_hidden_history`: fixed boilerplate, its summary goes to history.jsonl), tool output and the agent's
-calls of nanobotd's own memory tools are not conversation and are left out of the text.
-"""
+A window holds messages up to WINDOW characters and one starts every STRIDE (positions: the file's records but
+metadata, 0-based), so windows are alike whatever the messages; windows counted in messages did worse
+(scripts/bench_locomo.py --chat). Sizes come from line bytes less LINE_OVERHEAD and keys are digests of raw lines, so
+laying out windows decodes nothing and a re-read only hashes: only windows with new keys are decoded and indexed.
+Slash commands, checkpoint prompts (`_hidden_history`), tool output and calls of nanobotd's own memory tools are not
+conversation and are left out."""
 
 from __future__ import annotations
 
@@ -108,9 +100,8 @@ def session_units(
 
 
 def _message_lines(path: Path) -> Iterator[list[bytes]]:
-    """The file's lines but blank and metadata ones, stripped, a read chunk's worth at a time (up to the
-    file's size at the open); a line over MAX_LINE_BYTES comes as OVERSIZED. bytes.split per chunk, not a
-    line at a time: a refresh after an append re-reads the whole session."""
+    """The file's non-blank, non-metadata lines, stripped, a chunk at a time up to its size at the open (OVERSIZED for
+    one over MAX_LINE_BYTES). bytes.split per chunk, not per line: a refresh after an append re-reads the session."""
     with fsio.open_regular(path) as handle:
         remaining = os.fstat(handle.fileno()).st_size
         rest, skipping = b"", False
@@ -148,10 +139,9 @@ def _sizes(lines: list[bytes]) -> list[int]:
 
 
 def window_spans(before: list[int], window: int, stride: int) -> tuple[list[tuple[int, int]], int]:
-    """The (first, last) positions of the windows that close within these lines, a window starting at 0,
-    and where the first window not closed starts (len(before) - 1 when none is open). *before* holds
-    the characters before each line: a window closes when it reaches *window* characters or MAX_MESSAGES
-    lines, and the next starts *stride* characters or half as many lines after it."""
+    """The (first, last) positions of windows closing within these lines (the first starting at 0), and where the first
+    unclosed one starts (len(before) - 1 if none). *before*: characters before each line; a window closes at *window*
+    characters or MAX_MESSAGES lines, the next starting *stride* characters or half as many lines after it."""
     count, start, closed = len(before) - 1, 0, []
     while start < count:
         last = min(bisect_left(before, before[start] + window, start + 1) - 1, start + MAX_MESSAGES - 1)

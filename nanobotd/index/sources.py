@@ -1,9 +1,5 @@
-"""Which files a workspace's search covers, and what kind of source each one is.
-
-A workspace can have several sessions folders at once (nanobot's older `<workspace>/sessions/` beside the
-current `<config dir>/sessions/<workspace-id>/`, until nanobot moves the old files at its next start), so
-every folder the daemon discovered is covered, not only the first.
-"""
+"""Which files a workspace's search covers, and what kind of source each one is. Every sessions folder found is
+covered: nanobot's old `<workspace>/sessions/` stays beside the current one until nanobot next starts."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Words reduced to the stems FTS5 indexes them under, so Python-side scoring agrees with the index.
-
-The index tokenizes with FTS5's `porter unicode61 remove_diacritics 2`; re-implementing that in Python
-would drift from it in corner cases (diacritics, Porter's exceptions). Instead, unknown words are run
-through the same tokenizer in a private in-memory FTS5 table and remembered: after a few queries
-nearly every word is a dictionary hit.
-"""
+"""Words reduced to the stems FTS5 indexes them under, so Python-side scoring agrees with the index. Unknown words
+go through the index's own tokenizer in an in-memory FTS5 table (a Python Porter would drift), and are remembered."""
 
 from __future__ import annotations
 

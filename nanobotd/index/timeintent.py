@@ -1,11 +1,6 @@
 """The time a query asks about: named dates, months, ranges and relative days, with where they are in the text.
-
-"What did we decide yesterday?", "the trip in May 2023", "between August 11 and August 15 2023": the
-days found become keys ("d20231013", and "m202310" for a month) matched against the `dates` column of
-the index, which holds the key of every day a unit was written on or names, and of their months. The
-words that named them are not searched as words ("yesterday" in a message says nothing about the day it
-was written). One key a day, not a phrase like "13 october 2023": that would walk the posting lists of
-"october" and "2023", which a year of history holds in nearly every unit."""
+Days become keys ("d20231013", month "m202310") matched in the index's `dates` column, and their words are not
+searched: a phrase like "13 october 2023" would walk "october" and "2023", in nearly every unit of a year of history."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
 """Turn memory files and history.jsonl into index units: small, located, dated pieces of text.
-
-A unit is what one search hit shows, so units are kept small: a `##` section of a markdown file (long
-sections are cut into chunks on line boundaries), or a few lines of one history entry. Every
-unit carries a key that changes whenever its text or its place changes, so a refresh can keep the units
-whose key it already holds and index only the rest.
-"""
+A unit is what one hit shows: a `##` section (long ones cut on line boundaries) or a few lines of a history entry;
+its key changes with its text or place, so a refresh indexes only units whose key is new."""
 
 from __future__ import annotations
 
@@ -28,22 +24,17 @@ FENCE = re.compile(r"^\s*(```|~~~)")
 
 @dataclass(frozen=True)
 class Unit:
-    """One piece of indexed text and where it lives.
-
-    start/end: 1-based inclusive line range for files and history.jsonl; 0-based inclusive message
-    positions for session windows. parts: for session windows, [position, char offset, timestamp] of
-    every message in *text*, so overlapping windows can be trimmed at search time.
-    """
+    """One piece of indexed text and where it lives (the fields' units are noted beside them)."""
 
     key: str
     source: str
-    start: int
+    start: int  # start/end: inclusive; 1-based lines (files, history.jsonl), 0-based message positions (sessions)
     end: int
     text: str
     when: str = ""
     dates: str = ""
     session_key: str | None = None
-    parts: tuple = ()
+    parts: tuple = ()  # session windows: [position, char offset, timestamp] per message, to trim overlaps
 
     def parts_json(self) -> str | None:
         """The parts as stored in the database (None for units without parts)."""
@@ -101,10 +92,7 @@ def markdown_units(text: str, source: str, when: str = "", day: date | None = No
 
 def history_units(path: Path, known: set[str]) -> Iterator[tuple[str, Unit | None]]:
     """(key, unit) for every entry of history.jsonl; the unit is None when *known* holds its key already.
-
-    Entries are keyed by line number and line digest, so an appended entry costs one parse and an
-    untouched file costs only hashing.
-    """
+    Keyed by line number and line digest: an appended entry costs one parse, an untouched file only hashing."""
     for line in iter_raw_lines(path):
         if line.data is None:
             continue
@@ -161,11 +149,8 @@ def _section_ranges(lines: list[str]) -> list[tuple[int, int]]:
 
 def _chunks(lines: list[str], first_line: int, heading: str,
             max_chars: int = MAX_UNIT_CHARS) -> list[tuple[int, int, str]]:
-    """Cut *lines* into pieces of at most MAX_UNIT_CHARS; later pieces repeat the section heading.
-
-    A single line longer than the cap (a 10 MB line without newlines) is cut into several pieces that
-    all point at that line.
-    """
+    """Cut *lines* into pieces of at most MAX_UNIT_CHARS, later ones repeating the heading; a single longer line
+    (a 10 MB line without newlines) becomes several pieces, all pointing at that line."""
     pieces: list[tuple[int, int, str]] = []
     buffer: list[str] = []
     body_count = size = 0

@@ -1,16 +1,10 @@
 """The optional vector half of builtin search: unit embeddings kept as int8, fused with BM25 by rank.
 
-Each unit's embedding is normalised and stored as one signed byte per dimension plus nothing else (a
-1,536-dimension vector takes 1.5 KB instead of 12 KB of float64), in the index database beside the
-units (ftsdb), so it shares their life: a unit that goes takes its vector with it. Similarity is the dot
-product of the int8 codes, exact enough for ranking. The standard library does the arithmetic, so no
-dependency is added for an option that is off by default; the cost grows with the index (about a
-millisecond per thousand 256-dimension vectors), which is why the codes are cached in memory as bytes
-and read again only when the index changed.
-
-Embedding runs after a refresh, a bounded batch at a time; a failing model rests for RETRY_SECONDS
-and search meanwhile answers with BM25 alone (status says why).
-"""
+Normalised vectors are stored as one signed byte per dimension in the index database beside their units (a unit
+that goes takes its vector); the int8 dot product is exact enough for ranking. The standard library does the
+arithmetic (no dependency for an option off by default); the cost grows with the index, so the codes are cached in
+memory as bytes until it changes. Embedding runs after a refresh in bounded batches; a failing model rests
+RETRY_SECONDS, and search meanwhile answers with BM25 alone (status says why)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
-"""The workspace audit: what the next lifecycle run would do, the state of memory, and what is wrong
-with it, each problem paired with the command or edit that fixes it. Read-only.
+"""The workspace audit, read-only: what the next lifecycle run would do, the state of memory, and what is wrong with it,
+each problem paired with the command or edit that fixes it.
 
-Beside an agent that keeps its own memory it also checks what makes nanobotd's work reach the agent: the
-agent's own dream kept out of the way, nanobotd's MCP server registered, the dream keeping up, the files
-nanobot injects whole within their caps, and no message archived twice.
-"""
+Beside an agent that keeps its own memory it also checks what makes nanobotd's work reach the agent: the agent's own
+dream kept out of the way, nanobotd's MCP server registered, the dream keeping up, the injected files within their caps,
+and no message archived twice."""
 
 from __future__ import annotations
 
@@ -43,12 +42,8 @@ NOTE_FIXES = (
 def audit_workspace(ws: WorkspaceSettings, *, store: StateStore, now: datetime, lifecycle_plan: list,
                     extra_state: dict, agent: AgentSettings | None = None, companion: bool = False,
                     archived_twice: int = 0) -> dict:
-    """{"name", "plan", "plan_steps", "state", "problems": [{"problem", "fix"}]} for one workspace.
-
-    "plan" holds the lifecycle dry-run steps as readable lines (files, sizes, ages), "plan_steps" the
-    steps themselves. *agent* is what the daemon read of the agent's config, *companion* whether the agent
-    archives by itself. Changes nothing.
-    """
+    """{"name", "plan", "plan_steps", "state", "problems": [{"problem", "fix"}]} for one workspace, read-only: "plan" is
+    the lifecycle dry run in readable lines, "plan_steps" its steps."""
     memory_dir = ws.path / "memory"
     history_path = history.history_path(memory_dir)
     backup_sizes = [folder_size(folder) for _, folder in run_backups(store, ws.name)]
@@ -132,10 +127,8 @@ def scan_history(memory_dir: Path, dream_cursor: int, cutoff: datetime) -> Histo
 
 
 def history_problems(facts: HistoryFacts, cursor_file: int, dream_cursor: int) -> list[dict]:
-    """Duplicate or out-of-order cursors, unparsable lines and cursor files out of step with the history.
-
-    Gaps between cursors are normal (compaction and restores leave them) and are not reported.
-    """
+    """Duplicate or out-of-order cursors, unparsable lines and cursor files out of step with the history. Gaps between
+    cursors are normal (compaction and restores leave them) and are not reported."""
     problems = []
     for cursor, lines in sorted(facts.duplicates.items()):
         problems.append({

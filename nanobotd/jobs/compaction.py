@@ -15,11 +15,8 @@ HISTORY_BACKUP_NAME = "history-removed.jsonl"  # in the run folder: the entries 
 
 
 def compaction_candidates(memory_dir: Path, max_entries: int) -> list[int]:
-    """Cursors of the oldest entries beyond *max_entries* that the dream has read.
-
-    An entry the dream has not read stays, even when that leaves more than *max_entries*. The history is
-    streamed and only its cursors are kept (8 bytes each).
-    """
+    """Cursors of the oldest entries beyond *max_entries* that the dream has read; unread ones stay, even past
+    *max_entries*. The history is streamed and only its cursors kept (8 bytes each)."""
     cursors = array("q", (entry.cursor for entry in history.iter_entries(memory_dir)))
     excess = max(len(cursors) - max(max_entries, 0), 0)
     if not excess:
@@ -32,12 +29,8 @@ def compaction_candidates(memory_dir: Path, max_entries: int) -> list[int]:
 
 def compact_history(memory_dir: Path, run_dir: Path, cursors: Iterable[int],
                     journal: Callable[[dict], None]) -> dict | None:
-    """Remove the entries at *cursors* that the dream has read, saved in *run_dir* and journalled first.
-
-    *journal* receives the record ({"removed", "backup", "cursors"}) before history.jsonl changes, so a run
-    cut short can still put the entries back; returns that record, or None when nothing was removed.
-    The entries are streamed into the backup and out of history.jsonl, never held all at once.
-    """
+    """Remove the entries at *cursors* the dream has read, saved in *run_dir*; returns the record (None: none removed).
+    *journal* gets it before history.jsonl changes, so a run cut short can put the entries back."""
     # Re-read: the dream cursor can only have moved on since planning, and never remove what it has not read.
     dream_cursor = history.read_dream_cursor(memory_dir)
     wanted = {cursor for cursor in cursors if cursor <= dream_cursor}

@@ -35,10 +35,8 @@ def read_dream_notes(memory_dir: Path) -> dict[str, set[str]]:
 
 
 def mark_dream_notes(memory_dir: Path, digests: Mapping[str, Iterable[str]], *, read: bool) -> None:
-    """Mark note bullets read (a dream applied them) or unread again (its roll-back or restore).
-
-    Days whose note is gone (expired from the archive) are dropped, so the file stays small.
-    """
+    """Mark note bullets read (a dream applied them) or unread again (its roll-back or restore). Days whose note is gone
+    (expired from the archive) are dropped, so the file stays small."""
     before = read_dream_notes(memory_dir)
     state = {day: set(found) for day, found in before.items()}
     for day, day_digests in digests.items():

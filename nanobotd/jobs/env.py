@@ -24,11 +24,7 @@ from nanobotd.state.store import StateStore
 
 @dataclass
 class JobEnv:
-    """One workspace's settings, state, tracker, LLM client, git store, search indexes and clocks, handed to every
-    job.
-
-    *kinds* is the job registry (kind -> Job), handed in so that restore can dispatch by kind without importing
-    the other jobs. *faults*: the fault points a test armed (none in normal use).
+    """One workspace's settings, state, tracker, LLM client, git store, search indexes and clocks, handed to every job.
     """
 
     settings: WorkspaceSettings
@@ -38,8 +34,8 @@ class JobEnv:
     now: Callable[[], datetime]
     git: GitStore | None = None
     clock: Callable[[], float] = time.time
-    kinds: Mapping[str, Any] = field(default_factory=dict)
-    faults: FaultPoints = field(default_factory=FaultPoints)
+    kinds: Mapping[str, Any] = field(default_factory=dict)  # the registry, so restore dispatches without imports
+    faults: FaultPoints = field(default_factory=FaultPoints)  # the fault points a test armed (none in normal use)
     index: BuiltinIndex | None = None
     qmd: QmdBackend | None = None
 
@@ -50,10 +46,8 @@ class JobEnv:
 
 
 def note_progress(manifest: dict, step: str, done: int | None = None, total: int | None = None) -> None:
-    """Say in the manifest how far the run has got (step, n of m), so a waiting `nanobotctl` can show it.
-
-    The caller journals the manifest, as before any step that changes files.
-    """
+    """Say in the manifest how far the run has got (step, n of m), for a waiting `nanobotctl` to show. The caller
+    journals the manifest, as before any step that changes files."""
     manifest["progress"] = {"step": step, "done": done, "total": total}
 
 

@@ -1,8 +1,5 @@
-"""The pre-compaction memory flush: durable facts of a session's unarchived tail into today's daily note.
-
-Best-effort by design: consolidation archives the same messages later whatever happens here, so an LLM
-failure or a strange reply writes nothing and the run simply records why.
-"""
+"""The pre-compaction memory flush: durable facts of a session's unarchived tail into today's daily note. Best-effort:
+consolidation archives the same messages anyway, so an LLM failure or odd reply writes nothing, the run says why."""
 
 from __future__ import annotations
 
@@ -194,11 +191,8 @@ def parse_facts(reply: str) -> dict[str, list[str]] | None:
 
 def write_facts(note: Path, day: date, facts: dict[str, list[str]], manifest: dict, *,
                 store: StateStore, run_id: str, on_journalled: Callable[[], None] | None = None) -> bool:
-    """Merge *facts* into the note, journaling backup and additions first; False when nothing was new.
-
-    The agent may write the note in place at any time (without our lock): a note that changed between its read
-    and our write is merged again from its new text, so the agent's edit is never replaced by an older version.
-    *on_journalled* is called once the journal is written (fault point `flush.journalled`)."""
+    """Merge *facts* into the note, journaling backup and additions first; False when nothing was new. The agent writes
+    the note in place without our lock, so one changed since our read is merged again: its edit is never replaced."""
     # The history lock doubles as the memory folder's write lock, so two flushes never interleave.
     root = history.workspace_root(note.parent)
     with fsio.file_lock(note.parent / history.LOCK_NAME, timeout=history.LOCK_TIMEOUT, root=root):
@@ -247,10 +241,8 @@ def _known_bullets(note: Path) -> str:
 
 
 def restore_flush_run(run: RunRecord, *, store: StateStore, dry_run: bool) -> dict:
-    """Undo a flush: the note's previous bytes when it is unchanged since, else only the bullets it added.
-
-    Returns {"run_id", "plan": [lines], "files": [paths changed], "action"}; raises RestoreRefused.
-    """
+    """Undo a flush: the note's previous bytes when it is unchanged since, else only the bullets it added. Returns
+    {"run_id", "plan": [lines], "files": [paths changed], "action"}; raises RestoreRefused."""
     manifest = run.manifest
     note = Path(manifest["note"]) if manifest.get("added_bullets") and manifest.get("note") else None
     try:

@@ -1,8 +1,5 @@
-"""The one interface every job kind answers: how it runs, recovers, restores, re-applies, queues and reads.
-
-The daemon holds only `Job` objects (jobs/registry.py) and asks them; nothing outside jobs/ branches on a kind.
-Every entry point takes the same arguments: `run(env, run_id, params)`, the kind's params a mapping.
-"""
+"""The one interface every job kind answers: how it runs, recovers, restores, re-applies, queues and reads. The daemon
+holds only `Job` objects (jobs/registry.py) and asks them; nothing outside jobs/ branches on a kind."""
 
 from __future__ import annotations
 
@@ -19,9 +16,8 @@ HISTORY_FILE = "memory/history.jsonl"  # as a run's changes name it
 
 @dataclass(frozen=True)
 class QueuePolicy:
-    """How the queue treats a run: what it excludes (one run per target at a time), whether it needs an LLM slot,
-    whether a running one is joined, the manifest it is queued with, and how much it does (a queued run of smaller
-    *scope* is not joined by one that must do more)."""
+    """How the queue treats a run: what it excludes (one run per target), whether it needs an LLM slot or joins a
+    running one, its queued manifest, and its *scope* (a queued run is not joined by one that must do more)."""
 
     target: str
     uses_llm: bool = False
@@ -32,19 +28,14 @@ class QueuePolicy:
 
 
 class Job:
-    """A job kind: each kind subclasses this and overrides what it does differently from these defaults.
-
-    *scheduled*: a cron job, caught up after downtime; *restorable*: its runs change what a restore can undo;
-    *writes_memory*: the indexes refresh after each run; *refresh_waits*: while one runs, the index refresh waits
-    for its end (it rewrites memory all along); *trigger_key*: the manifest key saying why it ran, shown as the
-    run's trigger."""
+    """A job kind: each kind subclasses this and overrides what it does differently from these defaults."""
 
     kind: ClassVar[str] = ""
-    scheduled: ClassVar[bool] = False
-    restorable: ClassVar[bool] = True
-    writes_memory: ClassVar[bool] = True
-    refresh_waits: ClassVar[bool] = True
-    trigger_key: ClassVar[str | None] = None
+    scheduled: ClassVar[bool] = False  # a cron job, caught up after downtime
+    restorable: ClassVar[bool] = True  # its runs change what a restore can undo
+    writes_memory: ClassVar[bool] = True  # the indexes refresh after each run
+    refresh_waits: ClassVar[bool] = True  # an index refresh waits for its end (it rewrites memory all along)
+    trigger_key: ClassVar[str | None] = None  # the manifest key saying why it ran, shown as the run's trigger
 
     async def run(self, env: JobEnv, run_id: str, params: Mapping[str, Any]) -> dict:
         """Do the work as run *run_id* (created queued in the ledger); returns its manifest."""

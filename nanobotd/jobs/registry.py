@@ -1,7 +1,5 @@
-"""The job registry: every kind of run and the Job that runs, recovers, restores and queues it.
-
-Dispatch by kind is written here once; the daemon reads it, and restore receives it through `JobEnv.kinds`.
-"""
+"""The job registry: every kind of run and the Job that runs, recovers, restores and queues it. Dispatch by kind is
+written here once; the daemon reads it, and restore receives it through `JobEnv.kinds`."""
 
 from __future__ import annotations
 

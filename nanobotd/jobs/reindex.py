@@ -1,8 +1,5 @@
-"""reindex: rebuild a workspace's search indexes from scratch (builtin, and QMD when enabled).
-
-A run like the others, so it is followed like them; it changes no memory: nothing to recover or restore (an
-interrupted one is only reported: the next refresh or reindex rebuilds what was left).
-"""
+"""reindex: rebuild a workspace's search indexes from scratch (builtin, and QMD when enabled), as a run to follow like
+any; it changes no memory, so an interrupted one is only reported (the next refresh rebuilds what was left)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""restore: undo exactly what one run changed, as a new forward change (itself a run).
-
-A run id names a run of any kind; a hex string names a dream commit (like nanobot's
-`/dream-restore <sha>`). Restoring a restore re-applies what it undid. The other jobs are reached
-through the registry in `JobEnv.kinds` (kind -> Job), never imported.
-"""
+"""restore: undo exactly what one run changed, as a new forward change (itself a run); restoring a restore re-applies. A
+run id names a run of any kind, a hex string a dream commit; other kinds are reached by `JobEnv.kinds`."""
 
 from __future__ import annotations
 

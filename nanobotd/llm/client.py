@@ -1,9 +1,7 @@
 """The LLM adapter: one async `complete` call over litellm, with our own timeout and retry policy.
 
-Callers only ever see `LLMError` subclasses (and `asyncio.CancelledError`), so a job can fall back (raw
-archive, no cursor advance) without knowing litellm, which never enters this process: calls run in the
-worker child (`llm.process`). What a reply holds lives in `llm.reply`; how a call fails, in `llm.failures`.
-"""
+Callers only see `LLMError` subclasses (and CancelledError), so a job can fall back (raw archive, no cursor advance)
+without knowing litellm, which never enters this process: calls run in the worker child (`llm.process`)."""
 
 from __future__ import annotations
 

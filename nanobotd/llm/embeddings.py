@@ -1,10 +1,7 @@
 """Embeddings through the user's provider (litellm), for the optional vector half of search.
 
-Synchronous on purpose: the index embeds its units and queries on the daemon's executor threads, where a
-blocking call is what the caller wants. The call runs in the LLM worker child (`llm.process`), the
-workspace's when one is given, so litellm never enters the daemon. Every failure becomes an
-`EmbeddingError`, so search falls back to BM25 alone without knowing litellm.
-"""
+Synchronous on purpose: the index embeds on the daemon's executor threads, where blocking is wanted. The call runs in
+the LLM worker child (`llm.process`); every failure is an `EmbeddingError`, so search falls back to BM25 alone."""
 
 from __future__ import annotations
 

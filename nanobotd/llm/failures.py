@@ -1,10 +1,8 @@
-"""How an LLM call fails: our error types, and the sorting of library errors (done in the worker child,
-where litellm's exceptions live) into the few kinds the retry policy (`llm.client`) decides on.
+"""How an LLM call fails: our error types, and the sorting of library errors (in the worker child, where litellm's
+exceptions live) into the few kinds the retry policy (`llm.client`) decides on.
 
-litellm reports a refused connection, a non-JSON body and a body without choices all as
-InternalServerError 500, so the truth is read from the exception chain: an httpx status error means the
-server answered with that status; a timeout or transport error means it did not answer.
-"""
+litellm reports a refused connection, a non-JSON body and a body without choices all as InternalServerError 500, so the
+exception chain tells: an httpx status error means the server answered so; a timeout or transport error, no answer."""
 
 from __future__ import annotations
 

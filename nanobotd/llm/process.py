@@ -1,10 +1,9 @@
 """The daemon's side of the LLM worker child (`llm.worker`): where it starts, how it is talked to, how it ends.
 
-litellm is big and never gives its memory back, so it lives only in the child: started by the first call,
-serving calls concurrently, gone after `idle_exit_seconds` without one (the child keeps that time itself).
-A call whose child dies under it is sent once more, to a new child; a child that does not answer within a
-call's timeout is killed and the call fails as a timeout. What the child writes to stderr (its library
-log records too) reaches the daemon's log. One JSON object a line, each way:
+litellm is big and never gives its memory back, so it lives only in the child: started by the first call, serving calls
+concurrently, gone after `idle_exit_seconds` without one. A call whose child dies under it is sent once more, to a new
+child; a child silent past a call's timeout is killed (a timeout). Its stderr reaches the daemon's log. One JSON object
+a line, each way:
 
     child -> daemon  {"ready": PID}                                 litellm is imported, calls may come
     daemon -> child  {"op": "complete" | "embed", "id": N, "request": {...}, "timeout": S, "slots": [KEY, COUNT]}
@@ -12,9 +11,8 @@ log records too) reaches the daemon's log. One JSON object a line, each way:
     child -> daemon  {"id": N, "sending": true}                     its timeout runs (it holds its slot)
     child -> daemon  {"id": N, "response": {...}, "latency_ms": MS}  or  {"id": N, "failure": {...}}
 
-Threads, not an event loop, read and write the pipes, so one worker serves callers on any loop (the
-daemon's, and the executor threads that embed) and a stalled child never blocks one.
-"""
+Threads, not an event loop, read and write the pipes, so one worker serves callers on any loop (the daemon's, and the
+executor threads that embed) and a stalled child never blocks one."""
 
 from __future__ import annotations
 
@@ -152,9 +150,8 @@ class WorkerChild:
             threading.Thread(target=target, name=f"llm-worker-{self.process.pid}-{name}", daemon=True).start()
 
     async def call(self, message: dict, timeout: float, start_timeout: float) -> dict:
-        """Send one call and wait for its answer. The call's timeout (plus a grace) runs from its "sending";
-        before it the child may still be importing litellm (up to *start_timeout*), or the call waits its turn
-        behind requests on their way, which have deadlines of their own. A child silent past it is killed."""
+        """Send one call and wait for its answer. Its timeout (plus a grace) runs from "sending": before that the child
+        may be importing litellm (up to *start_timeout*) or the call queued behind others with their own deadlines."""
         call_id, box = message["id"], Mailbox()
         with self._lock:
             if self.dead:

@@ -1,8 +1,5 @@
-"""What a completion gives back: the reply and its tool calls, parsed and checked, and the usage meter.
-
-Parsing is strict: a reply we cannot use raises LLMBadResponse here, so jobs only ever see well-formed
-content and tool calls whose arguments are a JSON object.
-"""
+"""What a completion gives back: the reply and its tool calls, parsed and checked, and the usage meter. Strict: a reply
+we cannot use raises LLMBadResponse, so jobs only see well-formed content and tool calls with JSON-object arguments."""
 
 from __future__ import annotations
 

@@ -1,15 +1,12 @@
 """The LLM worker child: the only place litellm is ever imported (`llm.process` starts and feeds it).
 
-It reads calls from stdin, runs them concurrently with litellm, classifies failures where litellm's
-exceptions live, and answers on stdout, one JSON object a line. It lives as long as its stdin (the daemon
-closing it, or dying, ends it) and leaves by itself after its idle time (argv[1] seconds) without a call.
+It runs calls from stdin concurrently, classifies failures where litellm's exceptions live, answers on stdout a JSON
+object a line, ends with its stdin (the daemon closing it, or dying) and leaves after argv[1] idle seconds.
 
-A call with slots ([KEY, COUNT]) holds one of COUNT (an asyncio.Semaphore per KEY) only while its HTTP
-request is on its way: litellm builds the request before it takes a slot, and the slot is given back as
-soon as the answer's body is read, before litellm parses it, so the next call's request goes out at once.
-That happens in the HTTP transport every litellm request through the OpenAI SDK passes
-(`litellm.aclient_session`); a model whose requests are not seen there holds its slot for the whole call.
-"""
+A call with slots ([KEY, COUNT]) holds one of COUNT (a Semaphore per KEY) only while its HTTP request is out: taken
+after litellm builds the request, given back once the answer's body is read (before litellm parses it), so the next
+request goes out at once. That happens in the HTTP transport of OpenAI SDK requests (`litellm.aclient_session`); a model
+not seen there holds its slot for the whole call."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Daily notes (`memory/YYYY-MM-DD.md`): parse, merge bullets into a section, render, validate.
-
-Notes are shared with the agent and the user, so parsing is lossless (what we do not understand is kept byte
-for byte) and a merge only touches the one section it adds bullets to.
-"""
+"""Daily notes (`memory/YYYY-MM-DD.md`): parse, merge bullets into a section, render, validate. Shared with agent and
+user, so parsing is lossless (what we do not understand is kept byte for byte) and a merge touches one section."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""memory/history.jsonl: read entries, append with safe cursor allocation, rewrite atomically.
+"""memory/history.jsonl: read entries, append with safe cursor allocation, rewrite atomically; streamed (tens of MB).
 
-The file can hold tens of MB, so it is only ever streamed. nanobot appends with only an in-process lock, so
-every append takes an exclusive flock and re-reads the largest cursor: next = max(.cursor, largest) + 1.
-Every write stays inside the workspace (the memory folder's parent).
-"""
+nanobot appends with only an in-process lock, so every append takes an exclusive flock and re-reads the largest cursor:
+next = max(.cursor, largest) + 1. Every write stays inside the workspace (the memory folder's parent)."""
 
 from __future__ import annotations
 
@@ -331,13 +329,10 @@ def insert_entries(memory_dir: Path, entries: Iterable[HistoryEntry]) -> int:
 
 
 def _rewrite(memory_dir: Path, copy: Callable[[Iterator[tuple[int, bytes]], fsio.AtomicWriter], bool]) -> bool:
-    """Replace history.jsonl with what *copy* writes of its whole lines (False: change nothing), keeping every
-    byte the agent appends meanwhile (under the history lock the caller holds); whether it did.
-
-    nanobot appends without our lock, opening the file anew each time: lines appended while *copy* ran follow
-    its output, and after the rename what still reaches the old file moves over until it stays quiet. Only
-    whole lines move while the agent may write, so its next append can never land in the middle of one.
-    """
+    """Replace history.jsonl with what *copy* writes of its whole lines (False: change nothing); whether it did. The
+    caller holds the history lock; nanobot appends without it, opening the file anew each time: lines appended while
+    *copy* ran follow its output, what still reaches the old file after the rename moves over until quiet, and only
+    whole lines move, so the agent's next append never lands mid-line."""
     path = history_path(memory_dir)
     root = workspace_root(memory_dir)
     try:

@@ -1,8 +1,5 @@
-"""Messages on their way to memory: the pending-message type, prompt transcripts and [RAW] entries.
-
-The [RAW] format is nanobot's (NANOBOT-COMPAT.md); where nanobot truncates at 16,000 chars we split into several
-entries, so nothing is ever cut away.
-"""
+"""Messages on their way to memory: the pending-message type, prompt transcripts and [RAW] entries. [RAW] is nanobot's
+format (NANOBOT-COMPAT.md), but split where nanobot truncates at 16,000 chars, so nothing is ever cut away."""
 
 from __future__ import annotations
 

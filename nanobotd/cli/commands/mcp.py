@@ -1,11 +1,9 @@
 """`nanobotctl mcp`: the memory tools as an MCP server on stdio, each call forwarded to the daemon's socket.
 
-nanobot gives the child no XDG_RUNTIME_DIR, so the socket comes from --socket (`nanobotctl setup nanobot` writes
-it). `mcp` and `agent_tools` are imported inside the command: every other command stays quick to start.
-Every line read is checked before the SDK sees it: its stdio transport drops a line it cannot validate without a
-reply (the client then waits for its timeout); JSON-RPC 2.0 wants an error reply with the request's id (null
-without one; none to a notification).
-"""
+nanobot gives the child no XDG_RUNTIME_DIR, so the socket comes from --socket (`nanobotctl setup nanobot` writes it).
+`mcp` and `agent_tools` are imported inside the command, so every other command starts quick. Each line read is checked
+before the SDK sees it: its stdio transport drops a line it cannot validate without a reply (the client then waits for
+its timeout), where JSON-RPC 2.0 wants an error reply with the request's id (null without; none to a notification)."""
 
 from __future__ import annotations
 

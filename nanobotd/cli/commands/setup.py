@@ -1,9 +1,8 @@
 """`nanobotctl setup nanobot`: show, and with --apply write, the nanobot config that runs nanobotd beside it.
 
 `tools.mcpServers.nanobotd` runs `nanobotctl mcp --socket S --workspace W` (the agent's own workspace only), and
-nanobot's own dream moves to every ten years (`enabled: false` would make nanobot move `.dream_cursor` past
-entries nanobotd's dream has not read). Only the changed keys' text is rewritten (configtext.py).
-"""
+nanobot's dream moves to every ten years (`enabled: false` would make nanobot move `.dream_cursor` past entries
+nanobotd's dream has not read). Only the changed keys' text is rewritten (configtext.py)."""
 
 from __future__ import annotations
 

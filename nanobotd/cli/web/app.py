@@ -1,9 +1,5 @@
-"""The web page's routes: each reads the daemon's control API over its socket and renders one template.
-
-Endpoints are plain functions (Starlette runs them in its thread pool), so they use nanobotctl's own
-blocking client; the page holds no state of its own besides the guard's secrets. Reading works without
-JavaScript; preview and restore are ordinary form posts.
-"""
+"""The web page's routes: each reads the daemon's control API over its socket and renders one template. Plain functions
+(Starlette's thread pool) with nanobotctl's blocking client; no state but the guard's secrets; no JavaScript needed."""
 
 from __future__ import annotations
 

@@ -2,11 +2,9 @@
 
 The page can undo runs, so it is guarded like a local admin page:
 - the Host header must name the loopback address and port served (a DNS-rebinding page names its own host);
-- the one-time token in the URL is swapped for an HttpOnly, SameSite=Strict cookie and a redirect to the clean
-  URL, so the token does not stay in the address bar or the history; without the cookie nothing is served;
-- a request that changes anything (POST) also needs the form's CSRF field and an Origin (or Referer) of the
-  served host and port: a page of another origin that posts a form is refused with 403.
-"""
+- the URL's one-time token becomes an HttpOnly, SameSite=Strict cookie and a redirect to the clean URL (no token
+  left in the address bar or history); nothing is served without the cookie;
+- a POST also needs the form's CSRF field and an Origin (or Referer) of the served host and port, else 403."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""What the templates draw, shaped from the daemon's answers: token bars, day charts, diff lines, markdown.
-
-Pure functions of plain data, so the pages stay simple loops and these are tested without a server.
-"""
+"""What the templates draw, shaped from the daemon's answers: token bars, day charts, diff lines, markdown. Pure
+functions of plain data, so the pages stay simple loops and these are tested without a server."""
 
 from __future__ import annotations
 
@@ -89,12 +87,8 @@ def day_range(first: str, count: int) -> list[str]:
 
 def day_chart(title: str, days: list[str], values: Mapping[str, Mapping[str, int]], *, levels: bool = False,
               notes: Mapping[str, str] | None = None) -> Chart:
-    """A chart of *values* (day -> series -> count) over *days*; the tallest day fills the height.
-
-    With *levels* the values are a day's sample of a figure (archived twice, index size): a day with a sample
-    of 0 gets a hairline on the axis, a day without one nothing, so a day the daemon did not run reads as a gap
-    and never as a zero. *notes* (day -> text) add to a day's label.
-    """
+    """A chart of *values* (day -> series -> count) over *days*, the tallest day filling the height. With *levels*
+    (daily samples) a 0 gets a hairline, a day without a sample nothing: a gap, never a zero. *notes* extend labels."""
     series = [name for name in OUTCOME_ORDER if any(name in values.get(day, {}) for day in days)]
     series += sorted({name for day in days for name in values.get(day, {}) if name not in series})
     peak = max((sum(values.get(day, {}).values()) for day in days), default=0)

@@ -23,10 +23,8 @@ MAX_DAILY_DAYS = 90
 
 
 async def memory_files(core: Core, request: Request) -> dict:
-    """SOUL.md, USER.md and MEMORY.md as they are (nanobot puts them whole into every prompt), each with
-    its size against context.max_chars, and the days that have a daily note (active or archived); with
-    `day=YYYY-MM-DD` (or `latest`), that day's notes too. (/v1/recall gives a day's notes with its history
-    entries, for which it reads all of history.jsonl: ~0.4 s at 100k entries, too slow for a page.)"""
+    """SOUL.md, USER.md and MEMORY.md as they are, sizes against context.max_chars, the days with a daily note, and with
+    `day=YYYY-MM-DD` or `latest` that day's notes (/v1/recall reads all history: too slow for a page)."""
     workspace = one_workspace(core, request)
     caps = workspace.settings.context
     files = await blocking(core, bootstrap_files, workspace)
@@ -58,9 +56,8 @@ async def history(core: Core, request: Request) -> dict:
 
 
 async def daily(core: Core, request: Request) -> dict:
-    """Per day of the last `days` (default 14): outcomes by kind, history entries written, and the daily
-    samples of archived twice and index size (a day the daemon did not run has none); and the newest outcome
-    of each job kind, which says how the last LLM call went."""
+    """Per day of the last `days` (default 14): outcomes by kind, history entries written, the archived-twice and index
+    size samples (none for a day the daemon was down); and each kind's newest outcome, telling how the LLM last went."""
     workspace = one_workspace(core, request)
     days = request.query_int("days", 14, minimum=1, maximum=MAX_DAILY_DAYS)
     now = core.clock()

@@ -43,12 +43,8 @@ async def git_opened(workspace: Workspace) -> None:
 
 
 def session_workspace(core: Core, key: str, workspace_name: str | None) -> Workspace:
-    """The workspace holding session *key* (the named one, else any); 404 when none does, 403 when the named one does
-    not but another does.
-
-    A caller bound to one workspace (an agent's memory tools) must get neither another workspace's memory
-    nor a quiet answer about its own, so a session found elsewhere is refused in words.
-    """
+    """The workspace holding session *key* (the named one, else any); 404 when none does, 403 when only another does: a
+    caller bound to one workspace gets neither another's memory nor a quiet answer about its own."""
     holders = [workspace for workspace in core.workspaces.values() if key in workspace.tracker.sessions]
     if not workspace_name:
         if not holders:

@@ -1,8 +1,5 @@
 """GET /metrics: the daemon's figures in the Prometheus text format, for users who already run Prometheus.
-
-prometheus_client is imported inside the handler: the daemon pays for it only when something scrapes. The
-figures are read afresh on each request into a registry of its own (no process-wide metric objects).
-"""
+prometheus_client is imported in the handler, paid only when scraped; figures are read afresh into a fresh registry."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Memory jobs on demand: consolidate, flush, dream, lifecycle, restore, reindex, and what a dream changed.
-
-Each handler resolves its workspace (named, or the only one) and starts a run.
-"""
+"""Memory jobs on demand: consolidate, flush, dream, lifecycle, restore, reindex, and what a dream changed. Each handler
+resolves its workspace (named, or the only one) and starts a run."""
 
 from __future__ import annotations
 
@@ -27,11 +25,8 @@ def session_job(core: Core, request: Request) -> tuple[Workspace, str]:
 
 
 async def consolidate(core: Core, request: Request) -> Response:
-    """Archive everything unarchived now (what the agent's own archive left, beside an agent).
-
-    The answer says whether the run was already queued (joined) and in which mode, so the caller can
-    tell what is left afterwards.
-    """
+    """Archive everything unarchived now (beside an agent: what its own archive left). The answer says whether the run
+    was joined and in which mode, so the caller can tell what is left afterwards."""
     workspace, key = session_job(core, request)
     waiting = runs.joinable(core, workspace, "consolidate", session_key=key, reason="manual")
     answer = started([triggers.submit_consolidate(core, workspace, key, reason="manual")])

@@ -41,9 +41,8 @@ async def search(core: Core, request: Request) -> dict:
 
 async def run_search(core: Core, workspace: Workspace, query: str, limit: int, mode: str = "search",
                      min_score: float | None = None) -> Found:
-    """The configured backend's hits (QMD, builtin or both fused); when QMD fails or is too slow the
-    builtin index answers and the reply names it. Every hit is scored on one scale, so *min_score*
-    (default: search.min_score) means the same whichever backend answered."""
+    """The configured backend's hits (QMD, builtin or both fused); when QMD fails or is slow the builtin answers, named.
+    All hits share one scale, so *min_score* (default search.min_score) means the same whichever backend answered."""
     min_score = workspace.settings.search.min_score if min_score is None else min_score
     degraded = None
     if workspace.qmd is not None:

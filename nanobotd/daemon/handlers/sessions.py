@@ -61,9 +61,8 @@ async def runs(core: Core, request: Request) -> dict:
 
 
 async def run(core: Core, request: Request) -> dict:
-    """One run with its manifest, what it changed and, while open, how far it has got. With wait_ms, the
-    answer waits until the run has ended or that many milliseconds have passed (a waiting nanobotctl
-    hears of the end at once, without polling faster)."""
+    """One run with its manifest, what it changed and, while open, how far it has got. With wait_ms the answer waits for
+    the run's end up to that long, so a waiting nanobotctl hears of it at once without polling faster."""
     wait_ms = request.query_int("wait_ms", 0, minimum=0, maximum=MAX_RUN_WAIT_MS)
     if wait_ms and core.queue is not None:
         await core.queue.wait_ended(request.params["run_id"], wait_ms / 1000)

@@ -1,11 +1,9 @@
 """Consolidation: archive the oldest unarchived messages of a session into history.jsonl.
 
-Write-ahead: each chunk's planned cursors (with a hash of their content) are journalled under the
-history lock before the append, and the chunk's messages are backed up in the run folder; so after a
-crash `recover_consolidation` can tell, for every chunk, whether it reached history (finish it) or not
-(roll it back), and every message ends archived exactly once or still in the spool. A chunk's record is
-journalled as a step of its own (state.runsteps) beside the manifest's head, never with every chunk before it.
-"""
+Write-ahead: each chunk's planned cursors (with a hash of their content) are journalled under the history lock before
+the append, and its messages backed up in the run folder, so after a crash `recover_consolidation` finishes or rolls
+back every chunk and each message ends archived exactly once or still in the spool. A chunk's record is a step of its
+own (state.runsteps) beside the manifest's head, never journalled with every chunk before it."""
 
 from __future__ import annotations
 
@@ -140,9 +138,8 @@ def chunk_cursors(manifest: dict) -> list[int]:
 
 
 class PendingMarks:
-    """Chunks whose entries reached history, waiting for their archive marks: committed in one transaction
-    with the journal saying they are done (so a crash leaves both or neither), a batch of chunks at a time (a
-    crash in between leaves chunks journalled with their cursors but not done, which recovery finishes)."""
+    """Chunks whose entries reached history, awaiting archive marks: committed a batch at a time in one transaction with
+    the journal saying they are done, so a crash leaves both or neither (chunks not yet done, recovery finishes)."""
 
     def __init__(self, env: JobEnv, session_key: str, run_id: str, manifest: dict):
         self.env, self.session_key, self.run_id, self.manifest = env, session_key, run_id, manifest
@@ -182,10 +179,8 @@ class PendingMarks:
 
 async def _take_group(env: JobEnv, loads: ChunkLoads, chunks: list[Chunk],
                       number: int) -> tuple[list[tuple[int, Chunk]], int]:
-    """Chunk *number* (none when none of its messages is left) and, in a run without an LLM, the chunks after it,
-    up to APPEND_GROUP_CHUNKS and APPEND_GROUP_TOKENS: they are appended together (waiting for their reads costs
-    little, the next ones being read meanwhile; an append a chunk costs its syncs). Returns them, and the number
-    of the first chunk not taken."""
+    """Chunk *number* (none if all its messages are gone) and, without an LLM, the chunks after it up to
+    APPEND_GROUP_CHUNKS and APPEND_GROUP_TOKENS, appended together (an append costs its syncs); and the next number."""
     if not await loads.take(number):
         return [], number + 1
     group = [(number, chunks[number])]
@@ -201,9 +196,8 @@ async def _take_group(env: JobEnv, loads: ChunkLoads, chunks: list[Chunk],
 
 async def archive_chunks(env: JobEnv, session_key: str, run_id: str, group: list[tuple[int, Chunk]],
                          manifest: dict, usage: UsageMeter, marks: PendingMarks) -> list[str]:
-    """Summarise the chunks of *group* ((number, chunk), in order) and append their entries with one append,
-    journalling each chunk's backup and cursors before it, so recovery can finish or roll back every chunk a
-    crash cut short; their marks wait in *marks*. Returns each chunk's outcome."""
+    """Summarise *group*'s chunks (in order) and append their entries in one append, each chunk's backup and cursors
+    journalled first so recovery can finish or roll back any a crash cut short; marks wait in *marks*."""
     records, parts = [], []
     for number, chunk in group:
         outcome, contents, reason = await summarize_chunk(env, chunk, session_key, usage)
@@ -332,9 +326,8 @@ def restore_consolidation(env: JobEnv, run: RunRecord, *, dry_run: bool, restore
 
 def reapply_consolidation(env: JobEnv, original: RunRecord, restore_run: RunRecord, *, restore_run_id: str | None,
                           dry_run: bool) -> dict:
-    """Put the entries a consolidation restore removed back and mark their messages archived again, as one
-    journalled step; refused when a later run archived some of those messages already (they would be in
-    history twice)."""
+    """Put back the entries a consolidation restore removed and re-mark their messages archived, in one journalled step;
+    refused when a later run archived some of them already (they would be in history twice)."""
     records = restore_run.manifest.get("removed_entries", [])
     backups = [chunk["backup"] for chunk in original.manifest.get("chunks", []) if chunk.get("done")]
     digests = [digest for backup in backups for digest, _, _ in read_chunk_backup(Path(backup))]

@@ -1,10 +1,8 @@
 """Which spooled messages a consolidation run archives, in which chunks, and reading their records.
 
-A run is planned from the spool's (seq, role, tokens) alone, its sizes being what the tracker gives (an estimate:
-a raw archive needs no exact count; a chunk sent to an LLM is counted exactly when it is sent); each chunk's
-records are read from the spool only when it is archived, a few ahead, so a long session's records are never all
-in memory.
-"""
+A run is planned from the spool's (seq, role, tokens) alone, sizes being the tracker's estimates (a raw archive needs no
+exact count; a chunk sent to an LLM is counted exactly when sent); each chunk's records are read only when it is
+archived, a few ahead, so a long session's records are never all in memory."""
 
 from __future__ import annotations
 
@@ -26,9 +24,8 @@ from nanobotd.tuning import PLAN_PAGE, PROMPT_OVERHEAD_TOKENS, SAFETY_MARGIN
 
 @dataclass
 class Chunk:
-    """Consecutive spooled messages archived together: planned from (seq, role, tokens) alone and kept as
-    their sequence numbers and token total, their records loaded from the spool only when the chunk is
-    archived (`load`), so at most two chunks' records are in memory (see ChunkLoads)."""
+    """Consecutive spooled messages archived together, kept as sequence numbers and a token total; their records are
+    loaded only when archived (`load`), so at most two chunks' records are in memory (see ChunkLoads)."""
 
     planned: array  # the sequence numbers
     planned_tokens: int
@@ -102,9 +99,8 @@ def chunk_limit(env: JobEnv, total: int, count: int) -> int:
 
 
 def plan_run(env: JobEnv, session_key: str, reason: str, *, vanished_only: bool = False) -> list[Chunk]:
-    """The chunks a run archives: every spooled message; a budget run, the oldest until the tail fits the target
-    (`plan_budget`); *vanished_only* (beside an agent that archives by itself), only the messages no longer in
-    the session file."""
+    """The chunks a run archives: every spooled message; for a budget run the oldest until the tail fits
+    (`plan_budget`); *vanished_only* (beside an archiving agent): only messages gone from the session file."""
     if vanished_only:
         plan = vanished_messages(env.tracker.spool_plan(session_key))
     elif reason == "budget":
@@ -125,11 +121,8 @@ def vanished_messages(pending: SpoolPlan) -> SpoolPlan:
 
 
 def plan_budget(env: JobEnv, window: PlanWindow, most: int, page_size: int = PLAN_PAGE) -> list[Chunk]:
-    """A budget run's first *most* chunks, of the plan *window* gives. It selects the oldest messages until the
-    tail still in the file fits the target (budget x ratio), ending just before a user message (or at the very
-    first); the vanished messages among them are taken whatever their size. Of the session's plan only its newest
-    messages are read (back to where the selection ends) and its oldest (as far as *most* chunks go), a page at a
-    time: a long session's whole plan is not read for a few chunks."""
+    """A budget run's first *most* chunks: the oldest messages until the tail left in the file fits budget x ratio,
+    ending before a user message, vanished ones taken whatever their size; only the plan's ends are read."""
     newest, whole = _fitting_tail(window, env.settings.budget * env.settings.consolidation.ratio, page_size)
     cut = None
     for index, (seq, role, present) in enumerate(reversed(newest)):
@@ -169,9 +162,8 @@ def _fitting_tail(window: PlanWindow, target: float, page_size: int) -> tuple[li
 
 def plan_chunks(env: JobEnv, selected: SpoolPlan, *, most: int | None = None,
                 limit: int | None = None) -> list[Chunk]:
-    """Split into chunks that fit one request and end just before a user message: all of them, or the first
-    *most* (a chunk is final once the next one begins, so the rest are never planned). *limit*: the tokens a chunk
-    may hold, when *selected* is only the start of the selection (its chunk_limit otherwise)."""
+    """Split into chunks that fit one request and end just before a user message: all, or the first *most* (a chunk is
+    final once the next begins). *limit*: a chunk's tokens when *selected* starts the selection."""
     window = env.settings.llm.context_window
     limit = chunk_limit(env, sum(selected.tokens), len(selected)) if limit is None else limit
     seqs, roles, tokens = selected.seqs, selected.roles, selected.tokens
@@ -204,14 +196,11 @@ def plan_chunks(env: JobEnv, selected: SpoolPlan, *, most: int | None = None,
 
 
 class ChunkLoads:
-    """The chunks' records read ahead, one chunk after another in an executor thread, while the current ones are
-    archived (their history append and marks spend much of their time in fsync and SQLite, without the GIL); the
-    event loop never reads records itself. At most *ahead* + 1 chunks' records are in memory.
+    """The chunks' records read ahead in an executor thread while the current ones are archived (their appends and marks
+    spend their time in fsync and SQLite, without the GIL); at most *ahead* + 1 chunks' records are in memory.
 
-    With *backups* (a run without an LLM: each chunk is archived as read), a chunk read ahead is backed up there
-    too, its writeback started beside the run's appends (a group's backups are synced together before its journal);
-    the backups of chunks read ahead that the run never took (it failed or was cancelled first) go when it ends.
-    """
+    With *backups* (a run without an LLM), a chunk read ahead is backed up there too, its writeback started beside the
+    appends (a group's backups are synced together before its journal); backups of chunks never taken go at the end."""
 
     def __init__(self, env: JobEnv, session_key: str, chunks: list[Chunk], *, ahead: int = 1,
                  backups: Callable[[int], Path] | None = None):

@@ -1,10 +1,8 @@
 """The dream's apply step, on the git thread: the only place a dream writes to the workspace.
 
-One journalled step: back up, write the edited files, advance `.dream_cursor`, mark the note bullets read,
-commit `dream: ...` with the run trailer, then compact history.jsonl. Any failure before the commit rolls
-every write back; a crash is rolled back (or finished, when the commit exists) at the next start
-(`recover_dream_run`).
-"""
+One journalled step: back up, write the edited files, advance `.dream_cursor`, mark note bullets read, commit, then
+compact history.jsonl. A failure before the commit rolls every write back; a crash is rolled back (or finished, when the
+commit exists) at the next start (`recover_dream_run`)."""
 
 from __future__ import annotations
 
@@ -188,18 +186,15 @@ class ApplyStep:
 
 
 class Undo:
-    """The old content of each file the apply step writes, copied beside it before the first write, so that
-    putting it back is a rename and needs no free space: a full disk fails a dream mid-step (git runs out
-    first), and a roll-back that must write then fails too, leaving an edit and an advanced cursor behind.
-    A file is put back only while it holds what the step wrote (*written*; None: whatever it holds), so an
-    edit the agent made meanwhile stays."""
+    """Each written file's old content, copied beside it first: putting it back is a rename needing no free space, so a
+    full disk failing a dream cannot fail its roll-back. Put back only while it holds what the step wrote."""
 
     def __init__(self, root: Path):
         self.root = root
         self.kept: list[tuple[Path, Path | None, bytes | None]] = []  # (file, copy of its old content, written)
 
     def keep(self, path: Path, written: bytes | None) -> None:
-        """Copy *path* (absent: remember that) before the step writes *written* to it."""
+        """Copy *path* (absent: remember that) before the step writes *written* (None: put back whatever it holds)."""
         path = fsio.confine(path, self.root)
         if not path.is_file():
             self.kept.append((path, None, written))
@@ -250,10 +245,8 @@ def condensed_files(manifest: dict) -> list[str]:
 
 
 def recover_dream_run(run: RunRecord, *, store: StateStore, git: GitStore) -> str:
-    """Close a dream run left "started" by a crash: finish it if committed, else roll it back.
-
-    Runs on the calling thread: recovery happens at start-up, before any other git work.
-    """
+    """Close a dream run left "started" by a crash: finish it if committed, else roll it back. On the calling thread:
+    recovery happens at start-up, before any other git work."""
     if not git.opened:
         # Whether the run's commit exists decides between finishing and rolling back.
         git.open()
@@ -286,11 +279,8 @@ def recover_dream_run(run: RunRecord, *, store: StateStore, git: GitStore) -> st
 
 
 def roll_back(workspace: Path, manifest: dict) -> list[str]:
-    """Put back the pre-run content of files a run wrote (and the cursor); return files left alone.
-
-    A file is put back only when it still holds exactly what the run wrote, so an edit the agent made
-    after a crash is never overwritten.
-    """
+    """Put back the pre-run content of files a run wrote (and the cursor); return files left alone: those no longer
+    holding exactly what the run wrote, so an edit the agent made after a crash is never overwritten."""
     left_alone = []
     for path, info in manifest.get("files_changed", {}).items():
         full = workspace / path

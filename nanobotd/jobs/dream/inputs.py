@@ -1,8 +1,5 @@
-"""What a dream reads: history entries after `.dream_cursor` and daily-note bullets it has not read yet.
-
-Both go to the model in batches, oldest first, so a later correction is applied after the fact it corrects.
-History entries stay in cursor order (the cursor is a high-water mark); note bullets are tracked one by one.
-"""
+"""What a dream reads: history entries after `.dream_cursor` and daily-note bullets it has not read yet, both in
+batches, oldest first, so a later correction follows the fact it corrects; note bullets are tracked one by one."""
 
 from __future__ import annotations
 

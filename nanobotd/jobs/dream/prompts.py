@@ -1,8 +1,5 @@
-"""The dream's prompts: phase 1 (what changed?) and phase 2 (apply it with surgical edits), and the
-reading of phase 1's answer.
-
-Kept apart from the job so the wording can change without touching the control flow.
-"""
+"""The dream's prompts: phase 1 (what changed?) and phase 2 (apply it with surgical edits), and reading phase 1's
+answer; apart from the job, so the wording can change without touching the control flow."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
-"""Undoing a dream as a new change, and showing a dream's commit (dream-log).
+"""Undoing a dream as a new change, and showing a dream's commit (dream-log); git and file work, so on the git thread.
 
-With git, a run's commit is reverted three-way, so later unrelated edits survive and overlapping ones
-refuse the restore unless forced; without git (a workspace inside another repository) the run's backups
-are put back. Either way the run's pre-run cursor and the history entries its compaction removed return,
-and the daily-note bullets it read count as unread again.
-Everything here does git and file work, so it runs on the git thread: `await git.call(restore_dream_run, ...)`.
-"""
+With git, a run's commit is reverted three-way: later unrelated edits survive, overlapping ones refuse the restore
+unless forced; without git (a workspace inside another repository) the run's backups are put back. Either way the
+pre-run cursor and the entries its compaction removed return, and the note bullets it read are unread again."""
 
 from __future__ import annotations
 
@@ -33,12 +30,9 @@ BACKUP_DIR = "before"
 
 def restore_dream_run(run: RunRecord, *, store: StateStore, git: GitStore, restore_run_id: str | None,
                       force: bool = False, dry_run: bool = False) -> dict:
-    """Undo dream (or dream-restore) run *run* as a new change; git thread only.
-
-    Returns {"plan", "commit", "files", "forced", "dry_run", "cursor_before", "cursor_after",
-    "history_restored", "files_changed", "reverted"}; keep it in the restore run's manifest so that the
-    restore can itself be restored. Raises RestoreRefused, having changed nothing, when it cannot apply.
-    *restore_run_id* may be None for a dry run.
+    """Undo dream (or dream-restore) run *run* as a new change, on the git thread; RestoreRefused, changing nothing,
+    when it cannot apply. The answer ({"plan", "commit", "files", "forced", "dry_run", "cursor_before", "cursor_after",
+    "history_restored", "files_changed", "reverted"}) goes in the restore run's manifest, so a restore can be restored.
     """
     return _refusing_on_git_errors(Restorer(store, git, restore_run_id, force, dry_run).restore_run, run)
 

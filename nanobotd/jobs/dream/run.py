@@ -1,11 +1,8 @@
-"""The dream job: read what is new in history and the daily notes, find what changed (phase 1), edit the
-memory files (phase 2), batch after batch until the backlog is drained or the token budget spent. A file
-already over its size cap first gets a condensing pass.
+"""The dream job: find what changed in new history and daily notes (phase 1), edit the memory files (phase 2), batch
+after batch until the backlog is drained or the token budget spent; a file over its cap first gets condensed.
 
-Phase 2 edits staged copies; a batch whose tool loop did not complete is discarded, and only the completed
-batches reach the disk, in one journalled apply step on the git thread (`apply.py`). A run cut short at any
-instant is rolled back at the next start (`recover_dream_run` in `apply.py`), so the same batches are dreamt again.
-"""
+Phase 2 edits staged copies; only batches whose tool loop completed reach the disk, in one journalled apply step on the
+git thread (`apply.py`). A run cut short is rolled back at the next start, so the same batches are dreamt again."""
 
 from __future__ import annotations
 
@@ -50,13 +47,8 @@ class DreamResult:
 
 
 class DreamRun(ApplyStep):
-    """One dream of the backlog of history and note bullets into SOUL.md / USER.md / MEMORY.md, for a created run:
-    `run` on the event loop, `apply` on the git thread.
-
-    Never raises for LLM, git or file trouble: the run ends failed with outcome "error" and the cursor
-    unchanged. *on_stage* is called on the git thread at "applying", "files_written", "cursor_written",
-    "notes_written" and "committed" (a test seam for crashes).
-    """
+    """One dream of the history and note backlog into SOUL.md / USER.md / MEMORY.md: `run` on the event loop, `apply` on
+    the git thread. LLM, git or file trouble never raises: the run ends failed ("error"), the cursor unchanged."""
 
     def __init__(self, workspace: WorkspaceSettings, *, store: StateStore, llm: LLMClient, git: GitStore,
                  run_id: str, clock: Callable[[], datetime] = datetime.now,

@@ -1,11 +1,9 @@
 """The dream's file tools (read_file, edit_file) over staged copies of three files, and the edit guard.
 
-Whatever the conversation text asks, the tools reach only SOUL.md, USER.md and memory/MEMORY.md inside the
-workspace, never through a symlink, and edits land in memory: the dream writes them to disk only after its
-tool loop completed normally. A refusal is returned as text, so the model sees it and nothing changes.
-nanobot puts the three files whole into every prompt, so the guard also keeps each under its size cap, and
-during a condensing pass (a file already over its cap) accepts only edits that shorten a file.
-"""
+Whatever the conversation asks, the tools reach only SOUL.md, USER.md and memory/MEMORY.md in the workspace, never
+through a symlink, and edits stay in memory until the tool loop completes; a refusal is text the model sees. nanobot
+puts the three files whole into every prompt, so the guard keeps each under its cap, and while condensing (a file over
+its cap) accepts only edits that shorten a file."""
 
 from __future__ import annotations
 
@@ -159,10 +157,8 @@ class StagedFiles:
         return f"Edited {path}: {len(pairs)} replacement(s) applied ({len(after.splitlines())} lines now)."
 
     def cap_reason(self, path: str, before: str, after: str) -> str | None:
-        """Why an edit that grows a file must not push it (or the three files) past the caps, or None.
-
-        An edit that does not grow the file always passes, so a file already over its cap can still shrink.
-        """
+        """Why an edit that grows a file must not push it (or the three files) past the caps, or None. An edit that does
+        not grow the file always passes, so a file already over its cap can still shrink."""
         if self.caps is None or len(after) <= len(before):
             return None
         if len(after) > self.caps.max_chars:

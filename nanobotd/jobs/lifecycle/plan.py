@@ -1,8 +1,5 @@
-"""The lifecycle's plan: which notes move into the archive, which expire, what history and backups go.
-
-The plan is computed the same way for a dry run and a real one, so what `nanobotctl lifecycle --dry-run`
-shows is exactly what the next run executes.
-"""
+"""The lifecycle's plan: which notes move into the archive, which expire, what history and backups go. Computed the same
+for a dry run and a real one, so `nanobotctl lifecycle --dry-run` shows exactly what the next run does."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The nightly lifecycle run: age daily notes into the archive, expire old archived notes into history,
-compact history.jsonl, and prune run backups past the restore window.
-
-The plan (plan.py) is computed first; the real run executes it step by step, journaling before each step
-so a crash can be finished or undone (undo.py).
-"""
+"""The nightly lifecycle run: age daily notes into the archive, expire old archived notes into history, compact
+history.jsonl, prune backups past the restore window; journalled before each step, so a crash is undone (undo.py)."""
 
 from __future__ import annotations
 
@@ -35,12 +31,8 @@ NOTES_BACKUP_DIR = "notes"
 async def run_lifecycle(ws: WorkspaceSettings, *, store: StateStore, llm: LLMClient, run_id: str,
                         now: datetime, dry_run: bool = False,
                         on_step: Callable[[str], None] | None = None) -> dict:
-    """Plan and (unless *dry_run*) execute the lifecycle; returns the manifest. *on_step* is called with a
-    step's action once it has run, before the journal says so (fault points `lifecycle.<action>`).
-
-    A dry run only reads (files and the store) and returns {"plan", "skipped", ...}; the real run's
-    manifest["executed"] is that same list of steps once they all succeed.
-    """
+    """Plan and (unless *dry_run*) execute the lifecycle; returns the manifest, whose "executed" is the dry run's "plan"
+    once all succeed. *on_step* gets each action after it ran, before the journal says so (`lifecycle.<action>`)."""
     plan, skipped = plan_lifecycle(ws, store=store, now=now, run_id=run_id)
     manifest = {"workspace": ws.name, "workspace_path": str(ws.path), "now": now.isoformat(timespec="seconds"),
                 "dry_run": dry_run, "plan": plan, "skipped": skipped}

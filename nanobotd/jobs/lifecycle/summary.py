@@ -1,8 +1,5 @@
-"""Expiring notes into history entries: an LLM summary per batch that fits, [RAW] transcripts otherwise.
-
-The notes are deleted after this, so nothing may be lost: a note too big to send, an offline daemon or a
-failing LLM all fall back to [RAW] entries, split at line ends and never cut.
-"""
+"""Expiring notes into history entries: an LLM summary per batch that fits, [RAW] transcripts otherwise. The notes are
+deleted next, so nothing may be lost: too big, offline or failing LLM all mean [RAW], split at line ends."""
 
 from __future__ import annotations
 

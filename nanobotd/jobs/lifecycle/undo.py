@@ -1,8 +1,5 @@
-"""Undoing a lifecycle run from its manifest and backups, newest step first.
-
-Notes move back, deleted notes come back byte-identical, summary entries go and compacted entries return;
-a run interrupted mid-step is undone the same way, since each undo is harmless for a step that never ran.
-"""
+"""Undoing a lifecycle run from its manifest and backups, newest step first; a run interrupted mid-step is undone the
+same way, as each undo is harmless for a step that never ran."""
 
 from __future__ import annotations
 
@@ -18,11 +15,8 @@ from nanobotd.state.store import RunRecord, StateStore
 
 
 def restore_lifecycle_run(run: RunRecord, *, store: StateStore, dry_run: bool) -> dict:
-    """Undo a lifecycle run: move notes back, recreate deleted notes byte-identical from backups, drop the
-    summary entries it wrote and put compacted history entries back. Raises RestoreRefused.
-
-    Returns {"run_id", "plan": [lines], "files": [paths that change]}; pruned backups cannot come back.
-    """
+    """Undo a lifecycle run (notes moved back, deleted ones recreated byte-identical, its summaries out, compacted
+    entries back): {"run_id", "plan", "files"}, or RestoreRefused. Pruned backups cannot come back."""
     manifest = run.manifest
     if manifest.get("dry_run") or "workspace_path" not in manifest:
         # Interrupted before its first journal entry: it changed nothing.
