@@ -16,6 +16,10 @@
    appends: a checkpoint inserted mid-file (every held row moves to the new version), then /new (every row is
    copied out of the held version, and the rescue archives them). Prints the daemon's peak RSS (VmHWM) after
    each scan and after the rescue.
+4. The floor of raw archiving, for scale: the least work archiving the session of part 1 takes in one pass in
+   this process (each line read and decoded once, its digest, a [RAW] line, history appended and synced a group
+   at a time, one archive mark a message committed to SQLite a group at a time; no spool, no run journal, no
+   backups, nothing to undo it by). Prints its messages/s and each step's seconds.
 
     scripts/bench_consolidate.py [--quick] [--only PARTS] [--messages N] [--json FILE]
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import multiprocessing
 import os
 import re
@@ -58,7 +63,8 @@ MARKER = re.compile(r"\bMSG-c(\d+)-(\d+)\b")
 DAEMON_CONSOLIDATE_ROUNDS = 20
 STOP_SECONDS = 300.0
 DRAIN_TIMEOUT_SECONDS = 900.0
-PARTS = ("offline", "daemon", "rewrite")
+PARTS = ("offline", "daemon", "rewrite", "floor")
+FLOOR_GROUP = 6000  # messages a history append and a marks commit
 
 
 @dataclass(frozen=True)
@@ -316,6 +322,72 @@ def _unarchived(daemon: BenchDaemon, key: str) -> int:
     return next(row["unarchived_messages"] for row in rows if row["key"] == key)
 
 
+# -- 4: the floor of raw archiving ----------------------------------------------------------------------
+def bench_floor(sizes: Sizes, root: Path) -> dict:
+    """Raw-archive the session of part 1 in one pass with the fewest steps that keep its messages: the figure the
+    real paths are measured against."""
+    import sqlite3
+
+    count = sizes.offline_messages
+    print(f"\n4. The floor: one pass over a {count}-message session (decode, digest, [RAW] line, append + fsync,"
+          " marks in SQLite)")
+    workspace, sessions = make_workspace(root / "floor")
+    path = write_session(sessions, "telegram:454545", nanobot_conversation(count, tag="c0"))
+    history_path = workspace / "memory" / "history.jsonl"
+    marks = sqlite3.connect(root / "floor.db", isolation_level=None)
+    marks.execute("PRAGMA journal_mode=WAL")
+    marks.execute("PRAGMA synchronous=NORMAL")
+    marks.execute("CREATE TABLE archived (session_id INTEGER, digest TEXT, run_id TEXT,"
+                  " PRIMARY KEY (session_id, digest))")
+    steps = dict.fromkeys(("decode_and_digest", "render", "append", "marks"), 0.0)
+    lines, digests, archived = [], [], 0
+    started = time.perf_counter()
+    with open(history_path, "ab") as history:
+        def write_group() -> None:
+            nonlocal lines, digests
+            begun = time.perf_counter()
+            content = f"[RAW] {len(lines)} messages\n" + "\n".join(lines)
+            entry = {"cursor": archived, "timestamp": "", "content": content}
+            history.write((json.dumps(entry, ensure_ascii=False) + "\n").encode())
+            history.flush()
+            os.fsync(history.fileno())
+            appended = time.perf_counter()
+            marks.execute("BEGIN")
+            marks.executemany("INSERT OR IGNORE INTO archived VALUES (1, ?, 'floor')",
+                              [(digest,) for digest in digests])
+            marks.execute("COMMIT")
+            steps["append"] += appended - begun
+            steps["marks"] += time.perf_counter() - appended
+            lines, digests = [], []
+
+        for line in sessionfile.iter_raw_lines(path):
+            begun = time.perf_counter()
+            record = sessionfile.decode_record(line)
+            fields = sessionfile.message_fields(record) if record else None
+            if fields is None:
+                continue
+            role, text, stamp = fields
+            digests.append(sessionfile.message_digest(role, text, stamp, plain=b"\\" not in line.data))
+            decoded = time.perf_counter()
+            lines.append(f"[{stamp[:16]}] {role.upper()}: {text}")
+            archived += 1
+            steps["decode_and_digest"] += decoded - begun
+            steps["render"] += time.perf_counter() - decoded
+            if len(digests) >= FLOOR_GROUP:
+                write_group()
+        if digests:
+            write_group()
+    seconds = time.perf_counter() - started
+    marks.close()
+    found = Counter(marker for entry in history_entries(workspace) for marker in markers_in(entry["content"]))
+    figures = {"messages": count, "archived": archived, "seconds": round(seconds, 2),
+               "messages_per_second": round(count / seconds), "all_messages_in_history": len(found) == count,
+               **{f"{step}_seconds": round(value, 2) for step, value in steps.items()}}
+    print(f"   {figures['messages_per_second']} messages/s ({seconds:.2f} s: "
+          + ", ".join(f"{step} {value:.2f} s" for step, value in steps.items()) + ")")
+    return figures
+
+
 # -- main -----------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     """Run the parts in a temporary folder and print (and optionally save) the figures."""
@@ -346,6 +418,13 @@ def main(argv: list[str] | None = None) -> int:
             figures["daemon"] = bench_daemon_consolidate(sizes, root)
         if "rewrite" in parts:
             figures["rewrite"] = bench_daemon_rewrite(sizes, root)
+        if "floor" in parts:
+            figures["floor"] = bench_floor(sizes, root)
+            for part in ("offline", "daemon"):
+                if part in figures:
+                    ratio = figures["floor"]["messages_per_second"] / figures[part]["end_to_end_messages_per_second"]
+                    figures["floor"][f"{part}_slower_by"] = round(ratio, 2)
+                    print(f"   part {PARTS.index(part) + 1} ({part}) runs {ratio:.1f}x slower than the floor")
     save_figures(args.json, figures)
     return 0
 
