@@ -113,6 +113,14 @@ echo "== undo the first archive: the plan (nanobotctl restore $FIRST --dry-run),
 "${CTL[@]}" restore "$FIRST" --dry-run
 "${CTL[@]}" restore "$FIRST"
 echo
+# the index refreshes a debounce after the last change: wait for it, so the status and the searches suggested below
+# show every archived message
+for _ in $(seq 1 60); do
+  "${CTL[@]}" --json status | "$VENV/bin/python" -c 'import json, sys
+search = json.load(sys.stdin)["workspaces"][0]["search"]
+sys.exit(0 if search["refreshes"] and not search["pending_changes"] and not search["refreshing"] else 1)' && break
+  sleep 0.25
+done
 echo "== status after the restore (nanobotctl status)"
 "${CTL[@]}" status
 
