@@ -101,6 +101,7 @@ async def refresh_index(core: Core, workspace: Workspace) -> dict | None:
         return None
     paths, workspace.pending_paths = workspace.pending_paths, {}
     changed = None if ALL_FILES in paths else sorted(paths)
+    waited = asyncio.get_running_loop().time() - workspace.pending_since
     # counted for status: an index refresh runs beside jobs and shares the CPU (and the GIL) with them
     loop = asyncio.get_running_loop()
     started = workspace.refresh_started = time.monotonic()
@@ -112,6 +113,10 @@ async def refresh_index(core: Core, workspace: Workspace) -> dict | None:
         workspace.refreshes += 1
         workspace.refresh_seconds += time.monotonic() - started
         workspace.refresh_started = None
+        # how stale a search could be: the wait since the first change, then the refresh itself
+        logger.debug("workspace {}: index refresh of {} took {:.2f}s, {:.2f}s after the first change",
+                     workspace.name, "every file" if changed is None else f"{len(changed)} file(s)",
+                     time.monotonic() - started, waited)
     if time.monotonic() - started >= TRIM_AFTER_REFRESH_SECONDS:
         # a long refresh read a long transcript: its transient memory goes back before the next scan adds its own
         await loop.run_in_executor(core.executor, heap.trim)
