@@ -3,7 +3,9 @@
 The agent (nanobot 0.3.x) writes its own history entries: one from compacting in place comes just before its save moves
 `last_archived`, one for `/new` just after the file is cut. So each new agent entry waits, unclaimed, until the tracker
 sees a session's mark move (the entry was that compaction's) or its messages vanish (the entry archived them); messages
-that vanished with no agent entry within the grace period are archived by nanobotd from the spool."""
+that vanished with no agent entry within the grace period are archived by nanobotd from the spool. An entry followed
+by a scan that sees neither is dropped: its compaction failed after writing it (the mark never moved), and nanobot
+archives those messages again itself, so it must not be taken for a later cut's archive."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ class AgentArchive:
     follower: HistoryFollower
     unclaimed: dict[str, list[HistoryEntry]] = field(default_factory=dict)
     waiting: dict[str, float] = field(default_factory=dict)
+    cut_cursors: dict[str, int] = field(default_factory=dict)  # history's last cursor when a waiting cut was seen
     rescued: dict[str, tuple[float, list[str]]] = field(default_factory=dict)
     checks: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
 
@@ -80,8 +83,11 @@ def session_scanned(core: Core, workspace: Workspace, key: str, *, mark_moved: b
     if vanished:
         if key not in archive.waiting:
             archive.waiting[key] = core.clock()
+            archive.cut_cursors[key] = archive.follower.last_cursor
             workspace.tracker.set_cycle(key, next_cycle=True)
         settle(core, workspace, key)
+    elif not mark_moved and key not in archive.waiting:
+        archive.unclaimed.pop(key, None)  # a compaction that failed after writing its entry (see the module's doc)
 
 
 def settle(core: Core, workspace: Workspace, key: str) -> None:
@@ -90,18 +96,22 @@ def settle(core: Core, workspace: Workspace, key: str) -> None:
     if key not in archive.waiting:
         return
     poll_agent_history(core, workspace)
-    entries = archive.unclaimed.pop(key, [])
+    entries = archive.unclaimed.get(key, [])
+    # the agent writes its /new archive after the cut; an entry read with the cut may be an older one of a failed
+    # compaction, so it is taken (the newest alone) only if none comes after the cut within the grace
+    after_cut = [entry for entry in entries if entry.cursor > archive.cut_cursors[key]]
     vanished = workspace.tracker.vanished(key)  # digests: a /new of a long session cuts every message
-    if entries or not vanished:
-        archive.waiting.pop(key, None)
-        _agent_archived(core, workspace, key, entries, vanished)
-        return
     waited = core.clock() - archive.waiting[key]
     grace = workspace.settings.consolidation.agent_grace_seconds
-    if waited < grace:
+    if waited < grace and vanished and not after_cut:
         _check_again(core, workspace, key, grace - waited)
         return
     archive.waiting.pop(key, None)
+    archive.cut_cursors.pop(key, None)
+    archive.unclaimed.pop(key, None)
+    if after_cut or entries or not vanished:
+        _agent_archived(core, workspace, key, after_cut or entries[-1:], vanished)
+        return
     run_id = runs.submit(core, workspace, "consolidate", session_key=key, reason="rescue", vanished_only=True)
     archive.rescued[key] = (core.clock(), vanished)
     logger.info("workspace {}: no archive entry of the agent for {} within {:g}s; {} message(s) rescued by run {}",

@@ -125,6 +125,28 @@ def test_what_a_cut_raw_entry_of_the_agent_dropped_is_archived_by_nanobotd(compa
     assert run["state"] == "finished"
 
 
+def test_an_entry_of_a_compaction_that_never_moved_the_mark_is_not_taken_for_the_next_cuts_archive(companion):
+    """nanobot writes its [RAW] fallback before it saves; when its turn then fails, the mark never moves and the entry
+    belongs to no cut. A later /new archives those messages again itself (after the cut): nanobotd must not take
+    the stale cut entry for that archive and mend what it seemed to drop (archiving them twice)."""
+    messages = start_with_session(companion, "cli:k", 6)
+    lines = [f"[{m['timestamp'][:16]}] {m['role'].upper()}: {m['content']}" for m in messages]
+    body = "[RAW] 6 messages\n" + "\n".join(lines)
+    agent_entry(companion.workspace, "cli:k", body[:body.index(messages[2]["content"])] + "\n... (truncated)")
+    more = messages + conversation(2, tag="n")
+    write_session(companion.sessions, "cli:k", more)  # the next turn's save: the mark has not moved
+    companion.wait_for(lambda: (companion.session("cli:k") or {}).get("messages") == 8)
+    write_session(companion.sessions, "cli:k", [])  # /new: the file is cut first ...
+    companion.wait_for(lambda: (companion.session("cli:k") or {}).get("vanished_messages"))
+    cut_seen = time.monotonic()
+    agent_entry(companion.workspace, "cli:k", "- [durable] the user talked about k and n")  # ... then its archive
+    companion.wait_for(lambda: (companion.session("cli:k") or {}).get("vanished_messages") == 0, timeout=GRACE + 8)
+    past_the_grace(cut_seen)
+    assert nanobotd_entries(companion.workspace) == []
+    assert companion.ctl_json("runs", "--kind", "consolidate")["runs"] == []
+    assert workspace_status(companion)["archived_twice"] == 0
+
+
 def test_the_agents_in_place_compaction_is_never_archived_again(companion):
     messages = start_with_session(companion, "cli:d", 6)
     agent_entry(companion.workspace, "cli:d", "- [durable] checkpoint of the first four messages")
