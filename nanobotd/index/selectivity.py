@@ -3,7 +3,9 @@
 bm25() walks every posting of each phrase, then scores every matching unit, so a word common in a year of history
 ("2026") costs tens of ms. Clauses are kept rarest first while their matches fit MATCH_BUDGET (so common a word weighs
 little, and the reranker still sees it); when even the rarest is everywhere, the newest units holding any word are
-the candidates, with no bm25(). Counts stop at the budget and are cached until the index changes by a tenth."""
+the candidates, with no bm25(). Counts stop at the budget; the costly ones (CACHED_FROM matches and more) are cached
+until the index changes by a tenth. A rare word's count is taken again each time: cheap, and a word counted absent
+must be found once a file holds it (the agent looks a fact up, writes it, looks again)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from nanobotd.tuning import MATCH_BUDGET
 
 CACHE_SIZE = 4096
+CACHED_FROM = 100
 DRIFT = 0.1
 
 
@@ -58,9 +61,11 @@ class ClauseSelector:
         if clause not in self._counts:
             if len(self._counts) >= CACHE_SIZE:
                 self._counts.clear()
-            row = connection.execute(
+            count = connection.execute(
                 "SELECT count(*) FROM (SELECT rowid FROM units_fts WHERE units_fts MATCH ? LIMIT ?)",
                 (clause, self.budget + 1),
-            ).fetchone()
-            self._counts[clause] = row[0]
+            ).fetchone()[0]
+            if count < CACHED_FROM:
+                return count
+            self._counts[clause] = count
         return self._counts[clause]

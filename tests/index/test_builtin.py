@@ -57,6 +57,24 @@ def test_a_fact_written_to_memory_is_found_after_refresh(index, workspace):
     assert hits[0].when.startswith(datetime.fromtimestamp(memory.stat().st_mtime).strftime("%Y-%m-%d"))
 
 
+def test_a_word_searched_before_it_was_written_is_found_once_written(index, workspace):
+    """The agent looks a fact up, finds nothing, writes it into a section of MEMORY.md (the index's unit count stays
+    the same) and looks again: the word counted absent the first time must not stay absent."""
+    root, _ = workspace
+    memory = root / "memory" / "MEMORY.md"
+    write(memory, "# Memory\n\n## Travel\n- Nothing planned yet.\n\n## Servers\n- Staging is kestrel.\n")
+    index.refresh()
+    assert index.search("zanzibar trip") == []
+
+    write(memory, "# Memory\n\n## Travel\n- The zanzibar trip starts on 9 March.\n\n"
+                  "## Servers\n- Staging is kestrel.\n")
+    report = index.refresh()
+
+    assert report["units_added"] == report["units_removed"] == 1
+    hits = index.search("zanzibar trip")
+    assert hits and "zanzibar trip starts" in hits[0].text
+
+
 def test_a_deleted_section_disappears_and_the_others_stay(index, workspace):
     root, _ = workspace
     memory = root / "memory" / "MEMORY.md"
