@@ -3,9 +3,9 @@
 The agent (nanobot 0.3.x) writes its own history entries: one from compacting in place comes just before its save moves
 `last_archived`, one for `/new` just after the file is cut. So each new agent entry waits, unclaimed, until the tracker
 sees a session's mark move (the entry was that compaction's) or its messages vanish (the entry archived them); messages
-that vanished with no agent entry within the grace period are archived by nanobotd from the spool. An entry followed
-by a scan that sees neither is dropped: its compaction failed after writing it (the mark never moved), and nanobot
-archives those messages again itself, so it must not be taken for a later cut's archive."""
+that vanished with no agent entry within the grace period are archived by nanobotd from the spool. An entry still
+unclaimed after a full scan that saw neither is dropped: its compaction failed after writing it (the mark never
+moved), and nanobot archives those messages again itself, so it must not be taken for a later cut's archive."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ class AgentArchive:
     unclaimed: dict[str, list[HistoryEntry]] = field(default_factory=dict)
     waiting: dict[str, float] = field(default_factory=dict)
     cut_cursors: dict[str, int] = field(default_factory=dict)  # history's last cursor when a waiting cut was seen
+    quiet_cursors: dict[str, int] = field(default_factory=dict)  # and at a session's last scan with neither
     rescued: dict[str, tuple[float, list[str]]] = field(default_factory=dict)
     checks: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
 
@@ -87,7 +88,13 @@ def session_scanned(core: Core, workspace: Workspace, key: str, *, mark_moved: b
             workspace.tracker.set_cycle(key, next_cycle=True)
         settle(core, workspace, key)
     elif not mark_moved and key not in archive.waiting:
-        archive.unclaimed.pop(key, None)  # a compaction that failed after writing its entry (see the module's doc)
+        # an entry read by the last such scan too: a compaction that failed after writing it (see the module's doc);
+        # one read only now may belong to a save this scan has not read yet
+        before = archive.quiet_cursors.get(key, 0)
+        kept = [entry for entry in archive.unclaimed.pop(key, []) if entry.cursor > before]
+        if kept:
+            archive.unclaimed[key] = kept
+        archive.quiet_cursors[key] = archive.follower.last_cursor
 
 
 def settle(core: Core, workspace: Workspace, key: str) -> None:

@@ -155,7 +155,7 @@ def rebuild_archive_marks(workspace: Workspace, batch: int = 1_000) -> None:
 
 def scanned(core: Core, workspace: Workspace, result: ScanResult) -> None:
     """A session's counters changed: beside an agent, attribute its archive entries first; then trigger."""
-    if workspace.mode == "companion" and (result.vanished or result.mark_moved):
+    if workspace.mode == "companion":
         companion.session_scanned(core, workspace, result.key, mark_moved=result.mark_moved, vanished=result.vanished,
                                   tail_before=result.tail_before)
     trigger(core, workspace, result.key, vanished=result.vanished)

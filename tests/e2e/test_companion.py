@@ -147,6 +147,25 @@ def test_an_entry_of_a_compaction_that_never_moved_the_mark_is_not_taken_for_the
     assert workspace_status(companion)["archived_twice"] == 0
 
 
+def test_an_entry_still_unclaimed_after_two_saves_counts_for_no_later_cut(companion):
+    """The stale entry of a failed compaction outlives a full save: when /new later cuts the file and no archive of
+    the agent follows, every cut message is rescued, not only what that old entry seemed to drop."""
+    messages = start_with_session(companion, "cli:p", 6)
+    lines = [f"[{m['timestamp'][:16]}] {m['role'].upper()}: {m['content']}" for m in messages]
+    body = "[RAW] 6 messages\n" + "\n".join(lines)
+    agent_entry(companion.workspace, "cli:p", body[:body.index(messages[2]["content"])] + "\n... (truncated)")
+    for count in (8, 10):  # two turns saved, the mark never moving
+        more = messages + conversation(count - 6, tag="q")
+        write_session(companion.sessions, "cli:p", more)
+        companion.wait_for(lambda count=count: (companion.session("cli:p") or {}).get("messages") == count)
+    write_session(companion.sessions, "cli:p", [])  # /new, and its archive never comes
+    companion.wait_for(lambda: nanobotd_entries(companion.workspace), timeout=GRACE + 10)
+    rescued = "\n".join(entry["content"] for entry in nanobotd_entries(companion.workspace))
+    assert all(message["content"] in rescued for message in more)
+    [run] = companion.ctl_json("runs", "--kind", "consolidate")["runs"]
+    assert workspace_status(companion)["archived_twice"] == 0
+
+
 def test_the_agents_in_place_compaction_is_never_archived_again(companion):
     messages = start_with_session(companion, "cli:d", 6)
     agent_entry(companion.workspace, "cli:d", "- [durable] checkpoint of the first four messages")
