@@ -36,20 +36,23 @@ def nanobot_workspace(environ: Mapping[str, str]) -> tuple[Path, Path | None]:
         return home / NANOBOT_WORKSPACE, None
     except (OSError, ValueError):
         return home / NANOBOT_WORKSPACE, config_json
-    return home / (named_workspace(data) or NANOBOT_WORKSPACE), config_json
+    return workspace_under(home, named_workspace(data)), config_json
 
 
-def named_workspace(data: object) -> Path | None:
-    """The workspace a parsed nanobot config names (agents.defaults.workspace), as a path to join to HOME: `~`
-    is HOME and a relative path is taken from HOME (nanobot would take it from the folder it starts in, which
-    nanobotd cannot know); None when it names none."""
+def named_workspace(data: object) -> str:
+    """The workspace a parsed nanobot config names (agents.defaults.workspace) as written, "" when none."""
     agents = data.get("agents") if isinstance(data, dict) else None
     defaults = agents.get("defaults") if isinstance(agents, dict) else None
     named = defaults.get("workspace") if isinstance(defaults, dict) else None
-    named = named.strip() if isinstance(named, str) else ""
+    return named.strip() if isinstance(named, str) else ""
+
+
+def workspace_under(home: Path, named: str) -> Path:
+    """Where *named* is, read from *home*: `~` is HOME and a relative path is taken from HOME (nanobot would take it
+    from the folder it starts in, which nanobotd cannot know); "" is nanobot's default workspace."""
     if not named:
-        return None
-    return Path(named[1:].lstrip("/") or ".") if named.startswith("~") else Path(named)  # HOME / "/x" is "/x"
+        return home / NANOBOT_WORKSPACE
+    return home / (named[1:].lstrip("/") if named.startswith("~") else named)  # HOME / "/x" is "/x"
 
 
 def default_state_dir(environ: Mapping[str, str]) -> Path:

@@ -101,9 +101,9 @@ async def refresh_index(core: Core, workspace: Workspace) -> dict | None:
         return None
     paths, workspace.pending_paths = workspace.pending_paths, {}
     changed = None if ALL_FILES in paths else sorted(paths)
-    waited = asyncio.get_running_loop().time() - workspace.pending_since
     # counted for status: an index refresh runs beside jobs and shares the CPU (and the GIL) with them
     loop = asyncio.get_running_loop()
+    waited = loop.time() - workspace.pending_since
     started = workspace.refresh_started = time.monotonic()
     try:
         workspace.last_refresh = await loop.run_in_executor(core.executor, workspace.index.refresh, changed)

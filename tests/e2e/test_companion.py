@@ -48,6 +48,19 @@ def workspace_status(daemon) -> dict:
     return daemon.ctl_json("status")["workspaces"][0]
 
 
+def new_then_agent_archive_leaves_nothing_to_nanobotd(daemon, key: str, summary: str) -> None:
+    """/new cuts the file first, then the agent's archive entry comes: nanobotd archives nothing, counts nothing."""
+    write_session(daemon.sessions, key, [])
+    daemon.wait_for(lambda: (daemon.session(key) or {}).get("vanished_messages"))  # (seen: the grace runs)
+    cut_seen = time.monotonic()
+    agent_entry(daemon.workspace, key, summary)
+    daemon.wait_for(lambda: (daemon.session(key) or {}).get("vanished_messages") == 0, timeout=GRACE + 8)
+    past_the_grace(cut_seen)
+    assert nanobotd_entries(daemon.workspace) == []
+    assert daemon.ctl_json("runs", "--kind", "consolidate")["runs"] == []
+    assert workspace_status(daemon)["archived_twice"] == 0
+
+
 @pytest.fixture
 def companion(tmp_path, daemon_process):
     workspace, sessions = make_workspace(tmp_path, layout="current")
@@ -82,15 +95,7 @@ def test_auto_picks_owner_for_files_without_the_agents_mark(tmp_path, daemon_pro
 
 def test_a_cut_session_whose_agent_entry_comes_within_the_grace_is_archived_once_by_the_agent(companion):
     start_with_session(companion, "cli:a", 6)
-    write_session(companion.sessions, "cli:a", [])  # /new: the file is cut first ...
-    companion.wait_for(lambda: (companion.session("cli:a") or {}).get("vanished_messages"))  # (seen: the grace runs)
-    cut_seen = time.monotonic()
-    agent_entry(companion.workspace, "cli:a", "- [durable] the user talked about a")  # ... then the archive
-    companion.wait_for(lambda: (companion.session("cli:a") or {}).get("vanished_messages") == 0, timeout=GRACE + 8)
-    past_the_grace(cut_seen)
-    assert nanobotd_entries(companion.workspace) == []
-    assert companion.ctl_json("runs", "--kind", "consolidate")["runs"] == []
-    assert workspace_status(companion)["archived_twice"] == 0
+    new_then_agent_archive_leaves_nothing_to_nanobotd(companion, "cli:a", "- [durable] the user talked about a")
 
 
 def test_a_cut_session_with_no_agent_entry_is_archived_by_nanobotd_after_the_grace(companion):
@@ -136,15 +141,7 @@ def test_an_entry_of_a_compaction_that_never_moved_the_mark_is_not_taken_for_the
     more = messages + conversation(2, tag="n")
     write_session(companion.sessions, "cli:k", more)  # the next turn's save: the mark has not moved
     companion.wait_for(lambda: (companion.session("cli:k") or {}).get("messages") == 8)
-    write_session(companion.sessions, "cli:k", [])  # /new: the file is cut first ...
-    companion.wait_for(lambda: (companion.session("cli:k") or {}).get("vanished_messages"))
-    cut_seen = time.monotonic()
-    agent_entry(companion.workspace, "cli:k", "- [durable] the user talked about k and n")  # ... then its archive
-    companion.wait_for(lambda: (companion.session("cli:k") or {}).get("vanished_messages") == 0, timeout=GRACE + 8)
-    past_the_grace(cut_seen)
-    assert nanobotd_entries(companion.workspace) == []
-    assert companion.ctl_json("runs", "--kind", "consolidate")["runs"] == []
-    assert workspace_status(companion)["archived_twice"] == 0
+    new_then_agent_archive_leaves_nothing_to_nanobotd(companion, "cli:k", "- [durable] the user talked about k and n")
 
 
 def test_an_entry_still_unclaimed_after_two_saves_counts_for_no_later_cut(companion):
@@ -216,18 +213,23 @@ def agent_config(daemon, **defaults) -> None:
     path.write_text(json.dumps({"agents": {"defaults": defaults}}))
 
 
-def test_the_flush_runs_before_the_agents_budget_is_reached(tmp_path, daemon_process):
-    workspace, sessions = make_workspace(tmp_path, layout="current")
-    with FakeLLM(default=Text("## Decisions\n- Backups go to the cold bucket.\n")) as fake:
-        daemon = daemon_process(workspace, mode="auto", extra_config=f"""
+def llm_config(fake, consolidation: str) -> str:
+    """A daemon config calling *fake* (no retries), with these [consolidation] lines."""
+    return f"""
 [llm]
 model = "{fake.model}"
 api_base = "{fake.base_url}"
 max_retries = 0
 
 [consolidation]
-agent_base_tokens = 1000
-""")
+{consolidation}
+"""
+
+
+def test_the_flush_runs_before_the_agents_budget_is_reached(tmp_path, daemon_process):
+    workspace, sessions = make_workspace(tmp_path, layout="current")
+    with FakeLLM(default=Text("## Decisions\n- Backups go to the cold bucket.\n")) as fake:
+        daemon = daemon_process(workspace, mode="auto", extra_config=llm_config(fake, "agent_base_tokens = 1000"))
         daemon.sessions = sessions
         agent_config(daemon, contextWindowTokens=4000, maxTokens=500, idleCompactAfterMinutes=0)
         messages = conversation(4, words=40)

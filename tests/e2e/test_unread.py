@@ -15,7 +15,7 @@ from nanobotd.faults import ENV_NAME
 from nanobotd.sessions.file import filename_for_key
 from nanobotd.sessions.hold import HELD_DIR
 from nanobotd.state.store import DB_NAME
-from tests.e2e.test_companion import agent_config, agent_entry, nanobotd_entries
+from tests.e2e.test_companion import agent_config, agent_entry, llm_config, nanobotd_entries
 from tests.support.daemonproc import FIRST_LLM_CALL_SECONDS
 from tests.support.fakellm import FakeLLM, Responder, Text
 from tests.support.workspace import conversation, history_entries, make_workspace, write_session
@@ -236,16 +236,8 @@ def test_beside_the_agent_a_long_unread_session_is_archived_once_between_it_and_
     agent_entry(workspace, key, fact_lines(f"A-{number}" for number in range(first_mark)))  # before nanobotd
     write_session(sessions, key, long_conversation("a", count), last_archived=first_mark)
     with FakeLLM(default=Responder(answer)) as fake:
-        daemon = daemon_process(workspace, mode="auto", extra_config=f"""
-[llm]
-model = "{fake.model}"
-api_base = "{fake.base_url}"
-max_retries = 0
-
-[consolidation]
-agent_grace_seconds = {GRACE}
-agent_base_tokens = 1000
-""")
+        daemon = daemon_process(workspace, mode="auto", extra_config=llm_config(
+            fake, f"agent_grace_seconds = {GRACE}\nagent_base_tokens = 1000"))
         daemon.sessions = sessions
         # the agent's budget (~68,000 tokens) is far above the ~27,000 its prompt holds at start: nothing counted
         agent_config(daemon, contextWindowTokens=70000, maxTokens=1000, idleCompactAfterMinutes=0)

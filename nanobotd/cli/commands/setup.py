@@ -109,18 +109,17 @@ def nanobotctl_program(argv0: str | None = None, executable: str | None = None) 
 
 def nanobot_workspace(data: dict) -> str:
     """The absolute path of the workspace the config's agent works in, read as the daemon reads it
-    (config.paths.named_workspace), so the MCP entry and the daemon name the same folder."""
-    return os.path.abspath(Path.home() / (paths.named_workspace(data) or paths.NANOBOT_WORKSPACE))
+    (config.paths.workspace_under), so the MCP entry and the daemon name the same folder."""
+    return os.path.abspath(paths.workspace_under(Path.home(), paths.named_workspace(data)))
 
 
 def relative_workspace(data: dict, given: str | None) -> list[str]:
     """A warning when the config names its workspace by a relative path: nanobot reads it from the folder it
     starts in, which neither nanobotctl nor the daemon can know."""
     named = paths.named_workspace(data)
-    text = data["agents"]["defaults"]["workspace"].strip() if named is not None else ""
-    if given or named is None or text.startswith(("/", "~")):
+    if given or not named or named.startswith(("/", "~")):
         return []
-    return [f"agents.defaults.workspace is the relative path '{text}': nanobot reads it from the folder it starts"
+    return [f"agents.defaults.workspace is the relative path '{named}': nanobot reads it from the folder it starts"
             f" in, nanobotd from your home folder ({nanobot_workspace(data)}); write it as an absolute path so"
             " both use the same folder"]
 
