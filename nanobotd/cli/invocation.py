@@ -23,11 +23,6 @@ class Invocation:
         self.stdout = stdout
         self.stderr = stderr
 
-    @property
-    def as_json(self) -> bool:
-        """Whether to print raw JSON instead of the human rendering (--json, for scripts)."""
-        return bool(self.args.json)
-
     def out(self, text: str = "") -> None:
         """Write one line to this invocation's stdout (the terminal, or a test's buffer)."""
         self.stdout.write(text + "\n")
@@ -47,7 +42,7 @@ class Invocation:
 
     def answer(self, data: dict, render: Callable[[dict], Iterable[str]]) -> int:
         """Print the daemon's answer, raw with --json or through *render*; the common end of a command."""
-        if self.as_json:
+        if self.args.json:
             self.emit_json(data)
         else:
             self.out_lines(render(data))

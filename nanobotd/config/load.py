@@ -58,14 +58,10 @@ class Config:
 
     def to_json(self) -> dict:
         """The effective config as plain data (no secrets) for check-config and status."""
-        def plain(obj: Any) -> Any:
-            if dataclasses.is_dataclass(obj):
-                return {f.name: plain(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.name != "api_key"}
-            if isinstance(obj, Path):
-                return str(obj)
-            if isinstance(obj, (list, tuple)):
-                return [plain(item) for item in obj]
-            return obj
+        def plain(settings: Any) -> dict:
+            data = dataclasses.asdict(settings)
+            data.pop("api_key", None)
+            return json.loads(json.dumps(data, default=str))  # paths as text
 
         return {
             "source": str(self.source) if self.source else None,

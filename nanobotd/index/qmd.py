@@ -87,7 +87,7 @@ class QmdBackend:
         self._start_timeout = settings.start_timeout_seconds
         self._executable: str | None = None
         self._version: str | None = None
-        self._available = False
+        self.available = False  # once start() found a working qmd and the workspace collection
         self._reason: str | None = "not started"
         self._last_error: str | None = None
         self._last_update: float | None = None
@@ -105,11 +105,6 @@ class QmdBackend:
         self._mcp: McpServer | None = None
         self._closed = False
 
-    @property
-    def available(self) -> bool:
-        """True once start() found a working qmd and the workspace collection."""
-        return self._available
-
     async def start(self) -> None:
         """Check the qmd binary and ensure the workspace collection; on failure record why, never raise."""
         try:
@@ -119,10 +114,10 @@ class QmdBackend:
                                                 timeout=self._start_timeout)
             created = await self._ensure_collection()
         except (SearchBackendError, OSError) as exc:
-            self._available, self._reason = False, str(exc)
+            self.available, self._reason = False, str(exc)
             logger.warning("qmd backend unavailable for {}: {}", self.workspace, exc)
             return
-        self._available, self._reason = True, None
+        self.available, self._reason = True, None
         base_argv = [self._executable, "--index", self.name]
         self._mcp = McpServer(base_argv, env=self._env, cwd=self.home, clock=self._clock)
         logger.info("qmd {} serves {} as collection {}", self._version, self.workspace, self.name)
@@ -132,7 +127,7 @@ class QmdBackend:
     def request_update(self) -> None:
         """Note that memory files changed: one debounced, single-flight update will pick it up."""
         self._requests_seen += 1
-        if self._available and not self._closed:
+        if self.available and not self._closed:
             self._arm_timer(self.settings.debounce_seconds)
 
     async def update_now(self) -> None:
@@ -142,7 +137,7 @@ class QmdBackend:
             # Someone cleared the state dir under us: without its config qmd would update nothing, and a
             # running server would keep reading the deleted index.
             await self._ensure_collection()
-            await self._mcp.stop()  # set by start() with _available, which _require_available() checked
+            await self._mcp.stop()  # set by start() with available, which _require_available() checked
         async with self._index_lock():
             requests_covered = self._requests_seen
             self._updating = True
@@ -190,7 +185,7 @@ class QmdBackend:
 
     async def warm_up(self) -> None:
         """Start the BM25 server and wait until it answers, so the first searches do not pay for it."""
-        if self._available and self.settings.mcp_server and self._mcp is not None:
+        if self.available and self.settings.mcp_server and self._mcp is not None:
             await self._mcp.wait_ready()
 
     def freshness(self) -> dict:
@@ -198,7 +193,7 @@ class QmdBackend:
         stats = read_index_stats(self.index_path, self.name)
         last_update = iso_time(self._last_update) if self._last_update is not None else stats.last_write
         return {
-            "available": self._available,
+            "available": self.available,
             "reason": self._reason,
             "last_update": last_update,
             "pending_changes": self._requests_seen - self._requests_indexed,
@@ -283,7 +278,7 @@ class QmdBackend:
             self._worker = asyncio.ensure_future(self._drain_updates())
 
     async def _drain_updates(self) -> None:
-        while self._available and not self._closed and self._requests_seen > self._requests_indexed:
+        while self.available and not self._closed and self._requests_seen > self._requests_indexed:
             try:
                 await self.update_now()
             except SearchBackendError as exc:
@@ -374,7 +369,7 @@ class QmdBackend:
     # -- plumbing ----------------------------------------------------------------------------------
 
     def _require_available(self) -> None:
-        if not self._available:
+        if not self.available:
             raise SearchBackendError(f"qmd backend unavailable: {self._reason}")
 
     async def _qmd(self, *args: str, timeout: float, check: bool = False) -> QmdResult:

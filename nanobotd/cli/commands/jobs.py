@@ -78,7 +78,7 @@ def start_runs(invocation: Invocation, answer: dict, *, epilogue: Epilogue | Non
                         f"Follow it with: {follow}")
         return EXIT_INTERRUPTED
     extra_rows, notes, extra_data = epilogue(invocation, runs) if epilogue is not None else ([], [], {})
-    if invocation.as_json:
+    if invocation.args.json:
         invocation.emit_json({**answer, **({"run": runs[0]} if len(runs) == 1 else {"runs": runs}), **extra_data})
     else:
         if answer.get("joined"):

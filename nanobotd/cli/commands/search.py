@@ -13,7 +13,7 @@ def search(invocation: Invocation) -> int:
     """Search memory; numbered hits with where and when, so a reader can open the source."""
     args = invocation.args
     data = invocation.client.get("/v1/search", {"q": args.query, "limit": args.limit, "mode": args.mode})
-    if data.get("degraded") and not invocation.as_json:
+    if data.get("degraded") and not invocation.args.json:
         invocation.warn(f"search degraded: {format_cell(data['degraded'])}")
     return invocation.answer(data, _hit_lines)
 
@@ -23,7 +23,7 @@ def context(invocation: Invocation) -> int:
     args = invocation.args
     data = invocation.client.get("/v1/context", {"session": args.key, "query": args.query,
                                                  "budget_tokens": args.budget})
-    if data.get("warning") and not invocation.as_json:
+    if data.get("warning") and not invocation.args.json:
         invocation.warn(str(data["warning"]))
     return invocation.answer(data, _context_lines)
 
