@@ -29,8 +29,6 @@ KEY_HINTS = {
                "variable in llm.api_key_env, e.g. api_key_env = \"OPENAI_API_KEY\"",
 }
 
-__all__ = ["Config", "ConfigError", "build_config", "check_cron", "load_config", "socket_group_id"]
-
 
 class ConfigError(ValueError):
     """The config is unusable; the message names the offending key."""

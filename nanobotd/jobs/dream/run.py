@@ -27,8 +27,6 @@ from nanobotd.memory.history import read_dream_cursor
 from nanobotd.state.store import StateStore
 from nanobotd.tuning import CHARS_PER_TOKEN, INPUT_SHARE
 
-__all__ = ["KIND", "DreamError", "DreamResult", "DreamRun"]
-
 ITERATION_BOUND = "iteration bound"
 TOKEN_BUDGET = "token budget"
 NEXT_BATCH_WOULD_NOT_FIT = "token budget: the next batch would not fit"
