@@ -4,6 +4,7 @@ workspace can rebuild, so speed beats durability (WAL, synchronous=NORMAL) and a
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sqlite3
 from collections.abc import Iterator
@@ -178,7 +179,7 @@ def insert_units(connection: sqlite3.Connection, file_id: int, units: list[Unit]
         "INSERT INTO units (id, file_id, unit_key, source, first, last, when_text, session_key, parts) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [(first_id + number, file_id, unit.key, unit.source, unit.start, unit.end, unit.when, unit.session_key,
-          unit.parts_json()) for number, unit in enumerate(units)])
+          json.dumps(unit.parts) if unit.parts else None) for number, unit in enumerate(units)])
     connection.executemany("INSERT INTO units_fts (rowid, body, dates) VALUES (?, ?, ?)",
                            [(first_id + number, unit.text, unit.dates) for number, unit in enumerate(units)
                             if unit.text.strip()])

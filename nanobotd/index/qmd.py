@@ -138,7 +138,7 @@ class QmdBackend:
             # running server would keep reading the deleted index.
             await self._ensure_collection()
             await self._mcp.stop()  # set by start() with available, which _require_available() checked
-        async with self._index_lock():
+        async with index_lock(self._update_mutex, self._lock_path, self._update_timeout):
             requests_covered = self._requests_seen
             self._updating = True
             try:
@@ -234,7 +234,7 @@ class QmdBackend:
             wanted.append((self.export_name, self.export.export_dir.resolve(), EXPORT_MASK))
         created = False
         # Under the lock: another process may be creating the same collection right now.
-        async with self._index_lock():
+        async with index_lock(self._update_mutex, self._lock_path, self._update_timeout):
             for name, folder, mask in wanted:
                 show = await self._qmd("collection", "show", name, timeout=self._start_timeout)
                 fields = collection_fields(show.stdout) if show.returncode == 0 else {}
@@ -286,10 +286,6 @@ class QmdBackend:
                 if self._timer is None and not self._closed:
                     self._timer = asyncio.get_running_loop().call_later(UPDATE_RETRY_SECONDS, self._on_timer)
                 return
-
-    def _index_lock(self) -> contextlib.AbstractAsyncContextManager[None]:
-        """Exclusive use of the index: one update at a time in this process and across processes."""
-        return index_lock(self._update_mutex, self._lock_path, self._update_timeout)
 
     def _start_embedding(self) -> None:
         # Embedding runs beside updates, not under the index lock: it can take minutes (a model

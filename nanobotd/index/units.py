@@ -5,7 +5,6 @@ its key changes with its text or place, so a refresh indexes only units whose ke
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,10 +34,6 @@ class Unit:
     dates: str = ""
     session_key: str | None = None
     parts: tuple = ()  # session windows: [position, char offset, timestamp] per message, to trim overlaps
-
-    def parts_json(self) -> str | None:
-        """The parts as stored in the database (None for units without parts)."""
-        return json.dumps(self.parts) if self.parts else None
 
 
 def text_digest(text: str) -> str:
