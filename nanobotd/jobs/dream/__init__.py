@@ -8,7 +8,7 @@ from typing import Any
 
 from nanobotd.gitstore.store import CURSOR_FILE
 from nanobotd.jobs.dream.apply import recover_dream_run
-from nanobotd.jobs.dream.restore import restore_dream_commit, restore_dream_run
+from nanobotd.jobs.dream.restore import restore_dream
 from nanobotd.jobs.dream.run import KIND, DreamRun
 from nanobotd.jobs.env import JobEnv
 from nanobotd.jobs.job import HISTORY_FILE, Job, QueuePolicy
@@ -36,7 +36,7 @@ class Dream(Job):
     async def restore(self, env: JobEnv, run: RunRecord, *, restore_run_id: str | None, force: bool,
                       dry_run: bool) -> dict:
         """Revert the run's dream commit as a new commit (refused on conflicting later edits unless forced)."""
-        return await env.git.call(restore_dream_run, run, store=env.store, git=env.git,
+        return await env.git.call(restore_dream, run, store=env.store, git=env.git,
                                   restore_run_id=restore_run_id, force=force, dry_run=dry_run)
 
     async def reapply(self, env: JobEnv, original: RunRecord | None, restore_run: RunRecord, *,
@@ -47,7 +47,7 @@ class Dream(Job):
     async def restore_commit(self, env: JobEnv, sha: str, *, restore_run_id: str | None, force: bool,
                              dry_run: bool) -> dict:
         """Revert one `dream:` commit by sha, nanobot's own included (like nanobot's `/dream-restore <sha>`)."""
-        return await env.git.call(restore_dream_commit, sha, store=env.store, git=env.git,
+        return await env.git.call(restore_dream, sha, store=env.store, git=env.git,
                                   restore_run_id=restore_run_id, force=force, dry_run=dry_run)
 
     def queue_policy(self, env: JobEnv, params: Mapping[str, Any]) -> QueuePolicy:

@@ -10,7 +10,6 @@ import difflib
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from loguru import logger
 
@@ -28,24 +27,15 @@ RESTORABLE_KINDS = ("dream", "restore")
 BACKUP_DIR = "before"
 
 
-def restore_dream_run(run: RunRecord, *, store: StateStore, git: GitStore, restore_run_id: str | None,
-                      force: bool = False, dry_run: bool = False) -> dict:
-    """Undo dream (or dream-restore) run *run* as a new change, on the git thread; RestoreRefused, changing nothing,
-    when it cannot apply. The answer ({"plan", "commit", "files", "forced", "dry_run", "cursor_before", "cursor_after",
-    "history_restored", "files_changed", "reverted"}) goes in the restore run's manifest, so a restore can be restored.
-    """
-    return _refusing_on_git_errors(Restorer(store, git, restore_run_id, force, dry_run).restore_run, run)
-
-
-def restore_dream_commit(sha: str, *, store: StateStore, git: GitStore, restore_run_id: str | None,
-                         force: bool = False, dry_run: bool = False) -> dict:
-    """Undo one `dream:` commit by sha, nanobot's own included (like nanobot's `/dream-restore <sha>`)."""
-    return _refusing_on_git_errors(Restorer(store, git, restore_run_id, force, dry_run).restore_commit, sha)
-
-
-def _refusing_on_git_errors(step: Callable[[Any], dict], target: Any) -> dict:
+def restore_dream(target: RunRecord | str, *, store: StateStore, git: GitStore, restore_run_id: str | None,
+                  force: bool = False, dry_run: bool = False) -> dict:
+    """Undo a dream (or dream-restore) run, or one `dream:` commit by sha (nanobot's own too, like its `/dream-restore
+    <sha>`), as a new change on the git thread; RestoreRefused, changing nothing, when it cannot apply. The answer
+    ({"plan", "commit", "files", "forced", "dry_run", "cursor_before", "cursor_after", "history_restored",
+    "files_changed", "reverted"}) goes in the restore run's manifest, so a restore can be restored."""
+    restorer = Restorer(store, git, restore_run_id, force, dry_run)
     try:
-        return step(target)
+        return restorer.restore_commit(target) if isinstance(target, str) else restorer.restore_run(target)
     except GitStoreError as exc:
         # GitStore puts files back when its commit fails, so a git error leaves the workspace as it was.
         raise RestoreRefused(f"restore failed: {exc}", conflicts=getattr(exc, "files", None)) from exc

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from nanobotd.config.schema import ContextSettings, DreamSettings, LifecycleSettings, LLMSettings, WorkspaceSettings
 from nanobotd.gitstore.store import GitStore
-from nanobotd.jobs.dream.restore import restore_dream_run
+from nanobotd.jobs.dream.restore import restore_dream
 from nanobotd.jobs.dream.run import DreamResult, DreamRun
 from nanobotd.state.store import StateStore
 from tests.support.fakellm import FakeLLM, Text, ToolCalls
@@ -84,7 +84,7 @@ def dream(workspace: Path, store: StateStore, git: GitStore, fake: FakeLLM | Non
 
 def restore(store: StateStore, git: GitStore, run_id: str, **options: object) -> tuple[str, dict]:
     restore_id = store.create_run("restore", "ws")
-    result = asyncio.run(git.call(restore_dream_run, store.get_run(run_id), store=store, git=git,
+    result = asyncio.run(git.call(restore_dream, store.get_run(run_id), store=store, git=git,
                                   restore_run_id=restore_id, **options))
     store.finish_run(restore_id, state="finished", outcome="restored", manifest=result)
     return restore_id, result

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from nanobotd.jobs.dream.restore import dream_log, restore_dream_commit, restore_dream_run
+from nanobotd.jobs.dream.restore import dream_log, restore_dream
 from nanobotd.jobs.dreamnotes import unread_note_bullets
 from nanobotd.jobs.errors import RestoreRefused
 from nanobotd.memory.history import read_dream_cursor
@@ -45,7 +45,7 @@ def test_restore_is_byte_identical_as_a_new_commit_and_restoring_the_restore_rea
 def test_a_dry_run_restore_plans_without_changing_anything(workspace, store, git, fake):
     result = dream_two_files(workspace, store, git, fake)
     head, files = git_cli(workspace, "rev-parse", "HEAD"), tree(workspace)
-    plan = restore_dream_run(store.get_run(result.run_id), store=store, git=git, restore_run_id=None, dry_run=True)
+    plan = restore_dream(store.get_run(result.run_id), store=store, git=git, restore_run_id=None, dry_run=True)
     assert plan["commit"] is None and plan["plan"][0].startswith("revert commit")
     assert (git_cli(workspace, "rev-parse", "HEAD"), tree(workspace)) == (head, files)
 
@@ -103,17 +103,17 @@ def test_a_nanobot_made_dream_commit_is_tolerated_listed_and_restorable_by_sha(w
     assert asyncio.run(git.call(dream_log, git, result.run_id))["run_id"] == result.run_id
     assert asyncio.run(git.call(dream_log, git, nanobot_sha[:8]))["sha"] == nanobot_sha
     restore_id = store.create_run("restore", "ws")
-    restored = restore_dream_commit(nanobot_sha, store=store, git=git, restore_run_id=restore_id)
+    restored = restore_dream(nanobot_sha, store=store, git=git, restore_run_id=restore_id)
     assert "- dream fact MSG-1" not in memory.read_text() and "PostgreSQL 16" in memory.read_text()
     assert read_dream_cursor(workspace / "memory") == 0 and restored["commit"]
 
 
 def test_restoring_an_unknown_commit_or_an_unfinished_run_is_refused(workspace, store, git):
     with pytest.raises(RestoreRefused, match="no commit"):
-        restore_dream_commit("deadbeef", store=store, git=git, restore_run_id=None, dry_run=True)
+        restore_dream("deadbeef", store=store, git=git, restore_run_id=None, dry_run=True)
     run_id = store.create_run("dream", "ws")
     with pytest.raises(RestoreRefused, match="started"):
-        restore_dream_run(store.get_run(run_id), store=store, git=git, restore_run_id=None, dry_run=True)
+        restore_dream(store.get_run(run_id), store=store, git=git, restore_run_id=None, dry_run=True)
 
 
 def test_restoring_a_dream_that_read_notes_makes_their_bullets_unread_again(workspace, store, git, fake):
@@ -123,7 +123,7 @@ def test_restoring_a_dream_that_read_notes_makes_their_bullets_unread_again(work
     result = dream(workspace, store, git, fake)
     memory = workspace / "memory"
     assert unread_note_bullets(memory) == []
-    plan = restore_dream_run(store.get_run(result.run_id), store=store, git=git, restore_run_id=None, dry_run=True)
+    plan = restore_dream(store.get_run(result.run_id), store=store, git=git, restore_run_id=None, dry_run=True)
     assert "mark 1 daily-note bullet(s) of 2026-04-03 as unread by the dream" in plan["plan"]
     assert unread_note_bullets(memory) == []
     restore_id, restored = restore(store, git, result.run_id)
