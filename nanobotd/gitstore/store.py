@@ -305,11 +305,6 @@ class GitStore:
         except (git.exc.BadName, ValueError, git.exc.GitCommandError) as exc:
             raise GitStoreError(f"no commit {ref!r} in {self.workspace}") from exc
 
-    def file_at(self, ref: str, path: str) -> bytes | None:
-        """A file's content at a commit, or None when it does not exist there."""
-        with self._repo() as repo:
-            return _blob(self._resolve(repo, ref), path)
-
     # -- reverting -------------------------------------------------------------------------------
     def revert(self, sha: str, run_id: str, *, overrides: dict[str, bytes | None] | None = None,
                dry_run: bool = False) -> dict:
@@ -339,11 +334,12 @@ class GitStore:
                 return result
             raise GitStoreError("the agent kept changing the files while the restore merged them")
 
-    def changed_files(self, sha: str) -> list[str]:
-        """The paths an ordinary commit changed."""
+    def files_before(self, sha: str) -> dict[str, bytes | None]:
+        """Each file an ordinary commit changed, as its parent had it (None: it did not exist)."""
         with self._repo() as repo:
             commit = self._resolve(repo, sha)
-            return _changed_paths(repo, commit.parents[0], commit) if len(commit.parents) == 1 else []
+            parent = commit.parents[0] if len(commit.parents) == 1 else None
+            return {path: _blob(parent, path) for path in _changed_paths(repo, parent, commit)} if parent else {}
 
     def _reverted_contents(self, repo: Any, commit: Any, read: dict[str, bytes | None],
                            skip: tuple[str, ...] = ()) -> dict[str, bytes | None]:

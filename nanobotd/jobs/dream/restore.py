@@ -92,13 +92,11 @@ class Restorer:
         run = self.store.get_run(info["run_id"]) if info["run_id"] else None
         if run is not None:
             return self.restore_run(run)
-        parent = f"{info['sha']}^"
-        paths = self.git.changed_files(info["sha"])
-        overrides = {}
-        if CURSOR_FILE in paths:
-            overrides[CURSOR_FILE] = self.git.file_at(parent, CURSOR_FILE)
+        before = self.git.files_before(info["sha"])
+        overrides = {CURSOR_FILE: before[CURSOR_FILE]} if CURSOR_FILE in before else {}
+        if overrides:
             self.cursor_plan(overrides[CURSOR_FILE])
-        self.revert(info["sha"], overrides, {path: self.git.file_at(parent, path) for path in paths})
+        self.revert(info["sha"], overrides, before)
         return self.result
 
     # -- with git ----------------------------------------------------------------------------------
