@@ -240,7 +240,7 @@ def _known_bullets(note: Path) -> str:
 # -- restore -------------------------------------------------------------------------------------------
 
 
-def restore_flush_run(run: RunRecord, *, store: StateStore, dry_run: bool) -> dict:
+def restore_flush_run(run: RunRecord, *, dry_run: bool) -> dict:
     """Undo a flush: the note's previous bytes when it is unchanged since, else only the bullets it added. Returns
     {"run_id", "plan": [lines], "files": [paths changed], "action"}; raises RestoreRefused."""
     manifest = run.manifest
@@ -324,7 +324,7 @@ class Flush(Job):
     async def restore(self, env: JobEnv, run: RunRecord, *, restore_run_id: str | None, force: bool,
                       dry_run: bool) -> dict:
         """The note's previous bytes when it is unchanged since, else only the bullets the flush added."""
-        return restore_flush_run(run, store=env.store, dry_run=dry_run)
+        return restore_flush_run(run, dry_run=dry_run)
 
     def queue_policy(self, env: JobEnv, params: Mapping[str, Any]) -> QueuePolicy:
         key = params["session_key"]

@@ -189,10 +189,10 @@ def test_restore_round_trip_is_byte_identical(fake, store, ws):
     fake.push(Text(FIRST_REPLY))
     run_id, _ = flush(ws, store, client(fake))
     changed = note_of(ws).read_bytes()
-    preview = restore_flush_run(store.get_run(run_id), store=store, dry_run=True)
+    preview = restore_flush_run(store.get_run(run_id), dry_run=True)
     assert note_of(ws).read_bytes() == changed
     assert preview["files"] == [str(note_of(ws))] and "put back" in preview["plan"][0]
-    result = restore_flush_run(store.get_run(run_id), store=store, dry_run=False)
+    result = restore_flush_run(store.get_run(run_id), dry_run=False)
     assert result["plan"] == preview["plan"]
     assert note_of(ws).read_bytes() == original
 
@@ -200,7 +200,7 @@ def test_restore_round_trip_is_byte_identical(fake, store, ws):
 def test_restoring_a_flush_that_created_the_note_deletes_it(fake, store, ws):
     fake.push(Text(FIRST_REPLY))
     run_id, _ = flush(ws, store, client(fake))
-    restore_flush_run(store.get_run(run_id), store=store, dry_run=False)
+    restore_flush_run(store.get_run(run_id), dry_run=False)
     assert not note_of(ws).exists()
 
 
@@ -210,7 +210,7 @@ def test_restore_after_the_note_changed_removes_only_the_runs_bullets(fake, stor
     run_id, _ = flush(ws, store, client(fake))
     with note_of(ws).open("a") as handle:
         handle.write("A line the user added later.\n")
-    result = restore_flush_run(store.get_run(run_id), store=store, dry_run=False)
+    result = restore_flush_run(store.get_run(run_id), dry_run=False)
     assert "remove the 5 bullets" in result["plan"][0]
     assert note_of(ws).read_text() == USER_NOTE + "A line the user added later.\n"
 
