@@ -114,23 +114,16 @@ class Pages:
                            diff=views.diff_lines(commit.get("diff") or "") if commit else [],
                            plan=plan, restored=restored, problem=problem)
 
-    def preview(self, request: Request) -> Response:
-        """The restore's dry run: what it would change, with the button that does it."""
-        run_id = request.path_params["run_id"]
-        try:
-            plan = self.client_for(None).post("/v1/restore", {"target": run_id, "dry_run": True})
-        except DaemonError as exc:
-            return self.run(request, problem=exc.message)
-        return self.run(request, plan=plan)
-
-    def restore(self, request: Request) -> Response:
-        """Start the restore and wait (up to a minute) for its end, then show what it did."""
-        run_id = request.path_params["run_id"]
+    def restore(self, request: Request, *, dry_run: bool = False) -> Response:
+        """Start the restore and wait (up to a minute) for its end, then show what it did; with *dry_run* show what it
+        would change, with the button that does it."""
         client = self.client_for(None)
         try:
-            started = client.post("/v1/restore", {"target": run_id})
+            started = client.post("/v1/restore", {"target": request.path_params["run_id"], "dry_run": dry_run})
         except DaemonError as exc:
             return self.run(request, problem=exc.message)
+        if dry_run:
+            return self.run(request, plan=started)
         restore_run: dict = {}
         run_path = f"/v1/runs/{quote(started['run_id'], safe='')}"
         for _ in range(RESTORE_WAIT_ROUNDS):
@@ -206,7 +199,7 @@ def build_app(client_for: ClientFactory, keys: Secrets) -> Guard:
         Route("/memory", page(pages.memory)),
         Route("/runs", page(pages.runs)),
         Route("/runs/{run_id}", page(pages.run)),
-        Route("/runs/{run_id}/preview", page(pages.preview), methods=["POST"]),
+        Route("/runs/{run_id}/preview", page(lambda request: pages.restore(request, dry_run=True)), methods=["POST"]),
         Route("/runs/{run_id}/restore", page(pages.restore), methods=["POST"]),
         Route("/health", page(pages.health)),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
