@@ -212,7 +212,10 @@ class BuiltinIndex:
             if self._connection is not None:
                 self._connection.close()
                 self._connection = None
-            self._close_reader()
+            with self._reading:
+                if self._read_connection is not None:
+                    self._read_connection.close()
+                    self._read_connection = None
 
     # -- database lifecycle -----------------------------------------------------------------------
 
@@ -246,12 +249,6 @@ class BuiltinIndex:
             self._read_connection = sqlite3.connect(self.db_path, check_same_thread=False)
             self._read_connection.execute("PRAGMA query_only = 1")
         return self._read_connection
-
-    def _close_reader(self) -> None:
-        with self._reading:
-            if self._read_connection is not None:
-                self._read_connection.close()
-                self._read_connection = None
 
     def _reset(self) -> None:
         self.close()
