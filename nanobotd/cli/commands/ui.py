@@ -3,6 +3,7 @@ no second server); uvicorn and the page are imported inside the command."""
 
 from __future__ import annotations
 
+import os
 import socket
 
 from nanobotd.cli.client import Client
@@ -18,7 +19,7 @@ def ui(invocation: Invocation) -> int:
     try:
         listener = bind(args.port)
     except OSError as exc:
-        invocation.stderr.write(f"nanobotctl: cannot listen on {HOST}:{args.port}: {exc.strerror or exc}\n")
+        invocation.warn(f"cannot listen on {HOST}:{args.port}: {os.strerror(exc.errno) if exc.errno else exc}")
         return EXIT_CANNOT_CONNECT
     import uvicorn
 
@@ -45,15 +46,7 @@ def ui(invocation: Invocation) -> int:
 
 def bind(port: int) -> socket.socket:
     """A listening socket on 127.0.0.1:*port* (0: a free port), never on another address."""
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        listener.bind((HOST, port))
-        listener.listen(64)
-    except OSError:
-        listener.close()
-        raise
-    return listener
+    return socket.create_server((HOST, port), backlog=64)  # SO_REUSEADDR set, closed again if binding fails
 
 
 def open_browser(url: str) -> bool:
