@@ -168,14 +168,10 @@ async def index_lock(mutex: asyncio.Lock, lock_path: Path, timeout: float) -> As
 
 def resolve_command(command: str, env: Mapping[str, str]) -> str:
     """The qmd executable *command* names (a path, or a name looked up on *env*'s PATH)."""
-    if os.sep in command:
-        path = Path(command).expanduser()
-        if path.is_file() and os.access(path, os.X_OK):
-            return str(path)
-        raise SearchBackendError(f"qmd command {command!r} is not an executable file (search.qmd_command)")
-    found = shutil.which(command, path=env.get("PATH"))
+    found = shutil.which(os.path.expanduser(command), path=env.get("PATH"))  # a path is checked, not looked up
     if found is None:
-        raise SearchBackendError(f"qmd command {command!r} not found on PATH (search.qmd_command)")
+        problem = "is not an executable file" if os.sep in command else "not found on PATH"
+        raise SearchBackendError(f"qmd command {command!r} {problem} (search.qmd_command)")
     return found
 
 
