@@ -173,12 +173,10 @@ def option_value(option: str, accepts: str, parse: Callable[[str], Any],
     It bears the option's name, which argparse uses in some messages."""
 
     def convert(text: str) -> Any:
-        try:
+        with contextlib.suppress(ValueError):
             value = parse(text)
             if allowed(value):
                 return value
-        except ValueError:
-            pass
         raise argparse.ArgumentTypeError(f"must be {accepts}, not {text!r}")
 
     convert.__name__ = option
