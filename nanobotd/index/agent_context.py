@@ -61,19 +61,14 @@ class Assembly:
         """Accept a part whose cost was checked with fits()."""
         self.parts.append((part, tokens))
 
-    def offer(self, part: Part, *, trim: bool = False, limit: int | None = None) -> Part | None:
-        """Accept *part* (with *trim*, cut to fit) and return what was accepted; None when omitted."""
+    def offer(self, part: Part, limit: int | None = None) -> None:
+        """Accept *part*, its head cut to fit when it does not; omitted when too little of it fits."""
         tokens = self.fits(part, limit)
-        if tokens is not None:
-            self.add(part, tokens)
-            return part
-        if trim:
-            cut = trim_part(part, self.remaining(limit))
-            if cut is not None:
-                self.add(cut, count_tokens(cut.render()))
-                return cut
-        self.omitted.append({"name": part.name, "reason": "budget"})
-        return None
+        cut = part if tokens is not None else trim_part(part, self.remaining(limit))
+        if cut is None:
+            self.omitted.append({"name": part.name, "reason": "budget"})
+        else:
+            self.add(cut, tokens if cut is part else count_tokens(cut.render()))
 
     def finish(self) -> tuple[str, int]:
         """The final text and its exact token count, dropping trailing parts in the rare case it overflows."""
@@ -142,7 +137,7 @@ def add_history(assembly: Assembly, memory_dir: Path, room: int, shown: list[str
             if used + tokens > room:
                 if not chosen:
                     # The newest entry alone is too big: show its head rather than nothing.
-                    assembly.offer(Part(name, line), trim=True, limit=room)
+                    assembly.offer(Part(name, line), room)
                     return
                 break
             chosen.append(line)
@@ -222,7 +217,7 @@ def add_search(assembly: Assembly, workspace: Path, query: str,
             assembly.add(part, tokens)
             return [hit.text.strip() for hit in chosen if hit.source == "history" and hit.text.strip()]
         chosen.pop()
-    assembly.offer(Part(name, render_hit(fresh[0])), trim=True)  # its head only: history may show it whole
+    assembly.offer(Part(name, render_hit(fresh[0])))  # its head only: history may show it whole
     return []
 
 
