@@ -9,31 +9,42 @@ import re
 import pytest
 
 from tests.e2e.cli import nanobotctl, nanobotctl_json, on_a_terminal
+from tests.support.daemonproc import shared_daemon
 from tests.support.fakellm import FakeLLM, Text
 from tests.support.workspace import conversation, make_workspace, write_session
 
 RUN_ID = re.compile(r"r-\d{8}-\d{6}-\w+-[0-9a-f]{6}")
 
 
-@pytest.fixture
-def offline(tmp_path, daemon_process):
-    """An offline daemon archiving (owner mode) one session of six messages."""
+@pytest.fixture(scope="module")
+def offline_daemon(tmp_path_factory):
+    """One offline daemon (owner mode) for the file's offline tests: each archives a session of its own."""
+    tmp_path = tmp_path_factory.mktemp("offline")
     workspace, sessions = make_workspace(tmp_path, layout="current")
-    write_session(sessions, "cli:a", conversation(6))
-    proc = daemon_process(workspace)
-    proc.workspace = workspace
-    proc.start()
-    proc.wait_for(lambda: proc.session("cli:a"))
-    return proc
+    proc = shared_daemon(tmp_path, workspace)
+    proc.workspace, proc.sessions = workspace, sessions
+    try:
+        yield proc.start()
+    finally:
+        proc.kill()
 
 
 @pytest.fixture
-def slow_llm(tmp_path, daemon_process):
-    """A daemon whose LLM takes 1.5 s per answer, so a run is seen while it runs."""
+def offline(offline_daemon, request):
+    """The offline daemon, tracking this test's own session of six messages (`offline.key`)."""
+    offline_daemon.key = f"cli:{request.node.name[5:25]}"
+    write_session(offline_daemon.sessions, offline_daemon.key, conversation(6))
+    offline_daemon.wait_for(lambda: offline_daemon.session(offline_daemon.key))
+    return offline_daemon
+
+
+@pytest.fixture(scope="module")
+def slow_llm_daemon(tmp_path_factory):
+    """One daemon whose LLM takes 1.5 s per answer, so a run is seen while it runs (its LLM worker started once)."""
+    tmp_path = tmp_path_factory.mktemp("slow_llm")
     with FakeLLM(latency=1.5, default=Text("- [durable] the user likes tea")) as fake:
         workspace, sessions = make_workspace(tmp_path, layout="current")
-        write_session(sessions, "cli:a", conversation(6))
-        proc = daemon_process(workspace, extra_config=f"""
+        proc = shared_daemon(tmp_path, workspace, extra_config=f"""
 [llm]
 model = "{fake.model}"
 api_base = "{fake.base_url}"
@@ -43,18 +54,30 @@ max_retries = 0
 flush = false
 """)
         proc.workspace, proc.sessions = workspace, sessions
-        proc.start()
-        proc.wait_for(lambda: proc.session("cli:a"))
-        yield proc
+        try:
+            yield proc.start()
+        finally:
+            proc.kill()
+
+
+@pytest.fixture
+def slow_llm(slow_llm_daemon, request):
+    """The slow daemon, tracking this test's own session of six messages (`slow_llm.key`)."""
+    slow_llm_daemon.key = f"cli:{request.node.name[5:25]}"
+    write_session(slow_llm_daemon.sessions, slow_llm_daemon.key, conversation(6))
+    slow_llm_daemon.wait_for(lambda: slow_llm_daemon.session(slow_llm_daemon.key))
+    return slow_llm_daemon
 
 
 def history_lines(daemon) -> list[str]:
+    """The history lines of the test's own session."""
     path = daemon.workspace / "memory" / "history.jsonl"
-    return path.read_text().splitlines() if path.exists() else []
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [line for line in lines if json.loads(line).get("session_key") == daemon.key]
 
 
 def test_restore_waits_and_sums_up_no_wait_queues_and_dry_run_changes_nothing(offline):
-    consolidated = nanobotctl(offline, "consolidate", "cli:a")
+    consolidated = nanobotctl(offline, "consolidate", offline.key)
     assert consolidated.returncode == 0, consolidated.stderr
     run_id = RUN_ID.search(consolidated.stdout).group(0)
     assert len(history_lines(offline)) == 1
@@ -77,7 +100,7 @@ def test_restore_waits_and_sums_up_no_wait_queues_and_dry_run_changes_nothing(of
     again = nanobotctl(offline, "restore", run_id)
     assert again.returncode == 1 and "already restored" in again.stderr
 
-    second = nanobotctl_json(offline, "consolidate", "cli:a")
+    second = nanobotctl_json(offline, "consolidate", offline.key)
     queued = nanobotctl(offline, "restore", second["run_id"], "--no-wait")
     assert queued.returncode == 0
     restore_id = RUN_ID.search(queued.stdout).group(0)
@@ -86,7 +109,7 @@ def test_restore_waits_and_sums_up_no_wait_queues_and_dry_run_changes_nothing(of
 
 
 def test_waiting_with_json_gives_the_run_id_and_the_whole_run(offline):
-    data = nanobotctl_json(offline, "consolidate", "cli:a")
+    data = nanobotctl_json(offline, "consolidate", offline.key)
     assert data["run_id"] == data["run"]["run_id"] and data["run"]["state"] == "finished"
     assert data["run"]["changes"] == {"entries_added": 1, "messages_archived": 6,
                                       "files": ["memory/history.jsonl"], "commits": []}
@@ -99,7 +122,7 @@ def test_waiting_with_json_gives_the_run_id_and_the_whole_run(offline):
 
 
 def test_run_is_a_readable_summary_and_json_keeps_the_removed_transcript(offline):
-    run_id = nanobotctl_json(offline, "consolidate", "cli:a")["run_id"]
+    run_id = nanobotctl_json(offline, "consolidate", offline.key)["run_id"]
     restore_id = nanobotctl_json(offline, "restore", run_id)["run_id"]
     shown = nanobotctl(offline, "run", restore_id)
     assert shown.returncode == 0
@@ -122,22 +145,22 @@ def test_reindex_is_a_run_with_a_summary(offline):
 
 
 def test_the_progress_line_shows_on_a_terminal_and_never_in_a_pipe(slow_llm):
-    code, shown = on_a_terminal(slow_llm, "consolidate", "cli:a")
+    code, shown = on_a_terminal(slow_llm, "consolidate", slow_llm.key)
     assert code == 0, shown
     progress = [part for part in shown.split("\r") if part.startswith("consolidate r-")]
     assert any("running" in part and re.search(r"\d+\.\d\ds", part) for part in progress), shown
     assert any("archiving 1/1" in part for part in progress), shown
     assert "\x1b[K" in shown and "consolidate r-" in shown.split("\r\x1b[K")[-1]
-    write_session(slow_llm.sessions, "cli:a", conversation(10))
-    slow_llm.wait_for(lambda: slow_llm.session("cli:a")["unarchived_messages"] == 4)
-    piped = nanobotctl(slow_llm, "consolidate", "cli:a")
+    write_session(slow_llm.sessions, slow_llm.key, conversation(10))
+    slow_llm.wait_for(lambda: slow_llm.session(slow_llm.key)["unarchived_messages"] == 4)
+    piped = nanobotctl(slow_llm, "consolidate", slow_llm.key)
     assert piped.returncode == 0, piped.stderr
     assert piped.stderr == "" and "\r" not in piped.stdout and "\x1b" not in piped.stdout
     assert re.fullmatch(rf"consolidate {RUN_ID.pattern}: summarized in \d+\.\d\ds", piped.stdout.splitlines()[0])
 
 
 def test_ctrl_c_while_waiting_stops_the_waiting_and_not_the_run(slow_llm):
-    code, shown = on_a_terminal(slow_llm, "consolidate", "cli:a", interrupt_after=0.8)
+    code, shown = on_a_terminal(slow_llm, "consolidate", slow_llm.key, interrupt_after=0.8)
     assert code == 130, shown
     assert "stopped waiting; the run goes on in the daemon (Ctrl-C does not cancel it)" in shown
     run_id = RUN_ID.search(shown.split("Follow it with:")[1]).group(0)

@@ -8,6 +8,9 @@ import time
 from tests.support.histories import archived_markers
 from tests.support.workspace import conversation, make_workspace, write_session
 
+MESSAGES = 800
+SMALL_CONTEXT = "[llm]\ncontext_window = 8000\nmax_tokens = 1000\n"
+
 
 def reload(daemon, config: str, reloads: int) -> None:
     daemon.config_path.write_text(config)
@@ -16,17 +19,17 @@ def reload(daemon, config: str, reloads: int) -> None:
 
 
 def removed_while_it_consolidates(tmp_path, daemon_process, job_stop_seconds: float):
-    """A daemon with a second workspace whose budget consolidation of 8,000 messages is held after its history
-    append (until *tmp_path*/release exists); returns (daemon, its config without the workspace, with it, the
-    workspace)."""
+    """A daemon with a second workspace whose budget consolidation of 800 messages (a context window of 8,000
+    tokens: dozens of chunks) is held after its first history append (until *tmp_path*/release exists); returns
+    (daemon, its config without the workspace, with it, the workspace)."""
     first, _ = make_workspace(tmp_path)
     workspace, sessions = make_workspace(tmp_path / "two")
     daemon = daemon_process(first, env={"NANOBOTD_FAULTS": f"consolidate.appended=hold:{tmp_path / 'release'}"},
-                            extra_config=f"job_stop_seconds = {job_stop_seconds}")
+                            extra_config=f"job_stop_seconds = {job_stop_seconds}\n\n{SMALL_CONTEXT}")
     alone = daemon.config_path.read_text()
     both = alone + f'\n[[workspaces]]\npath = "{workspace}"\nname = "two"\nconsolidation = {{ mode = "owner" }}\n'
     daemon.config_path.write_text(both)
-    write_session(sessions, "cli:a", conversation(8000, tag="a", words=30))
+    write_session(sessions, "cli:a", conversation(MESSAGES, tag="a", words=30))
     daemon.start()
     daemon.wait_reconciled()
     daemon.wait_for(lambda: daemon.api("/v1/sessions/cli%3Aa?workspace=two"), timeout=60)
@@ -38,8 +41,8 @@ def settles_with_everything_archived_once(daemon, workspace) -> None:
     daemon.wait_for(lambda: daemon.api("/v1/sessions/cli%3Aa?workspace=two"), timeout=30)
     daemon.ctl("--workspace", "two", "consolidate", "cli:a")
     markers = archived_markers(workspace)
-    assert sorted(set(markers)) == sorted({f"A-{index} " for index in range(8000)})
-    assert len(markers) == 8000  # none archived twice
+    assert sorted(set(markers)) == sorted({f"A-{index} " for index in range(MESSAGES)})
+    assert len(markers) == MESSAGES  # none archived twice
     before = len(daemon.ctl_json("runs", "--all", "--limit", "1000")["runs"])
     time.sleep(3)
     assert len(daemon.ctl_json("runs", "--all", "--limit", "1000")["runs"]) - before < 5

@@ -150,7 +150,7 @@ def test_sigkill_during_a_long_offline_archive_loses_and_doubles_no_message(tmp_
     from tests.support.workspace import conversation
 
     workspace, sessions = make_workspace(tmp_path / "ws")
-    messages = conversation(3000, tag="k", words=60)
+    messages = conversation(1000, tag="k", words=60)  # a few hundred raw chunks: killed after its first group
     write_session(sessions, "cli:long", messages)
     proc = daemon_process(workspace, extra_config="\n[llm]\nmodel = \"none\"\ncontext_window = 8000\nmax_tokens = 1000")
     proc.env[ENV_NAME] = "consolidate.appended=kill"  # once the first chunks reached history

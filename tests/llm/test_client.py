@@ -206,22 +206,6 @@ def test_a_responder_answers_from_the_request_content(fake, sleeps, make_client)
     assert reply.content == "you said: ping"
 
 
-def test_the_fake_server_streams_to_a_streaming_client(fake):
-    fake.push(Text("streamed words"))
-
-    async def stream() -> str:
-        from nanobotd.llm.worker import import_litellm
-
-        litellm = import_litellm()
-        response = await litellm.acompletion(
-            model=fake.model, messages=USER_TURN, api_base=fake.base_url, api_key="sk-none", stream=True
-        )
-        return "".join([chunk.choices[0].delta.content or "" async for chunk in response if chunk.choices])
-
-    assert asyncio.run(stream()) == "streamed words"
-    assert fake.requests[0]["stream"] is True
-
-
 def test_the_fake_server_runs_as_a_process():
     command = [sys.executable, "-m", "tests.support.fakellm", "--port", "0", "--reply", "from a process"]
     with subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True) as process:

@@ -197,17 +197,6 @@ def test_a_cancelled_call_is_dropped_by_the_worker_which_keeps_serving(fake, wor
     assert worker.starts == starts
 
 
-def test_closing_the_worker_ends_its_process(fake):
-    worker = LLMWorker()
-    asyncio.run(client_on(worker, fake).complete(USER_TURN))
-    pid = worker.pid
-
-    worker.close(wait=10)
-
-    assert worker.pid is None
-    wait_until(lambda: not Path(f"/proc/{pid}").exists())
-
-
 def test_concurrent_calls_run_at_once_through_one_worker(fake, worker):
     asyncio.run(client_on(worker, fake).complete(USER_TURN))
     starts, pid = worker.starts, worker.pid

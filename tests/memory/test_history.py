@@ -240,13 +240,16 @@ print(number)
 """
 
 
+HISTORY_LINES_BEFORE = 4_000  # a rewrite long enough for the agent to append while it copies, and again after it
+
+
 @pytest.mark.parametrize("rewrite", ["remove", "insert"])
 def test_every_line_the_agent_appends_during_a_rewrite_is_kept(tmp_path, rewrite):
     """nanobot appends without our lock while nanobotd rewrites history.jsonl (a restore, a compaction, a roll
     back): every line it appended before, during or after the rename is in the file once, whole."""
     path = tmp_path / "history.jsonl"
     with open(path, "w", encoding="utf-8") as handle:
-        for cursor in range(1, 20_001):
+        for cursor in range(1, HISTORY_LINES_BEFORE + 1):
             handle.write(json.dumps({"cursor": cursor, "timestamp": "t", "content": f"entry {cursor} " * 8}) + "\n")
     stop = tmp_path / "stop"
     appender = subprocess.Popen([sys.executable, "-c", AGENT_APPENDER, str(path), str(stop)],

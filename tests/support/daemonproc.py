@@ -150,3 +150,22 @@ consolidation = {{ mode = "{mode}" }}
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+# what tests/conftest.py's isolated_paths takes out of a test's environment
+UNSHARED_ENV = ("STATE_DIRECTORY", "RUNTIME_DIRECTORY", "NOTIFY_SOCKET", "WATCHDOG_USEC", "INVOCATION_ID",
+                "NANOBOTD_SOCKET")
+
+
+def shared_daemon(tmp_path: Path, workspace: Path, **kwargs) -> DaemonProcess:
+    """A daemon (not started) for a module-scoped fixture, the tests of one file sharing it: started before any
+    test's own paths are set, so it gets its own HOME, XDG folders and runtime folder under *tmp_path*."""
+    home, runtime = tmp_path / "home", tmp_path / "run"
+    home.mkdir(exist_ok=True)
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    proc = DaemonProcess(tmp_path, workspace, **kwargs)
+    for name in UNSHARED_ENV:
+        proc.env.pop(name, None)
+    proc.env.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"), XDG_STATE_HOME=str(home / ".state"),
+                    XDG_RUNTIME_DIR=str(runtime))
+    return proc
