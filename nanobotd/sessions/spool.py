@@ -212,29 +212,26 @@ class PlanWindow:
 def read_spooled(store: StateStore, session_id: int, seqs: list[int] | None,
                  resolve: Resolve) -> list[tuple[int, PendingMessage, str]]:
     """The spooled messages at *seqs* (every one: None) still spooled, in sequence order: (seq, message, its
-    record as JSON text), read by ranges of seqs."""
-    columns = "session_id, digest, seq, role, timestamp, tokens, record, line_start, line_end, line_digest"
+    record as JSON text), read by runs of consecutive seqs."""
+    columns = "digest, seq, role, timestamp, tokens, record, line_start, line_end, line_digest"
     if seqs is None:
         rows = store.query(f"SELECT {columns} FROM spool WHERE session_id=? ORDER BY seq", (session_id,))
     else:
-        wanted, rows = set(seqs), []
-        for first, last in seq_ranges(wanted):
-            rows.extend(row for row in store.query(
-                f"SELECT {columns} FROM spool WHERE session_id=? AND seq BETWEEN ? AND ? ORDER BY seq",
-                (session_id, first, last)) if row[2] in wanted)
-    lines = [LineRef(start, end, line) if record == HELD and line is not None else None
-             for *_, record, start, end, line in rows]
+        rows = []
+        for first, last in seq_ranges(set(seqs)):
+            rows += store.query(f"SELECT {columns} FROM spool WHERE session_id=? AND seq BETWEEN ? AND ? ORDER BY seq",
+                                (session_id, first, last))
+    lines = [LineRef(row[6], row[7], row[8]) if row[5] == HELD and row[8] is not None else None for row in rows]
     held = resolve(lines) if any(lines) else lines  # a copy's record is its row's, a held one's read from its line
     result = []
-    for (_, digest, seq, role, stamp, tokens, copy, *_), line, record in zip(rows, lines, held, strict=True):
+    for (digest, seq, role, stamp, tokens, copy, *_), line, record in zip(rows, lines, held, strict=True):
         if line is None:
             record = copy
         elif record is None:
             logger.error("spooled message {} of session #{}: its line is no longer in the held session file",
                          digest, session_id)
             continue
-        message, text = pending_message(digest, role, stamp, tokens, record)
-        result.append((seq, message, text))
+        result.append((seq, *pending_message(digest, role, stamp, tokens, record)))
     return result
 
 

@@ -25,15 +25,24 @@ def write_steps(db: sqlite3.Connection, run_id: str, steps: Iterable[tuple[int, 
     db.execute("UPDATE runs SET manifest=? WHERE run_id=?", (json.dumps(head), run_id))
 
 
-def steps_of(db: sqlite3.Connection, run_ids: list[str]) -> dict[str, list[dict]]:
-    """The journalled step records of each of *run_ids* that has any, in step order."""
+def steps_of(db: sqlite3.Connection, run_ids: list[str],
+             known: dict[str, dict[int, tuple[str, dict]]] | None = None) -> dict[str, list[dict]]:
+    """The journalled step records of each of *run_ids* that has any, in step order. *known*: per run, each step's
+    record text and what it decoded to, kept up to date here: a record read again as it was is not decoded again (a
+    waiting nanobotctl asks for a long consolidation's manifest five times a second), and a copy of it is returned."""
     found: dict[str, list[dict]] = {}
     for start in range(0, len(run_ids), 500):
         part = run_ids[start:start + 500]
-        rows = db.execute(f"SELECT run_id, record FROM run_steps WHERE run_id IN ({','.join('?' * len(part))})"
+        rows = db.execute(f"SELECT run_id, step, record FROM run_steps WHERE run_id IN ({','.join('?' * len(part))})"
                           " ORDER BY run_id, step", part)
-        for run_id, record in rows:
-            found.setdefault(run_id, []).append(read_manifest(record))
+        for run_id, step, text in rows:
+            if known is None:
+                found.setdefault(run_id, []).append(read_manifest(text))
+                continue
+            decoded = known.setdefault(run_id, {}).get(step)
+            if decoded is None or decoded[0] != text:
+                decoded = known[run_id][step] = (text, read_manifest(text))
+            found.setdefault(run_id, []).append(dict(decoded[1]))
     return found
 
 

@@ -247,6 +247,7 @@ class StateStore:
         self._lock = threading.RLock()
         self._db: sqlite3.Connection | None = None
         self._depth = 0  # transactions open on the connection (the lock's holder's): 1, and its savepoints
+        self._open_steps: dict[str, dict[int, tuple[str, dict]]] = {}  # open runs' steps decoded (runsteps.steps_of)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def open(self) -> StateStore:
@@ -407,6 +408,7 @@ class StateStore:
     def finish_run(self, run_id: str, *, state: str, outcome: str, manifest: dict | None = None) -> None:
         """Close a run: state finished | failed | rolled_back, with its outcome."""
         with self.transaction() as db:
+            self._open_steps.pop(run_id, None)
             manifest = runsteps.fold_steps(db, run_id, manifest)
             if manifest is None:
                 db.execute("UPDATE runs SET state=?, outcome=?, finished_at=? WHERE run_id=?",
@@ -433,7 +435,10 @@ class StateStore:
             db = self._require()
             rows = db.execute(sql, args).fetchall()
             open_runs = [row[0] for row in rows if row[4] in OPEN_RUN_STATES]
-            steps = runsteps.steps_of(db, open_runs) if open_runs else {}
+            for row in rows:
+                if row[4] not in OPEN_RUN_STATES:
+                    self._open_steps.pop(row[0], None)
+            steps = runsteps.steps_of(db, open_runs, self._open_steps) if open_runs else {}
         return [_run_from_row(row, steps.get(row[0])) for row in rows]
 
     def count_unchanged_runs(self, *, kind: str | None = None, workspace: str | None = None) -> int:

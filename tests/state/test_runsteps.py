@@ -28,6 +28,17 @@ def test_an_open_runs_steps_come_back_in_order_under_its_chunks_beside_its_head(
     assert "chunks" not in store.query("SELECT manifest FROM runs WHERE run_id=?", (run_id,))[0][0]
 
 
+def test_an_open_run_read_again_and_again_shows_each_step_as_last_journalled_and_a_reader_changes_none(tmp_path):
+    store, run_id = open_run(tmp_path)
+    store.journal_steps(run_id, [(0, {"count": 1}), (1, {"count": 2})], {"session": "cli:a"})
+    first = store.get_run(run_id).manifest["chunks"]
+    first[0]["done"] = True  # a reader's own copy
+    store.journal_steps(run_id, [(1, {"count": 2, "done": True})], {"session": "cli:a"})
+    assert store.get_run(run_id).manifest["chunks"] == [{"count": 1}, {"count": 2, "done": True}]
+    store.finish_run(run_id, state="finished", outcome="raw_fallback")
+    assert store.get_run(run_id).manifest["chunks"] == [{"count": 1}, {"count": 2, "done": True}]
+
+
 def test_a_head_given_with_its_chunks_journals_them_as_steps_only(tmp_path):
     store, run_id = open_run(tmp_path)
     store.journal_steps(run_id, [(0, {"count": 1})], {"session": "cli:a", "chunks": [{"count": 99}]})

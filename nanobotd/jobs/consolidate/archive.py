@@ -245,15 +245,16 @@ async def archive_chunks(env: JobEnv, session_key: str, run_id: str, group: list
 
     await asyncio.to_thread(append)
     outcomes = []
-    for number, record, outcome, reason, chunk in records:
-        record.setdefault("cursors", [])
-        manifest["cursors"].extend(record["cursors"])
-        marks.add(number, record, chunk.digests, chunk.seqs)
-        row = {"summarized": "written", "nothing": "no_change"}.get(outcome, outcome)
-        env.store.record_outcome("consolidate", env.settings.name, row, run_id=run_id, reason=reason,
-                                 tokens=usage.prompt_tokens + usage.completion_tokens,
-                                 latency_ms=usage.latencies_ms[-1] if usage.latencies_ms else None)
-        outcomes.append(outcome)
+    with env.store.transaction():  # the group's outcome rows: one commit
+        for number, record, outcome, reason, chunk in records:
+            record.setdefault("cursors", [])
+            manifest["cursors"].extend(record["cursors"])
+            marks.add(number, record, chunk.digests, chunk.seqs)
+            row = {"summarized": "written", "nothing": "no_change"}.get(outcome, outcome)
+            env.store.record_outcome("consolidate", env.settings.name, row, run_id=run_id, reason=reason,
+                                     tokens=usage.prompt_tokens + usage.completion_tokens,
+                                     latency_ms=usage.latencies_ms[-1] if usage.latencies_ms else None)
+            outcomes.append(outcome)
     return outcomes
 
 
