@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from contextlib import contextmanager
 
 import pytest
 
@@ -16,12 +17,11 @@ from tests.support.workspace import conversation, make_workspace, write_session
 RUN_ID = re.compile(r"r-\d{8}-\d{6}-\w+-[0-9a-f]{6}")
 
 
-@pytest.fixture(scope="module")
-def offline_daemon(tmp_path_factory):
-    """One offline daemon (owner mode) for the file's offline tests: each archives a session of its own."""
-    tmp_path = tmp_path_factory.mktemp("offline")
+@contextmanager
+def module_daemon(tmp_path, extra_config: str = ""):
+    """A started daemon the file's tests share, each archiving a session of its own; killed at the end."""
     workspace, sessions = make_workspace(tmp_path, layout="current")
-    proc = shared_daemon(tmp_path, workspace)
+    proc = shared_daemon(tmp_path, workspace, extra_config=extra_config)
     proc.workspace, proc.sessions = workspace, sessions
     try:
         yield proc.start()
@@ -29,22 +29,31 @@ def offline_daemon(tmp_path_factory):
         proc.kill()
 
 
+def with_own_session(daemon, request):
+    """*daemon*, tracking this test's own session of six messages (`daemon.key`)."""
+    daemon.key = f"cli:{request.node.name[5:25]}"
+    write_session(daemon.sessions, daemon.key, conversation(6))
+    daemon.wait_for(lambda: daemon.session(daemon.key))
+    return daemon
+
+
+@pytest.fixture(scope="module")
+def offline_daemon(tmp_path_factory):
+    """One offline daemon (owner mode) for the file's offline tests."""
+    with module_daemon(tmp_path_factory.mktemp("offline")) as proc:
+        yield proc
+
+
 @pytest.fixture
 def offline(offline_daemon, request):
-    """The offline daemon, tracking this test's own session of six messages (`offline.key`)."""
-    offline_daemon.key = f"cli:{request.node.name[5:25]}"
-    write_session(offline_daemon.sessions, offline_daemon.key, conversation(6))
-    offline_daemon.wait_for(lambda: offline_daemon.session(offline_daemon.key))
-    return offline_daemon
+    return with_own_session(offline_daemon, request)
 
 
 @pytest.fixture(scope="module")
 def slow_llm_daemon(tmp_path_factory):
     """One daemon whose LLM takes 1.5 s per answer, so a run is seen while it runs (its LLM worker started once)."""
-    tmp_path = tmp_path_factory.mktemp("slow_llm")
-    with FakeLLM(latency=1.5, default=Text("- [durable] the user likes tea")) as fake:
-        workspace, sessions = make_workspace(tmp_path, layout="current")
-        proc = shared_daemon(tmp_path, workspace, extra_config=f"""
+    with FakeLLM(latency=1.5, default=Text("- [durable] the user likes tea")) as fake, \
+            module_daemon(tmp_path_factory.mktemp("slow_llm"), extra_config=f"""
 [llm]
 model = "{fake.model}"
 api_base = "{fake.base_url}"
@@ -52,21 +61,13 @@ max_retries = 0
 
 [consolidation]
 flush = false
-""")
-        proc.workspace, proc.sessions = workspace, sessions
-        try:
-            yield proc.start()
-        finally:
-            proc.kill()
+""") as proc:
+        yield proc
 
 
 @pytest.fixture
 def slow_llm(slow_llm_daemon, request):
-    """The slow daemon, tracking this test's own session of six messages (`slow_llm.key`)."""
-    slow_llm_daemon.key = f"cli:{request.node.name[5:25]}"
-    write_session(slow_llm_daemon.sessions, slow_llm_daemon.key, conversation(6))
-    slow_llm_daemon.wait_for(lambda: slow_llm_daemon.session(slow_llm_daemon.key))
-    return slow_llm_daemon
+    return with_own_session(slow_llm_daemon, request)
 
 
 def history_lines(daemon) -> list[str]:
