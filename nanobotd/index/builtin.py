@@ -74,7 +74,11 @@ class BuiltinIndex:
         self._vectors = VectorIndex(embed) if embed is not None else None
         self._units = 0
         self._layout = f"v{UNITS_VERSION} window={window} stride={stride} chars={MAX_UNIT_CHARS}/{HISTORY_UNIT_CHARS}"
-        self._connection: sqlite3.Connection | None = self._open()
+        self._connection: sqlite3.Connection | None = None
+        try:
+            self._connection = self._open()
+        except sqlite3.Error as exc:  # the index is a cache: the daemon starts, and a refresh opens it again
+            logger.warning("search index {} cannot be opened now ({}); a refresh will try again", self.db_path, exc)
 
     # -- public interface -------------------------------------------------------------------------
 
@@ -101,6 +105,8 @@ class BuiltinIndex:
         try:
             known = self._with_recovery(lambda: ftsdb.all_files(self._conn()), lambda: {})
             refill = self._refill
+        except sqlite3.Error:  # not readable now (a full disk): every file counts as changed, so a refresh tries again
+            refill = True
         finally:
             self._lock.release()
         current = self.sources.all()

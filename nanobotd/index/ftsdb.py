@@ -93,7 +93,7 @@ def delete_database(db_path: Path) -> None:
 
 
 def connect(db_path: Path) -> sqlite3.Connection:
-    """Open (creating if needed) the index database; raise IndexCorrupt when it is unusable."""
+    """Open (creating if needed) the index database; raise IndexCorrupt when it is damaged."""
     db_path.parent.mkdir(parents=True, exist_ok=True)
     connection = sqlite3.connect(db_path, check_same_thread=False, isolation_level=None)
     try:
@@ -108,7 +108,9 @@ def connect(db_path: Path) -> sqlite3.Connection:
             raise IndexCorrupt(f"index schema {row[0]} is not {SCHEMA_VERSION}")
     except sqlite3.Error as exc:
         connection.close()
-        raise IndexCorrupt(str(exc)) from exc
+        if is_corruption(exc):
+            raise IndexCorrupt(str(exc)) from exc
+        raise  # a full disk, a lock held too long: the file is sound, and deleting it would not help
     except IndexCorrupt:
         connection.close()
         raise

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import threading
 from datetime import datetime
 
@@ -10,6 +11,7 @@ import pytest
 
 from nanobotd.index.builtin import BuiltinIndex
 from nanobotd.index.sessionunits import session_units
+from tests.support.mounts import tmpfs
 from tests.support.workspace import conversation, make_workspace, write_session
 
 HOSTILE_QUERIES = [
@@ -214,6 +216,28 @@ def test_an_index_damaged_while_closed_is_rebuilt(tmp_path, workspace, damage_at
     assert reopened.search("M-250")[0].session_key == "cli:long"
     assert reopened.stats()["units"] > 100
     reopened.close()
+
+
+def test_an_index_that_cannot_be_made_on_a_full_disk_is_made_once_there_is_room(tmp_path, workspace):
+    """A full disk is no damage: the index is neither given up nor deleted, and the first refresh after the disk has
+    room fills it (before, opening raised from the constructor, and a daemon starting on a full disk stopped)."""
+    root, sessions = workspace
+    with tmpfs(tmp_path / "disk", "2m") as disk:
+        filler = disk / "filler"
+        with pytest.raises(OSError), open(filler, "wb") as handle:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+
+        index = BuiltinIndex(root, disk / "index.db", sessions)
+        with pytest.raises(sqlite3.OperationalError, match="full"):
+            index.refresh()
+        assert index.stale_files()  # each reconcile asks again while the index cannot be read
+        filler.unlink()
+
+        index.refresh()
+        assert index.search("kestrel")[0].path == "memory/MEMORY.md"
+        index.close()
 
 
 def test_non_utf8_files_are_read_with_replacement(index, workspace):
