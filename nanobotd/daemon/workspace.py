@@ -137,7 +137,11 @@ class Workspace:
 
     async def open(self) -> None:
         """After the first scan: write the skill file, start QMD (the index refresh follows), and see git open."""
-        ensure_skill_file(self.settings.path)
+        try:
+            ensure_skill_file(self.settings.path)
+        except OSError as exc:  # a full disk or a `skills` that is no folder must not keep the index closed
+            logger.error("workspace {}: the memory-search skill file cannot be written ({}); nanobotd goes on without "
+                         "it and writes it at its next start", self.name, exc)
         if self.qmd is not None:
             await self.qmd.start()
             self.qmd.request_update()

@@ -173,3 +173,19 @@ def test_a_memory_file_kept_elsewhere_through_a_symlink_is_refreshed_by_the_reco
     daemon.wait_for(lambda: memory_hits(daemon, "kestrel") and settled(daemon), timeout=60)
     elsewhere.write_text(elsewhere.read_text() + fact("zanzibar"))
     assert found(daemon)[0]["path"] == "memory/MEMORY.md"
+
+
+def test_memory_is_found_when_the_skill_file_cannot_be_written(tmp_path, daemon_process):
+    """`skills` is a file of the user's, not a folder (or the disk is full): the skill file cannot be written. The
+    workspace still opens, so its index is refreshed (before, the failed write ended the opening: nothing was ever
+    found)."""
+    workspace, _ = make_workspace(tmp_path, layout="current")
+    (workspace / "skills").write_text("my own list of skills\n")
+    daemon = daemon_process(workspace, reconcile_seconds=1, extra_config="[search]\ndebounce_seconds = 0.2\n")
+    daemon.workspace, daemon.backend = workspace, "builtin"
+    daemon.start()
+    daemon.wait_for(lambda: memory_hits(daemon, "kestrel") and settled(daemon), timeout=60)
+    (workspace / "memory" / "MEMORY.md").write_text((workspace / "memory" / "MEMORY.md").read_text() + fact("zanzibar"))
+    assert found(daemon)[0]["path"] == "memory/MEMORY.md"
+    assert (workspace / "skills").read_text() == "my own list of skills\n"
+    assert "the memory-search skill file cannot be written" in daemon.log()
