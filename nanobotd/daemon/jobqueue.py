@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -21,8 +22,8 @@ from loguru import logger
 
 from nanobotd.daemon import runview
 from nanobotd.llm.client import LLMSlots
-from nanobotd.state.store import StateStore
-from nanobotd.tuning import JOBS_PER_LLM_SLOT
+from nanobotd.state.store import RunRecord, StateStore
+from nanobotd.tuning import FAILURE_RETRY_SECONDS, JOBS_PER_LLM_SLOT, MAX_FAILURE_RETRY_SECONDS
 
 JobBody = Callable[[str], Awaitable[object]]
 
@@ -35,6 +36,7 @@ class _Job:
     body: JobBody
     uses_llm: bool
     scope: int = 0
+    recover: Callable[[RunRecord], str] | None = None  # closes a run an exception left open, as after a crash
     phase: str = "queued"
     task: asyncio.Task | None = None
 
@@ -54,7 +56,7 @@ class JobQueue:
 
     def submit(self, kind: str, workspace: str, target: str, body: JobBody, *, session_key: str | None = None,
                uses_llm: bool = True, manifest: dict | None = None, join_running: bool = False,
-               scope: int = 0) -> str:
+               scope: int = 0, recover: Callable[[RunRecord], str] | None = None) -> str:
         """Queue a job; returns its run_id. A queued job of this kind and target is reused if its *scope* is at least
         this one's, with *join_running* a running one too (no nightly job runs twice at once or queues after itself)."""
         if not self.accepting:
@@ -65,7 +67,7 @@ class JobQueue:
             return joined
         run_id = self.store.create_run(kind, workspace, session_key=session_key, manifest=manifest or {},
                                        state="queued")
-        job = _Job(run_id, kind, (workspace, target), body, uses_llm, scope)
+        job = _Job(run_id, kind, (workspace, target), body, uses_llm, scope, recover=recover)
         self._queued[coalesce_key] = job
         self._jobs[run_id] = job
         job.task = asyncio.get_running_loop().create_task(self._run(job, coalesce_key), name=f"job-{run_id}")
@@ -136,18 +138,35 @@ class JobQueue:
     async def _execute(self, job: _Job) -> None:
         self._running[job.run_id] = job
         job.phase = "running"
-        self.store.start_run(job.run_id)
         try:
+            self.store.start_run(job.run_id)
             await job.body(job.run_id)
         except Exception as exc:  # a job's bug must not take the daemon down (a cancellation is no Exception)
             logger.opt(exception=exc).error("{} job {} failed: {}", job.kind, job.run_id, exc)
-            run = self.store.get_run(job.run_id)
-            if run is not None and run.state in ("queued", "started"):
-                manifest = dict(run.manifest, error=f"{type(exc).__name__}: {exc}")
-                self.store.finish_run(job.run_id, state="failed", outcome="error", manifest=manifest)
+            self._record_failure(job, f"{type(exc).__name__}: {exc}")
         finally:
             self._running.pop(job.run_id, None)
             self._log_end(job.run_id)
+
+    def _record_failure(self, job: _Job, error: str, delay: float = FAILURE_RETRY_SECONDS) -> None:
+        """Close a run an exception left open: recovered as after a crash when its kind journals (what it appended is
+        marked or rolled back), else failed. When that cannot be written either (a full disk), it is tried again, less
+        and less often: left open, the run would show as running, and a client waiting for it would wait, as long
+        as the daemon runs; closed as failed without its recovery, its appended messages would be archived again."""
+        try:
+            run = self.store.get_run(job.run_id)
+            if run is None or run.state not in ("queued", "started"):
+                return
+            run = dataclasses.replace(run, manifest=dict(run.manifest, error=error))
+            if job.recover is not None:
+                logger.warning("run {} failed; recovery: {}", job.run_id, job.recover(run))
+            else:
+                self.store.finish_run(job.run_id, state="failed", outcome="error", manifest=run.manifest)
+        except Exception as exc:
+            logger.error("run {} failed and its end cannot be written ({}); trying again in {:g} s", job.run_id, exc,
+                         delay)
+            asyncio.get_running_loop().call_later(delay, self._record_failure, job, error,
+                                                  min(delay * 2, MAX_FAILURE_RETRY_SECONDS))
 
     def _log_end(self, run_id: str) -> None:
         try:

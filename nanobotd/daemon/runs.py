@@ -4,6 +4,7 @@ through its `Job` (jobs/registry.py); nothing here knows one kind from another."
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 
 from loguru import logger
@@ -40,7 +41,8 @@ def submit(core: Core, workspace: Workspace, kind: str, *, on_done: Callable[[],
     policy = job.queue_policy(workspace.env, params)
     return core.queue.submit(kind, workspace.name, target=policy.target, body=body, uses_llm=policy.uses_llm,
                              session_key=policy.session_key, manifest=policy.manifest, scope=policy.scope,
-                             join_running=policy.join_running)
+                             join_running=policy.join_running,
+                             recover=functools.partial(job.recover, workspace.env) if job.recovers_failures else None)
 
 
 def joinable(core: Core, workspace: Workspace, kind: str, **params) -> str | None:

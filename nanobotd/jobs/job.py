@@ -34,6 +34,8 @@ class Job:
     scheduled: ClassVar[bool] = False  # a cron job, caught up after downtime
     restorable: ClassVar[bool] = True  # its runs change what a restore can undo
     writes_memory: ClassVar[bool] = True  # the indexes refresh after each run
+    # a run an exception left open is recovered as after a crash: its journal may hold appends not yet marked
+    recovers_failures: ClassVar[bool] = False
     refresh_waits: ClassVar[bool] = True  # an index refresh waits for its end (it rewrites memory all along)
     trigger_key: ClassVar[str | None] = None  # the manifest key saying why it ran, shown as the run's trigger
 

@@ -300,8 +300,11 @@ def recover_consolidation(env: JobEnv, run: RunRecord) -> str:
     outcome = "recovered" if kept else "rolled_back"
     manifest["cursors"] = chunk_cursors(manifest)
     manifest["recovery"] = {"finished_chunks": finished, "rolled_back_chunks": rolled_back}
-    env.store.finish_run(run.run_id, state="finished" if kept else "rolled_back", outcome=outcome,
-                         manifest=manifest)
+    if "error" in manifest:  # an exception ended it in the daemon, no crash: still a failure, its appends now marked
+        env.store.finish_run(run.run_id, state="failed", outcome="error", manifest=manifest)
+    else:
+        env.store.finish_run(run.run_id, state="finished" if kept else "rolled_back", outcome=outcome,
+                             manifest=manifest)
     return outcome
 
 

@@ -1,0 +1,53 @@
+"""The state folder's disk fills while a consolidation runs (a real tmpfs), after its history was appended and before
+its archive marks are written: the run is recovered as after a crash once there is room (a failed run, its appended
+messages marked), and none of them is archived again by the next run."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from tests.support.mounts import tmpfs
+from tests.support.workspace import conversation, make_workspace, write_session
+
+KEY = "cli:full"
+COUNT = 60
+
+
+def fill(folder) -> None:
+    """Write to *folder* until its disk has no room left."""
+    try:
+        with open(folder / "filler", "wb") as handle:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+    except OSError:
+        pass
+
+
+def test_a_run_that_fails_on_a_full_disk_is_recovered_once_there_is_room_and_nothing_is_archived_twice(
+        tmp_path, daemon_process):
+    release = tmp_path / "release"
+    workspace, sessions = make_workspace(tmp_path, layout="current")
+    write_session(sessions, KEY, conversation(COUNT))
+    with tmpfs(tmp_path / "state", "16m") as state:
+        daemon = daemon_process(workspace, env={"NANOBOTD_FAULTS": f"consolidate.appended=hold:{release}"})
+        daemon.start()
+        daemon.wait_for(lambda: daemon.session(KEY))
+        run_id = daemon.ctl_json("consolidate", KEY, "--no-wait")["run_id"]
+        daemon.wait_for(lambda: "fault point consolidate.appended: holding" in daemon.log())
+        fill(state)  # the history is appended; what the run writes to the state from here on meets a full disk
+        release.touch()
+        daemon.wait_for(lambda: f"consolidate job {run_id} failed: database or disk is full" in daemon.log())
+        assert daemon.ctl_json("run", run_id)["run"]["state"] == "started"  # its end could not be written either
+        (state / "filler").unlink()
+
+        run = daemon.wait_for(lambda: (daemon.ctl_json("run", run_id)["run"] or {}).get("state") != "started" and
+                              daemon.ctl_json("run", run_id)["run"], timeout=30)
+        assert (run["state"], run["outcome"]) == ("failed", "error") and "full" in run["manifest"]["error"]
+        assert run["manifest"]["recovery"] == {"finished_chunks": 1, "rolled_back_chunks": 0}
+        daemon.ctl("consolidate", KEY)
+        history = (workspace / "memory" / "history.jsonl").read_text()
+        counts = Counter(re.findall(r"\bM-(\d+) ", history))
+        assert sorted(map(int, counts)) == list(range(COUNT)) and set(counts.values()) == {1}
+        daemon.kill()
