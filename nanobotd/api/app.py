@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import errno
 import json
+import sqlite3
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import PurePath
@@ -126,11 +128,27 @@ def endpoint(handler: Handler, read_timeout: float) -> Callable[[StarletteReques
         except asyncio.CancelledError:  # uvicorn cancels a request only when stop() ran out of grace for it
             return encode(ApiError(503, "stopping", "the daemon is stopping; try again when it is back").to_response())
         except Exception as exc:
+            if disk_full(exc):
+                logger.error("control handler for {} {} failed: {}", request.method, request.url.path, exc)
+                return encode(ApiError(507, "disk_full", f"the daemon cannot write its files: {exc}. Free space on "
+                                       "that disk and try again").to_response())
             logger.exception("control handler for {} {} failed", request.method, request.url.path)
             detail = f"{type(exc).__name__}: {exc}"[:300]
             return encode(ApiError(500, "internal", f"internal error ({detail}); see the daemon log").to_response())
 
     return serve
+
+
+
+def disk_full(exc: BaseException | None) -> bool:
+    """Whether *exc*, or an error it came from, is a full disk (OSError, or SQLite's "database or disk is full")."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if isinstance(exc, sqlite3.Error) and getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 async def read_request(request: StarletteRequest, read_timeout: float) -> Request:

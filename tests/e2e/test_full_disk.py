@@ -1,6 +1,7 @@
 """The state folder's disk fills while a consolidation runs (a real tmpfs), after its history was appended and before
 its archive marks are written: the run is recovered as after a crash once there is room (a failed run, its appended
-messages marked), and none of them is archived again by the next run."""
+messages marked), and none of them is archived again by the next run. A run asked for meanwhile is refused as a full
+disk, not as an internal error."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from tests.support.mounts import tmpfs
 from tests.support.workspace import conversation, make_workspace, write_session
 
 KEY = "cli:full"
+OTHER = "cli:other"
 COUNT = 60
 
 
@@ -30,6 +32,7 @@ def test_a_run_that_fails_on_a_full_disk_is_recovered_once_there_is_room_and_not
     release = tmp_path / "release"
     workspace, sessions = make_workspace(tmp_path, layout="current")
     write_session(sessions, KEY, conversation(COUNT))
+    write_session(sessions, OTHER, conversation(4))
     with tmpfs(tmp_path / "state", "16m") as state:
         daemon = daemon_process(workspace, env={"NANOBOTD_FAULTS": f"consolidate.appended=hold:{release}"})
         daemon.start()
@@ -40,6 +43,9 @@ def test_a_run_that_fails_on_a_full_disk_is_recovered_once_there_is_room_and_not
         release.touch()
         daemon.wait_for(lambda: f"consolidate job {run_id} failed: database or disk is full" in daemon.log())
         assert daemon.ctl_json("run", run_id)["run"]["state"] == "started"  # its end could not be written either
+        refused = daemon.ctl("consolidate", OTHER, "--no-wait")
+        assert refused.returncode == 1 and "Free space on that disk" in refused.stderr, refused.stderr
+        assert "internal error" not in refused.stderr
         (state / "filler").unlink()
 
         run = daemon.wait_for(lambda: (daemon.ctl_json("run", run_id)["run"] or {}).get("state") != "started" and
