@@ -36,7 +36,7 @@ class _Job:
     body: JobBody
     uses_llm: bool
     scope: int = 0
-    recover: Callable[[RunRecord], str] | None = None  # closes a run an exception left open, as after a crash
+    recover: Callable[[RunRecord], str | None] | None = None  # closes a run an exception left open, as a crash
     phase: str = "queued"
     task: asyncio.Task | None = None
 
@@ -56,7 +56,7 @@ class JobQueue:
 
     def submit(self, kind: str, workspace: str, target: str, body: JobBody, *, session_key: str | None = None,
                uses_llm: bool = True, manifest: dict | None = None, join_running: bool = False,
-               scope: int = 0, recover: Callable[[RunRecord], str] | None = None) -> str:
+               scope: int = 0, recover: Callable[[RunRecord], str | None] | None = None) -> str:
         """Queue a job; returns its run_id. A queued job of this kind and target is reused if its *scope* is at least
         this one's, with *join_running* a running one too (no nightly job runs twice at once or queues after itself)."""
         if not self.accepting:
@@ -159,7 +159,9 @@ class JobQueue:
                 return
             run = dataclasses.replace(run, manifest=dict(run.manifest, error=error))
             if job.recover is not None:
-                logger.warning("run {} failed; recovery: {}", job.run_id, job.recover(run))
+                outcome = job.recover(run)
+                logger.warning("run {} failed; recovery: {}", job.run_id,
+                               outcome or "none yet: its workspace was removed, it is recovered when it is back")
             else:
                 self.store.finish_run(job.run_id, state="failed", outcome="error", manifest=run.manifest)
         except Exception as exc:

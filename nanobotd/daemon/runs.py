@@ -13,6 +13,7 @@ from nanobotd.daemon import indexing
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.workspace import Workspace
 from nanobotd.jobs.registry import SCHEDULED_KINDS, job_kind
+from nanobotd.state.store import RunRecord
 from nanobotd.timestamps import iso_local
 
 
@@ -42,7 +43,15 @@ def submit(core: Core, workspace: Workspace, kind: str, *, on_done: Callable[[],
     return core.queue.submit(kind, workspace.name, target=policy.target, body=body, uses_llm=policy.uses_llm,
                              session_key=policy.session_key, manifest=policy.manifest, scope=policy.scope,
                              join_running=policy.join_running,
-                             recover=functools.partial(job.recover, workspace.env) if job.recovers_failures else None)
+                             recover=functools.partial(_recover_failed, core, workspace.name, kind)
+                             if job.recovers_failures else None)
+
+
+def _recover_failed(core: Core, name: str, kind: str, run: RunRecord) -> str | None:
+    """Close a failed run of *kind* as after a crash, in workspace *name* as it is configured now; None when a reload
+    removed it (the run is recovered when it is back, as a crashed one)."""
+    workspace = core.workspaces.get(name)
+    return None if workspace is None else job_kind(kind).recover(workspace.env, run)
 
 
 def joinable(core: Core, workspace: Workspace, kind: str, **params) -> str | None:
@@ -109,6 +118,10 @@ def recover_interrupted_runs(core: Core, only: Workspace | None = None) -> None:
             outcome = job_kind(run.kind).recover(workspace.env, run)
         except Exception as exc:
             logger.opt(exception=exc).error("recovery of run {} failed: {}", run.run_id, exc)
-            core.store.finish_run(run.run_id, state="failed", outcome="recovery_failed")
+            try:
+                core.store.finish_run(run.run_id, state="failed", outcome="recovery_failed")
+            except Exception as finish_error:  # a full state disk: the run stays open for the next start or reload
+                logger.error("run {} stays open, to be recovered at the next start or reload: {}", run.run_id,
+                             finish_error)
             continue
         logger.warning("run {} ({}) was interrupted; recovery: {}", run.run_id, run.kind, outcome)
