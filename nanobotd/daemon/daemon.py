@@ -229,15 +229,18 @@ class Daemon:
             logger.error("reload refused, keeping the running config: {}", exc)
             self.notifier.ready()
             return
-        self._apply_daemon_settings(new_config)
-        self.config = self.core.config = new_config
-        self.llm_worker.idle_exit_seconds = idle_exit_seconds(new_config)
-        await self._swap_workspaces(new_config.workspaces)
-        self.core.scheduler.jobs.clear()
-        runs.schedule_jobs(self.core)
-        await triggers.reconcile_all(self.core)
-        logger.info("config reloaded from {}", new_config.source or "arguments")
-        self.notifier.ready()
+        try:
+            FaultPoints.from_environ(new_config.environ).reach("daemon.reloading")
+            self._apply_daemon_settings(new_config)
+            self.config = self.core.config = new_config
+            self.llm_worker.idle_exit_seconds = idle_exit_seconds(new_config)
+            await self._swap_workspaces(new_config.workspaces)
+            self.core.scheduler.jobs.clear()
+            runs.schedule_jobs(self.core)
+            await triggers.reconcile_all(self.core)
+            logger.info("config reloaded from {}", new_config.source or "arguments")
+        finally:  # systemd waits in "reloading" until READY=1, whatever stopped the reload
+            self.notifier.ready()
         self.notifier.status(self.core.status_line())
 
     def _apply_daemon_settings(self, new_config: Config) -> None:

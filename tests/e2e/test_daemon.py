@@ -141,6 +141,33 @@ def test_notify_socket_receives_ready_watchdog_status_reloading_stopping_in_orde
     assert any(message.startswith("STATUS=") and message.isascii() for message in messages)
 
 
+def test_a_reload_that_fails_on_the_way_still_tells_systemd_it_is_ready(tmp_path, daemon_process):
+    workspace, _ = make_workspace(tmp_path)
+    address = str(tmp_path / "notify.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(address)
+    listener.settimeout(20)
+    proc = daemon_process(workspace, env={"NOTIFY_SOCKET": address, "NANOBOTD_FAULTS": "daemon.reloading=enospc"})
+
+    def receive(until: str) -> None:
+        deadline = time.monotonic() + 20
+        while until not in listener.recv(4096).decode("ascii"):
+            assert time.monotonic() < deadline, f"no {until} within 20 s"
+
+    try:
+        proc.start()
+        receive("READY=1")
+        proc.proc.send_signal(1)
+        receive("RELOADING=1")
+        receive("READY=1")
+        proc.wait_for(lambda: "fault point daemon.reloading" in proc.log())
+        assert "config reloaded" not in proc.log()
+        assert proc.ctl("status").returncode == 0
+    finally:
+        proc.kill()
+        listener.close()
+
+
 def test_the_polling_observer_tracks_changes_too(tmp_path, daemon_process):
     workspace, sessions = make_workspace(tmp_path)
     proc = daemon_process(workspace, args=("--polling",))
