@@ -13,6 +13,7 @@ SYSTEM_CONFIG = Path("/etc/nanobotd/config.toml")
 NANOBOT_CONFIG = Path(".nanobot") / "config.json"  # under $HOME: where `nanobot onboard` writes it
 NANOBOT_WORKSPACE = Path(".nanobot") / "workspace"  # nanobot's own default when its config names none
 MAX_NANOBOT_CONFIG_BYTES = 4 * 1024 * 1024
+MEMORY_FILES = ("SOUL.md", "USER.md", "memory/MEMORY.md")  # in a workspace; nanobot puts them whole into every prompt
 
 
 def default_config_path(environ: Mapping[str, str]) -> Path | None:

@@ -15,6 +15,7 @@ from typing import Any
 from loguru import logger
 
 from nanobotd import fsio
+from nanobotd.config.paths import MEMORY_FILES
 from nanobotd.faults import FaultPoints
 from nanobotd.gitstore.repo import (
     DREAM_PREFIX,
@@ -31,9 +32,8 @@ from nanobotd.gitstore.repo import (
 from nanobotd.tuning import GIT_LOCK_RETRY_DELAYS as LOCK_RETRY_DELAYS
 from nanobotd.tuning import GIT_STALE_LOCK_SECONDS as STALE_LOCK_SECONDS
 
-CONTENT_FILES = ("SOUL.md", "USER.md", "memory/MEMORY.md")
 CURSOR_FILE = "memory/.dream_cursor"
-TRACKED_FILES = (*CONTENT_FILES, CURSOR_FILE)
+TRACKED_FILES = (*MEMORY_FILES, CURSOR_FILE)
 GITIGNORE_NAME = ".gitignore"
 # Files nanobotd leaves in memory/ that are no memory: ignored through the repository's own exclude file,
 # which is not tracked, so nanobot's .gitignore (a tracked file) is never changed for them.
@@ -169,7 +169,7 @@ class GitStore:
             return self._snapshot_outside_edits(repo, run_id)
 
     def _snapshot_outside_edits(self, repo: Any, run_id: str) -> str | None:
-        dirty = self._dirty(repo, CONTENT_FILES)
+        dirty = self._dirty(repo, MEMORY_FILES)
         if not dirty:
             return None
         notes = "Files the agent edited since the last dream commit, recorded before the run changes them."

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nanobotd import fsio
+from nanobotd.config.paths import MEMORY_FILES
 from nanobotd.index.hit import SearchBackendError, SearchHit
 from nanobotd.memory.history import HISTORY_NAME, HistoryEntry, lines_from_end, parse_entry, read_dream_cursor
 from nanobotd.sessions.file import SessionHeader, read_header
@@ -16,7 +17,7 @@ from nanobotd.tokens import DEFAULT_ENCODING, count_tokens, get_encoding
 
 # nanobot 0.3.5 puts these into every system prompt itself (agent/context.py: ContextBuilder.BOOTSTRAP_FILES,
 # and memory/MEMORY.md as its long-term memory): shown again they would spend the budget on what the agent has.
-AGENT_INJECTED = frozenset({"AGENTS.md", "SOUL.md", "USER.md", "memory/MEMORY.md"})
+AGENT_INJECTED = frozenset({"AGENTS.md", *MEMORY_FILES})
 SEARCH_LIMIT = 10
 # Hits already in the context are skipped, so more are asked for than are shown.
 SEARCH_FETCH = 30

@@ -13,10 +13,10 @@ from urllib.parse import unquote
 
 from loguru import logger
 
+from nanobotd.config.paths import MEMORY_FILES
 from nanobotd.index.hit import SearchBackendError, SearchHit
 from nanobotd.index.qmdexport import Location, QmdExport
 from nanobotd.index.query import parse_query
-from nanobotd.index.sources import MEMORY_FILES
 
 HUNK_PATTERN = re.compile(r"^@@ -(\d+),(\d+) @@")
 HTTP_LINE_NUMBER = re.compile(r"^\d+: ?")

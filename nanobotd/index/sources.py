@@ -7,10 +7,10 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from nanobotd.config.paths import MEMORY_FILES
 from nanobotd.memory.dailynote import NOTE_NAME
 from nanobotd.sessions.file import is_session_file
 
-MEMORY_FILES = ("SOUL.md", "USER.md", "memory/MEMORY.md")
 HISTORY_FILE = "memory/history.jsonl"
 NOTE_DIRS = ("memory", "memory/archive")
 

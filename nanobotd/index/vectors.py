@@ -54,13 +54,13 @@ def with_vectors(connection: sqlite3.Connection, ranked: list[tuple[MatchRow, fl
     return [(rows[unit_id][0], max(rows[unit_id][1], near.get(unit_id, 0.0))) for unit_id in order if unit_id in rows]
 
 
-def fuse(lexical: list[int], semantic: list[int]) -> list[int]:
-    """Unit ids ordered by reciprocal rank fusion of two rankings (each best first)."""
-    scores: dict[int, float] = {}
-    for ranking in (lexical, semantic):
-        for rank, unit_id in enumerate(ranking):
-            scores[unit_id] = scores.get(unit_id, 0.0) + 1.0 / (RRF_K + rank + 1)
-    return sorted(scores, key=lambda unit_id: -scores[unit_id])
+def fuse(*rankings: list, offset: int = RRF_K + 1) -> list:
+    """Keys ordered by reciprocal rank fusion of *rankings* (each best first): 1 / (offset + rank) summed."""
+    scores: dict = {}
+    for ranking in rankings:
+        for rank, key in enumerate(ranking):
+            scores[key] = scores.get(key, 0.0) + 1.0 / (offset + rank)
+    return sorted(scores, key=lambda key: -scores[key])
 
 
 class VectorIndex:

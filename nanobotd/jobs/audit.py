@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from pathlib import Path
 
+from nanobotd.config.paths import MEMORY_FILES
 from nanobotd.config.schema import WorkspaceSettings
-from nanobotd.jobs.dreamnotes import BOOTSTRAP_FILES, cap_overruns, unread_note_bullets
+from nanobotd.jobs.dreamnotes import cap_overruns, unread_note_bullets
 from nanobotd.jobs.planlines import describe_step
 from nanobotd.jobs.runfiles import folder_size, run_backups
 from nanobotd.memory import history
@@ -268,7 +269,7 @@ def archived_twice_problems(ws: WorkspaceSettings, archived_twice: int) -> list[
 def bootstrap_sizes(ws: WorkspaceSettings) -> dict[str, int]:
     """Characters of each of the files nanobot injects whole (missing ones left out)."""
     sizes = {}
-    for path in BOOTSTRAP_FILES:
+    for path in MEMORY_FILES:
         try:
             sizes[path] = len((ws.path / path).read_bytes().decode("utf-8", "replace"))
         except OSError:

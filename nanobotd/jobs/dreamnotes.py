@@ -14,7 +14,6 @@ from nanobotd.config.schema import ContextSettings
 from nanobotd.memory.dailynote import ARCHIVE_DIR_NAME, NoteBullet, note_bullets
 
 DREAM_NOTES_NAME = ".dream_notes.json"  # in memory/, beside .dream_cursor: the note bullets the dream has read
-BOOTSTRAP_FILES = ("SOUL.md", "USER.md", "memory/MEMORY.md")  # nanobot puts these whole into every prompt
 
 
 def read_dream_notes(memory_dir: Path) -> dict[str, set[str]]:

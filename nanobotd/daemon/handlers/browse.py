@@ -8,11 +8,11 @@ from datetime import datetime, time, timedelta
 
 from nanobotd import fsio
 from nanobotd.api.app import Request
+from nanobotd.config.paths import MEMORY_FILES
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.handlers.common import blocking, one_workspace
 from nanobotd.daemon.handlers.search import query_date
 from nanobotd.daemon.workspace import Workspace
-from nanobotd.jobs.dreamnotes import BOOTSTRAP_FILES
 from nanobotd.memory import historypage
 from nanobotd.memory.dailynote import ARCHIVE_DIR_NAME, NoteError, note_date
 from nanobotd.state import metrics
@@ -76,7 +76,7 @@ async def daily(core: Core, request: Request) -> dict:
 def bootstrap_files(workspace: Workspace) -> list[dict]:
     """Each bootstrap file that exists: path, text and size in characters."""
     files = []
-    for relative in BOOTSTRAP_FILES:
+    for relative in MEMORY_FILES:
         path = workspace.settings.path / relative
         try:
             size = os.stat(path).st_size

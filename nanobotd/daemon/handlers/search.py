@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import re
 from dataclasses import dataclass
 from datetime import date
@@ -10,7 +11,7 @@ from nanobotd.api.app import ApiError, Request
 from nanobotd.daemon.core import Core
 from nanobotd.daemon.handlers.common import blocking, one_workspace, session_workspace
 from nanobotd.daemon.workspace import Workspace
-from nanobotd.index import agent_context
+from nanobotd.index import agent_context, vectors
 from nanobotd.index.hit import SearchBackendError
 from nanobotd.memory import recall as recall_notes
 
@@ -164,15 +165,10 @@ def unit_number(text: str) -> float:
 
 def fuse(first: list, second: list, limit: int) -> list:
     """Reciprocal-rank fusion of two hit lists, de-duplicated by location."""
-    scores: dict[tuple, float] = {}
-    keep: dict[tuple, object] = {}
-    for hits in (first, second):
-        for rank, hit in enumerate(hits):
-            key = (hit.path, hit.line_start, hit.session_key, hit.message_start)
-            scores[key] = scores.get(key, 0.0) + 1.0 / (60 + rank)
-            keep.setdefault(key, hit)
-    ordered = sorted(scores, key=scores.get, reverse=True)
-    return [keep[key] for key in ordered[:limit]]
+    location = operator.attrgetter("path", "line_start", "session_key", "message_start")
+    keys = [[location(hit) for hit in part] for part in (first, second)]
+    keep = dict(reversed(list(zip(keys[0] + keys[1], first + second, strict=True))))  # each location's first hit
+    return [keep[key] for key in vectors.fuse(*keys, offset=vectors.RRF_K)[:limit]]
 
 
 ROUTES = [  # Search runs on the executor; QMD is asked first when configured, the builtin index is the fallback.

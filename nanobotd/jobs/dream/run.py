@@ -13,12 +13,13 @@ from datetime import datetime
 
 from loguru import logger
 
+from nanobotd.config.paths import MEMORY_FILES
 from nanobotd.config.schema import WorkspaceSettings
 from nanobotd.gitstore.store import GitStore
 from nanobotd.jobs.dream import prompts
 from nanobotd.jobs.dream.apply import KIND, ApplyStep, DreamError, describe_left
 from nanobotd.jobs.dream.inputs import Backlog, Batch, read_backlog
-from nanobotd.jobs.dream.tools import ALLOWED_FILES, TOOL_SCHEMAS, StagedFiles
+from nanobotd.jobs.dream.tools import TOOL_SCHEMAS, StagedFiles
 from nanobotd.jobs.dreamnotes import cap_overruns
 from nanobotd.llm.client import LLMClient
 from nanobotd.llm.failures import LLMError
@@ -231,7 +232,7 @@ class DreamRun(ApplyStep):
         """The three memory files as the prompts show them (with the run's edits so far)."""
         staged = self.staged
         return [prompts.format_file(path, staged.current.get(path), staged.unavailable.get(path))
-                for path in ALLOWED_FILES]
+                for path in MEMORY_FILES]
 
     # -- bookkeeping -------------------------------------------------------------------------------
     def journal(self, stage: str) -> None:

@@ -14,10 +14,10 @@ from collections import Counter
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from nanobotd.config.paths import MEMORY_FILES
 from nanobotd.config.schema import ContextSettings
 from nanobotd.memory.dailynote import heading_key
 
-ALLOWED_FILES = ("SOUL.md", "USER.md", "memory/MEMORY.md")
 MEMORY_FILE = "memory/MEMORY.md"
 MAX_NEW_TEXT_BYTES = 64 * 1024
 MAX_EDITS_PER_CALL = 50
@@ -43,7 +43,7 @@ TOOL_SCHEMAS = [
             "description": "Read one memory file. path is one of: SOUL.md, USER.md, memory/MEMORY.md.",
             "parameters": {
                 "type": "object",
-                "properties": {"path": {"type": "string", "enum": list(ALLOWED_FILES)}},
+                "properties": {"path": {"type": "string", "enum": list(MEMORY_FILES)}},
                 "required": ["path"],
             },
         },
@@ -59,7 +59,7 @@ TOOL_SCHEMAS = [
             "parameters": {
                 "type": "object",
                 "properties": {
-                    "path": {"type": "string", "enum": list(ALLOWED_FILES)},
+                    "path": {"type": "string", "enum": list(MEMORY_FILES)},
                     "edits": {
                         "type": "array",
                         "items": {
@@ -97,7 +97,7 @@ class StagedFiles:
         self.batches: dict[str, list[list[tuple[str, str]]]] = {}
         self.rejections: list[dict] = []
         self.condensing = False  # a condensing pass: only edits that shorten a file are accepted
-        for path in ALLOWED_FILES:
+        for path in MEMORY_FILES:
             self._load(path)
         self.reference = dict(self.current)  # what the guard measures removals against
 
@@ -166,7 +166,7 @@ class StagedFiles:
                     f" (context.max_chars); {CAP_ADVICE}")
         total = sum(len(text) for text in self.current.values()) - len(before) + len(after)
         if total > self.caps.total_max_chars:
-            return (f"{', '.join(ALLOWED_FILES)} would total {total:,} characters, over their joint cap of"
+            return (f"{', '.join(MEMORY_FILES)} would total {total:,} characters, over their joint cap of"
                     f" {self.caps.total_max_chars:,} (context.total_max_chars); {CAP_ADVICE}")
         return None
 
@@ -177,17 +177,17 @@ class StagedFiles:
     def resolve(self, raw_path: Any) -> str:
         """The allow-listed relative path named by *raw_path*, or ToolRefused."""
         if not isinstance(raw_path, str) or not raw_path.strip():
-            raise ToolRefused(f"path must be one of {', '.join(ALLOWED_FILES)}")
+            raise ToolRefused(f"path must be one of {', '.join(MEMORY_FILES)}")
         if "\0" in raw_path:
             raise ToolRefused("path contains a NUL byte")
         pure = PurePosixPath(raw_path.strip())
         if pure.is_absolute():
-            raise ToolRefused(f"absolute paths are not allowed; use one of {', '.join(ALLOWED_FILES)}")
+            raise ToolRefused(f"absolute paths are not allowed; use one of {', '.join(MEMORY_FILES)}")
         if ".." in pure.parts:
             raise ToolRefused("'..' is not allowed in a path")
         path = str(pure)
-        if path not in ALLOWED_FILES:
-            raise ToolRefused(f"{path} is not a file dream may touch; allowed: {', '.join(ALLOWED_FILES)}")
+        if path not in MEMORY_FILES:
+            raise ToolRefused(f"{path} is not a file dream may touch; allowed: {', '.join(MEMORY_FILES)}")
         self.checked_path(path)
         return path
 

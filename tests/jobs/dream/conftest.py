@@ -6,16 +6,17 @@ from pathlib import Path
 
 import pytest
 
+from nanobotd.config.paths import MEMORY_FILES
 from nanobotd.gitstore.store import GitStore
 from nanobotd.state.store import StateStore
-from tests.jobs.dream.scenario import CONTENT_FILES, MEMORY, SOUL, USER, write_history
+from tests.jobs.dream.scenario import MEMORY, SOUL, USER, write_history
 
 
 @pytest.fixture
 def workspace(tmp_path: Path) -> Path:
     root = tmp_path / "workspace"
     (root / "memory").mkdir(parents=True)
-    for path, text in zip(CONTENT_FILES, (SOUL, USER, MEMORY), strict=True):
+    for path, text in zip(MEMORY_FILES, (SOUL, USER, MEMORY), strict=True):
         (root / path).write_text(text)
     (root / "memory" / ".dream_cursor").write_text("0")
     write_history(root, 5)

@@ -19,7 +19,6 @@ from tests.support.llmworker import llm_client
 SOUL = "# Soul\n\n## Style\n- Be concise.\n"
 USER = "# User\n\n## Identity\n- Name: Ada\n- Lives in Berlin\n- Works remotely\n\n## Preferences\n- Likes tea\n"
 MEMORY = "# Memory\n\n## Project Context\n- Billing uses MySQL 8.\n\n## Decisions\n- No deploys on Fridays.\n"
-CONTENT_FILES = ("SOUL.md", "USER.md", "memory/MEMORY.md")
 FINDINGS = "[USER] correction: prefers coffee, not tea\n[MEMORY] billing moved to PostgreSQL 16\nsome chatter"
 EDIT_USER = ToolCalls([
     ("edit_file", {"path": "USER.md", "edits": [{"old_text": "- Likes tea", "new_text": "- Likes coffee"}]})])

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nanobotd.config.paths import MEMORY_FILES
 from nanobotd.gitstore.store import GitStore
 from nanobotd.memory.history import read_dream_cursor
 from tests.jobs.dream.scenario import (
-    CONTENT_FILES,
     EDIT_TWO_FILES,
     FINDINGS,
     MEMORY,
@@ -68,7 +68,7 @@ def test_a_workspace_inside_another_repository_dreams_with_file_backups_only(tmp
     git_cli(parent, "init", "-q")
     workspace = parent / "workspace"
     (workspace / "memory").mkdir(parents=True)
-    for path, text in zip(CONTENT_FILES, (SOUL, USER, MEMORY), strict=True):
+    for path, text in zip(MEMORY_FILES, (SOUL, USER, MEMORY), strict=True):
         (workspace / path).write_text(text)
     write_history(workspace, 5)
     before = tree(workspace)

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from nanobotd.config.paths import MEMORY_FILES
 from nanobotd.gitstore.store import GitStore
 from nanobotd.memory.history import read_dream_cursor
-from tests.jobs.dream.scenario import CONTENT_FILES, MEMORY, SOUL, USER, dream_two_files, git_cli, tree, write_history
+from tests.jobs.dream.scenario import MEMORY, SOUL, USER, dream_two_files, git_cli, tree, write_history
 from tests.support.mounts import tmpfs
 
 KIB = 1024
@@ -39,7 +40,7 @@ def test_a_dream_that_fills_the_disk_leaves_files_cursor_and_git_as_they_were_or
         small_disk, store, fake, free_kib):
     root = small_disk / "workspace"
     (root / "memory").mkdir(parents=True)
-    for path, text in zip(CONTENT_FILES, (SOUL, USER, MEMORY), strict=True):
+    for path, text in zip(MEMORY_FILES, (SOUL, USER, MEMORY), strict=True):
         (root / path).write_text(text)
     (root / "memory" / ".dream_cursor").write_text("0")
     write_history(root, 5)
