@@ -99,73 +99,69 @@ def test_a_second_daemon_on_the_same_socket_exits_with_a_clear_error(daemon, tmp
     assert daemon.ctl("status").returncode == 0
 
 
-def test_notify_socket_receives_ready_watchdog_status_reloading_stopping_in_order(tmp_path, daemon_process):
-    workspace, _ = make_workspace(tmp_path)
-    address = str(tmp_path / "notify.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    listener.bind(address)
-    listener.settimeout(0.5)
-    proc = daemon_process(workspace, env={"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "1000000"})
-    messages: list[str] = []
+class NotifySocket:
+    """A systemd notify socket in *folder*: the datagrams a daemon sends to it, waited for by their content."""
 
-    def drain(until: str, timeout: float = 20, since: int = 0) -> None:
+    def __init__(self, folder) -> None:
+        self.address = str(folder / "notify.sock")
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.listener.bind(self.address)
+        self.listener.settimeout(0.5)
+        self.messages: list[str] = []
+
+    def wait(self, until: str, since: int = 0, timeout: float = 20) -> None:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if any(until in message for message in messages[since:]):
-                return
+        while not any(until in message for message in self.messages[since:]):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{until} not received; got {self.messages}")
             try:
-                messages.append(listener.recv(4096).decode("ascii"))
+                self.messages.append(self.listener.recv(4096).decode("ascii"))
             except TimeoutError:
                 continue
-        raise AssertionError(f"{until} not received; got {messages}\n{proc.log()[-2000:]}")
 
+
+def test_notify_socket_receives_ready_watchdog_status_reloading_stopping_in_order(tmp_path, daemon_process):
+    workspace, _ = make_workspace(tmp_path)
+    notify = NotifySocket(tmp_path)
+    proc = daemon_process(workspace, env={"NOTIFY_SOCKET": notify.address, "WATCHDOG_USEC": "1000000"})
     try:
         proc.start()
-        drain("READY=1")
-        drain("WATCHDOG=1")
+        notify.wait("READY=1")
+        notify.wait("WATCHDOG=1")
         proc.proc.send_signal(1)
-        drain("RELOADING=1")
-        reloaded_at = len(messages)
-        drain("WATCHDOG=1", since=reloaded_at)
+        notify.wait("RELOADING=1")
+        notify.wait("WATCHDOG=1", since=len(notify.messages))
         assert "config reloaded" in proc.log()
         proc.proc.send_signal(15)
-        drain("STOPPING=1")
+        notify.wait("STOPPING=1")
         assert proc.proc.wait(timeout=30) == 0
     finally:
         proc.kill()
-        listener.close()
+        notify.listener.close()
     kinds = [next((name for name in ("READY=1", "WATCHDOG=1", "RELOADING=1", "STOPPING=1") if name in m), "STATUS")
-             for m in messages]
+             for m in notify.messages]
     order = [kind for kind in kinds if kind != "STATUS"]
     assert order.index("READY=1") < order.index("WATCHDOG=1") < order.index("RELOADING=1") < order.index("STOPPING=1")
-    assert any(message.startswith("STATUS=") and message.isascii() for message in messages)
+    assert any(message.startswith("STATUS=") and message.isascii() for message in notify.messages)
 
 
 def test_a_reload_that_fails_on_the_way_still_tells_systemd_it_is_ready(tmp_path, daemon_process):
     workspace, _ = make_workspace(tmp_path)
-    address = str(tmp_path / "notify.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    listener.bind(address)
-    listener.settimeout(20)
-    proc = daemon_process(workspace, env={"NOTIFY_SOCKET": address, "NANOBOTD_FAULTS": "daemon.reloading=enospc"})
-
-    def receive(until: str) -> None:
-        deadline = time.monotonic() + 20
-        while until not in listener.recv(4096).decode("ascii"):
-            assert time.monotonic() < deadline, f"no {until} within 20 s"
-
+    notify = NotifySocket(tmp_path)
+    proc = daemon_process(workspace, env={"NOTIFY_SOCKET": notify.address,
+                                          "NANOBOTD_FAULTS": "daemon.reloading=enospc"})
     try:
         proc.start()
-        receive("READY=1")
+        notify.wait("READY=1")
         proc.proc.send_signal(1)
-        receive("RELOADING=1")
-        receive("READY=1")
+        notify.wait("RELOADING=1")
+        notify.wait("READY=1", since=len(notify.messages))
         proc.wait_for(lambda: "fault point daemon.reloading" in proc.log())
         assert "config reloaded" not in proc.log()
         assert proc.ctl("status").returncode == 0
     finally:
         proc.kill()
-        listener.close()
+        notify.listener.close()
 
 
 def test_the_polling_observer_tracks_changes_too(tmp_path, daemon_process):
