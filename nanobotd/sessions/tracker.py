@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import BinaryIO, Protocol, TypeVar
 
 from loguru import logger
 
@@ -35,7 +35,7 @@ from nanobotd.sessions.file import key_from_filename
 from nanobotd.sessions.hold import Holding, HoldPlan, worth_a_copy
 from nanobotd.sessions.marks import ArchiveMarks
 from nanobotd.sessions.messages import MessageList
-from nanobotd.sessions.scan import LINE_NEW, ParseResult, Sketch, parse_session, sketch_session
+from nanobotd.sessions.scan import LINE_NEW, Listener, ParseResult, Sketch, parse_session, sketch_session
 from nanobotd.sessions.session import (
     SKIPPED_PREFIXES,
     ScanResult,
@@ -54,6 +54,15 @@ from nanobotd.state.store import StateStore
 from nanobotd.tuning import CACHED_MESSAGES, SCAN_SLICE_SECONDS
 
 T = TypeVar("T")
+
+
+class HeldReader(Protocol):
+    """What read_archiving tells of a held copy's messages: each as it is decoded (take), then the end of the read,
+    which answers the digests it archived (they get no spool row)."""
+
+    take: Listener
+
+    def end(self) -> set[str]: ...
 
 
 def fingerprint_of(stat: os.stat_result) -> tuple[int, int, int]:
@@ -263,11 +272,11 @@ class SessionTracker:
         self.sessions = {**self.sessions, session.key: session}
         return ScanResult(session.key, True, sketch.unarchived_lines, 0, 0, time.perf_counter() - started)
 
-    def _read_held(self, session: SessionState) -> None:
+    def _read_held(self, session: SessionState, reader: HeldReader | None = None) -> None:
         """Read an unread session's held version as its first scan would have (under the lock): its messages, and
         spool rows held in that same copy. Its fingerprint stays that version's, so a scan of the file compares
         against it as usual. A copy that cannot be read (the state folder damaged) leaves the file to be read
-        whole as it is now, at its next scan."""
+        whole as it is now, at its next scan. *reader*: told of each message as it is decoded (read_archiving)."""
         try:
             handle = self.holding.open_held(session)
         except OSError as exc:
@@ -278,11 +287,13 @@ class SessionTracker:
             self._save_session(session)
             return
         with handle:
-            parsed = parse_session(session.path, handle=handle)
+            parsed = parse_session(session.path, handle=handle, listener=reader and reader.take)
+            archived = reader.end() if reader is not None else frozenset()
             hold = HoldPlan(session.hold_generation, 0)
             try:
                 with self.store.transaction() as db:
-                    self._apply(session, parsed, session.fingerprint, session.last_write, handle=handle, hold=hold)
+                    self._apply(session, parsed, session.fingerprint, session.last_write, handle=handle, hold=hold,
+                                archived=archived)
                     session.unread = False
                     session.corrupt_lines, session.tail = parsed.corrupt, parsed.tail
                     save_session(db, session, self.clock())
@@ -309,6 +320,17 @@ class SessionTracker:
         """Read session *key*'s held copy now when it is unread (a job does, on the executor, before it starts)."""
         self._ready(self.sessions.get(key))
 
+    def read_archiving(self, key: str, reader: HeldReader) -> bool:
+        """Read session *key*'s held copy when it is unread (False: it is not), telling *reader* of each message as it
+        is decoded: what the reader archives meanwhile (its marks through mark_read) gets no spool row; the digests
+        its end() returns are left out of the spool, the rest is spooled as by any first read."""
+        with self._lock:
+            session = self.sessions.get(key)
+            if session is None or not session.unread:
+                return False
+            self._read_held(session, reader)
+            return True
+
     def count_tail(self, key: str) -> int:
         """The unarchived tail's exact tokens, for a decision near a threshold (see Spool.count_tail)."""
         session = self._ready(self.sessions.get(key))
@@ -319,7 +341,7 @@ class SessionTracker:
         return self.sessions.get(key) if key is not None else None
 
     def _apply(self, session: SessionState, parsed: ParseResult, fingerprint, mtime: float, *, appended: bool = False,
-               handle: BinaryIO, hold: HoldPlan | None = None) -> int:
+               handle: BinaryIO, hold: HoldPlan | None = None, archived: set[str] = frozenset()) -> int:
         """Update counters, the spool and the message cache; return how many spooled messages vanished.
 
         *appended*: the old messages are an unchanged prefix of the parsed ones (the fast path), so only the
@@ -341,7 +363,7 @@ class SessionTracker:
         else:  # nothing spooled (a file seen for the first time): nothing to miss
             gone = set()
         below = set(messages.digests(0, agent_archived)) if agent_archived and spooled else set()
-        to_spool = self._spool_rows(session, first_fresh, parsed, agent_archived)
+        to_spool = self._spool_rows(session, first_fresh, parsed, agent_archived, archived)
         if hold is None:
             hold = self.holding.plan(session, parsed, handle, to_spool)
         agent_done = [digest for digest in spooled if digest in below]
@@ -369,18 +391,19 @@ class SessionTracker:
         return vanished
 
     def _spool_rows(self, session: SessionState, first_fresh: int, parsed: ParseResult,
-                    agent_archived: int) -> list[int]:
+                    agent_archived: int, just_archived: set[str] = frozenset()) -> list[int]:
         """The message numbers to spool: the conversation messages from *first_fresh* on parsed in this scan
         that neither the agent nor nanobotd archived (their rows are made, and their records read, as they are
-        written)."""
+        written); *just_archived*: digests known archived already, not looked up."""
         spooled = self.spool.rows(session)
         if session.skipped:
             return []
         messages, lines = parsed.messages, parsed.lines
         begin = max(first_fresh, agent_archived, lines.first)  # a line parsed in this scan (LINE_NEW) counts
         wanted = [begin + at for at, kind in enumerate(lines.kinds[begin - lines.first:]) if kind == LINE_NEW]
-        if spooled:
-            wanted = [index for index in wanted if messages.digest(index) not in spooled]
+        if spooled or just_archived:
+            wanted = [index for index in wanted if messages.digest(index) not in spooled
+                      and messages.digest(index) not in just_archived]
         archived = self.marks.archived_among(session, (messages.digest(index) for index in wanted))
         return [index for index in wanted if messages.digest(index) not in archived] if archived else wanted
 
@@ -472,11 +495,29 @@ class SessionTracker:
         self.marks.record(session, {digest: run_id for digest in digests}, seqs=seqs, also=also)
         self.holding.release(session)
 
+    def mark_read(self, key: str, digests: list[str], tokens: int, run_id: str, *, also: Callable | None = None) -> None:
+        """Messages of a session held unread reached history as its held copy was read (read_archiving): marked
+        archived, with no spool row to take out; *tokens*, their estimate, leave its counters."""
+        session = self.sessions[key]
+        if not session.unread:
+            return self.mark_archived(key, digests, run_id, also=also)
+        with self._lock:
+            session.unarchived_messages = max(0, session.unarchived_messages - len(digests))
+            session.unarchived_tokens = max(0, session.unarchived_tokens - tokens)
+            self.marks.record(session, dict.fromkeys(digests, run_id), also=also, spooled=False)
+        return None
+
     def drop_agent_archived(self, key: str, digests: list[str]) -> None:
         """Messages that left the file and that the agent archived itself: out of the spool, not archived again."""
         session = self._ready(self.sessions[key])
         self.marks.drop_agent_archived(session, digests)
         self.holding.release(session)
+
+    def archived_digests(self, key: str) -> set[str]:
+        """The digests of the session's messages nanobotd archived (a few, or none, for a session held unread)."""
+        session = self.sessions[key]
+        return {digest for (digest,) in self.store.query("SELECT digest FROM archived WHERE session_id=?",
+                                                          (session.session_id,))}
 
     def count_archived_twice(self, key: str, digests: list[str]) -> int:
         """The agent archived messages nanobotd had already archived (its entry came after ours)."""

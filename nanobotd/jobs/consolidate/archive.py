@@ -47,10 +47,8 @@ async def summarize_chunk(env: JobEnv, chunk: Chunk, session_key: str,
                           usage: UsageMeter) -> tuple[str, list[str], str]:
     """(outcome, entry contents, reason): summarized | nothing | raw_fallback, with why it fell back."""
     settings = env.settings.consolidation
-    if chunk.oversized:
-        return "raw_fallback", raw_entries(chunk.messages, settings.raw_max_chars), OVERSIZED_REASON
-    if env.llm.offline:
-        return "raw_fallback", raw_entries(chunk.messages, settings.raw_max_chars), OFFLINE_REASON
+    if chunk.oversized or env.llm.offline:
+        return raw_summary(env, chunk)
     # the plan's sizes are the tracker's estimates: a chunk an LLM must receive is counted exactly, once
     text, max_tokens = transcript(chunk.messages), min(env.settings.llm.max_tokens, 4096)
     chunk.counted = await asyncio.to_thread(count_tokens, text, encoding_name_for(env.settings.llm.model))
@@ -82,18 +80,29 @@ def backup_path(env: JobEnv, run_id: str, number: int) -> Path:
 
 async def consolidate_session(env: JobEnv, session_key: str, run_id: str, *, reason: str,
                               vanished_only: bool = False) -> dict:
-    """Archive a session's unarchived messages (all of them, or down to the target for "budget")."""
-    chunks = plan_run(env, session_key, reason, vanished_only=vanished_only)
+    """Archive a session's unarchived messages (all of them, or down to the target for "budget"). A session held unread
+    is read first, off the event loop; without an LLM, archived as it is read (jobs.consolidate.asread)."""
     manifest: dict = {"session": session_key, "reason": reason, "chunks": [], "cursors": []}
+    usage = UsageMeter()
+    session = env.tracker.sessions.get(session_key)
+    if session is not None and session.unread:
+        if env.llm.offline and not vanished_only:
+            from nanobotd.jobs.consolidate.asread import ArchivingRead  # it builds on this module
+
+            reading = ArchivingRead(env, session_key, run_id, manifest, budget=reason == "budget", usage=usage)
+            try:
+                read = await asyncio.to_thread(env.tracker.read_archiving, session_key, reading)
+            finally:
+                reading.marks.commit_now()  # chunks in history are marked before the run ends, however it ends
+            if read:
+                env.faults.reach("consolidate.read")
+                return _finish(env, session_key, run_id, manifest, reading.outcomes, usage)
+        await asyncio.to_thread(env.tracker.read_unread, session_key)
+    chunks = plan_run(env, session_key, reason, vanished_only=vanished_only)
     if vanished_only:
         manifest["vanished_only"] = True
-    usage = UsageMeter()
     if not chunks:
-        env.store.finish_run(run_id, state="finished", outcome="no_change", manifest=manifest)
-        # counted as a pass, so the metrics see the runs `nanobotctl runs` hides
-        env.store.record_outcome("consolidate", env.settings.name, "no_change", run_id=run_id,
-                                 reason=NOTHING_LEFT_REASON)
-        return manifest
+        return _finish(env, session_key, run_id, manifest, [], usage)
     outcomes = []
     marks = PendingMarks(env, session_key, run_id, manifest)
     offline = env.llm.offline  # every chunk archived raw as read: read (and backed up) a group ahead
@@ -117,7 +126,19 @@ async def consolidate_session(env: JobEnv, session_key: str, run_id: str, *, rea
     finally:
         loads.cancel()
         marks.commit_now()  # chunks in history are marked before the run ends, however it ends
-    note_progress(manifest, "archived", len(chunks), len(chunks))
+    return _finish(env, session_key, run_id, manifest, outcomes, usage)
+
+
+def _finish(env: JobEnv, session_key: str, run_id: str, manifest: dict, outcomes: list[str],
+            usage: UsageMeter) -> dict:
+    """Close the run: no_change when it archived no chunk, else its overall outcome, and a new compaction cycle."""
+    if not outcomes:
+        env.store.finish_run(run_id, state="finished", outcome="no_change", manifest=manifest)
+        # counted as a pass, so the metrics see the runs `nanobotctl runs` hides
+        env.store.record_outcome("consolidate", env.settings.name, "no_change", run_id=run_id,
+                                 reason=NOTHING_LEFT_REASON)
+        return manifest
+    note_progress(manifest, "archived", len(outcomes), len(outcomes))
     env.tracker.set_cycle(session_key, next_cycle=True)
     overall = ("raw_fallback" if "raw_fallback" in outcomes else "summarized" if "summarized" in outcomes
                else "nothing")
@@ -141,19 +162,22 @@ class PendingMarks:
     """Chunks whose entries reached history, awaiting archive marks: committed a batch at a time in one transaction with
     the journal saying they are done, so a crash leaves both or neither (chunks not yet done, recovery finishes)."""
 
-    def __init__(self, env: JobEnv, session_key: str, run_id: str, manifest: dict):
+    def __init__(self, env: JobEnv, session_key: str, run_id: str, manifest: dict, *, unspooled: bool = False):
         self.env, self.session_key, self.run_id, self.manifest = env, session_key, run_id, manifest
+        self.unspooled = unspooled  # archived as a held copy is read: no spool row (tracker.mark_read)
         self.records: list[tuple[int, dict]] = []  # (chunk number, its record)
         self.digests: list[str] = []
         self.seqs: list[int] = []
+        self.tokens = 0
         self.since = 0.0
 
-    def add(self, number: int, record: dict, digests: list[str], seqs: list[int]) -> None:
+    def add(self, number: int, record: dict, digests: list[str], seqs: list[int], tokens: int) -> None:
         if not self.records:
             self.since = time.monotonic()
         self.records.append((number, record))
         self.digests.extend(digests)
         self.seqs.extend(seqs)
+        self.tokens += tokens
 
     def due(self) -> bool:
         return bool(self.records) and (len(self.records) >= MARK_BATCH_CHUNKS
@@ -171,9 +195,12 @@ class PendingMarks:
             record["done"] = True
         seqs = self.seqs if len(self.seqs) == len(self.digests) else None
         steps, head = self.records, manifest_head(self.manifest)
-        self.env.tracker.mark_archived(self.session_key, self.digests, self.run_id, seqs=seqs,
-                                       also=lambda db: write_steps(db, self.run_id, steps, head))
-        self.records, self.digests, self.seqs = [], [], []
+        journal = lambda db: write_steps(db, self.run_id, steps, head)  # noqa: E731
+        if self.unspooled:
+            self.env.tracker.mark_read(self.session_key, self.digests, self.tokens, self.run_id, also=journal)
+        else:
+            self.env.tracker.mark_archived(self.session_key, self.digests, self.run_id, seqs=seqs, also=journal)
+        self.records, self.digests, self.seqs, self.tokens = [], [], [], 0
         self.env.faults.reach("consolidate.marked")
 
 
@@ -198,9 +225,24 @@ async def archive_chunks(env: JobEnv, session_key: str, run_id: str, group: list
                          manifest: dict, usage: UsageMeter, marks: PendingMarks) -> list[str]:
     """Summarise *group*'s chunks (in order) and append their entries in one append, each chunk's backup and cursors
     journalled first so recovery can finish or roll back any a crash cut short; marks wait in *marks*."""
-    records, parts = [], []
-    for number, chunk in group:
-        outcome, contents, reason = await summarize_chunk(env, chunk, session_key, usage)
+    summaries = [(number, chunk, *await summarize_chunk(env, chunk, session_key, usage)) for number, chunk in group]
+    records = journal_records(env, run_id, summaries, manifest, usage)
+    await asyncio.to_thread(append_group, env, session_key, run_id, records, manifest)
+    return record_outcomes(env, run_id, records, manifest, usage, marks)
+
+
+def raw_summary(env: JobEnv, chunk: Chunk) -> tuple[str, list[str], str]:
+    """summarize_chunk's answer without an LLM: the chunk's [RAW] entries."""
+    reason = OVERSIZED_REASON if chunk.oversized else OFFLINE_REASON
+    return "raw_fallback", raw_entries(chunk.messages, env.settings.consolidation.raw_max_chars), reason
+
+
+def journal_records(env: JobEnv, run_id: str, summaries: list[tuple[int, Chunk, str, list[str], str]],
+                    manifest: dict, usage: UsageMeter) -> list[tuple]:
+    """The run's record of each summarised chunk (number, chunk, outcome, entry contents, reason), in the manifest;
+    returns (number, record, outcome, reason, chunk, contents, span) for append_group."""
+    records = []
+    for number, chunk, outcome, contents, reason in summaries:
         digests, seqs, backup = chunk.digests, chunk.seqs, backup_path(env, run_id, number)
         record = {
             "seq": [seqs[0], seqs[-1]], "count": len(digests),
@@ -211,45 +253,49 @@ async def archive_chunks(env: JobEnv, session_key: str, run_id: str, group: list
         if reason:
             record["fallback_reason"] = reason
         manifest["chunks"].append(record)
-        records.append((number, record, outcome, reason, chunk))
-        parts.append((contents, {"run": run_id, "first": digests[0], "last": digests[-1], "count": len(digests)}))
+        span = {"run": run_id, "first": digests[0], "last": digests[-1], "count": len(digests)}
+        records.append((number, record, outcome, reason, chunk, contents, span))
     manifest["tokens"] = usage.to_json()
-    # Recovery looks only at chunks whose cursors were journalled, so a chunk's record is journalled with its
-    # cursors (before the append), or with done (no entry to append), not on its own before.
+    return records
 
-    def append() -> list[int]:
-        backups = [Path(record["backup"]) for _, record, *_ in records]
-        for (*_, chunk), backup in zip(records, backups, strict=True):
-            chunk.back_up(backup)
-        # the backups and their names, durable together before the journal names them
-        fsio.sync_folder(env.store.run_dir(run_id), backups)
-        # each chunk's entries ready for history; one left empty once cleaned is not appended
-        prepared = [[entry for entry in map(history.prepare_entry, contents) if entry is not None]
-                    for contents, _ in parts]
-        written = [(entry, span) for entries, (_, span) in zip(prepared, parts, strict=True) for entry in entries]
 
-        def journal_cursors(cursors: list[int]) -> None:
-            steps, cursors = [], iter(cursors)
-            for (number, record, *_), entries in zip(records, prepared, strict=True):
-                if entries:
-                    record["cursors"] = [next(cursors) for _ in entries]
-                    record["hashes"] = [entry.hash for entry in entries]
-                    steps.append((number, record))
-            env.store.journal_steps(run_id, steps, manifest_head(manifest))
-            env.faults.reach("consolidate.journalled")
+def append_group(env: JobEnv, session_key: str, run_id: str, records: list[tuple], manifest: dict) -> None:
+    """Back the chunks of *records* (journal_records) up, journal their cursors, then append their entries to history
+    in one append. Recovery looks only at chunks whose cursors were journalled, so a chunk's record is journalled
+    with its cursors (before the append), or with done (no entry to append), not on its own before."""
+    backups = [Path(record["backup"]) for _, record, *_ in records]
+    for (_, _, _, _, chunk, *_), backup in zip(records, backups, strict=True):
+        chunk.back_up(backup)
+    # the backups and their names, durable together before the journal names them
+    fsio.sync_folder(env.store.run_dir(run_id), backups)
+    # each chunk's entries ready for history; one left empty once cleaned is not appended
+    prepared = [[entry for entry in map(history.prepare_entry, contents) if entry is not None]
+                for *_, contents, _ in records]
+    written = [(entry, span) for entries, (*_, span) in zip(prepared, records, strict=True) for entry in entries]
 
-        cursors = history.append_prepared(env.memory_dir, written, session_key, env.now(),
-                                          before_write=journal_cursors)
-        env.faults.reach("consolidate.appended")
-        return cursors
+    def journal_cursors(cursors: list[int]) -> None:
+        steps, cursors = [], iter(cursors)
+        for (number, record, *_), entries in zip(records, prepared, strict=True):
+            if entries:
+                record["cursors"] = [next(cursors) for _ in entries]
+                record["hashes"] = [entry.hash for entry in entries]
+                steps.append((number, record))
+        env.store.journal_steps(run_id, steps, manifest_head(manifest))
+        env.faults.reach("consolidate.journalled")
 
-    await asyncio.to_thread(append)
+    history.append_prepared(env.memory_dir, written, session_key, env.now(), before_write=journal_cursors)
+    env.faults.reach("consolidate.appended")
+
+
+def record_outcomes(env: JobEnv, run_id: str, records: list[tuple], manifest: dict, usage: UsageMeter,
+                    marks: PendingMarks) -> list[str]:
+    """After the append: the chunks' marks wait in *marks*, their outcome rows go in one commit; their outcomes."""
     outcomes = []
-    with env.store.transaction():  # the group's outcome rows: one commit
-        for number, record, outcome, reason, chunk in records:
+    with env.store.transaction():
+        for number, record, outcome, reason, chunk, *_ in records:
             record.setdefault("cursors", [])
             manifest["cursors"].extend(record["cursors"])
-            marks.add(number, record, chunk.digests, chunk.seqs)
+            marks.add(number, record, chunk.digests, chunk.seqs, chunk.planned_tokens)
             row = {"summarized": "written", "nothing": "no_change"}.get(outcome, outcome)
             env.store.record_outcome("consolidate", env.settings.name, row, run_id=run_id, reason=reason,
                                      tokens=usage.prompt_tokens + usage.completion_tokens,
