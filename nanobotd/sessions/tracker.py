@@ -495,7 +495,8 @@ class SessionTracker:
         self.marks.record(session, {digest: run_id for digest in digests}, seqs=seqs, also=also)
         self.holding.release(session)
 
-    def mark_read(self, key: str, digests: list[str], tokens: int, run_id: str, *, also: Callable | None = None) -> None:
+    def mark_read(self, key: str, digests: list[str], tokens: int, run_id: str, *,
+                  also: Callable | None = None) -> None:
         """Messages of a session held unread reached history as its held copy was read (read_archiving): marked
         archived, with no spool row to take out; *tokens*, their estimate, leave its counters."""
         session = self.sessions[key]

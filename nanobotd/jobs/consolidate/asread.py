@@ -5,7 +5,7 @@ into the spool and then read each chunk back: the tracker reads the held copy (`
 tells an ArchivingRead of each message as it decodes it. The pass cuts chunks as `chunks.plan_chunks` does and archives
 a group of them as soon as the run surely archives them (every chunk; for a budget run, those followed by more than the
 tail it leaves), each backed up from the lines read, journalled, appended and marked as any chunk is
-(`archive.append_group`), with no spool row. When the copy ends, a budget run's last chunks are cut as
+(`appending.append_group`), with no spool row. When the copy ends, a budget run's last chunks are cut as
 `chunks.plan_budget` cuts them, and what stays unarchived is spooled by the read itself.
 
 A crash leaves the session unread and the chunks marked so far archived: its next read spools only the rest, and the
@@ -16,7 +16,7 @@ from __future__ import annotations
 from array import array
 from collections import deque
 
-from nanobotd.jobs.consolidate.archive import (
+from nanobotd.jobs.consolidate.appending import (
     PendingMarks,
     append_group,
     journal_records,
