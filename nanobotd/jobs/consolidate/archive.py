@@ -210,6 +210,8 @@ def recover_consolidation(env: JobEnv, run: RunRecord) -> str:
             rolled_back += 1
     # chunks marked before the crash count too: their entries stay in history, and a restore undoes them
     kept = any(chunk.get("done") for chunk in manifest.get("chunks", []))
+    if run.session_key in env.tracker.sessions:  # cut short as it read a held copy: what it did not archive is spooled
+        env.tracker.read_unread(run.session_key)
     outcome = "recovered" if kept else "rolled_back"
     manifest["cursors"] = chunk_cursors(manifest)
     manifest["recovery"] = {"finished_chunks": finished, "rolled_back_chunks": rolled_back}
