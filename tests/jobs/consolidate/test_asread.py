@@ -83,7 +83,7 @@ def test_a_pass_cut_short_leaves_the_session_unread_and_each_message_is_archived
     consolidate.recover_consolidation(env, env.store.get_run(run_id))
     # the recovery reads the copy: what the pass did not archive is spooled, every message unarchived counted
     session = env.tracker.sessions["cli:a"]
-    assert not session.unread and session.unarchived_messages == len(env.tracker.pending("cli:a")) > 0
+    assert not session.unread and session.unarchived_messages == len(env.tracker.pending("cli:a"))
     run_job(env, "cli:a")
     assert_each_once(env)
     assert env.store.query("SELECT count(*) FROM spool")[0][0] == 0
