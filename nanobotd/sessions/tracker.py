@@ -499,10 +499,10 @@ class SessionTracker:
                   also: Callable | None = None) -> None:
         """Messages of a session held unread reached history as its held copy was read (read_archiving): marked
         archived, with no spool row to take out; *tokens*, their estimate, leave its counters."""
-        session = self.sessions[key]
-        if not session.unread:
-            return self.mark_archived(key, digests, run_id, also=also)
-        with self._lock:
+        with self._lock:  # read meanwhile (a pass that failed marks what it appended after the read's end)
+            session = self.sessions[key]
+            if not session.unread:
+                return self.mark_archived(key, digests, run_id, also=also)
             session.unarchived_messages = max(0, session.unarchived_messages - len(digests))
             session.unarchived_tokens = max(0, session.unarchived_tokens - tokens)
             self.marks.record(session, dict.fromkeys(digests, run_id), also=also, spooled=False)
