@@ -58,11 +58,11 @@ T = TypeVar("T")
 
 class HeldReader(Protocol):
     """What read_archiving tells of a held copy's messages: each as it is decoded (take), then the end of the read,
-    which answers the digests it archived (they get no spool row)."""
+    which answers the numbers of the messages it archived (they get no spool row)."""
 
     take: Listener
 
-    def end(self) -> set[str]: ...
+    def end(self) -> set[int]: ...
 
 
 def fingerprint_of(stat: os.stat_result) -> tuple[int, int, int]:
@@ -322,7 +322,7 @@ class SessionTracker:
 
     def read_archiving(self, key: str, reader: HeldReader) -> bool:
         """Read session *key*'s held copy when it is unread (False: it is not), telling *reader* of each message as it
-        is decoded: what the reader archives meanwhile (its marks through mark_read) gets no spool row; the digests
+        is decoded: what the reader archives meanwhile (its marks through mark_read) gets no spool row; the messages
         its end() returns are left out of the spool, the rest is spooled as by any first read."""
         with self._lock:
             session = self.sessions.get(key)
@@ -341,7 +341,7 @@ class SessionTracker:
         return self.sessions.get(key) if key is not None else None
 
     def _apply(self, session: SessionState, parsed: ParseResult, fingerprint, mtime: float, *, appended: bool = False,
-               handle: BinaryIO, hold: HoldPlan | None = None, archived: set[str] = frozenset()) -> int:
+               handle: BinaryIO, hold: HoldPlan | None = None, archived: set[int] = frozenset()) -> int:
         """Update counters, the spool and the message cache; return how many spooled messages vanished.
 
         *appended*: the old messages are an unchanged prefix of the parsed ones (the fast path), so only the
@@ -391,19 +391,20 @@ class SessionTracker:
         return vanished
 
     def _spool_rows(self, session: SessionState, first_fresh: int, parsed: ParseResult,
-                    agent_archived: int, just_archived: set[str] = frozenset()) -> list[int]:
+                    agent_archived: int, just_archived: set[int] = frozenset()) -> list[int]:
         """The message numbers to spool: the conversation messages from *first_fresh* on parsed in this scan
         that neither the agent nor nanobotd archived (their rows are made, and their records read, as they are
-        written); *just_archived*: digests known archived already, not looked up."""
+        written); *just_archived*: numbers of messages known archived already, not looked up."""
         spooled = self.spool.rows(session)
         if session.skipped:
             return []
         messages, lines = parsed.messages, parsed.lines
         begin = max(first_fresh, agent_archived, lines.first)  # a line parsed in this scan (LINE_NEW) counts
         wanted = [begin + at for at, kind in enumerate(lines.kinds[begin - lines.first:]) if kind == LINE_NEW]
-        if spooled or just_archived:
-            wanted = [index for index in wanted if messages.digest(index) not in spooled
-                      and messages.digest(index) not in just_archived]
+        if just_archived:
+            wanted = [index for index in wanted if index not in just_archived]
+        if spooled:
+            wanted = [index for index in wanted if messages.digest(index) not in spooled]
         archived = self.marks.archived_among(session, (messages.digest(index) for index in wanted))
         return [index for index in wanted if messages.digest(index) not in archived] if archived else wanted
 

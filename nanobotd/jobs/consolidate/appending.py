@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from nanobotd import fsio
 from nanobotd.jobs.consolidate.chunks import Chunk
@@ -86,10 +87,23 @@ def raw_summary(env: JobEnv, chunk: Chunk) -> tuple[str, list[str], str]:
     return "raw_fallback", raw_entries(chunk.messages, env.settings.consolidation.raw_max_chars), reason
 
 
+class Summarised(NamedTuple):
+    """A chunk of a group on its way to history: its number, its record in the run's manifest, what it became."""
+
+    number: int
+    chunk: Chunk
+    record: dict
+    outcome: str
+    reason: str
+    contents: list[str]  # its entries
+    span: dict  # the messages its entries stand for, written with them (history.SPAN_FIELD)
+    digests: list[str]
+    seqs: list[int]
+
+
 def journal_records(env: JobEnv, run_id: str, summaries: list[tuple[int, Chunk, str, list[str], str]],
-                    manifest: dict, usage: UsageMeter) -> list[tuple]:
-    """The run's record of each summarised chunk (number, chunk, outcome, entry contents, reason), in the manifest;
-    returns (number, record, outcome, reason, chunk, contents, span) for append_group."""
+                    manifest: dict, usage: UsageMeter) -> list[Summarised]:
+    """Each summarised chunk (number, chunk, outcome, entry contents, reason) with its record, in the manifest."""
     records = []
     for number, chunk, outcome, contents, reason in summaries:
         digests, seqs, backup = chunk.digests, chunk.seqs, backup_path(env, run_id, number)
@@ -103,32 +117,32 @@ def journal_records(env: JobEnv, run_id: str, summaries: list[tuple[int, Chunk, 
             record["fallback_reason"] = reason
         manifest["chunks"].append(record)
         span = {"run": run_id, "first": digests[0], "last": digests[-1], "count": len(digests)}
-        records.append((number, record, outcome, reason, chunk, contents, span))
+        records.append(Summarised(number, chunk, record, outcome, reason, contents, span, digests, seqs))
     manifest["tokens"] = usage.to_json()
     return records
 
 
-def append_group(env: JobEnv, session_key: str, run_id: str, records: list[tuple], manifest: dict) -> None:
-    """Back the chunks of *records* (journal_records) up, journal their cursors, then append their entries to history
-    in one append. Recovery looks only at chunks whose cursors were journalled, so a chunk's record is journalled
-    with its cursors (before the append), or with done (no entry to append), not on its own before."""
-    backups = [Path(record["backup"]) for _, record, *_ in records]
-    for (_, _, _, _, chunk, *_), backup in zip(records, backups, strict=True):
-        chunk.back_up(backup)
+def append_group(env: JobEnv, session_key: str, run_id: str, records: list[Summarised], manifest: dict) -> None:
+    """Back the chunks of *records* up, journal their cursors, then append their entries to history in one append.
+    Recovery looks only at chunks whose cursors were journalled, so a chunk's record is journalled with its cursors
+    (before the append), or with done (no entry to append), not on its own before."""
+    backups = [Path(item.record["backup"]) for item in records]
+    for item, backup in zip(records, backups, strict=True):
+        item.chunk.back_up(backup)
     # the backups and their names, durable together before the journal names them
     fsio.sync_folder(env.store.run_dir(run_id), backups)
     # each chunk's entries ready for history; one left empty once cleaned is not appended
-    prepared = [[entry for entry in map(history.prepare_entry, contents) if entry is not None]
-                for *_, contents, _ in records]
-    written = [(entry, span) for entries, (*_, span) in zip(prepared, records, strict=True) for entry in entries]
+    prepared = [[entry for entry in map(history.prepare_entry, item.contents) if entry is not None]
+                for item in records]
+    written = [(entry, item.span) for entries, item in zip(prepared, records, strict=True) for entry in entries]
 
     def journal_cursors(cursors: list[int]) -> None:
         steps, cursors = [], iter(cursors)
-        for (number, record, *_), entries in zip(records, prepared, strict=True):
+        for item, entries in zip(records, prepared, strict=True):
             if entries:
-                record["cursors"] = [next(cursors) for _ in entries]
-                record["hashes"] = [entry.hash for entry in entries]
-                steps.append((number, record))
+                item.record["cursors"] = [next(cursors) for _ in entries]
+                item.record["hashes"] = [entry.hash for entry in entries]
+                steps.append((item.number, item.record))
         env.store.journal_steps(run_id, steps, manifest_head(manifest))
         env.faults.reach("consolidate.journalled")
 
@@ -136,18 +150,18 @@ def append_group(env: JobEnv, session_key: str, run_id: str, records: list[tuple
     env.faults.reach("consolidate.appended")
 
 
-def record_outcomes(env: JobEnv, run_id: str, records: list[tuple], manifest: dict, usage: UsageMeter,
+def record_outcomes(env: JobEnv, run_id: str, records: list[Summarised], manifest: dict, usage: UsageMeter,
                     marks: PendingMarks) -> list[str]:
     """After the append: the chunks' marks wait in *marks*, their outcome rows go in one commit; their outcomes."""
     outcomes = []
     with env.store.transaction():
-        for number, record, outcome, reason, chunk, *_ in records:
-            record.setdefault("cursors", [])
-            manifest["cursors"].extend(record["cursors"])
-            marks.add(number, record, chunk.digests, chunk.seqs, chunk.planned_tokens)
-            row = {"summarized": "written", "nothing": "no_change"}.get(outcome, outcome)
-            env.store.record_outcome("consolidate", env.settings.name, row, run_id=run_id, reason=reason,
+        for item in records:
+            item.record.setdefault("cursors", [])
+            manifest["cursors"].extend(item.record["cursors"])
+            marks.add(item.number, item.record, item.digests, item.seqs, item.chunk.planned_tokens)
+            row = {"summarized": "written", "nothing": "no_change"}.get(item.outcome, item.outcome)
+            env.store.record_outcome("consolidate", env.settings.name, row, run_id=run_id, reason=item.reason,
                                      tokens=usage.prompt_tokens + usage.completion_tokens,
                                      latency_ms=usage.latencies_ms[-1] if usage.latencies_ms else None)
-            outcomes.append(outcome)
+            outcomes.append(item.outcome)
     return outcomes

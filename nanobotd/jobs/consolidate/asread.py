@@ -37,7 +37,7 @@ Item = tuple[int, PendingMessage, str]  # (message number, the message, its line
 
 class ArchivingRead:
     """The pass over one unread session's held copy for run *run_id*: `take` each message as it is decoded, then
-    `end`, which archives what the run still archives and answers the digests archived (the read spools none)."""
+    `end`, which archives what the run still archives and answers the messages archived (the read spools none)."""
 
     def __init__(self, env: JobEnv, session_key: str, run_id: str, manifest: dict, *, budget: bool,
                  usage: UsageMeter) -> None:
@@ -57,7 +57,7 @@ class ArchivingRead:
         self.read = 0  # the tokens of the messages taken so far
         self.group: list[tuple[int, Chunk]] = []
         self.chunks = 0
-        self.archived: set[str] = set()
+        self.archived: set[int] = set()  # the numbers of the messages archived
         self.outcomes: list[str] = []
 
     def take(self, number: int, message: PendingMessage, line: RawLine) -> None:
@@ -82,9 +82,9 @@ class ArchivingRead:
         while self.waiting and self.read - self.waiting[0][1] > self.target:
             self._archive(self.waiting.popleft()[0])
 
-    def end(self) -> set[str]:
+    def end(self) -> set[int]:
         """The copy is read: archive what the run still archives (a budget run: down to its target, cut before a user
-        message, as `plan_budget`), mark it all; returns the digests archived."""
+        message, as `plan_budget`), mark it all; returns the numbers of the messages archived."""
         items = [item for chunk, _ in self.waiting for item in chunk.loaded] + self.open
         self.waiting.clear()
         self.open = []
@@ -135,7 +135,7 @@ class ArchivingRead:
         append_group(self.env, self.session_key, self.run_id, records, self.manifest)
         self.outcomes += record_outcomes(self.env, self.run_id, records, self.manifest, self.usage, self.marks)
         for _, chunk in self.group:
-            self.archived.update(chunk.digests)
+            self.archived.update(chunk.planned)
             chunk.release()
         self.group = []
         if self.marks.due():

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nanobotd.jobs.env import JobEnv
-from nanobotd.jsontext import json_string
 from nanobotd.memory.agent_history import dropped_part
 from nanobotd.memory.transcript import PendingMessage
 from nanobotd.sessions.spool import PlanWindow, SpoolPlan
@@ -57,7 +56,7 @@ class Chunk:
         if self.backed_up:
             return
         # each message's record as the spool holds its JSON text (not re-encoded)
-        lines = [f'{{"digest":{json_string(message.digest)},"tokens":{int(message.tokens)},"record":{raw}}}'
+        lines = [f'{{"digest":"{message.digest}","tokens":{int(message.tokens)},"record":{raw}}}'  # a hex digest
                  for _, message, raw in self.loaded]
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with open(fd, "wb") as handle:
