@@ -90,6 +90,8 @@ class SessionTracker:
         # archive run archives only the rest of it (not kept across restarts: the whole message then)
         self.agent_held: dict[str, dict[str, int]] = {}
         self._lock = threading.RLock()
+        self._passes: set[int] = set()  # the sessions whose held copy a pass reads (read_archiving), by id
+        self._pass_ends = threading.Condition(self._lock)
         self._keys_by_path: dict[Path, str] = {}
         self.holding = Holding(store, self._lock, self.faults)
         self.spool = Spool(store, self.holding.resolver, self._lock, clock)
@@ -272,37 +274,51 @@ class SessionTracker:
         self.sessions = {**self.sessions, session.key: session}
         return ScanResult(session.key, True, sketch.unarchived_lines, 0, 0, time.perf_counter() - started)
 
-    def _read_held(self, session: SessionState, reader: HeldReader | None = None) -> None:
+    def _read_held(self, session: SessionState) -> None:
         """Read an unread session's held version as its first scan would have (under the lock): its messages, and
         spool rows held in that same copy. Its fingerprint stays that version's, so a scan of the file compares
         against it as usual. A copy that cannot be read (the state folder damaged) leaves the file to be read
-        whole as it is now, at its next scan. *reader*: told of each message as it is decoded (read_archiving)."""
+        whole as it is now, at its next scan. A pass reading it already (read_archiving) is waited for."""
+        while session.session_id in self._passes:  # the wait lets the lock go
+            self._pass_ends.wait()
+        if not session.unread:
+            return
+        handle = self._open_held(session)
+        if handle is None:
+            return
+        with handle:
+            self._commit_read(session, handle, parse_session(session.path, handle=handle), frozenset())
+
+    def _open_held(self, session: SessionState) -> BinaryIO | None:
+        """The session's held version, open; None when it cannot be read: then its file is read whole at its next
+        scan (under the lock)."""
         try:
-            handle = self.holding.open_held(session)
+            return self.holding.open_held(session)
         except OSError as exc:
             logger.error("session {}: its held copy cannot be read ({}); its file is read again as it is now",
                          session.key, exc)
             session.unread, session.fingerprint, session.tail = False, None, None
             self.spool.recount(session)
             self._save_session(session)
-            return
-        with handle:
-            parsed = parse_session(session.path, handle=handle, listener=reader and reader.take)
-            archived = reader.end() if reader is not None else frozenset()
-            hold = HoldPlan(session.hold_generation, 0)
-            try:
-                with self.store.transaction() as db:
-                    self._apply(session, parsed, session.fingerprint, session.last_write, handle=handle, hold=hold,
-                                archived=archived)
-                    session.unread = False
-                    session.corrupt_lines, session.tail = parsed.corrupt, parsed.tail
-                    save_session(db, session, self.clock())
-                    self.faults.reach("scan.read_held")  # its rows written, not committed
-            except BaseException:
-                session.unread = True
-                self.caches.let_go(self.sessions, session.key)
-                session.messages, session.spool, session.gone, session.tail = None, None, set(), None
-                raise
+            return None
+
+    def _commit_read(self, session: SessionState, handle: BinaryIO, parsed: ParseResult, archived: set[int]) -> None:
+        """Apply the read of a held version (under the lock): its messages, and spool rows held in it for what is
+        unarchived (less the messages numbered *archived*), one transaction that says the session read."""
+        hold = HoldPlan(session.hold_generation, 0)
+        try:
+            with self.store.transaction() as db:
+                self._apply(session, parsed, session.fingerprint, session.last_write, handle=handle, hold=hold,
+                            archived=archived)
+                session.unread = False
+                session.corrupt_lines, session.tail = parsed.corrupt, parsed.tail
+                save_session(db, session, self.clock())
+                self.faults.reach("scan.read_held")  # its rows written, not committed
+        except BaseException:
+            session.unread = True
+            self.caches.let_go(self.sessions, session.key)
+            session.messages, session.spool, session.gone, session.tail = None, None, set(), None
+            raise
         self.caches.messages(session)
         self.caches.trim(self.sessions, session)
         self._report(session.key, parsed)
@@ -323,13 +339,35 @@ class SessionTracker:
     def read_archiving(self, key: str, reader: HeldReader) -> bool:
         """Read session *key*'s held copy when it is unread (False: it is not), telling *reader* of each message as it
         is decoded: what the reader archives meanwhile (its marks through mark_read) gets no spool row; the messages
-        its end() returns are left out of the spool, the rest is spooled as by any first read."""
+        its end() returns are left out of the spool, the rest is spooled as by any first read. The copy is decoded
+        without the lock (its appends wait for disks); anything else that needs the session read waits for the pass."""
         with self._lock:
             session = self.sessions.get(key)
-            if session is None or not session.unread:
+            while session is not None and session.session_id in self._passes:
+                self._pass_ends.wait()
+            if session is None or not session.unread or (handle := self._open_held(session)) is None:
                 return False
-            self._read_held(session, reader)
-            return True
+            self._passes.add(session.session_id)
+        try:
+            with handle:
+                parsed = parse_session(session.path, handle=handle, listener=reader.take)
+                archived = reader.end()
+                with self._lock:
+                    if session.session_id not in self._passes:  # let go (let_pass_go): the pass ends here
+                        return False
+                    self._commit_read(session, handle, parsed, archived)
+        finally:
+            self.let_pass_go(key)
+        return True
+
+    def let_pass_go(self, key: str) -> None:
+        """The pass over session *key*'s held copy ended, or its run was stopped (the pass changes nothing more):
+        whatever waits for the session to be read reads it now."""
+        with self._lock:
+            session = self.sessions.get(key)
+            if session is not None:
+                self._passes.discard(session.session_id)
+            self._pass_ends.notify_all()
 
     def count_tail(self, key: str) -> int:
         """The unarchived tail's exact tokens, for a decision near a threshold (see Spool.count_tail)."""

@@ -139,8 +139,8 @@ def test_a_sigkill_inside_the_first_read_of_a_held_copy_loses_and_doubles_nothin
     daemon.start(wait=False)
     wait_killed(daemon)
     assert_held_unread(daemon, TAGS)  # the read was rolled back: still unread, its copy kept
-    # what the run archived as it read stays: in history, each message marked archived
-    assert state_query(daemon, "SELECT count(*) FROM archived")[0][0] == sum(archived(workspace).values())
+    # what the runs archived as they read stays in history, marked or for their recovery to mark
+    assert state_query(daemon, "SELECT count(*) FROM archived")[0][0] <= sum(archived(workspace).values())
 
     daemon.start()
     archive_all(daemon, TAGS)

@@ -80,14 +80,10 @@ async def consolidate_session(env: JobEnv, session_key: str, run_id: str, *, rea
     session = env.tracker.sessions.get(session_key)
     if session is not None and session.unread:
         if env.llm.offline and not vanished_only:
-            reading = ArchivingRead(env, session_key, run_id, manifest, budget=reason == "budget", usage=usage)
-            try:
-                read = await asyncio.to_thread(env.tracker.read_archiving, session_key, reading)
-            finally:
-                reading.marks.commit_now()  # chunks in history are marked before the run ends, however it ends
-            if read:
+            outcomes = await _archive_as_read(env, session_key, run_id, manifest, reason, usage)
+            if outcomes is not None:
                 env.faults.reach("consolidate.read")
-                return _finish(env, session_key, run_id, manifest, reading.outcomes, usage)
+                return _finish(env, session_key, run_id, manifest, outcomes, usage)
         await asyncio.to_thread(env.tracker.read_unread, session_key)
     chunks = plan_run(env, session_key, reason, vanished_only=vanished_only)
     if vanished_only:
@@ -118,6 +114,22 @@ async def consolidate_session(env: JobEnv, session_key: str, run_id: str, *, rea
         loads.cancel()
         marks.commit_now()  # chunks in history are marked before the run ends, however it ends
     return _finish(env, session_key, run_id, manifest, outcomes, usage)
+
+
+async def _archive_as_read(env: JobEnv, session_key: str, run_id: str, manifest: dict, reason: str,
+                           usage: UsageMeter) -> list[str] | None:
+    """Archive a session held unread as its copy is read (asread); its chunks' outcomes, None when it was read
+    meanwhile."""
+    reading = ArchivingRead(env, session_key, run_id, manifest, budget=reason == "budget", usage=usage)
+    try:
+        read = await asyncio.to_thread(env.tracker.read_archiving, session_key, reading)
+    except asyncio.CancelledError:  # its thread goes on: it stops before its next change
+        reading.stop()
+        raise
+    except BaseException:  # the pass ended: chunks in history are marked before the run ends, however it ended
+        reading.marks.commit_now()
+        raise
+    return reading.outcomes if read else None
 
 
 def _finish(env: JobEnv, session_key: str, run_id: str, manifest: dict, outcomes: list[str],

@@ -13,6 +13,7 @@ run's recovery finishes or rolls back the group it interrupted, from the journal
 
 from __future__ import annotations
 
+import asyncio
 from array import array
 from collections import deque
 
@@ -59,6 +60,18 @@ class ArchivingRead:
         self.chunks = 0
         self.archived: set[int] = set()  # the numbers of the messages archived
         self.outcomes: list[str] = []
+        self.stopped = False
+
+    def stop(self) -> None:
+        """The run was cancelled (a stop, a reload): the pass changes nothing more and ends at its next step, and the
+        session's next read (its run's recovery) does not wait for it; what it appended and did not mark, that
+        recovery finishes."""
+        self.stopped = True
+        self.env.tracker.let_pass_go(self.session_key)
+
+    def _go_on(self) -> None:
+        if self.stopped:
+            raise asyncio.CancelledError("the consolidation was stopped")
 
     def take(self, number: int, message: PendingMessage, line: RawLine) -> None:
         """Message *number* was decoded: cut into a chunk, archived once the run surely archives it."""
@@ -99,7 +112,9 @@ class ArchivingRead:
             chunk.loaded = [by_number[number] for number in chunk.planned]
             self._archive(chunk)
         self._append()
+        self._go_on()
         self.marks.commit_now()
+        self._go_on()
         return self.archived
 
     def _cut(self, end: int) -> None:
@@ -129,16 +144,19 @@ class ArchivingRead:
         """The group's chunks in history, as archive_chunks appends a group: their marks wait in self.marks."""
         if not self.group:
             return
+        self._go_on()
         note_progress(self.manifest, "archiving", self.group[0][0], None)
         summaries = [(number, chunk, *raw_summary(self.env, chunk)) for number, chunk in self.group]
         records = journal_records(self.env, self.run_id, summaries, self.manifest, self.usage)
         append_group(self.env, self.session_key, self.run_id, records, self.manifest)
+        self._go_on()
         self.outcomes += record_outcomes(self.env, self.run_id, records, self.manifest, self.usage, self.marks)
         for _, chunk in self.group:
             self.archived.update(chunk.planned)
             chunk.release()
         self.group = []
         if self.marks.due():
+            self._go_on()
             self.marks.commit_now()
 
 
