@@ -28,7 +28,8 @@ def submit(core: Core, workspace: Workspace, kind: str, *, on_done: Callable[[],
         if (key := params.get("session_key")) is not None:  # its counters and marks are whole after the first scan
             await workspace.first_scan_done.wait()
             # a session held unread is read here, off the event loop (the job's plan would read it on it)
-            await asyncio.get_running_loop().run_in_executor(core.executor, workspace.tracker.read_unread, key)
+            if not job.reads_unread:
+                await asyncio.get_running_loop().run_in_executor(core.executor, workspace.tracker.read_unread, key)
         await job.run(workspace.env, run_id, params)
         if job.scheduled:
             run = core.store.get_run(run_id)

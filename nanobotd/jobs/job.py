@@ -37,6 +37,7 @@ class Job:
     # a run an exception left open is recovered as after a crash: its journal may hold appends not yet marked
     recovers_failures: ClassVar[bool] = False
     refresh_waits: ClassVar[bool] = True  # an index refresh waits for its end (it rewrites memory all along)
+    reads_unread: ClassVar[bool] = False  # reads its session itself when it is held unread (off the event loop)
     trigger_key: ClassVar[str | None] = None  # the manifest key saying why it ran, shown as the run's trigger
 
     async def run(self, env: JobEnv, run_id: str, params: Mapping[str, Any]) -> dict:

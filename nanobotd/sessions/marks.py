@@ -30,9 +30,10 @@ class ArchiveMarks:
         self.store, self.spool, self.lock, self.clock = store, spool, lock, clock
 
     def record(self, session: SessionState, runs_by_digest: dict[str, str], *, seqs: list[int] | None = None,
-               also: Callable[[sqlite3.Connection], None] | None = None) -> None:
+               also: Callable[[sqlite3.Connection], None] | None = None, spooled: bool = True) -> None:
         """Messages reached history.jsonl: marked archived (by run) and out of the spool. *seqs*, their spool
-        sequence numbers when known (the rows go by ranges); *also* runs inside the same transaction."""
+        sequence numbers when known (the rows go by ranges); *also* runs inside the same transaction; not *spooled*:
+        they have no spool row (archived as a held copy was read)."""
         with self.lock, self.store.transaction() as db:
             by_run: dict[str, list[str]] = {}  # one run, but for marks rebuilt from history's spans
             for digest, run in runs_by_digest.items():
@@ -43,12 +44,13 @@ class ArchiveMarks:
                             conflict="IGNORE")
                 if db.total_changes - before < len(digests):  # some were archived already: by this run, or twice
                     self._count_archived_again(db, session, run, digests)
-            if seqs is not None and len(seqs) == len(runs_by_digest):
+            if spooled and seqs is not None and len(seqs) == len(runs_by_digest):
                 db.executemany("DELETE FROM spool WHERE session_id=? AND seq BETWEEN ? AND ?",
                                [(session.session_id, first, last) for first, last in seq_ranges(seqs)])
-            else:
+            elif spooled:
                 bulk.delete_in(db, "spool", "digest", runs_by_digest, where={"session_id": session.session_id})
-            self.spool.drop(session, list(runs_by_digest))
+            if spooled:
+                self.spool.drop(session, list(runs_by_digest))
             save_session(db, session, self.clock())
             if also is not None:
                 also(db)

@@ -13,7 +13,7 @@ import hashlib
 import sys
 from array import array
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, BinaryIO, NamedTuple
@@ -21,6 +21,7 @@ from typing import IO, Any, BinaryIO, NamedTuple
 from loguru import logger
 
 from nanobotd import fsio
+from nanobotd.memory.transcript import PendingMessage
 from nanobotd.sessions import file as sessionfile
 from nanobotd.sessions.messages import MessageInfo, MessageList
 from nanobotd.tokens import estimate_tokens
@@ -30,6 +31,8 @@ FLAG_COMMAND = 1
 FLAG_HIDDEN = 2
 LINE_NONE, LINE_NEW, LINE_KNOWN = 0, 1, 2  # a message's line: not kept, parsed in this scan, parse reused
 _PLAIN_CONTENT = (str, type(None))  # content that is its message's text as it is
+# told of each conversation message as a full parse decodes it: (its number, the message, its line)
+Listener = Callable[[int, PendingMessage, sessionfile.RawLine], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,18 +170,21 @@ def _estimate(size: int, lines: int) -> int:
 
 
 def parse_session(path: Path, *, cached: Sequence[MessageInfo] | None = None, tail: Tail | None = None,
-                  corrupt_before: int = 0, handle: BinaryIO | None = None) -> ParseResult:
+                  corrupt_before: int = 0, handle: BinaryIO | None = None,
+                  listener: Listener | None = None) -> ParseResult:
     """Parse *path*; with the previous scan's *cached* messages and *tail*, decode only what is new.
 
     *handle*: the file already open (the caller reads the new messages' lines from it again afterwards).
+    *listener*: told of each conversation message a full parse (no *cached*) decodes, as it decodes it.
     """
     if handle is None:
         with fsio.open_regular(path) as opened:
-            return parse_session(path, cached=cached, tail=tail, corrupt_before=corrupt_before, handle=opened)
+            return parse_session(path, cached=cached, tail=tail, corrupt_before=corrupt_before, handle=opened,
+                                 listener=listener)
     result = None
     if cached is not None and tail is not None:
         result = _parse_appended(path, handle, cached, tail, corrupt_before)
-    return result if result is not None else _parse_all(path, handle, cached or [])
+    return result if result is not None else _parse_all(path, handle, cached or [], listener)
 
 
 def read_line(handle: BinaryIO, ref: LineRef) -> bytes | None:
@@ -234,6 +240,7 @@ class _Reading:
     lines: MessageLines = field(default_factory=MessageLines)
     cached: MessageList | None = None  # the previous scan's messages, whose parse a line reuses
     cache: dict[str, int | deque[int]] = field(default_factory=dict)  # line digest -> its parse(s) in cached
+    listener: Listener | None = None
 
     def reuse(self, line: sessionfile.RawLine) -> bool:
         """Take the cached parse of *line* when there is one; a line may repeat (same bytes twice), so
@@ -281,11 +288,14 @@ class _Reading:
                                  flags)
         if len(line.data) > sessionfile.MAX_LINE_BYTES:
             self.large += 1
+        if self.listener is not None and not flags:
+            self.listener(len(self.messages) - 1, PendingMessage(digest, role, timestamp, text, tokens, record), line)
         return True
 
 
-def _parse_all(path: Path, handle: BinaryIO, cached: Sequence[MessageInfo]) -> ParseResult:
-    reading = _Reading(sessionfile.SessionHeader(), MessageList(), set())
+def _parse_all(path: Path, handle: BinaryIO, cached: Sequence[MessageInfo],
+               listener: Listener | None = None) -> ParseResult:
+    reading = _Reading(sessionfile.SessionHeader(), MessageList(), set(), listener=listener)
     reading.cached = cached if isinstance(cached, MessageList) else MessageList(cached)
     for index, line_digest in enumerate(reading.cached.line_digests()):
         known = reading.cache.setdefault(line_digest, index)

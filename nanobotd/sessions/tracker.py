@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import BinaryIO, Protocol, TypeVar
 
 from loguru import logger
 
@@ -35,7 +35,7 @@ from nanobotd.sessions.file import key_from_filename
 from nanobotd.sessions.hold import Holding, HoldPlan, worth_a_copy
 from nanobotd.sessions.marks import ArchiveMarks
 from nanobotd.sessions.messages import MessageList
-from nanobotd.sessions.scan import LINE_NEW, ParseResult, Sketch, parse_session, sketch_session
+from nanobotd.sessions.scan import LINE_NEW, Listener, ParseResult, Sketch, parse_session, sketch_session
 from nanobotd.sessions.session import (
     SKIPPED_PREFIXES,
     ScanResult,
@@ -54,6 +54,15 @@ from nanobotd.state.store import StateStore
 from nanobotd.tuning import CACHED_MESSAGES, SCAN_SLICE_SECONDS
 
 T = TypeVar("T")
+
+
+class HeldReader(Protocol):
+    """What read_archiving tells of a held copy's messages: each as it is decoded (take), then the end of the read,
+    which answers the numbers of the messages it archived (they get no spool row)."""
+
+    take: Listener
+
+    def end(self) -> set[int]: ...
 
 
 def fingerprint_of(stat: os.stat_result) -> tuple[int, int, int]:
@@ -81,6 +90,8 @@ class SessionTracker:
         # archive run archives only the rest of it (not kept across restarts: the whole message then)
         self.agent_held: dict[str, dict[str, int]] = {}
         self._lock = threading.RLock()
+        self._passes: set[int] = set()  # the sessions whose held copy a pass reads (read_archiving), by id
+        self._pass_ends = threading.Condition(self._lock)
         self._keys_by_path: dict[Path, str] = {}
         self.holding = Holding(store, self._lock, self.faults)
         self.spool = Spool(store, self.holding.resolver, self._lock, clock)
@@ -267,31 +278,47 @@ class SessionTracker:
         """Read an unread session's held version as its first scan would have (under the lock): its messages, and
         spool rows held in that same copy. Its fingerprint stays that version's, so a scan of the file compares
         against it as usual. A copy that cannot be read (the state folder damaged) leaves the file to be read
-        whole as it is now, at its next scan."""
+        whole as it is now, at its next scan. A pass reading it already (read_archiving) is waited for."""
+        while session.session_id in self._passes:  # the wait lets the lock go
+            self._pass_ends.wait()
+        if not session.unread:
+            return
+        handle = self._open_held(session)
+        if handle is None:
+            return
+        with handle:
+            self._commit_read(session, handle, parse_session(session.path, handle=handle), frozenset())
+
+    def _open_held(self, session: SessionState) -> BinaryIO | None:
+        """The session's held version, open; None when it cannot be read: then its file is read whole at its next
+        scan (under the lock)."""
         try:
-            handle = self.holding.open_held(session)
+            return self.holding.open_held(session)
         except OSError as exc:
             logger.error("session {}: its held copy cannot be read ({}); its file is read again as it is now",
                          session.key, exc)
             session.unread, session.fingerprint, session.tail = False, None, None
             self.spool.recount(session)
             self._save_session(session)
-            return
-        with handle:
-            parsed = parse_session(session.path, handle=handle)
-            hold = HoldPlan(session.hold_generation, 0)
-            try:
-                with self.store.transaction() as db:
-                    self._apply(session, parsed, session.fingerprint, session.last_write, handle=handle, hold=hold)
-                    session.unread = False
-                    session.corrupt_lines, session.tail = parsed.corrupt, parsed.tail
-                    save_session(db, session, self.clock())
-                    self.faults.reach("scan.read_held")  # its rows written, not committed
-            except BaseException:
-                session.unread = True
-                self.caches.let_go(self.sessions, session.key)
-                session.messages, session.spool, session.gone, session.tail = None, None, set(), None
-                raise
+            return None
+
+    def _commit_read(self, session: SessionState, handle: BinaryIO, parsed: ParseResult, archived: set[int]) -> None:
+        """Apply the read of a held version (under the lock): its messages, and spool rows held in it for what is
+        unarchived (less the messages numbered *archived*), one transaction that says the session read."""
+        hold = HoldPlan(session.hold_generation, 0)
+        try:
+            with self.store.transaction() as db:
+                self._apply(session, parsed, session.fingerprint, session.last_write, handle=handle, hold=hold,
+                            archived=archived)
+                session.unread = False
+                session.corrupt_lines, session.tail = parsed.corrupt, parsed.tail
+                save_session(db, session, self.clock())
+                self.faults.reach("scan.read_held")  # its rows written, not committed
+        except BaseException:
+            session.unread = True
+            self.caches.let_go(self.sessions, session.key)
+            session.messages, session.spool, session.gone, session.tail = None, None, set(), None
+            raise
         self.caches.messages(session)
         self.caches.trim(self.sessions, session)
         self._report(session.key, parsed)
@@ -309,6 +336,39 @@ class SessionTracker:
         """Read session *key*'s held copy now when it is unread (a job does, on the executor, before it starts)."""
         self._ready(self.sessions.get(key))
 
+    def read_archiving(self, key: str, reader: HeldReader) -> bool:
+        """Read session *key*'s held copy when it is unread (False: it is not), telling *reader* of each message as it
+        is decoded: what the reader archives meanwhile (its marks through mark_read) gets no spool row; the messages
+        its end() returns are left out of the spool, the rest is spooled as by any first read. The copy is decoded
+        without the lock (its appends wait for disks); anything else that needs the session read waits for the pass."""
+        with self._lock:
+            session = self.sessions.get(key)
+            while session is not None and session.session_id in self._passes:
+                self._pass_ends.wait()
+            if session is None or not session.unread or (handle := self._open_held(session)) is None:
+                return False
+            self._passes.add(session.session_id)
+        try:
+            with handle:
+                parsed = parse_session(session.path, handle=handle, listener=reader.take)
+                archived = reader.end()
+                with self._lock:
+                    if session.session_id not in self._passes:  # let go (let_pass_go): the pass ends here
+                        return False
+                    self._commit_read(session, handle, parsed, archived)
+        finally:
+            self.let_pass_go(key)
+        return True
+
+    def let_pass_go(self, key: str) -> None:
+        """The pass over session *key*'s held copy ended, or its run was stopped (the pass changes nothing more):
+        whatever waits for the session to be read reads it now."""
+        with self._lock:
+            session = self.sessions.get(key)
+            if session is not None:
+                self._passes.discard(session.session_id)
+            self._pass_ends.notify_all()
+
     def count_tail(self, key: str) -> int:
         """The unarchived tail's exact tokens, for a decision near a threshold (see Spool.count_tail)."""
         session = self._ready(self.sessions.get(key))
@@ -319,7 +379,7 @@ class SessionTracker:
         return self.sessions.get(key) if key is not None else None
 
     def _apply(self, session: SessionState, parsed: ParseResult, fingerprint, mtime: float, *, appended: bool = False,
-               handle: BinaryIO, hold: HoldPlan | None = None) -> int:
+               handle: BinaryIO, hold: HoldPlan | None = None, archived: set[int] = frozenset()) -> int:
         """Update counters, the spool and the message cache; return how many spooled messages vanished.
 
         *appended*: the old messages are an unchanged prefix of the parsed ones (the fast path), so only the
@@ -341,7 +401,7 @@ class SessionTracker:
         else:  # nothing spooled (a file seen for the first time): nothing to miss
             gone = set()
         below = set(messages.digests(0, agent_archived)) if agent_archived and spooled else set()
-        to_spool = self._spool_rows(session, first_fresh, parsed, agent_archived)
+        to_spool = self._spool_rows(session, first_fresh, parsed, agent_archived, archived)
         if hold is None:
             hold = self.holding.plan(session, parsed, handle, to_spool)
         agent_done = [digest for digest in spooled if digest in below]
@@ -369,16 +429,18 @@ class SessionTracker:
         return vanished
 
     def _spool_rows(self, session: SessionState, first_fresh: int, parsed: ParseResult,
-                    agent_archived: int) -> list[int]:
+                    agent_archived: int, just_archived: set[int] = frozenset()) -> list[int]:
         """The message numbers to spool: the conversation messages from *first_fresh* on parsed in this scan
         that neither the agent nor nanobotd archived (their rows are made, and their records read, as they are
-        written)."""
+        written); *just_archived*: numbers of messages known archived already, not looked up."""
         spooled = self.spool.rows(session)
         if session.skipped:
             return []
         messages, lines = parsed.messages, parsed.lines
         begin = max(first_fresh, agent_archived, lines.first)  # a line parsed in this scan (LINE_NEW) counts
         wanted = [begin + at for at, kind in enumerate(lines.kinds[begin - lines.first:]) if kind == LINE_NEW]
+        if just_archived:
+            wanted = [index for index in wanted if index not in just_archived]
         if spooled:
             wanted = [index for index in wanted if messages.digest(index) not in spooled]
         archived = self.marks.archived_among(session, (messages.digest(index) for index in wanted))
@@ -472,11 +534,30 @@ class SessionTracker:
         self.marks.record(session, {digest: run_id for digest in digests}, seqs=seqs, also=also)
         self.holding.release(session)
 
+    def mark_read(self, key: str, digests: list[str], tokens: int, run_id: str, *,
+                  also: Callable | None = None) -> None:
+        """Messages of a session held unread reached history as its held copy was read (read_archiving): marked
+        archived, with no spool row to take out; *tokens*, their estimate, leave its counters."""
+        with self._lock:  # read meanwhile (a pass that failed marks what it appended after the read's end)
+            session = self.sessions[key]
+            if not session.unread:
+                return self.mark_archived(key, digests, run_id, also=also)
+            session.unarchived_messages = max(0, session.unarchived_messages - len(digests))
+            session.unarchived_tokens = max(0, session.unarchived_tokens - tokens)
+            self.marks.record(session, dict.fromkeys(digests, run_id), also=also, spooled=False)
+        return None
+
     def drop_agent_archived(self, key: str, digests: list[str]) -> None:
         """Messages that left the file and that the agent archived itself: out of the spool, not archived again."""
         session = self._ready(self.sessions[key])
         self.marks.drop_agent_archived(session, digests)
         self.holding.release(session)
+
+    def archived_digests(self, key: str) -> set[str]:
+        """The digests of the session's messages nanobotd archived (a few, or none, for a session held unread)."""
+        session = self.sessions[key]
+        return {digest for (digest,) in self.store.query("SELECT digest FROM archived WHERE session_id=?",
+                                                          (session.session_id,))}
 
     def count_archived_twice(self, key: str, digests: list[str]) -> int:
         """The agent archived messages nanobotd had already archived (its entry came after ours)."""

@@ -28,6 +28,7 @@ class Consolidate(Job):
     kind = KIND
     trigger_key = "reason"
     recovers_failures = True
+    reads_unread = True  # without an LLM, archiving as it reads (asread)
 
     async def run(self, env: JobEnv, run_id: str, params: Mapping[str, Any]) -> dict:
         return await consolidate_session(env, params["session_key"], run_id, reason=params["reason"],

@@ -9,12 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 
 from loguru import logger
 
-from nanobotd import fsio
+from nanobotd.jobs.consolidate.appending import (
+    PendingMarks,
+    append_group,
+    backup_path,
+    journal_records,
+    manifest_head,
+    raw_summary,
+    record_outcomes,
+)
+from nanobotd.jobs.consolidate.asread import ArchivingRead
 from nanobotd.jobs.consolidate.chunks import Chunk, ChunkLoads, plan_run
 from nanobotd.jobs.consolidate.prompt import NOTHING, archive_messages, parse_summary
 from nanobotd.jobs.env import JobEnv, note_progress
@@ -25,32 +33,20 @@ from nanobotd.llm.reply import UsageMeter
 from nanobotd.memory import history
 from nanobotd.memory.transcript import raw_entries, transcript
 from nanobotd.sessions.session import digests_in
-from nanobotd.state.runsteps import STEPS_KEY, write_steps
 from nanobotd.state.store import RunRecord
 from nanobotd.tokens import count_tokens, encoding_name_for
-from nanobotd.tuning import (
-    APPEND_GROUP_CHUNKS,
-    APPEND_GROUP_TOKENS,
-    MARK_BATCH_CHUNKS,
-    MARK_BATCH_SECONDS,
-    PROMPT_OVERHEAD_TOKENS,
-)
+from nanobotd.tuning import APPEND_GROUP_CHUNKS, APPEND_GROUP_TOKENS, PROMPT_OVERHEAD_TOKENS
 
-OFFLINE_REASON = "offline mode: no LLM configured"
 NOTHING_LEFT_REASON = "nothing unarchived to archive"
-OVERSIZED_REASON = "a message over half the context window is never sent to the LLM"
 OVER_WINDOW_REASON = "the chunk, counted exactly, does not fit one request"
-GROWING_KEYS = (STEPS_KEY, "cursors")  # journalled as steps (chunks) or made from them (cursors), not in the head
 
 
 async def summarize_chunk(env: JobEnv, chunk: Chunk, session_key: str,
                           usage: UsageMeter) -> tuple[str, list[str], str]:
     """(outcome, entry contents, reason): summarized | nothing | raw_fallback, with why it fell back."""
     settings = env.settings.consolidation
-    if chunk.oversized:
-        return "raw_fallback", raw_entries(chunk.messages, settings.raw_max_chars), OVERSIZED_REASON
-    if env.llm.offline:
-        return "raw_fallback", raw_entries(chunk.messages, settings.raw_max_chars), OFFLINE_REASON
+    if chunk.oversized or env.llm.offline:
+        return raw_summary(env, chunk)
     # the plan's sizes are the tracker's estimates: a chunk an LLM must receive is counted exactly, once
     text, max_tokens = transcript(chunk.messages), min(env.settings.llm.max_tokens, 4096)
     chunk.counted = await asyncio.to_thread(count_tokens, text, encoding_name_for(env.settings.llm.model))
@@ -75,25 +71,25 @@ async def summarize_chunk(env: JobEnv, chunk: Chunk, session_key: str,
     return "summarized", [summary], ""
 
 
-def backup_path(env: JobEnv, run_id: str, number: int) -> Path:
-    """Where a run's chunk *number* is backed up: its messages, each record as the spool holds its JSON text."""
-    return env.store.run_dir(run_id) / f"chunk-{number:03d}.jsonl"
-
-
 async def consolidate_session(env: JobEnv, session_key: str, run_id: str, *, reason: str,
                               vanished_only: bool = False) -> dict:
-    """Archive a session's unarchived messages (all of them, or down to the target for "budget")."""
-    chunks = plan_run(env, session_key, reason, vanished_only=vanished_only)
+    """Archive a session's unarchived messages (all of them, or down to the target for "budget"). A session held unread
+    is read first, off the event loop; without an LLM, archived as it is read (jobs.consolidate.asread)."""
     manifest: dict = {"session": session_key, "reason": reason, "chunks": [], "cursors": []}
+    usage = UsageMeter()
+    session = env.tracker.sessions.get(session_key)
+    if session is not None and session.unread:
+        if env.llm.offline and not vanished_only:
+            outcomes = await _archive_as_read(env, session_key, run_id, manifest, reason, usage)
+            if outcomes is not None:
+                env.faults.reach("consolidate.read")
+                return _finish(env, session_key, run_id, manifest, outcomes, usage)
+        await asyncio.to_thread(env.tracker.read_unread, session_key)
+    chunks = plan_run(env, session_key, reason, vanished_only=vanished_only)
     if vanished_only:
         manifest["vanished_only"] = True
-    usage = UsageMeter()
     if not chunks:
-        env.store.finish_run(run_id, state="finished", outcome="no_change", manifest=manifest)
-        # counted as a pass, so the metrics see the runs `nanobotctl runs` hides
-        env.store.record_outcome("consolidate", env.settings.name, "no_change", run_id=run_id,
-                                 reason=NOTHING_LEFT_REASON)
-        return manifest
+        return _finish(env, session_key, run_id, manifest, [], usage)
     outcomes = []
     marks = PendingMarks(env, session_key, run_id, manifest)
     offline = env.llm.offline  # every chunk archived raw as read: read (and backed up) a group ahead
@@ -117,7 +113,35 @@ async def consolidate_session(env: JobEnv, session_key: str, run_id: str, *, rea
     finally:
         loads.cancel()
         marks.commit_now()  # chunks in history are marked before the run ends, however it ends
-    note_progress(manifest, "archived", len(chunks), len(chunks))
+    return _finish(env, session_key, run_id, manifest, outcomes, usage)
+
+
+async def _archive_as_read(env: JobEnv, session_key: str, run_id: str, manifest: dict, reason: str,
+                           usage: UsageMeter) -> list[str] | None:
+    """Archive a session held unread as its copy is read (asread); its chunks' outcomes, None when it was read
+    meanwhile."""
+    reading = ArchivingRead(env, session_key, run_id, manifest, budget=reason == "budget", usage=usage)
+    try:
+        read = await asyncio.to_thread(env.tracker.read_archiving, session_key, reading)
+    except asyncio.CancelledError:  # its thread goes on: it stops before its next change
+        reading.stop()
+        raise
+    except BaseException:  # the pass ended: chunks in history are marked before the run ends, however it ended
+        reading.marks.commit_now()
+        raise
+    return reading.outcomes if read else None
+
+
+def _finish(env: JobEnv, session_key: str, run_id: str, manifest: dict, outcomes: list[str],
+            usage: UsageMeter) -> dict:
+    """Close the run: no_change when it archived no chunk, else its overall outcome, and a new compaction cycle."""
+    if not outcomes:
+        env.store.finish_run(run_id, state="finished", outcome="no_change", manifest=manifest)
+        # counted as a pass, so the metrics see the runs `nanobotctl runs` hides
+        env.store.record_outcome("consolidate", env.settings.name, "no_change", run_id=run_id,
+                                 reason=NOTHING_LEFT_REASON)
+        return manifest
+    note_progress(manifest, "archived", len(outcomes), len(outcomes))
     env.tracker.set_cycle(session_key, next_cycle=True)
     overall = ("raw_fallback" if "raw_fallback" in outcomes else "summarized" if "summarized" in outcomes
                else "nothing")
@@ -126,55 +150,10 @@ async def consolidate_session(env: JobEnv, session_key: str, run_id: str, *, rea
     return manifest
 
 
-def manifest_head(manifest: dict) -> dict:
-    """What the run's own row journals while it archives: the manifest less what grows with every chunk."""
-    return {key: value for key, value in manifest.items() if key not in GROWING_KEYS}
-
-
 def chunk_cursors(manifest: dict) -> list[int]:
     """The cursors of the entries a run's done chunks wrote, in order (what `cursors` lists once it finished)."""
     return [cursor for chunk in manifest.get("chunks") or [] if isinstance(chunk, dict) and chunk.get("done")
             for cursor in chunk.get("cursors") or ()]
-
-
-class PendingMarks:
-    """Chunks whose entries reached history, awaiting archive marks: committed a batch at a time in one transaction with
-    the journal saying they are done, so a crash leaves both or neither (chunks not yet done, recovery finishes)."""
-
-    def __init__(self, env: JobEnv, session_key: str, run_id: str, manifest: dict):
-        self.env, self.session_key, self.run_id, self.manifest = env, session_key, run_id, manifest
-        self.records: list[tuple[int, dict]] = []  # (chunk number, its record)
-        self.digests: list[str] = []
-        self.seqs: list[int] = []
-        self.since = 0.0
-
-    def add(self, number: int, record: dict, digests: list[str], seqs: list[int]) -> None:
-        if not self.records:
-            self.since = time.monotonic()
-        self.records.append((number, record))
-        self.digests.extend(digests)
-        self.seqs.extend(seqs)
-
-    def due(self) -> bool:
-        return bool(self.records) and (len(self.records) >= MARK_BATCH_CHUNKS
-                                       or time.monotonic() - self.since >= MARK_BATCH_SECONDS)
-
-    async def commit(self) -> None:
-        """Mark the waiting chunks' messages archived, off the event loop."""
-        if self.records:
-            await asyncio.to_thread(self.commit_now)
-
-    def commit_now(self) -> None:
-        if not self.records:
-            return
-        for _, record in self.records:
-            record["done"] = True
-        seqs = self.seqs if len(self.seqs) == len(self.digests) else None
-        steps, head = self.records, manifest_head(self.manifest)
-        self.env.tracker.mark_archived(self.session_key, self.digests, self.run_id, seqs=seqs,
-                                       also=lambda db: write_steps(db, self.run_id, steps, head))
-        self.records, self.digests, self.seqs = [], [], []
-        self.env.faults.reach("consolidate.marked")
 
 
 async def _take_group(env: JobEnv, loads: ChunkLoads, chunks: list[Chunk],
@@ -198,64 +177,10 @@ async def archive_chunks(env: JobEnv, session_key: str, run_id: str, group: list
                          manifest: dict, usage: UsageMeter, marks: PendingMarks) -> list[str]:
     """Summarise *group*'s chunks (in order) and append their entries in one append, each chunk's backup and cursors
     journalled first so recovery can finish or roll back any a crash cut short; marks wait in *marks*."""
-    records, parts = [], []
-    for number, chunk in group:
-        outcome, contents, reason = await summarize_chunk(env, chunk, session_key, usage)
-        digests, seqs, backup = chunk.digests, chunk.seqs, backup_path(env, run_id, number)
-        record = {
-            "seq": [seqs[0], seqs[-1]], "count": len(digests),
-            "first_digest": digests[0], "last_digest": digests[-1],
-            "tokens": chunk.tokens, "outcome": outcome, "oversized": chunk.oversized,
-            "backup": str(backup), "done": False,
-        }
-        if reason:
-            record["fallback_reason"] = reason
-        manifest["chunks"].append(record)
-        records.append((number, record, outcome, reason, chunk))
-        parts.append((contents, {"run": run_id, "first": digests[0], "last": digests[-1], "count": len(digests)}))
-    manifest["tokens"] = usage.to_json()
-    # Recovery looks only at chunks whose cursors were journalled, so a chunk's record is journalled with its
-    # cursors (before the append), or with done (no entry to append), not on its own before.
-
-    def append() -> list[int]:
-        backups = [Path(record["backup"]) for _, record, *_ in records]
-        for (*_, chunk), backup in zip(records, backups, strict=True):
-            chunk.back_up(backup)
-        # the backups and their names, durable together before the journal names them
-        fsio.sync_folder(env.store.run_dir(run_id), backups)
-        # each chunk's entries ready for history; one left empty once cleaned is not appended
-        prepared = [[entry for entry in map(history.prepare_entry, contents) if entry is not None]
-                    for contents, _ in parts]
-        written = [(entry, span) for entries, (_, span) in zip(prepared, parts, strict=True) for entry in entries]
-
-        def journal_cursors(cursors: list[int]) -> None:
-            steps, cursors = [], iter(cursors)
-            for (number, record, *_), entries in zip(records, prepared, strict=True):
-                if entries:
-                    record["cursors"] = [next(cursors) for _ in entries]
-                    record["hashes"] = [entry.hash for entry in entries]
-                    steps.append((number, record))
-            env.store.journal_steps(run_id, steps, manifest_head(manifest))
-            env.faults.reach("consolidate.journalled")
-
-        cursors = history.append_prepared(env.memory_dir, written, session_key, env.now(),
-                                          before_write=journal_cursors)
-        env.faults.reach("consolidate.appended")
-        return cursors
-
-    await asyncio.to_thread(append)
-    outcomes = []
-    with env.store.transaction():  # the group's outcome rows: one commit
-        for number, record, outcome, reason, chunk in records:
-            record.setdefault("cursors", [])
-            manifest["cursors"].extend(record["cursors"])
-            marks.add(number, record, chunk.digests, chunk.seqs)
-            row = {"summarized": "written", "nothing": "no_change"}.get(outcome, outcome)
-            env.store.record_outcome("consolidate", env.settings.name, row, run_id=run_id, reason=reason,
-                                     tokens=usage.prompt_tokens + usage.completion_tokens,
-                                     latency_ms=usage.latencies_ms[-1] if usage.latencies_ms else None)
-            outcomes.append(outcome)
-    return outcomes
+    summaries = [(number, chunk, *await summarize_chunk(env, chunk, session_key, usage)) for number, chunk in group]
+    records = journal_records(env, run_id, summaries, manifest, usage)
+    await asyncio.to_thread(append_group, env, session_key, run_id, records, manifest)
+    return record_outcomes(env, run_id, records, manifest, usage, marks)
 
 
 def read_chunk_backup(path: Path) -> list[tuple[str, dict, int]]:
@@ -297,6 +222,8 @@ def recover_consolidation(env: JobEnv, run: RunRecord) -> str:
             rolled_back += 1
     # chunks marked before the crash count too: their entries stay in history, and a restore undoes them
     kept = any(chunk.get("done") for chunk in manifest.get("chunks", []))
+    if run.session_key in env.tracker.sessions:  # cut short as it read a held copy: what it did not archive is spooled
+        env.tracker.read_unread(run.session_key)
     outcome = "recovered" if kept else "rolled_back"
     manifest["cursors"] = chunk_cursors(manifest)
     manifest["recovery"] = {"finished_chunks": finished, "rolled_back_chunks": rolled_back}

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nanobotd.jobs.env import JobEnv
-from nanobotd.jsontext import json_string
 from nanobotd.memory.agent_history import dropped_part
 from nanobotd.memory.transcript import PendingMessage
 from nanobotd.sessions.spool import PlanWindow, SpoolPlan
@@ -52,12 +51,12 @@ class Chunk:
         return self.planned_tokens if self.counted is None else self.counted
 
     def back_up(self, path: Path) -> None:
-        """The chunk's messages in its new backup file *path* (`archive.backup_path`), its writeback started; the
+        """The chunk's messages in its new backup file *path* (`appending.backup_path`), its writeback started; the
         caller syncs it with its folder, once for the chunks appended together, before the journal names it."""
         if self.backed_up:
             return
         # each message's record as the spool holds its JSON text (not re-encoded)
-        lines = [f'{{"digest":{json_string(message.digest)},"tokens":{int(message.tokens)},"record":{raw}}}'
+        lines = [f'{{"digest":"{message.digest}","tokens":{int(message.tokens)},"record":{raw}}}'  # a hex digest
                  for _, message, raw in self.loaded]
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with open(fd, "wb") as handle:
@@ -103,8 +102,8 @@ def plan_run(env: JobEnv, session_key: str, reason: str, *, vanished_only: bool 
     (`plan_budget`); *vanished_only* (beside an archiving agent): only messages gone from the session file."""
     if vanished_only:
         plan = vanished_messages(env.tracker.spool_plan(session_key))
-    elif reason == "budget":
-        most = env.settings.consolidation.max_rounds
+    elif reason == "budget":  # rounds bound a trigger's LLM calls: a raw archive makes none
+        most = None if env.llm.offline else env.settings.consolidation.max_rounds
         return env.tracker.plan_window(session_key, lambda window: plan_budget(env, window, most))
     else:
         plan = env.tracker.spool_plan(session_key)
@@ -120,9 +119,10 @@ def vanished_messages(pending: SpoolPlan) -> SpoolPlan:
     return selected
 
 
-def plan_budget(env: JobEnv, window: PlanWindow, most: int, page_size: int = PLAN_PAGE) -> list[Chunk]:
-    """A budget run's first *most* chunks: the oldest messages until the tail left in the file fits budget x ratio,
-    ending before a user message, vanished ones taken whatever their size; only the plan's ends are read."""
+def plan_budget(env: JobEnv, window: PlanWindow, most: int | None, page_size: int = PLAN_PAGE) -> list[Chunk]:
+    """A budget run's first *most* chunks (None: all): the oldest messages until the tail left in the file fits
+    budget x ratio, ending before a user message, vanished ones taken whatever their size; only the plan's ends are
+    read."""
     newest, whole = _fitting_tail(window, env.settings.budget * env.settings.consolidation.ratio, page_size)
     cut = None
     for index, (seq, role, present) in enumerate(reversed(newest)):
