@@ -140,6 +140,9 @@ class GitStore:
         data = {"available": self.available, "reason": self.reason, "head": None, "dirty_tracked_files": []}
         if not self.available:
             return data
+        if not (self.workspace / ".git").exists():  # made again by the next git operation, on the git thread
+            data["reason"] = f"{self.workspace / '.git'} is gone; the next dream or restore makes it again"
+            return data
         try:
             with self._repo() as repo:
                 data["head"] = repo.head.commit.hexsha if repo.head.is_valid() else None
