@@ -139,15 +139,15 @@ class SessionWatcher:
             self.watch(folder, memory=memory)
 
     def healthy(self, folders: list[Path]) -> bool:
-        """The observer thread runs, each of the session *folders* is watched and every session folder watched is
-        still the one armed (a memory folder gone is no fault of the daemon's: the next reconcile re-arms it)."""
-        if not self._started or not self.observer.is_alive() or any((f, False) not in self.watches for f in folders):
+        """The observer thread runs and each of the session *folders* is watched, still the folder armed (a memory
+        folder gone is no fault of the daemon's: the next reconcile re-arms it; nor is another workspace's folder)."""
+        if not self._started or not self.observer.is_alive():
             return False
-        for (folder, memory), (_, inode) in self.watches.items():
+        for folder in folders:
             try:
-                if not memory and os.stat(folder).st_ino != inode:
+                if os.stat(folder).st_ino != self.watches[(folder, False)][1]:
                     return False
-            except FileNotFoundError:
+            except (KeyError, FileNotFoundError):
                 return False
         return True
 

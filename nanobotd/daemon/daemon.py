@@ -141,6 +141,7 @@ class Daemon:
             await core.queue.drain(self.config.daemon.job_stop_seconds)
         for workspace in core.workspaces.values():
             companion.close(workspace)
+            triggers.unwatch_folders(self.core, workspace)
             await workspace.close()
         await asyncio.to_thread(self.llm_worker.close, LLM_CLOSE_WAIT_SECONDS)
         if self.server is not None:

@@ -120,6 +120,16 @@ def watch_folders(core: Core, workspace: Workspace) -> None:
             core.watcher.watch(folder, memory=True)
 
 
+def unwatch_folders(core: Core, workspace: Workspace) -> None:
+    """Stop watching the folders of a workspace the config dropped or changed (a moved workspace's old path); a
+    folder that is still configured is armed again by its workspace's reconcile."""
+    if core.watcher is not None:
+        for folder in workspace.sessions_dirs:
+            core.watcher.unwatch(folder)
+        for folder in indexing.memory_folders(workspace):
+            core.watcher.unwatch(folder, memory=True)
+
+
 async def open_workspace(core: Core, workspace: Workspace) -> None:
     """Open QMD and the skill file of a freshly scanned workspace (and see its git store open), then refresh its
     index."""

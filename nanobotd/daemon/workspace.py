@@ -74,6 +74,7 @@ class Workspace:
         self.last_scan_error: dict | None = None  # what the last failed scan said, for status
         self.held_elsewhere: str | None = None  # another daemon holds this workspace's lock (daemon.lock)
         self.torn_lines = 0
+        self.ahead_writes: dict[str, tuple[float, float]] = {}  # session key -> (a write time ahead of the clock, seen)
         self.opening: asyncio.Task | None = None  # the git store opening (begin_open), beside the first scan
         # set once the first scan and what must follow it before any job (archive marks rebuilt) are done
         self.first_scan_done = asyncio.Event()
@@ -323,12 +324,24 @@ class Workspace:
             if limit is None:
                 return []
             return [("flush", key) for key, session in self.tracker.sessions.items()
-                    if not session.skipped and session.last_write and now - session.last_write >= limit
+                    if not session.skipped and session.last_write and now - self._quiet_since(key, now) >= limit
                     and self._may_flush(session)]
         limit = self.settings.consolidation.idle_minutes * 60
         return [("consolidate", key) for key, session in self.tracker.sessions.items()
                 if not session.skipped and session.unarchived_messages > 0 and session.last_write
-                and now - session.last_write >= limit]
+                and now - self._quiet_since(key, now) >= limit]
+
+    def _quiet_since(self, key: str, now: float) -> float:
+        """When the session was last written: its file's time, or, when that lies ahead of the clock (the clock was
+        set back since), when the daemon first saw that write, so the session still goes idle on time."""
+        last_write = self.tracker.sessions[key].last_write
+        if last_write <= now:
+            self.ahead_writes.pop(key, None)
+            return last_write
+        seen = self.ahead_writes.get(key)
+        if seen is None or seen[0] != last_write:
+            seen = self.ahead_writes[key] = (last_write, now)
+        return seen[1]
 
     def agent_idle_flush_seconds(self) -> float | None:
         """How long after the last write the flush runs, ahead of the agent's own idle compaction."""

@@ -140,6 +140,9 @@ class GitStore:
         data = {"available": self.available, "reason": self.reason, "head": None, "dirty_tracked_files": []}
         if not self.available:
             return data
+        if not (self.workspace / ".git").exists():  # made again by the next git operation, on the git thread
+            data["reason"] = f"{self.workspace / '.git'} is gone; the next dream or restore makes it again"
+            return data
         try:
             with self._repo() as repo:
                 data["head"] = repo.head.commit.hexsha if repo.head.is_valid() else None
@@ -282,6 +285,14 @@ class GitStore:
                                 **git_options()).split()
             return next((sha for sha in shas if run_id_of(repo.commit(sha).message) == run_id), None)
 
+    def has_commit(self, sha: str) -> bool:
+        """Whether the repository holds commit *sha* (one made before the repository was made again does not)."""
+        with self._repo() as repo:
+            try:
+                return repo.commit(sha).type == "commit"
+            except (ValueError, gitpython().exc.BadName):
+                return False
+
     def show(self, ref: str | None = None) -> dict:
         """One commit with its diff and run id (the newest `dream:` commit, ours or nanobot's, when *ref* is
         None), for dream-log and restore."""
@@ -386,6 +397,10 @@ class GitStore:
         """One Repo for one operation, always closed (GitPython leaks handles otherwise); errors become ours."""
         if not self.available:
             raise GitStoreError(f"git is unavailable: {self.reason}")
+        if self.workspace.is_dir() and not (self.workspace / ".git").exists():  # removed, or a copy without it
+            logger.warning("{} is gone; making the memory repository again, as nanobot does", self.workspace / ".git")
+            if not self.open():
+                raise GitStoreError(f"git is unavailable: {self.reason}")
         git = gitpython()
         try:
             repo = git.Repo(str(self.workspace))

@@ -168,7 +168,7 @@ def render_entry(entry: HistoryEntry) -> str:
 def entries_newest_first(path: Path, after_cursor: int) -> Iterator[HistoryEntry]:
     """Valid entries with cursor > *after_cursor*, read backwards from the end in blocks (bounded memory)."""
     for line in lines_from_end(path, max_line_bytes=MAX_HISTORY_LINE_BYTES):
-        entry = parse_entry(line.decode("utf-8", errors="replace"))
+        entry = parse_entry(line.decode("utf-8-sig", errors="replace"))  # the first line may carry a BOM
         if entry is not None:
             if entry.cursor <= after_cursor:
                 return
@@ -249,7 +249,7 @@ def _archive_mark(path: Path) -> int | None:
     header = SessionHeader()
     try:
         with fsio.open_regular(path) as handle:
-            record = json.loads(handle.readline(MAX_HISTORY_LINE_BYTES).decode("utf-8", errors="replace"))
+            record = json.loads(handle.readline(MAX_HISTORY_LINE_BYTES).decode("utf-8-sig", errors="replace"))
     except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(record, dict) or record.get("_type") != "metadata":

@@ -72,7 +72,7 @@ def decode_line(data: bytes | None) -> dict | None:
     if data is None:
         return None
     try:
-        record = json.loads(data.decode("utf-8", errors="replace"))
+        record = json.loads(data.decode("utf-8-sig", errors="replace"))
     except (ValueError, RecursionError):
         return None
     return record if isinstance(record, dict) else None

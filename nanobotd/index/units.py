@@ -95,7 +95,7 @@ def history_units(path: Path, known: set[str]) -> Iterator[tuple[str, Unit | Non
         if first_key in known:
             yield from _known_history_keys(line.number, line.line_digest, known)
             continue
-        entry = parse_entry(line.data.decode("utf-8", errors="replace"), line.number)
+        entry = parse_entry(line.data.decode("utf-8-sig", errors="replace"), line.number)  # a BOM an editor saved
         if entry is None or not entry.content.strip():
             continue
         moment = parse_timestamp(entry.timestamp)

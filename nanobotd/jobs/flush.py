@@ -20,6 +20,7 @@ from nanobotd.llm.failures import LLMError
 from nanobotd.llm.reply import UsageMeter
 from nanobotd.memory import history
 from nanobotd.memory.dailynote import (
+    ARCHIVE_DIR_NAME,
     NOTE_SECTIONS,
     DailyNote,
     NoteError,
@@ -248,8 +249,12 @@ def restore_flush_run(run: RunRecord, *, dry_run: bool) -> dict:
     try:
         current = note.read_bytes() if note is not None else None
     except FileNotFoundError:
-        return {"run_id": run.run_id, "plan": [f"{note} no longer exists; nothing to undo"], "files": [],
-                "action": "none"}
+        note = note.parent / ARCHIVE_DIR_NAME / note.name  # the lifecycle moved it inside the restore window
+        try:
+            current = note.read_bytes()
+        except FileNotFoundError:
+            return {"run_id": run.run_id, "plan": [f"{manifest['note']} no longer exists; nothing to undo"],
+                    "files": [], "action": "none"}
     if current is None:
         action, content, line = "none", None, f"flush run {run.run_id} wrote nothing; nothing to restore"
     elif digest(current) == manifest.get("after_sha256"):
@@ -257,7 +262,7 @@ def restore_flush_run(run: RunRecord, *, dry_run: bool) -> dict:
     else:
         action, content, line = _bullet_removal(note, current, manifest)
     if not dry_run and action != "none":
-        write_or_delete(note, content, root=history.workspace_root(note.parent))
+        write_or_delete(note, content, root=history.workspace_root(Path(manifest["note"]).parent))
     return {"run_id": run.run_id, "plan": [line], "files": [str(note)] if action != "none" else [], "action": action}
 
 

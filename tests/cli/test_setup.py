@@ -93,6 +93,23 @@ def test_running_it_again_changes_nothing_and_says_so(config: Path) -> None:
     assert config.read_bytes() == after_first and len(backups(config)) == 1
 
 
+
+def test_the_entry_as_nanobot_writes_it_back_after_a_refresh_is_left_as_it_is(config: Path) -> None:
+    """nanobot saves its config (`nanobot onboard`'s refresh) with every field of the entry it loaded, the HTTP ones
+    empty; those belong to a stdio entry as well, so a second run finds nothing to change."""
+    assert ctl_subprocess(config, "--apply").returncode == 0
+    data = json.loads(config.read_text())
+    entry = data["tools"]["mcpServers"]["nanobotd"]
+    data["tools"]["mcpServers"]["nanobotd"] = {"type": None, "auth": None, **entry, "env": {}, "cwd": "", "url": "",
+                                               "headers": {}, "toolTimeout": 30, "enabledTools": ["*"]}
+    config.write_text(json.dumps(data, indent=2, ensure_ascii=False))
+    refreshed = config.read_bytes()
+    again = ctl_subprocess(config, "--apply")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == f"{config} already runs nanobotd beside nanobot: nothing to change.\n"
+    assert config.read_bytes() == refreshed and len(backups(config)) == 1
+
+
 @pytest.mark.parametrize("text, message", [
     ('{"agents": {"defaults": {', "cannot parse"),
     ("[1, 2]", "holds JSON but not an object"),

@@ -120,3 +120,30 @@ def test_lifecycle_dry_run_and_audit_report_through_the_cli(daemon):
         daemon.ctl_json("status")["workspaces"][0]))  # git opens after the start-up reconcile
     assert status["jobs"]["dream"]["next_run"] and status["git"]["available"] is True
     assert json.dumps(status)
+
+
+def test_a_dream_is_restored_from_its_backups_after_the_workspaces_git_folder_was_deleted(daemon, fake):
+    """The user removed `<workspace>/.git` (or copied the workspace without its dot folders): the dream's commit is
+    gone, its backups are not. The restore puts them back, and the repository is made again as nanobot makes it."""
+    import shutil
+
+    write_session(daemon.sessions, "cli:a", conversation(6))
+    daemon.start()
+    daemon.wait_for(lambda: daemon.session("cli:a"))
+    fake.push(Text("- [correction] The user prefers coffee, not tea"))
+    assert daemon.ctl("consolidate", "cli:a").returncode == 0
+    before = (daemon.workspace / "USER.md").read_bytes()
+    fake.push(Text("[USER] correction: prefers coffee, not tea"),
+              ToolCalls([("edit_file", {"path": "USER.md",
+                                        "edits": [{"old_text": "- Likes tea.", "new_text": "- Likes coffee."}]})]),
+              Text("done"))
+    dream_run = wait_run(daemon, daemon.ctl_json("dream")["run_id"])
+    assert dream_run["state"] == "finished" and b"Likes coffee" in (daemon.workspace / "USER.md").read_bytes()
+    shutil.rmtree(daemon.workspace / ".git")
+    plan = daemon.ctl("restore", dream_run["run_id"], "--dry-run")
+    assert plan.returncode == 0 and "from the run's backups" in plan.stdout, plan.stderr
+    restored = daemon.ctl("restore", dream_run["run_id"])
+    assert restored.returncode == 0, restored.stderr
+    assert (daemon.workspace / "USER.md").read_bytes() == before
+    assert daemon.ctl_json("status")["workspaces"][0]["git"]["available"]
+    assert "USER.md" in git(daemon.workspace, "ls-files")

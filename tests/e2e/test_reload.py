@@ -84,3 +84,25 @@ def test_a_consolidation_cut_short_by_a_stop_is_finished_when_a_reload_brings_it
     reload(daemon, both, 1)
     (tmp_path / "release").touch()
     settles_with_everything_archived_once(daemon, workspace)
+
+
+def test_a_workspace_moved_and_reloaded_at_its_new_path_shows_a_healthy_watcher_and_archives_once(
+        tmp_path, daemon_process):
+    """The user moves the workspace folder (sessions inside it) and points the config at the new path: the folders
+    of the old path are no longer watched, so the watcher is not reported unhealthy for a folder nothing uses."""
+    workspace, sessions = make_workspace(tmp_path)
+    write_session(sessions, "cli:w", conversation(6, tag="a"))
+    daemon = daemon_process(workspace, extra_config='[llm]\nmodel = "none"\n')
+    daemon.start()
+    daemon.wait_reconciled()
+    assert daemon.ctl("consolidate", "cli:w").returncode == 0
+    moved = tmp_path / "moved workspace"
+    workspace.rename(moved)
+    reload(daemon, daemon.config_path.read_text().replace(f'path = "{workspace}"', f'path = "{moved}"'), 1)
+    daemon.wait_for(lambda: daemon.ctl_json("status")["workspaces"][0]["last_reconcile"])
+    write_session(moved / "sessions", "cli:w", conversation(8, tag="a"))
+    daemon.wait_for(lambda: (daemon.session("cli:w") or {}).get("unarchived_messages") == 2)
+    status = daemon.ctl_json("status")["workspaces"][0]
+    assert status["path"] == str(moved) and status["watcher"]["healthy"], status["watcher"]
+    assert daemon.ctl("consolidate", "cli:w").returncode == 0
+    assert sorted(archived_markers(moved)) == sorted(f"A-{index} " for index in range(8))  # each once

@@ -46,3 +46,22 @@ idle_minutes = 0.05
             assert reasons
         finally:
             proc.kill()
+
+
+def test_a_session_saved_while_the_clock_was_ahead_is_archived_once_idle_after_the_clock_is_set_back(
+        tmp_path, daemon_process):
+    """The clock was an hour fast when the agent last saved the session (a VM restored, NTP not yet synced), and
+    has since been set back: the file's time lies an hour ahead. Its idle time counts from when the daemon saw it,
+    so it is archived after idle_minutes, not an hour later."""
+    import os
+    import time
+
+    workspace, sessions = make_workspace(tmp_path)
+    proc = daemon_process(workspace, extra_config='[llm]\nmodel = "none"\n\n[consolidation]\nidle_minutes = 0.05\n')
+    proc.start()
+    proc.wait_reconciled()
+    path = write_session(sessions, "cli:ahead", conversation(4))
+    ahead = time.time() + 3600
+    os.utime(path, (ahead, ahead))
+    proc.wait_for(lambda: (proc.session("cli:ahead") or {}).get("unarchived_messages") == 0, timeout=30)
+    assert [run["kind"] for run in proc.ctl_json("runs")["runs"]] == ["consolidate"]

@@ -67,3 +67,19 @@ def test_a_long_history_entry_is_cut_into_several_units(tmp_path):
     path.write_text(json.dumps({"cursor": 7, "timestamp": "2026-04-03 00:02", "content": content}) + "\n")
     units = [unit for _, unit in history_units(path, set())]
     assert len(units) > 10 and all(unit.start == unit.end == 1 for unit in units)
+
+
+def test_the_first_entry_of_a_history_saved_with_a_byte_order_mark_is_a_unit(tmp_path):
+    """An editor that saves UTF-8 with a BOM (Notepad) puts it before the first entry; the history still counts that
+    entry, so search and the agent's context must find it too."""
+    from nanobotd.index.agent_context import entries_newest_first
+
+    path = tmp_path / "history.jsonl"
+    entries = [{"cursor": 1, "timestamp": "2026-04-03 00:02", "content": "- [durable] the backup host is osprey"},
+               {"cursor": 2, "timestamp": "2026-04-03 00:05", "content": "second"}]
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(entry) + "\r\n" for entry in entries).encode())
+
+    units = [unit for _, unit in history_units(path, set())]
+
+    assert [(unit.start, unit.text) for unit in units] == [(1, entries[0]["content"]), (2, "second")]
+    assert [entry.cursor for entry in entries_newest_first(path, 0)] == [2, 1]

@@ -244,3 +244,25 @@ def test_a_daily_note_symlinked_outside_the_workspace_is_never_written(tmp_path,
         write_facts(workspace / "memory" / NOTE_NAME, NOW.date(), {"Decisions": ["escape"]}, {},
                     store=store, run_id=run_id)
     assert list(outside.iterdir()) == []
+
+
+def test_restoring_a_flush_whose_note_the_lifecycle_archived_removes_its_bullets_from_the_archive(fake, store, ws):
+    """Ten days on the lifecycle has moved the note into memory/archive/; the flush is still inside its restore
+    window, so restoring it undoes it there rather than saying the note is gone."""
+    from datetime import timedelta
+
+    from nanobotd.jobs.lifecycle.run import run_lifecycle
+
+    note_of(ws).write_text(USER_NOTE)
+    fake.push(Text(FIRST_REPLY))
+    run_id, _ = flush(ws, store, client(fake))
+    lifecycle_id = store.create_run("lifecycle", ws.name)
+    asyncio.run(run_lifecycle(ws, store=store, llm=LLMClient(LLMSettings()), run_id=lifecycle_id,
+                              now=NOW + timedelta(days=10)))
+    archived = ws.path / "memory" / "archive" / NOTE_NAME
+    assert archived.is_file() and not note_of(ws).exists()
+    preview = restore_flush_run(store.get_run(run_id), dry_run=True)
+    assert preview["files"] == [str(archived)], preview
+    result = restore_flush_run(store.get_run(run_id), dry_run=False)
+    assert result["plan"] == preview["plan"]
+    assert archived.read_text() == USER_NOTE

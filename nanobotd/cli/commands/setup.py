@@ -134,7 +134,7 @@ def change(data: dict, server: dict) -> tuple[list[str], list[str]]:
     changes, warnings = [], []
     servers = table(table(data, "tools"), "mcpServers", "mcp_servers")
     current = servers.get(SERVER_NAME)
-    entry = {key: value for key, value in current.items() if key not in OTHER_TRANSPORT_KEYS} \
+    entry = {key: value for key, value in current.items() if not other_transport(key, value)} \
         if isinstance(current, dict) else {}
     entry.update(server)
     if entry != current:
@@ -148,6 +148,12 @@ def change(data: dict, server: dict) -> tuple[list[str], list[str]]:
     dream = table(table(table(data, "agents"), "defaults"), "dream")
     changes.extend(quiet_dream(dream))
     return changes, warnings
+
+
+def other_transport(key: str, value: object) -> bool:
+    """Whether an entry's key sets up an HTTP transport. nanobot saves every field of an entry it loaded, the HTTP
+    ones empty (`"type": null, "url": ""`); those are a stdio entry's too, and dropping them would fight its saves."""
+    return key in OTHER_TRANSPORT_KEYS and value not in (None, "", {}, [], "stdio")
 
 
 def quiet_dream(dream: dict) -> list[str]:

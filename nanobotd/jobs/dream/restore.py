@@ -104,7 +104,8 @@ class Restorer:
         """The commit carrying the run's trailer (or named in its manifest), when git is used."""
         if not self.git.available:
             return None
-        return self.git.find_commit_for_run(run.run_id) or run.manifest.get("commit")
+        sha = self.git.find_commit_for_run(run.run_id) or run.manifest.get("commit")
+        return sha if sha and self.git.has_commit(sha) else None  # gone with a deleted .git: the backups serve
 
     def revert(self, sha: str, overrides: dict[str, bytes | None], fallback: dict[str, bytes | None]) -> None:
         """Three-way revert as a new commit; on a conflict, refuse, or (forced) write *fallback*."""
