@@ -67,3 +67,35 @@ agent_grace_seconds = {grace}
         assert text.count(message["content"].split(" ")[0] + " ") == 1, message["content"]
     assert proc.ctl_json("status")["workspaces"][0]["archived_twice"] == 0
     assert proc.stop() == 0
+
+
+def test_restoring_a_run_after_memory_was_deleted_leaves_the_entry_a_later_run_wrote_at_its_cursor(
+        tmp_path, daemon_process):
+    """memory/ deleted while the daemon runs: history's cursors start again at 1, so a later run's entry takes the
+    cursor an older run's entry had. Restoring the older run removed that entry, and the later run's messages,
+    marked archived, were in history no more."""
+    import shutil
+
+    from tests.support.workspace import conversation, history_entries, write_session
+
+    def counts(tag: str) -> list[int]:
+        text = "\n".join(entry["content"] for entry in history_entries(workspace))
+        return [text.count(f"{tag.upper()}-{index} ") for index in range(4)]
+
+    workspace, sessions = make_workspace(tmp_path, layout="current")
+    write_session(sessions, "cli:a", conversation(4, tag="a"))
+    proc = daemon_process(workspace, extra_config='\n[llm]\nmodel = "none"')
+    proc.start()
+    proc.wait_for(lambda: (proc.session("cli:a") or {}).get("unarchived_messages") == 4)
+    older = proc.ctl_json("consolidate", "cli:a")["run_id"]
+    shutil.rmtree(workspace / "memory")
+    write_session(sessions, "cli:b", conversation(4, tag="b"))
+    proc.wait_for(lambda: (proc.session("cli:b") or {}).get("unarchived_messages") == 4)
+    proc.ctl_json("consolidate", "cli:b")
+    assert [entry["cursor"] for entry in history_entries(workspace)] == [1]  # the cursor the older run's entry had
+    dry_run = proc.ctl("restore", older, "--dry-run")
+    assert "no history entries to remove" in dry_run.stdout, dry_run.stdout
+    restored = proc.ctl("restore", older)
+    assert restored.returncode == 0, restored.stderr
+    assert counts("b") == [1, 1, 1, 1]
+    assert proc.stop() == 0

@@ -240,6 +240,11 @@ def restore_consolidation(env: JobEnv, run: RunRecord, *, dry_run: bool, restore
     every done chunk, whether or not the run lived to list them under `cursors`), as one journalled step."""
     cursors = set(run.manifest.get("cursors", [])) | set(chunk_cursors(run.manifest))
     chunks = [chunk for chunk in run.manifest.get("chunks", []) if chunk.get("done")]
+    hashes = {cursor: digest for chunk in chunks
+              for cursor, digest in zip(chunk.get("cursors") or (), chunk.get("hashes") or (), strict=False)}
+    removed = [entry.to_record() for entry in history.iter_entries(env.memory_dir)
+               if entry.cursor in cursors and _written_by(entry, run.run_id, hashes)]
+    cursors = {record["cursor"] for record in removed}
     plan = [f"remove history entries with cursors {sorted(cursors)}" if cursors else "no history entries to remove"]
     count = sum(chunk.get("count", 0) for chunk in chunks)
     plan.append(f"rewind the archive pointer of session {run.session_key}: {count} messages become unarchived")
@@ -248,11 +253,18 @@ def restore_consolidation(env: JobEnv, run: RunRecord, *, dry_run: bool, restore
                     f"(at once: nanobotctl consolidate {run.session_key})")
     if dry_run:
         return {"plan": plan}
-    removed = [entry.to_record() for entry in history.iter_entries(env.memory_dir) if entry.cursor in cursors]
     step = {"op": "unarchive", "kind": "consolidate", "session": run.session_key, "run": run.run_id,
             "cursors": sorted(cursors), "backups": [chunk["backup"] for chunk in chunks],
             "removed_entries": removed, "plan": plan}
     return _journal_and_finish(env, restore_run_id, step)
+
+
+def _written_by(entry: history.HistoryEntry, run_id: str, hashes: dict[int, str]) -> bool:
+    """Whether history *entry*, at a cursor run *run_id* wrote, is still its entry: cursors start again at 1 when
+    memory/ is deleted, and the entry another run (or the agent) wrote there since must stay."""
+    if entry.span:
+        return entry.span.get("run") == run_id
+    return hashes.get(entry.cursor, history.content_hash(entry.content)) == history.content_hash(entry.content)
 
 
 def reapply_consolidation(env: JobEnv, original: RunRecord, restore_run: RunRecord, *, restore_run_id: str | None,
