@@ -113,8 +113,9 @@ class _StepExecutor:
         self.manifest["summary"] = summary
 
         def journal_cursors(cursors: list[int]) -> None:
-            """Record the cursors before any byte is appended."""
+            """Record the cursors, and the entries' hashes, before any byte is appended."""
             self.manifest["history_added"] = cursors
+            self.manifest["history_added_hashes"] = sorted({history.content_hash(content) for content in contents})
             self.store.journal(self.run_id, self.manifest)
 
         written = history.append_entries(self.memory_dir, [(content, None) for content in contents], self.now,

@@ -107,7 +107,14 @@ class _Undo:
         self.plan.append(f"remove the {len(cursors)} summary entries (cursors {min(cursors)}-{max(cursors)})"
                          " from memory/history.jsonl")
         self.files.append(str(history.history_path(self.memory_dir)))
-        self.actions.append(lambda: history.remove_entries(self.memory_dir, lambda e: e.cursor not in cursors))
+        hashes = set(self.manifest.get("history_added_hashes") or [])
+
+        def keep(entry: history.HistoryEntry) -> bool:
+            """Not a summary of the run: another cursor, or another content at its cursor (cursors start again at 1
+            when memory/ is deleted)."""
+            return entry.cursor not in cursors or bool(hashes) and history.content_hash(entry.content) not in hashes
+
+        self.actions.append(lambda: history.remove_entries(self.memory_dir, keep))
 
     def undo_move(self, step: dict) -> None:
         """Move an archived note back where it was."""

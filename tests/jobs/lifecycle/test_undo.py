@@ -8,7 +8,9 @@ import pytest
 
 from nanobotd.jobs.errors import RestoreRefused
 from nanobotd.jobs.lifecycle.undo import restore_lifecycle_run
+from nanobotd.memory import history
 from tests.jobs.lifecycle.scenario import (
+    NOW,
     lifecycle,
     standard_workspace,
     tree,
@@ -98,3 +100,17 @@ def test_restore_after_the_new_note_is_moved_aside_brings_the_old_one_back(tmp_p
     assert old.read_bytes() == old_bytes
     assert old.with_name("elsewhere.md").read_text() == "written again\n"
     assert read_history(ws.path / "memory").entries == []
+
+
+def test_restore_after_history_was_deleted_leaves_the_entry_written_since_at_the_summarys_cursor(tmp_path, store):
+    ws = workspace(tmp_path)
+    write_note(ws, "archive/2026-01-01.md")
+    run_id, manifest = lifecycle(ws, store)
+    memory = ws.path / "memory"
+    assert manifest["history_added"] == [1]
+    (memory / history.HISTORY_NAME).unlink()  # cursors start again at 1
+    (memory / history.CURSOR_NAME).unlink()
+    history.append_entries(memory, [("- a fact written since", "telegram:1")], NOW)
+    restore_lifecycle_run(store.get_run(run_id), store=store, dry_run=False)
+    assert [entry.content for entry in read_history(memory).entries] == ["- a fact written since"]
+    assert (memory / "archive" / "2026-01-01.md").exists()
