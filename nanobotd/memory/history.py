@@ -297,14 +297,17 @@ def remove_entries(memory_dir: Path, keep: Callable[[HistoryEntry], bool]) -> in
 
 
 def insert_entries(memory_dir: Path, entries: Iterable[HistoryEntry]) -> int:
-    """Put entries back (restore) in cursor order, each before the first line with a larger cursor, skipping
-    cursors already present; return how many."""
+    """Put entries back (restore) in cursor order, each before the first line with a larger cursor, skipping those
+    present already (taking a step again after a crash); return how many. An entry written since at the same
+    cursor (cursors start again at 1 when memory/ is deleted) does not count: both are kept."""
     root = workspace_root(memory_dir)
     with fsio.file_lock(memory_dir / LOCK_NAME, timeout=LOCK_TIMEOUT, root=root):
         entries = list(entries)
         wanted = {entry.cursor for entry in entries}
-        present = {entry.cursor for entry in iter_entries(memory_dir) if entry.cursor in wanted}
-        added = sorted((entry for entry in entries if entry.cursor not in present), key=lambda entry: entry.cursor)
+        present = {(entry.cursor, content_hash(entry.content)) for entry in iter_entries(memory_dir)
+                   if entry.cursor in wanted}
+        added = sorted((entry for entry in entries if (entry.cursor, content_hash(entry.content)) not in present),
+                       key=lambda entry: entry.cursor)
         if not added:
             return 0
 

@@ -299,3 +299,14 @@ def test_lines_from_end_skip_a_line_over_the_cap_whatever_the_block_size(tmp_pat
     path.write_bytes(b"\n".join(texts) + b"\n")
     wanted = [text for text in reversed(texts) if len(text) <= 16]
     assert list(history.lines_from_end(path, block, max_line_bytes=16)) == wanted
+
+
+def test_insert_keeps_an_entry_written_since_at_the_same_cursor_and_skips_one_present_already(tmp_path):
+    history.append_entries(tmp_path, [("a", None), ("b", None)], NOW)
+    removed = list(history.iter_entries(tmp_path))
+    (tmp_path / "history.jsonl").unlink()  # memory/ deleted: cursors start again at 1
+    (tmp_path / ".cursor").unlink()
+    history.append_entries(tmp_path, [("written since", None)], NOW)
+    assert history.insert_entries(tmp_path, removed) == 2
+    assert history.insert_entries(tmp_path, removed) == 0  # a restore step taken again after a crash
+    assert sorted(entry.content for entry in history.iter_entries(tmp_path)) == ["a", "b", "written since"]
